@@ -1,0 +1,218 @@
+// Package config holds delayd's one configuration struct, its defaults, the
+// koanf layering (defaults → YAML file → DELAYD_* env → flags) and validation.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/delayd/delayd/internal/envelope"
+)
+
+// Config is every setting of the daemon and its client commands.
+type Config struct {
+	// Namespace prefixes every Redis key; two deployments on one Redis
+	// stay apart by using different namespaces.
+	Namespace string `koanf:"namespace"`
+	// Shards is fixed for the life of the data: changing it strands
+	// envelopes in shards no longer scanned.
+	Shards int `koanf:"shards"`
+	// Subject is the NATS subject prefix of the service endpoints.
+	Subject  string `koanf:"subject"`
+	Embedded bool   `koanf:"embedded"`
+
+	NATS     NATS     `koanf:"nats"`
+	Redis    Redis    `koanf:"redis"`
+	Scanner  Scanner  `koanf:"scanner"`
+	Intake   Intake   `koanf:"intake"`
+	Limits   Limits   `koanf:"limits"`
+	Targets  Targets  `koanf:"targets"`
+	Log      Log      `koanf:"log"`
+	Shutdown Shutdown `koanf:"shutdown"`
+}
+
+// NATS is the connection delayd takes intake from and delivers through.
+type NATS struct {
+	URL  string `koanf:"url"`
+	Name string `koanf:"name"`
+}
+
+// Redis is where envelopes are kept.
+type Redis struct {
+	Addrs    []string `koanf:"addrs"`
+	Username string   `koanf:"username"`
+	Password string   `koanf:"password"`
+	DB       int      `koanf:"db"`
+}
+
+// Scanner tunes the clock that claims and delivers due envelopes.
+type Scanner struct {
+	ClaimBatch int `koanf:"claim_batch"`
+	// Lease is how long a claimed envelope may stay unacknowledged before
+	// another scan delivers it again (at-least-once after a crash).
+	Lease time.Duration `koanf:"lease"`
+	// IdleInterval caps how long a shard sleeps when nothing is due, so
+	// envelopes written by other daemons are found without a wake-up.
+	IdleInterval time.Duration `koanf:"idle_interval"`
+	// RetryBackoff delays the next try after a failed publish.
+	RetryBackoff time.Duration `koanf:"retry_backoff"`
+	// MaxAttempts moves an envelope to the dead set after this many
+	// deliveries without an ack.
+	MaxAttempts int `koanf:"max_attempts"`
+}
+
+// Intake tunes how schedule requests are batched into Redis pipelines.
+type Intake struct {
+	Batch  int           `koanf:"batch"`
+	Linger time.Duration `koanf:"linger"`
+}
+
+// Limits bound one schedule request.
+type Limits struct {
+	MaxPayload     int           `koanf:"max_payload"`
+	MaxIDLen       int           `koanf:"max_id_len"`
+	MaxHeaders     int           `koanf:"max_headers"`
+	MaxHeaderBytes int           `koanf:"max_header_bytes"`
+	MaxDelay       time.Duration `koanf:"max_delay"`
+	MaxPast        time.Duration `koanf:"max_past"`
+}
+
+// Targets is the policy on which subjects delayd may deliver to.
+type Targets struct {
+	Allow []string `koanf:"allow"`
+	// Deny is added to the built-in deny list, never replaces it.
+	Deny []string `koanf:"deny"`
+}
+
+// Log configures the root hclog logger.
+type Log struct {
+	Level string `koanf:"level"`
+	JSON  bool   `koanf:"json"`
+}
+
+// Shutdown bounds graceful shutdown.
+type Shutdown struct {
+	Timeout time.Duration `koanf:"timeout"`
+}
+
+// Default returns the configuration used where nothing else is set.
+func Default() Config {
+	return Config{
+		Namespace: "delayd",
+		Shards:    16,
+		Subject:   "delayd",
+		NATS:      NATS{URL: "nats://127.0.0.1:4222", Name: "delayd"},
+		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}},
+		Scanner: Scanner{
+			ClaimBatch:   256,
+			Lease:        10 * time.Second,
+			IdleInterval: time.Second,
+			RetryBackoff: time.Second,
+			MaxAttempts:  10,
+		},
+		Intake: Intake{Batch: 256, Linger: time.Millisecond},
+		Limits: Limits{
+			MaxPayload:     1 << 20,
+			MaxIDLen:       256,
+			MaxHeaders:     64,
+			MaxHeaderBytes: 16 << 10,
+			MaxDelay:       366 * 24 * time.Hour,
+			MaxPast:        24 * time.Hour,
+		},
+		Log:      Log{Level: "info"},
+		Shutdown: Shutdown{Timeout: 10 * time.Second},
+	}
+}
+
+// Validate returns every problem in c, each prefixed with its key.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	positive := func(key string, v int64) {
+		if v <= 0 {
+			bad(key, "must be positive, got %d", v)
+		}
+	}
+	if c.Namespace == "" || strings.ContainsAny(c.Namespace, "{}") {
+		bad("namespace", "must be non-empty and contain no braces, got %q", c.Namespace)
+	}
+	if c.Shards < 1 || c.Shards > 16384 {
+		bad("shards", "must be 1..16384, got %d", c.Shards)
+	}
+	if !envelope.ValidTarget(c.Subject) {
+		bad("subject", "must be a literal NATS subject, got %q", c.Subject)
+	}
+	if c.NATS.URL == "" {
+		bad("nats.url", "must be set")
+	}
+	if len(c.Redis.Addrs) == 0 && !c.Embedded {
+		bad("redis.addrs", "must list at least one host:port")
+	}
+	for _, a := range c.Redis.Addrs {
+		if !strings.Contains(a, ":") {
+			bad("redis.addrs", "%q is not host:port", a)
+		}
+	}
+	positive("scanner.claim_batch", int64(c.Scanner.ClaimBatch))
+	positive("scanner.lease", int64(c.Scanner.Lease))
+	positive("scanner.idle_interval", int64(c.Scanner.IdleInterval))
+	positive("scanner.retry_backoff", int64(c.Scanner.RetryBackoff))
+	positive("scanner.max_attempts", int64(c.Scanner.MaxAttempts))
+	positive("intake.batch", int64(c.Intake.Batch))
+	positive("intake.linger", int64(c.Intake.Linger))
+	positive("limits.max_payload", int64(c.Limits.MaxPayload))
+	positive("limits.max_headers", int64(c.Limits.MaxHeaders))
+	positive("limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes))
+	positive("limits.max_delay", int64(c.Limits.MaxDelay))
+	positive("shutdown.timeout", int64(c.Shutdown.Timeout))
+	if c.Limits.MaxIDLen < 1 || c.Limits.MaxIDLen > 256 {
+		bad("limits.max_id_len", "must be 1..256, got %d", c.Limits.MaxIDLen)
+	}
+	if c.Limits.MaxPast < 0 {
+		bad("limits.max_past", "must not be negative, got %s", c.Limits.MaxPast)
+	}
+	for _, key := range []struct {
+		name string
+		pats []string
+	}{{"targets.allow", c.Targets.Allow}, {"targets.deny", c.Targets.Deny}} {
+		for _, p := range key.pats {
+			if !envelope.ValidPattern(p) {
+				bad(key.name, "%q is not a subject pattern", p)
+			}
+		}
+	}
+	if hclog.LevelFromString(c.Log.Level) == hclog.NoLevel {
+		bad("log.level", "must be one of trace, debug, info, warn, error, got %q", c.Log.Level)
+	}
+	return errors.Join(errs...)
+}
+
+// EnvelopeLimits converts the limits for the envelope parser.
+func (c Config) EnvelopeLimits() envelope.Limits {
+	l := c.Limits
+	return envelope.Limits{
+		MaxPayload: l.MaxPayload, MaxIDLen: l.MaxIDLen, MaxHeaders: l.MaxHeaders,
+		MaxHeaderBytes: l.MaxHeaderBytes, MaxDelay: l.MaxDelay, MaxPast: l.MaxPast,
+	}
+}
+
+// Policy returns the target policy: the configured lists plus the built-in
+// deny list, which cannot be switched off.
+func (c Config) Policy() envelope.Policy {
+	deny := append(envelope.DefaultDeny(c.Subject), c.Targets.Deny...)
+	return envelope.Policy{Allow: c.Targets.Allow, Deny: deny}
+}
+
+// Redacted returns a copy safe to log or print.
+func (c Config) Redacted() Config {
+	if c.Redis.Password != "" {
+		c.Redis.Password = "REDACTED"
+	}
+	return c
+}

@@ -1,0 +1,79 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLoadLayers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "delayd.yaml")
+	yaml := "shards: 32\nnats:\n  url: nats://file:4222\nscanner:\n  lease: 3s\nredis:\n  addrs: [a:1, b:2]\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path, env(map[string]string{
+		"DELAYD_NATS_URL":            "nats://env:4222",
+		"DELAYD_REDIS_ADDRS":         "x:1, y:2",
+		"DELAYD_SCANNER_CLAIM_BATCH": "64",
+	}), map[string]string{"nats.url": "nats://flag:4222"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Shards != 32 || c.Scanner.Lease != 3*time.Second {
+		t.Errorf("file layer lost: shards=%d lease=%s", c.Shards, c.Scanner.Lease)
+	}
+	if c.NATS.URL != "nats://flag:4222" {
+		t.Errorf("flag must win over env and file, got %q", c.NATS.URL)
+	}
+	if strings.Join(c.Redis.Addrs, ",") != "x:1,y:2" || c.Scanner.ClaimBatch != 64 {
+		t.Errorf("env layer lost: addrs=%v batch=%d", c.Redis.Addrs, c.Scanner.ClaimBatch)
+	}
+	if c.Limits.MaxIDLen != 256 {
+		t.Errorf("default lost: max_id_len=%d", c.Limits.MaxIDLen)
+	}
+}
+
+func TestValidateReportsEveryKey(t *testing.T) {
+	c := Default()
+	c.Shards = 0
+	c.Log.Level = "loud"
+	c.Scanner.Lease = 0
+	c.Targets.Deny = []string{"a.>.b"}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("want errors")
+	}
+	for _, key := range []string{"shards:", "log.level:", "scanner.lease:", "targets.deny:"} {
+		if !strings.Contains(err.Error(), key) {
+			t.Errorf("error does not name %s: %v", key, err)
+		}
+	}
+}
+
+func TestUnknownFileKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	_ = os.WriteFile(path, []byte("shard: 4\n"), 0o600)
+	if _, err := Load(path, env(nil), nil); err == nil || !strings.Contains(err.Error(), "shard") {
+		t.Fatalf("want unknown key error, got %v", err)
+	}
+}
+
+func TestBadEnvValue(t *testing.T) {
+	if _, err := Load("", env(map[string]string{"DELAYD_SHARDS": "many"}), nil); err == nil {
+		t.Fatal("want error for non-numeric shards")
+	}
+}
+
+func TestRedacted(t *testing.T) {
+	c := Default()
+	c.Redis.Password = "hunter2"
+	if r := c.Redacted(); r.Redis.Password == "hunter2" || c.Redis.Password != "hunter2" {
+		t.Fatal("Redacted must hide the password in the copy only")
+	}
+}

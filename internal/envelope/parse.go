@@ -1,0 +1,220 @@
+// Package envelope owns the delayed envelope: its protocol headers, their
+// validation against the configured limits, and its compact binary encoding.
+package envelope
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Protocol header names. Control headers are matched case-insensitively on
+// intake; the delivered headers are written with exactly these spellings.
+const (
+	HeaderTarget  = "Delayd-Target"
+	HeaderAt      = "Delayd-At"
+	HeaderDelay   = "Delayd-Delay"
+	HeaderID      = "Delayd-Id"
+	HeaderDue     = "Delayd-Due"
+	HeaderAttempt = "Delayd-Attempt"
+	controlPrefix = "delayd-"
+)
+
+// Codes follow the HTTP-like convention of NATS micro errors.
+const (
+	CodeBadRequest  = 400
+	CodeForbidden   = 403
+	CodeTooLarge    = 413
+	CodeUnavailable = 503
+)
+
+// Error is a rejection of a request with a code the caller can branch on.
+type Error struct {
+	Code int
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+func reject(code int, format string, args ...any) error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the protocol code of err: the code of an *Error, else 503,
+// because anything else is the store or the network failing, not the caller.
+func CodeOf(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeUnavailable
+}
+
+// Limits bound what one request may carry. Zero means "no limit" only for
+// MaxPast; every other limit must be positive (config validation ensures it).
+type Limits struct {
+	MaxPayload     int
+	MaxIDLen       int
+	MaxHeaders     int
+	MaxHeaderBytes int
+	MaxDelay       time.Duration
+	// MaxPast is how far in the past a Delayd-At may lie; older times are
+	// rejected as a likely clock or format bug. Within it, due at once.
+	MaxPast time.Duration
+}
+
+// Request is a validated schedule request.
+type Request struct {
+	ID string // empty: the daemon assigns one
+	Envelope
+	// Exactly one of At (absolute) and Delay (relative to Redis time) is used.
+	At    time.Time
+	Delay time.Duration
+	HasAt bool
+}
+
+// ParseSchedule validates the headers and payload of a schedule request.
+// now is only used for the coarse limit checks on Delayd-At; the due time
+// itself is computed in Redis.
+func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy, now time.Time) (Request, error) {
+	var r Request
+	if len(payload) > lim.MaxPayload {
+		return r, reject(CodeTooLarge, "payload is %d bytes, limit is %d", len(payload), lim.MaxPayload)
+	}
+	ctl, pass, err := splitHeaders(h, lim)
+	if err != nil {
+		return r, err
+	}
+	r.Payload = payload
+	r.Header = pass
+
+	r.Target = ctl[HeaderTarget]
+	switch {
+	case r.Target == "":
+		return r, reject(CodeBadRequest, "missing header %s", HeaderTarget)
+	case !ValidTarget(r.Target):
+		return r, reject(CodeBadRequest, "%s %q is not a literal subject (no wildcards, empty tokens or spaces)", HeaderTarget, r.Target)
+	case !pol.Allowed(r.Target):
+		return r, reject(CodeForbidden, "target %q is not allowed", r.Target)
+	}
+
+	if id, ok := ctl[HeaderID]; ok {
+		if err := validID(id, lim.MaxIDLen); err != nil {
+			return r, err
+		}
+		r.ID = id
+	}
+
+	at, hasAt := ctl[HeaderAt]
+	delay, hasDelay := ctl[HeaderDelay]
+	switch {
+	case hasAt == hasDelay:
+		return r, reject(CodeBadRequest, "exactly one of %s and %s is required", HeaderAt, HeaderDelay)
+	case hasAt:
+		t, err := time.Parse(time.RFC3339Nano, at)
+		if err != nil {
+			return r, reject(CodeBadRequest, "%s %q is not an RFC 3339 time", HeaderAt, at)
+		}
+		if d := t.Sub(now); d > lim.MaxDelay {
+			return r, reject(CodeBadRequest, "%s is %s ahead, limit is %s", HeaderAt, d.Round(time.Second), lim.MaxDelay)
+		}
+		if lim.MaxPast > 0 && now.Sub(t) > lim.MaxPast {
+			return r, reject(CodeBadRequest, "%s is %s in the past, limit is %s", HeaderAt, now.Sub(t).Round(time.Second), lim.MaxPast)
+		}
+		r.At, r.HasAt = t, true
+	default:
+		d, err := time.ParseDuration(delay)
+		switch {
+		case err != nil:
+			return r, reject(CodeBadRequest, "%s %q is not a duration like 30m or 1500ms", HeaderDelay, delay)
+		case d < 0:
+			return r, reject(CodeBadRequest, "%s %q is negative", HeaderDelay, delay)
+		case d > lim.MaxDelay:
+			return r, reject(CodeBadRequest, "%s %s is over the limit of %s", HeaderDelay, d, lim.MaxDelay)
+		}
+		r.Delay = d
+	}
+	return r, nil
+}
+
+// ParseID validates the Delayd-Id of a cancel (or lookup) request.
+func ParseID(h map[string][]string, lim Limits) (string, error) {
+	ctl, _, err := splitHeaders(h, lim)
+	if err != nil {
+		return "", err
+	}
+	id, ok := ctl[HeaderID]
+	if !ok {
+		return "", reject(CodeBadRequest, "missing header %s", HeaderID)
+	}
+	return id, validID(id, lim.MaxIDLen)
+}
+
+func validID(id string, max int) error {
+	switch {
+	case id == "":
+		return reject(CodeBadRequest, "%s is empty", HeaderID)
+	case len(id) > max:
+		return reject(CodeBadRequest, "%s is %d bytes, limit is %d", HeaderID, len(id), max)
+	case !utf8.ValidString(id):
+		return reject(CodeBadRequest, "%s is not valid UTF-8", HeaderID)
+	}
+	for _, c := range id {
+		if c < 0x20 || c == 0x7f || (c >= 0x80 && c < 0xa0) {
+			return reject(CodeBadRequest, "%s contains a control character", HeaderID)
+		}
+	}
+	return nil
+}
+
+// splitHeaders separates Delayd-* control headers (canonical name → single
+// value) from the headers that travel with the payload, enforcing the header
+// count and size limits.
+func splitHeaders(h map[string][]string, lim Limits) (map[string]string, map[string][]string, error) {
+	var ctl map[string]string
+	var pass map[string][]string
+	count, size := 0, 0
+	for k, vs := range h {
+		count += len(vs)
+		size += len(k) * len(vs)
+		for _, v := range vs {
+			size += len(v)
+		}
+		if count > lim.MaxHeaders {
+			return nil, nil, reject(CodeTooLarge, "more than %d header values", lim.MaxHeaders)
+		}
+		if size > lim.MaxHeaderBytes {
+			return nil, nil, reject(CodeTooLarge, "headers exceed %d bytes", lim.MaxHeaderBytes)
+		}
+		if len(k) >= len(controlPrefix) && strings.EqualFold(k[:len(controlPrefix)], controlPrefix) {
+			name := canonicalControl(k)
+			if name == "" {
+				return nil, nil, reject(CodeBadRequest, "unknown control header %q", k)
+			}
+			if ctl == nil {
+				ctl = make(map[string]string, 4)
+			}
+			if _, dup := ctl[name]; dup || len(vs) != 1 {
+				return nil, nil, reject(CodeBadRequest, "header %s must appear exactly once", name)
+			}
+			ctl[name] = strings.TrimSpace(vs[0])
+			continue
+		}
+		if pass == nil {
+			pass = make(map[string][]string)
+		}
+		pass[k] = vs
+	}
+	return ctl, pass, nil
+}
+
+func canonicalControl(k string) string {
+	for _, name := range []string{HeaderTarget, HeaderAt, HeaderDelay, HeaderID} {
+		if strings.EqualFold(k, name) {
+			return name
+		}
+	}
+	return ""
+}

@@ -1,0 +1,40 @@
+package store
+
+import (
+	"hash/fnv"
+	"strconv"
+)
+
+// shardKeys are the Redis keys of one shard. They share the hash tag
+// "{<ns>:<shard>}" so that every script touches a single Cluster slot.
+type shardKeys struct {
+	due      string // ZSET id → due ms
+	inflight string // ZSET id → lease expiry ms
+	data     string // HASH id → encoded envelope
+	attempts string // HASH id → "attempts:original due ms", only while claimed
+	dead     string // ZSET id → time of death ms
+}
+
+func keysFor(ns string, shard int) shardKeys {
+	tag := "{" + ns + ":" + strconv.Itoa(shard) + "}:"
+	return shardKeys{
+		due:      tag + "due",
+		inflight: tag + "inflight",
+		data:     tag + "data",
+		attempts: tag + "attempts",
+		dead:     tag + "dead",
+	}
+}
+
+// list returns the keys in the order every script expects them in KEYS.
+func (k shardKeys) list() []string {
+	return []string{k.due, k.inflight, k.data, k.attempts, k.dead}
+}
+
+// ShardOf maps an id to its shard. FNV-1a is stable across versions and
+// languages, so the mapping never changes for stored data.
+func ShardOf(id string, shards int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % uint32(shards))
+}

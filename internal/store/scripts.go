@@ -1,0 +1,134 @@
+package store
+
+import "github.com/redis/go-redis/v9"
+
+// Every script takes the same KEYS, in this order:
+//   KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] data HASH,
+//   KEYS[4] attempts HASH, KEYS[5] dead ZSET
+// and reads "now" from Redis TIME, so daemons with skewed clocks agree.
+// Stored values carry an 8-byte version at bytes 2..9 (see envelope.Encode).
+
+// scheduleScript upserts a batch of envelopes of one shard.
+// ARGV: per envelope 4 values: id, mode ("a" absolute | "d" delay),
+// microseconds (since the epoch for "a", from now for "d"), encoded data.
+// Returns the due time in ms of each envelope. The due time is rounded up
+// to the millisecond so that a claim at "now ms" is never early.
+// A replace drops any claim in flight for the id: the older delivery may
+// still go out, but its ack no longer matches the version and deletes nothing.
+var scheduleScript = redis.NewScript(`
+local t = redis.call('TIME')
+local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {}
+for i = 1, #ARGV, 4 do
+  local id = ARGV[i]
+  local us = tonumber(ARGV[i+2])
+  if ARGV[i+1] == 'd' then us = nowus + us end
+  local due = math.ceil(us / 1000)
+  redis.call('ZADD', KEYS[1], due, id)
+  redis.call('HSET', KEYS[3], id, ARGV[i+3])
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZREM', KEYS[5], id)
+  redis.call('HDEL', KEYS[4], id)
+  out[#out+1] = due
+end
+return out
+`)
+
+// cancelScript removes one envelope wherever it is.
+// ARGV[1] id. Returns 1 if it existed.
+var cancelScript = redis.NewScript(`
+local n = redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+return n
+`)
+
+// claimScript moves up to ARGV[1] envelopes whose due time has passed from
+// due to inflight with a lease of ARGV[2] ms. An envelope already claimed
+// ARGV[3] times goes to dead instead (0 = no limit).
+// Returns {now ms, next due ms or -1, next lease expiry ms or -1, dead count,
+// then per envelope: id, original due ms, attempt, data}.
+var claimScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = now + tonumber(ARGV[2])
+local maxAttempts = tonumber(ARGV[3])
+local out = {now, -1, -1, 0}
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+for i = 1, #ids, 2 do
+  local id = ids[i]
+  redis.call('ZREM', KEYS[1], id)
+  local data = redis.call('HGET', KEYS[3], id)
+  if data then
+    local attempt, due = 1, ids[i+1]
+    local prev = redis.call('HGET', KEYS[4], id)
+    if prev then
+      local sep = string.find(prev, ':', 1, true)
+      attempt = tonumber(string.sub(prev, 1, sep - 1)) + 1
+      due = string.sub(prev, sep + 1)
+    end
+    if maxAttempts > 0 and attempt > maxAttempts then
+      redis.call('ZADD', KEYS[5], now, id)
+      out[4] = out[4] + 1
+    else
+      redis.call('HSET', KEYS[4], id, attempt .. ':' .. due)
+      redis.call('ZADD', KEYS[2], lease, id)
+      out[#out+1] = id
+      out[#out+1] = due
+      out[#out+1] = attempt
+      out[#out+1] = data
+    end
+  end
+end
+local nd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #nd > 0 then out[2] = tonumber(nd[2]) end
+local nl = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if #nl > 0 then out[3] = tonumber(nl[2]) end
+return out
+`)
+
+// ackScript settles delivered envelopes. ARGV[1] is the retry delay in ms
+// for releases, then per envelope 3 values: id, version (8 bytes), op
+// ("a" ack: delete | "r" release: back to due after the retry delay).
+// An entry whose stored version differs was replaced meanwhile and is left
+// alone. Returns the number settled.
+var ackScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = 0
+for i = 2, #ARGV, 3 do
+  local id = ARGV[i]
+  local data = redis.call('HGET', KEYS[3], id)
+  if data and string.sub(data, 2, 9) == ARGV[i+1] then
+    redis.call('ZREM', KEYS[2], id)
+    if ARGV[i+2] == 'a' then
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[3], id)
+      redis.call('HDEL', KEYS[4], id)
+    else
+      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), id)
+    end
+    n = n + 1
+  end
+end
+return n
+`)
+
+// reapScript returns up to ARGV[1] envelopes whose lease expired (their
+// daemon died or stalled) to due at once. The attempt count stays, so the
+// next claim sends them to dead once they reach the limit.
+// Returns the number returned.
+var reapScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZADD', KEYS[1], now, id)
+end
+return #ids
+`)
+
+var allScripts = []*redis.Script{scheduleScript, cancelScript, claimScript, ackScript, reapScript}

@@ -1,0 +1,297 @@
+// Package store owns everything delayd keeps in Redis: key names, Lua
+// scripts and the client. No other package speaks Redis.
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Store is the sharded delay set in one Redis deployment.
+type Store struct {
+	rdb    redis.UniversalClient
+	ns     string
+	shards int
+	keys   []shardKeys
+}
+
+// Options selects the Redis deployment.
+type Options struct {
+	Addrs    []string
+	Username string
+	Password string
+	DB       int
+}
+
+// NewClient builds a go-redis client for the options. A single address
+// gives a plain client; several give a Cluster client.
+func NewClient(o Options) redis.UniversalClient {
+	return redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:    o.Addrs,
+		Username: o.Username,
+		Password: o.Password,
+		DB:       o.DB,
+		// Fail fast and let the callers back off: the intake answers 503
+		// and the scanner retries, neither should hang on a dead Redis.
+		DialTimeout:  2 * time.Second,
+		ReadTimeout:  3 * time.Second,
+		WriteTimeout: 3 * time.Second,
+		MaxRetries:   1,
+	})
+}
+
+// New returns a store over rdb with the namespace and fixed shard count.
+func New(rdb redis.UniversalClient, ns string, shards int) *Store {
+	s := &Store{rdb: rdb, ns: ns, shards: shards, keys: make([]shardKeys, shards)}
+	for i := range s.keys {
+		s.keys[i] = keysFor(ns, i)
+	}
+	return s
+}
+
+// Shards is the number of shards.
+func (s *Store) Shards() int { return s.shards }
+
+// Shard is the shard an id lives in.
+func (s *Store) Shard(id string) int { return ShardOf(id, s.shards) }
+
+// Close closes the Redis client.
+func (s *Store) Close() error { return s.rdb.Close() }
+
+// Ping checks that Redis answers and loads the scripts, so the first
+// requests do not pay for NOSCRIPT round trips.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("store: ping: %w", err)
+	}
+	for _, sc := range allScripts {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return fmt.Errorf("store: load scripts: %w", err)
+		}
+	}
+	return nil
+}
+
+// Item is one envelope to schedule.
+type Item struct {
+	ID string
+	// Exactly one applies: AtMicros is absolute (µs since the epoch) when
+	// Absolute is set, else DelayMicros is added to Redis' own time.
+	Absolute    bool
+	AtMicros    int64
+	DelayMicros int64
+	Data        []byte
+}
+
+// Schedule upserts items, grouped per shard into one script call each and
+// sent in one pipeline. It returns each item's due time in ms since the epoch.
+func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, error) {
+	byShard := map[int][]int{}
+	for i, it := range items {
+		sh := s.Shard(it.ID)
+		byShard[sh] = append(byShard[sh], i)
+	}
+	type call struct {
+		idx  []int
+		keys []string
+		args []any
+	}
+	calls := make([]call, 0, len(byShard))
+	for sh, idx := range byShard {
+		args := make([]any, 0, 4*len(idx))
+		for _, i := range idx {
+			it := items[i]
+			mode, us := "d", it.DelayMicros
+			if it.Absolute {
+				mode, us = "a", it.AtMicros
+			}
+			args = append(args, it.ID, mode, us, it.Data)
+		}
+		calls = append(calls, call{idx: idx, keys: s.keys[sh].list(), args: args})
+	}
+	cmds, err := s.pipelined(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
+		return calls[i].keys, calls[i].args
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: schedule: %w", err)
+	}
+	due := make([]int64, len(items))
+	for ci, cmd := range cmds {
+		vals, err := cmd.Int64Slice()
+		if err != nil || len(vals) != len(calls[ci].idx) {
+			return nil, fmt.Errorf("store: schedule: bad reply %v: %w", vals, err)
+		}
+		for j, i := range calls[ci].idx {
+			due[i] = vals[j]
+		}
+	}
+	return due, nil
+}
+
+// pipelined runs n calls of one script in a pipeline with EVALSHA. If Redis
+// lost its script cache (restart, failover, SCRIPT FLUSH) it loads the script
+// and resends only the calls that failed with NOSCRIPT: those did not run,
+// while the others did and must not run twice.
+func (s *Store) pipelined(ctx context.Context, sc *redis.Script, n int, call func(i int) ([]string, []any)) ([]*redis.Cmd, error) {
+	return s.pipelinedOnce(ctx, sc, n, call, true)
+}
+
+func (s *Store) pipelinedOnce(ctx context.Context, sc *redis.Script, n int, call func(i int) ([]string, []any), reload bool) ([]*redis.Cmd, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, n)
+	for i := range n {
+		keys, args := call(i)
+		cmds[i] = sc.EvalSha(ctx, pipe, keys, args...)
+	}
+	_, err := pipe.Exec(ctx)
+	if err == nil {
+		return cmds, nil
+	}
+	if !reload || !isNoScript(cmds) {
+		return nil, err
+	}
+	if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+		return nil, err
+	}
+	var redo []int
+	for i, c := range cmds {
+		if c.Err() != nil {
+			redo = append(redo, i)
+		}
+	}
+	again, err := s.pipelinedOnce(ctx, sc, len(redo), func(j int) ([]string, []any) { return call(redo[j]) }, false)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range redo {
+		cmds[i] = again[j]
+	}
+	return cmds, nil
+}
+
+func isNoScript(cmds []*redis.Cmd) bool {
+	found := false
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			if !redis.HasErrorPrefix(err, "NOSCRIPT") {
+				return false
+			}
+			found = true
+		}
+	}
+	return found
+}
+
+// Cancel removes the envelope with id. It reports whether it existed.
+func (s *Store) Cancel(ctx context.Context, id string) (bool, error) {
+	n, err := cancelScript.Run(ctx, s.rdb, s.keys[s.Shard(id)].list(), id).Int()
+	if err != nil {
+		return false, fmt.Errorf("store: cancel: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Claimed is one envelope handed out for delivery.
+type Claimed struct {
+	ID      string
+	DueMs   int64 // the original due time, stable across redeliveries
+	Attempt int
+	Data    []byte
+}
+
+// ClaimResult is what one claim returns. Times are Redis time in ms.
+type ClaimResult struct {
+	NowMs       int64
+	NextDueMs   int64 // -1 when nothing else is pending
+	NextLeaseMs int64 // earliest lease expiry, -1 when nothing is in flight
+	Dead        int   // envelopes moved to dead for too many attempts
+	Items       []Claimed
+}
+
+// Claim atomically takes up to batch due envelopes of shard with a lease.
+// Concurrent claims from many daemons never hand out one envelope twice.
+func (s *Store) Claim(ctx context.Context, shard, batch int, lease time.Duration, maxAttempts int) (ClaimResult, error) {
+	raw, err := claimScript.Run(ctx, s.rdb, s.keys[shard].list(), batch, lease.Milliseconds(), maxAttempts).Slice()
+	if err != nil {
+		return ClaimResult{}, fmt.Errorf("store: claim shard %d: %w", shard, err)
+	}
+	if len(raw) < 4 || (len(raw)-4)%4 != 0 {
+		return ClaimResult{}, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shard, len(raw))
+	}
+	r := ClaimResult{
+		NowMs: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]), Dead: int(asInt(raw[3])),
+		Items: make([]Claimed, 0, (len(raw)-4)/4),
+	}
+	for i := 4; i < len(raw); i += 4 {
+		id, _ := raw[i].(string)
+		data, _ := raw[i+3].(string)
+		r.Items = append(r.Items, Claimed{ID: id, DueMs: asInt(raw[i+1]), Attempt: int(asInt(raw[i+2])), Data: []byte(data)})
+	}
+	return r, nil
+}
+
+// Settle is the outcome of one delivery.
+type Settle struct {
+	ID      string
+	Version []byte
+	Release bool // true: put back for a retry; false: delivered, delete
+}
+
+// Ack settles deliveries of one shard in one call. Released envelopes are
+// due again after retry. It returns how many still matched their version.
+func (s *Store) Ack(ctx context.Context, shard int, items []Settle, retry time.Duration) (int, error) {
+	args := make([]any, 0, 1+3*len(items))
+	args = append(args, retry.Milliseconds())
+	for _, it := range items {
+		op := "a"
+		if it.Release {
+			op = "r"
+		}
+		args = append(args, it.ID, it.Version, op)
+	}
+	n, err := ackScript.Run(ctx, s.rdb, s.keys[shard].list(), args...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("store: ack shard %d: %w", shard, err)
+	}
+	return n, nil
+}
+
+// Reap returns up to limit envelopes of shard whose lease expired to due.
+func (s *Store) Reap(ctx context.Context, shard, limit int) (int, error) {
+	n, err := reapScript.Run(ctx, s.rdb, s.keys[shard].list(), limit).Int()
+	if err != nil {
+		return 0, fmt.Errorf("store: reap shard %d: %w", shard, err)
+	}
+	return n, nil
+}
+
+// Counts are the sizes of one shard's sets.
+type Counts struct {
+	Pending, Inflight, Dead int64
+}
+
+// Count returns the sizes of a shard's sets with three ZCARDs: O(1) each.
+func (s *Store) Count(ctx context.Context, shard int) (Counts, error) {
+	k := s.keys[shard]
+	pipe := s.rdb.Pipeline()
+	p, i, d := pipe.ZCard(ctx, k.due), pipe.ZCard(ctx, k.inflight), pipe.ZCard(ctx, k.dead)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return Counts{}, fmt.Errorf("store: count shard %d: %w", shard, err)
+	}
+	return Counts{Pending: p.Val(), Inflight: i.Val(), Dead: d.Val()}, nil
+}
+
+func asInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
