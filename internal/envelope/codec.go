@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"sort"
+	"time"
 )
 
 // Envelope is what is stored and later delivered: the target and the
@@ -149,4 +150,12 @@ func (r *reader) str() string {
 	s := string(r.b[:n])
 	r.b = r.b[n:]
 	return s
+}
+
+// Delivery is a due envelope on its way to its target.
+type Delivery struct {
+	ID      string
+	Due     time.Time
+	Attempt int
+	Envelope
 }

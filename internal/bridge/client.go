@@ -1,0 +1,84 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/envelope"
+)
+
+// ServiceError is an error answer from the delayd service.
+type ServiceError struct {
+	Code int
+	Msg  string
+}
+
+func (e *ServiceError) Error() string { return fmt.Sprintf("delayd: %s (%d)", e.Msg, e.Code) }
+
+// Client talks to a delayd service over its public protocol.
+type Client struct {
+	nc      *nats.Conn
+	subject string
+}
+
+// NewClient returns a client for the service at the subject prefix.
+func NewClient(nc *nats.Conn, subject string) *Client { return &Client{nc: nc, subject: subject} }
+
+// ScheduleRequest is one envelope to schedule. Set exactly one of At and Delay.
+type ScheduleRequest struct {
+	Target  string
+	At      string // RFC 3339
+	Delay   string // Go duration
+	ID      string
+	Header  nats.Header
+	Payload []byte
+}
+
+// Schedule sends a schedule request and waits for the stored reply.
+func (c *Client) Schedule(ctx context.Context, r ScheduleRequest) (ScheduleReply, error) {
+	h := nats.Header{}
+	for k, v := range r.Header {
+		h[k] = v
+	}
+	h.Set(envelope.HeaderTarget, r.Target)
+	if r.At != "" {
+		h.Set(envelope.HeaderAt, r.At)
+	}
+	if r.Delay != "" {
+		h.Set(envelope.HeaderDelay, r.Delay)
+	}
+	if r.ID != "" {
+		h.Set(envelope.HeaderID, r.ID)
+	}
+	var out ScheduleReply
+	err := c.request(ctx, "schedule", &nats.Msg{Header: h, Data: r.Payload}, &out)
+	return out, err
+}
+
+// Cancel cancels the envelope with id.
+func (c *Client) Cancel(ctx context.Context, id string) (CancelReply, error) {
+	var out CancelReply
+	err := c.request(ctx, "cancel", &nats.Msg{Header: nats.Header{envelope.HeaderID: []string{id}}}, &out)
+	return out, err
+}
+
+func (c *Client) request(ctx context.Context, verb string, m *nats.Msg, out any) error {
+	m.Subject = c.subject + "." + verb
+	resp, err := c.nc.RequestMsgWithContext(ctx, m)
+	if err != nil {
+		return fmt.Errorf("delayd %s: %w", verb, err)
+	}
+	if msg := resp.Header.Get(micro.ErrorHeader); msg != "" {
+		code, _ := strconv.Atoi(resp.Header.Get(micro.ErrorCodeHeader))
+		return &ServiceError{Code: code, Msg: msg}
+	}
+	if err := json.Unmarshal(resp.Data, out); err != nil {
+		return fmt.Errorf("delayd %s: bad reply %q: %w", verb, resp.Data, err)
+	}
+	return nil
+}

@@ -1,0 +1,276 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+)
+
+// Store is what the intake needs from the delay set.
+type Store interface {
+	Schedule(ctx context.Context, items []store.Item) ([]int64, error)
+	Cancel(ctx context.Context, id string) (bool, error)
+	Shard(id string) int
+}
+
+// Waker is told the due time of each stored envelope so the scanner can
+// wake early for it.
+type Waker interface {
+	Wake(shard int, dueMs int64)
+}
+
+// IntakeObserver counts intake outcomes for metrics.
+type IntakeObserver interface {
+	Received(code int)
+}
+
+// IntakeOptions configure the service.
+type IntakeOptions struct {
+	Subject string // endpoint prefix: <Subject>.schedule, <Subject>.cancel
+	Version string
+	Batch   int
+	Linger  time.Duration
+	Limits  envelope.Limits
+	Policy  envelope.Policy
+	// StoreTimeout bounds one Redis pipeline; past it callers get 503.
+	StoreTimeout time.Duration
+}
+
+// ScheduleReply is the JSON answer to a schedule request.
+type ScheduleReply struct {
+	ID        string `json:"id"`
+	DeliverAt string `json:"deliver_at"`
+}
+
+// CancelReply is the JSON answer to a cancel request.
+type CancelReply struct {
+	ID        string `json:"id"`
+	Cancelled bool   `json:"cancelled"`
+}
+
+// Intake is the delayd micro service.
+type Intake struct {
+	in    *nats.Conn // service subscriptions; drained on shutdown
+	out   *nats.Conn // replies; stays open until the last reply is sent
+	store Store
+	waker Waker
+	obs   IntakeObserver
+	opt   IntakeOptions
+	log   hclog.Logger
+	queue chan pending
+}
+
+type pending struct {
+	item  store.Item
+	reply string
+}
+
+// NewIntake builds the service. in carries the service subscriptions and is
+// drained on shutdown; out sends replies, so requests taken in before the
+// drain still get their answer after it.
+func NewIntake(in, out *nats.Conn, st Store, w Waker, obs IntakeObserver, opt IntakeOptions, log hclog.Logger) *Intake {
+	if opt.StoreTimeout == 0 {
+		opt.StoreTimeout = 5 * time.Second
+	}
+	return &Intake{in: in, out: out, store: st, waker: w, obs: obs, opt: opt, log: log,
+		queue: make(chan pending, 4*opt.Batch)}
+}
+
+// flushers is how many pipelines may be in flight at once, so that one
+// batch's Redis round trip overlaps the collection of the next.
+const flushers = 4
+
+// Run serves until ctx is done, then stops taking requests, stores and
+// answers every request already taken, and returns.
+func (in *Intake) Run(ctx context.Context) error {
+	svc, err := micro.AddService(in.in, micro.Config{
+		Name:        "delayd",
+		Version:     in.opt.Version,
+		Description: "Delayed delivery of NATS messages",
+		QueueGroup:  "delayd",
+	})
+	if err != nil {
+		return fmt.Errorf("bridge: add service: %w", err)
+	}
+	g := svc.AddGroup(in.opt.Subject)
+	if err := g.AddEndpoint("schedule", micro.HandlerFunc(in.handleSchedule)); err != nil {
+		return fmt.Errorf("bridge: add schedule endpoint: %w", err)
+	}
+	if err := g.AddEndpoint("cancel", micro.HandlerFunc(in.handleCancel)); err != nil {
+		return fmt.Errorf("bridge: add cancel endpoint: %w", err)
+	}
+	in.log.Info("intake serving", "schedule", in.opt.Subject+".schedule", "cancel", in.opt.Subject+".cancel")
+
+	batches := make(chan []pending)
+	var wg sync.WaitGroup
+	for range flushers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range batches {
+				in.flush(b)
+			}
+		}()
+	}
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		in.collect(batches)
+	}()
+
+	<-ctx.Done()
+	if err := svc.Stop(); err != nil {
+		in.log.Warn("stopping service", "error", err)
+	}
+	// Drain lets the handlers finish every message already received; only
+	// then is it safe to close the queue they write to.
+	closed := make(chan struct{})
+	in.in.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := in.in.Drain(); err != nil {
+		in.in.Close()
+	}
+	<-closed
+	close(in.queue)
+	<-collected
+	wg.Wait()
+	in.log.Info("intake stopped")
+	return nil
+}
+
+// collect groups queued requests into batches that close after Batch items
+// or Linger after their first item, whichever comes first.
+func (in *Intake) collect(out chan<- []pending) {
+	defer close(out)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		first, ok := <-in.queue
+		if !ok {
+			return
+		}
+		batch := make([]pending, 1, in.opt.Batch)
+		batch[0] = first
+		timer.Reset(in.opt.Linger)
+	fill:
+		for len(batch) < in.opt.Batch {
+			select {
+			case p, ok := <-in.queue:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, p)
+			case <-timer.C:
+				break fill
+			}
+		}
+		timer.Stop()
+		out <- batch
+	}
+}
+
+func (in *Intake) flush(batch []pending) {
+	items := make([]store.Item, len(batch))
+	for i, p := range batch {
+		items[i] = p.item
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	due, err := in.store.Schedule(ctx, items)
+	cancel()
+	if err != nil {
+		in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
+		for _, p := range batch {
+			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable")
+		}
+		return
+	}
+	for i, p := range batch {
+		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
+		in.count(0)
+		if p.reply == "" {
+			continue
+		}
+		b, _ := json.Marshal(ScheduleReply{ID: p.item.ID, DeliverAt: time.UnixMilli(due[i]).UTC().Format(time.RFC3339Nano)})
+		if err := in.out.Publish(p.reply, b); err != nil {
+			in.log.Warn("reply failed", "id", p.item.ID, "error", err)
+		}
+	}
+}
+
+func (in *Intake) handleSchedule(req micro.Request) {
+	r, err := envelope.ParseSchedule(req.Headers(), req.Data(), in.opt.Limits, in.opt.Policy, time.Now())
+	if err != nil {
+		in.reject(req.Reply(), err)
+		return
+	}
+	if r.ID == "" {
+		r.ID = nuid.Next()
+	}
+	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope)}
+	if r.HasAt {
+		// Round up to the µs so that rounding never makes it early.
+		it.Absolute, it.AtMicros = true, (r.At.UnixNano()+999)/1000
+	} else {
+		it.DelayMicros = int64((r.Delay + time.Microsecond - 1) / time.Microsecond)
+	}
+	in.queue <- pending{item: it, reply: req.Reply()}
+}
+
+func (in *Intake) handleCancel(req micro.Request) {
+	id, err := envelope.ParseID(req.Headers(), in.opt.Limits)
+	if err != nil {
+		in.reject(req.Reply(), err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	ok, err := in.store.Cancel(ctx, id)
+	cancel()
+	if err != nil {
+		in.log.Error("cancel failed", "id", id, "error", err)
+		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+		return
+	}
+	if req.Reply() != "" {
+		b, _ := json.Marshal(CancelReply{ID: id, Cancelled: ok})
+		_ = in.out.Publish(req.Reply(), b)
+	}
+}
+
+func (in *Intake) reject(reply string, err error) {
+	code := envelope.CodeOf(err)
+	if reply == "" {
+		in.log.Warn("rejected a request without a reply subject", "code", code, "error", err)
+	}
+	in.fail(reply, code, err.Error())
+}
+
+// fail answers with the NATS micro error convention.
+func (in *Intake) fail(reply string, code int, msg string) {
+	in.count(code)
+	if reply == "" {
+		return
+	}
+	m := &nats.Msg{Subject: reply, Header: nats.Header{
+		micro.ErrorHeader:     []string{msg},
+		micro.ErrorCodeHeader: []string{strconv.Itoa(code)},
+	}}
+	if err := in.out.PublishMsg(m); err != nil {
+		in.log.Warn("error reply failed", "error", err)
+	}
+}
+
+func (in *Intake) count(code int) {
+	if in.obs != nil {
+		in.obs.Received(code)
+	}
+}
