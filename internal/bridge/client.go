@@ -3,8 +3,10 @@ package bridge
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -18,7 +20,10 @@ type ServiceError struct {
 	Msg  string
 }
 
-func (e *ServiceError) Error() string { return fmt.Sprintf("delayd: %s (%d)", e.Msg, e.Code) }
+func (e *ServiceError) Error() string { return fmt.Sprintf("%s (code %d)", e.Msg, e.Code) }
+
+// ErrNoService means no delayd answered on the service subject.
+var ErrNoService = errors.New("no responders")
 
 // Client talks to a delayd service over its public protocol.
 type Client struct {
@@ -29,13 +34,26 @@ type Client struct {
 // NewClient returns a client for the service at the subject prefix.
 func NewClient(nc *nats.Conn, subject string) *Client { return &Client{nc: nc, subject: subject} }
 
+// Dial connects a client for one-shot commands. Unlike the daemon it fails
+// at once when NATS is unreachable: a person is waiting.
+func Dial(url, subject string, timeout time.Duration) (*Client, error) {
+	nc, err := nats.Connect(url, nats.Name("delayd-cli"), nats.Timeout(timeout))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	return &Client{nc: nc, subject: subject}, nil
+}
+
+// Close closes the client's connection.
+func (c *Client) Close() { c.nc.Close() }
+
 // ScheduleRequest is one envelope to schedule. Set exactly one of At and Delay.
 type ScheduleRequest struct {
 	Target  string
 	At      string // RFC 3339
 	Delay   string // Go duration
 	ID      string
-	Header  nats.Header
+	Header  map[string][]string
 	Payload []byte
 }
 
@@ -70,6 +88,9 @@ func (c *Client) Cancel(ctx context.Context, id string) (CancelReply, error) {
 func (c *Client) request(ctx context.Context, verb string, m *nats.Msg, out any) error {
 	m.Subject = c.subject + "." + verb
 	resp, err := c.nc.RequestMsgWithContext(ctx, m)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("delayd %s: no delayd service answers on %s: is the daemon running? (%w)", verb, m.Subject, ErrNoService)
+	}
 	if err != nil {
 		return fmt.Errorf("delayd %s: %w", verb, err)
 	}

@@ -42,9 +42,7 @@ func Connect(url, name string, log hclog.Logger) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bridge: connect %s: %w", url, err)
 	}
-	if nc.IsConnected() {
-		log.Info("NATS connected", "url", nc.ConnectedUrlRedacted())
-	} else {
+	if !nc.IsConnected() {
 		log.Warn("NATS not reachable yet, retrying in the background", "url", url)
 	}
 	return nc, nil

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/bridge"
+)
+
+func TestOrderScenario(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "orders.cancel")
+
+	// Delivered after 1 s with the payload and headers unchanged.
+	payload := "order 42 \x00\xff binary-safe"
+	start := time.Now()
+	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1s",
+		"Delayd-Id", "order-42", "traceparent", "00-abc-def-01", "X-Multi", "a", "X-Multi", "b"), payload)
+	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+		t.Fatalf("schedule: %v %v", err, rep.Header)
+	}
+	var sr bridge.ScheduleReply
+	if err := json.Unmarshal(rep.Data, &sr); err != nil || sr.ID != "order-42" {
+		t.Fatalf("reply %q: %v", rep.Data, err)
+	}
+	// Paid: cancel before it is due.
+	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1s", "Delayd-Id", "order-43"), "x"); err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg("delayd.cancel")
+	m.Header.Set("Delayd-Id", "order-43")
+	crep, err := nc.RequestMsg(m, 5*time.Second)
+	if err != nil || string(crep.Data) != `{"id":"order-43","cancelled":true}` {
+		t.Fatalf("cancel: %v %q", err, crep.Data)
+	}
+	// Same id twice: delivered once, newer payload and time.
+	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "500ms", "Delayd-Id", "order-44"), "old")
+	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1200ms", "Delayd-Id", "order-44"), "new")
+
+	s.waitCount(2, 5*time.Second)
+	time.Sleep(500 * time.Millisecond) // room for anything that should not come
+
+	got := s.get("order-42")
+	if len(got) != 1 {
+		t.Fatalf("order-42 delivered %d times", len(got))
+	}
+	d := got[0]
+	if d.data != payload {
+		t.Errorf("payload changed: %q", d.data)
+	}
+	if d.header.Get("traceparent") != "00-abc-def-01" || !slices.Equal(d.header.Values("X-Multi"), []string{"a", "b"}) {
+		t.Errorf("headers not passed through: %v", d.header)
+	}
+	if d.header.Get("Delayd-Target") != "" || d.header.Get("Delayd-Delay") != "" || d.attempt != 1 {
+		t.Errorf("control headers leaked or wrong attempt: %v", d.header)
+	}
+	if d.received.Sub(start) < time.Second {
+		t.Errorf("delivered after %s, before the 1 s delay", d.received.Sub(start))
+	}
+	if n := len(s.get("order-43")); n != 0 {
+		t.Errorf("cancelled envelope delivered %d times", n)
+	}
+	o44 := s.get("order-44")
+	if len(o44) != 1 || o44[0].data != "new" || o44[0].received.Sub(start) < 1200*time.Millisecond {
+		t.Errorf("replaced envelope: %+v", o44)
+	}
+	t.Logf("order-42 lateness %s", d.received.Sub(d.due))
+}
+
+func TestPlainPublishIsStored(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "plain.target")
+	m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "plain.target", "Delayd-Delay", "100ms", "Delayd-Id", "p1"), Data: []byte("fire and forget")}
+	if err := nc.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	if s.waitCount(1, 5*time.Second) != 1 || s.get("p1")[0].data != "fire and forget" {
+		t.Fatal("plain publish not delivered")
+	}
+}
+
+func TestNeverEarly(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "early.check")
+	const n = 2000
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 16 {
+				ids[i] = "e" + strconv.Itoa(i)
+				h := hdr("Delayd-Target", "early.check", "Delayd-Id", ids[i])
+				if i%2 == 0 {
+					h.Set("Delayd-Delay", fmt.Sprintf("%dms", 200+i%1000))
+				} else {
+					h.Set("Delayd-At", time.Now().Add(time.Duration(200+i%1000)*time.Millisecond).UTC().Format(time.RFC3339Nano))
+				}
+				if rep, err := schedule(nc, "delayd", h, "x"); err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+					t.Errorf("schedule %d: %v", i, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	s.waitCount(n, 10*time.Second)
+	lateness, dups := s.check(t, ids)
+	if dups != 0 {
+		t.Errorf("%d duplicates without any fault", dups)
+	}
+	logLateness(t, lateness)
+}
+
+func logLateness(t *testing.T, l []time.Duration) {
+	t.Helper()
+	if len(l) == 0 {
+		return
+	}
+	slices.Sort(l)
+	q := func(p float64) time.Duration { return l[min(len(l)-1, int(p*float64(len(l))))] }
+	t.Logf("lateness over %d deliveries: p50=%s p90=%s p99=%s max=%s", len(l), q(0.5), q(0.9), q(0.99), l[len(l)-1])
+}
+
+func TestRestartKeepsPending(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	stop := e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "restart.target")
+	var ids []string
+	for i := range 50 {
+		id := "r" + strconv.Itoa(i)
+		ids = append(ids, id)
+		if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "restart.target", "Delayd-Delay", "1500ms", "Delayd-Id", id), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("graceful stop: %v", err)
+	}
+	if got := e.stored(c); got != 50 {
+		t.Fatalf("stored after stop: %d", got)
+	}
+	e.startDaemon(c)
+	s.waitCount(50, 10*time.Second)
+	_, dups := s.check(t, ids)
+	if dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+	if got := e.stored(c); got != 0 {
+		t.Errorf("%d envelopes left in Redis after delivery", got)
+	}
+}
+
+func TestTwoDaemonsDeliverOnce(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "two.target")
+	const n = 2000
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				ids[i] = "t" + strconv.Itoa(i)
+				h := hdr("Delayd-Target", "two.target", "Delayd-Id", ids[i], "Delayd-Delay", fmt.Sprintf("%dms", 100+i%700))
+				if _, err := schedule(nc, "delayd", h, "x"); err != nil {
+					t.Errorf("schedule: %v", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	s.waitCount(n, 10*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	lateness, dups := s.check(t, ids)
+	if dups != 0 {
+		t.Errorf("%d duplicates with two daemons and no fault", dups)
+	}
+	logLateness(t, lateness)
+}
+
+func TestBadInput(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Limits.MaxPayload = 1024
+	c.Limits.MaxIDLen = 64
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	ok := func(kv ...string) nats.Header {
+		return hdr(append([]string{"Delayd-Target", "ok.target", "Delayd-Delay", "1h"}, kv...)...)
+	}
+	cases := []struct {
+		name    string
+		h       nats.Header
+		payload string
+		code    string
+	}{
+		{"missing target", hdr("Delayd-Delay", "1s"), "", "400"},
+		{"wildcard target", hdr("Delayd-Target", "orders.*", "Delayd-Delay", "1s"), "", "400"},
+		{"full wildcard target", hdr("Delayd-Target", ">", "Delayd-Delay", "1s"), "", "400"},
+		{"empty token", hdr("Delayd-Target", "orders..x", "Delayd-Delay", "1s"), "", "400"},
+		{"both at and delay", ok("Delayd-At", "2030-01-01T00:00:00Z"), "", "400"},
+		{"neither at nor delay", hdr("Delayd-Target", "ok.target"), "", "400"},
+		{"bad time", hdr("Delayd-Target", "ok.target", "Delayd-At", "tomorrow"), "", "400"},
+		{"bad duration", hdr("Delayd-Target", "ok.target", "Delayd-Delay", "soon"), "", "400"},
+		{"negative delay", hdr("Delayd-Target", "ok.target", "Delayd-Delay", "-5s"), "", "400"},
+		{"delay over max", hdr("Delayd-Target", "ok.target", "Delayd-Delay", "9000h"), "", "400"},
+		{"at too far in the past", hdr("Delayd-Target", "ok.target", "Delayd-At", "2001-01-01T00:00:00Z"), "", "400"},
+		{"oversized payload", ok(), string(make([]byte, 1025)), "413"},
+		{"over-long id", ok("Delayd-Id", string(make([]byte, 65))), "", "400"},
+		{"control char in id", ok("Delayd-Id", "a\x01b"), "", "400"},
+		{"unknown control header", ok("Delayd-Priority", "high"), "", "400"},
+		{"system target", hdr("Delayd-Target", "$SYS.REQ.SERVER.PING", "Delayd-Delay", "1s"), "", "403"},
+		{"jetstream api target", hdr("Delayd-Target", "$JS.API.STREAM.DELETE.X", "Delayd-Delay", "1s"), "", "403"},
+		{"inbox target", hdr("Delayd-Target", "_INBOX.abc", "Delayd-Delay", "1s"), "", "403"},
+		{"own subject loops", hdr("Delayd-Target", "delayd.schedule", "Delayd-Delay", "1s"), "", "403"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := schedule(nc, "delayd", tc.h, tc.payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := rep.Header.Get(micro.ErrorCodeHeader); got != tc.code {
+				t.Fatalf("code %q (%q), want %s", got, rep.Header.Get(micro.ErrorHeader), tc.code)
+			}
+			if rep.Header.Get(micro.ErrorHeader) == "" {
+				t.Fatal("no error message")
+			}
+		})
+	}
+	// Cancel without an id is bad input too.
+	crep, err := nc.RequestMsg(nats.NewMsg("delayd.cancel"), 5*time.Second)
+	if err != nil || crep.Header.Get(micro.ErrorCodeHeader) != "400" {
+		t.Fatalf("cancel without id: %v %v", err, crep.Header)
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes stored from bad input", n)
+	}
+	// The daemon carries on.
+	rep, err := schedule(nc, "delayd", ok("Delayd-Id", "fine"), "x")
+	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+		t.Fatalf("valid request after bad ones: %v %v", err, rep.Header)
+	}
+	if n := e.stored(c); n != 1 {
+		t.Fatalf("stored %d, want 1", n)
+	}
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// env is one test's servers: a redis-server process and an in-process
+// nats-server.
+type env struct {
+	t     *testing.T
+	redis *testutil.Redis
+	nats  *testutil.NATS
+}
+
+func newEnv(t *testing.T, redisArgs ...string) *env {
+	t.Helper()
+	return &env{t: t, redis: testutil.StartRedis(t, redisArgs...), nats: testutil.StartNATS(t)}
+}
+
+// cfg is a config for this env with test-friendly timings.
+func (e *env) cfg() config.Config {
+	c := config.Default()
+	c.NATS.URL = e.nats.URL()
+	c.Redis.Addrs = []string{e.redis.Addr}
+	c.Shards = 8
+	c.Scanner.Lease = 2 * time.Second
+	c.Scanner.IdleInterval = 200 * time.Millisecond
+	c.Scanner.RetryBackoff = 100 * time.Millisecond
+	return c
+}
+
+// startDaemon runs a daemon in-process and returns a function that stops it
+// gracefully and reports its error.
+func (e *env) startDaemon(c config.Config) (stop func() error) {
+	e.t.Helper()
+	if err := c.Validate(); err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- daemon(ctx, c, hclog.NewNullLogger()) }()
+	e.waitService(c.Subject)
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	e.t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// waitService waits until a delayd answers on the subject.
+func (e *env) waitService(subject string) {
+	e.t.Helper()
+	nc := e.conn()
+	defer nc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		m := nats.NewMsg(subject + ".cancel")
+		m.Header.Set(envelope.HeaderID, "probe")
+		if _, err := nc.RequestMsg(m, 200*time.Millisecond); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatal("delayd service did not come up")
+}
+
+func (e *env) conn() *nats.Conn {
+	e.t.Helper()
+	nc, err := nats.Connect(e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return nc
+}
+
+// delivery is one message received on a target.
+type delivery struct {
+	id       string
+	data     string
+	header   nats.Header
+	due      time.Time
+	attempt  int
+	received time.Time
+}
+
+// sink subscribes to a target and records every delivery.
+type sink struct {
+	mu   sync.Mutex
+	got  map[string][]delivery
+	n    int
+	cond chan struct{}
+}
+
+func (e *env) sink(nc *nats.Conn, subject string) *sink {
+	e.t.Helper()
+	s := &sink{got: map[string][]delivery{}, cond: make(chan struct{}, 1)}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		now := time.Now()
+		due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(envelope.HeaderDue))
+		attempt, _ := strconv.Atoi(m.Header.Get(envelope.HeaderAttempt))
+		d := delivery{id: m.Header.Get(envelope.HeaderID), data: string(m.Data), header: m.Header, due: due, attempt: attempt, received: now}
+		s.mu.Lock()
+		s.got[d.id] = append(s.got[d.id], d)
+		s.n++
+		s.mu.Unlock()
+		select {
+		case s.cond <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := nc.Flush(); err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+// waitCount waits until at least n deliveries arrived or d passes.
+func (s *sink) waitCount(n int, d time.Duration) int {
+	deadline := time.After(d)
+	for {
+		s.mu.Lock()
+		got := s.n
+		s.mu.Unlock()
+		if got >= n {
+			return got
+		}
+		select {
+		case <-s.cond:
+		case <-deadline:
+			return got
+		}
+	}
+}
+
+func (s *sink) get(id string) []delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]delivery(nil), s.got[id]...)
+}
+
+// check verifies that every id arrived, none early; it returns lateness
+// samples and the number of duplicates.
+func (s *sink) check(t *testing.T, ids []string) (lateness []time.Duration, dups int) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lost := 0
+	for _, id := range ids {
+		ds := s.got[id]
+		if len(ds) == 0 {
+			lost++
+			continue
+		}
+		dups += len(ds) - 1
+		for _, d := range ds {
+			if d.received.Before(d.due) {
+				t.Errorf("%s delivered %s early", id, d.due.Sub(d.received))
+			}
+		}
+		lateness = append(lateness, ds[0].received.Sub(ds[0].due))
+	}
+	if lost > 0 {
+		t.Errorf("%d of %d envelopes lost", lost, len(ids))
+	}
+	return lateness, dups
+}
+
+// schedule sends one schedule request and returns the reply or error.
+func schedule(nc *nats.Conn, subject string, h nats.Header, payload string) (*nats.Msg, error) {
+	m := &nats.Msg{Subject: subject + ".schedule", Header: h, Data: []byte(payload)}
+	return nc.RequestMsg(m, 5*time.Second)
+}
+
+func hdr(kv ...string) nats.Header {
+	h := nats.Header{}
+	for i := 0; i < len(kv); i += 2 {
+		h.Add(kv[i], kv[i+1])
+	}
+	return h
+}
+
+// stored counts envelopes kept under the config's namespace, in any state.
+func (e *env) stored(c config.Config) int64 {
+	e.t.Helper()
+	st := store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), c.Namespace, c.Shards)
+	defer st.Close()
+	var n int64
+	for sh := range c.Shards {
+		cnt, err := st.Count(context.Background(), sh)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		n += cnt.Pending + cnt.Inflight + cnt.Dead
+	}
+	return n
+}
