@@ -154,6 +154,12 @@ func (s *sink) waitCount(n int, d time.Duration) int {
 	}
 }
 
+func (s *sink) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
 func (s *sink) get(id string) []delivery {
 	s.mu.Lock()
 	defer s.mu.Unlock()

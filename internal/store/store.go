@@ -285,6 +285,11 @@ func (s *Store) Count(ctx context.Context, shard int) (Counts, error) {
 	return Counts{Pending: p.Val(), Inflight: i.Val(), Dead: d.Val()}, nil
 }
 
+// InFlight reports whether id is claimed and not yet acknowledged.
+func (s *Store) InFlight(ctx context.Context, id string) bool {
+	return s.rdb.ZScore(ctx, s.keys[s.Shard(id)].inflight, id).Err() == nil
+}
+
 func asInt(v any) int64 {
 	switch x := v.(type) {
 	case int64:

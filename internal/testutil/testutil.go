@@ -4,15 +4,12 @@
 package testutil
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -106,11 +103,11 @@ type NATS struct {
 }
 
 // StartNATS starts nats-server in-process on a free port with JetStream
-// stored in a temp dir.
+// stored in a temp dir. NATS_LOG=1 shows the server's log.
 func StartNATS(t testing.TB) *NATS {
 	t.Helper()
 	n := &NATS{t: t, Opts: &server.Options{
-		Host: "127.0.0.1", Port: FreePort(t), NoLog: true, NoSigs: true,
+		Host: "127.0.0.1", Port: FreePort(t), NoLog: os.Getenv("NATS_LOG") == "", NoSigs: true,
 		JetStream: true, StoreDir: t.TempDir(), MaxPayload: 8 << 20,
 	}}
 	n.Start()
@@ -127,6 +124,9 @@ func (n *NATS) Start() {
 	s, err := server.NewServer(n.Opts)
 	if err != nil {
 		n.t.Fatalf("nats-server: %v", err)
+	}
+	if !n.Opts.NoLog {
+		s.ConfigureLogger()
 	}
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
@@ -181,33 +181,4 @@ func moduleRoot(t testing.TB) string {
 		}
 		dir = parent
 	}
-}
-
-// WaitLine reads lines from sc until one contains want or the deadline.
-func WaitLine(sc *bufio.Scanner, want string, d time.Duration) bool {
-	found := make(chan bool, 1)
-	go func() {
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), want) {
-				found <- true
-				return
-			}
-		}
-		found <- false
-	}()
-	select {
-	case ok := <-found:
-		return ok
-	case <-time.After(d):
-		return false
-	}
-}
-
-// Atoi is strconv.Atoi that fails the test.
-func Atoi(t testing.TB, s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

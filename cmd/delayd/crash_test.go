@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// proc is a delayd daemon running as a real child process.
+type proc struct {
+	cmd *exec.Cmd
+	log string
+}
+
+func (e *env) startProc(bin string, c config.Config) *proc {
+	e.t.Helper()
+	cmd := exec.Command(bin, "run")
+	cmd.Env = append(os.Environ(),
+		"DELAYD_NATS_URL="+c.NATS.URL,
+		"DELAYD_REDIS_ADDRS="+c.Redis.Addrs[0],
+		"DELAYD_SHARDS="+strconv.Itoa(c.Shards),
+		"DELAYD_SCANNER_LEASE="+c.Scanner.Lease.String(),
+		"DELAYD_SCANNER_IDLE_INTERVAL="+c.Scanner.IdleInterval.String(),
+	)
+	logPath := filepath.Join(e.t.TempDir(), "delayd.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, log: logPath}
+	e.t.Cleanup(func() {
+		p.kill()
+		logf.Close()
+		if e.t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			e.t.Logf("daemon log %s:\n%s", logPath, b)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "delayd: ready") {
+			return p
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatal("daemon process did not log ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	_ = p.cmd.Wait()
+}
+
+// TestKill9BetweenClaimAndAck kills the daemon with SIGKILL the moment the
+// first of a burst of deliveries reaches the target, while the rest of the
+// burst is claimed but not yet acknowledged. Those must still be in flight
+// in Redis and be delivered again by a new daemon once their lease expires.
+func TestKill9BetweenClaimAndAck(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.Lease = time.Second
+	bin := testutil.BuildBinary(t)
+	nc := e.conn()
+	defer nc.Close()
+	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
+	defer st.Close()
+
+	p := e.startProc(bin, c)
+	var killed atomic.Bool
+	first := e.sink(nc, "crash.target")
+	if _, err := nc.Subscribe("crash.target", func(*nats.Msg) {
+		if killed.CompareAndSwap(false, true) {
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	const n = 500
+	at := time.Now().Add(500 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "crash-" + strconv.Itoa(i)
+		m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "crash.target", "Delayd-At", at, "Delayd-Id", ids[i]), Data: []byte(ids[i])}
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One request/reply after the burst: once it is answered, the queue
+	// group's single member has stored everything sent before it.
+	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "crash.target", "Delayd-At", at, "Delayd-Id", "crash-last"), "crash-last"); err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, "crash-last")
+	_ = p.cmd.Wait()
+	if !killed.Load() {
+		t.Fatal("daemon exited without being killed")
+	}
+	var inflight []string
+	for _, id := range ids {
+		if st.InFlight(context.Background(), id) {
+			inflight = append(inflight, id)
+		}
+	}
+	if len(inflight) == 0 {
+		t.Fatal("kill -9 did not land between claim and ack: nothing in flight")
+	}
+	t.Logf("killed with %d envelopes claimed but not acknowledged", len(inflight))
+
+	// The redeliveries are watched by a subscription made after the kill:
+	// with nats-server 2.14 and 2.15 alike, subscribers that were receiving
+	// from the publisher at the moment it was killed got later messages
+	// from other publishers up to ~10 s late, a broker-side effect that
+	// would make this test measure NATS rather than delayd.
+	sc := e.conn()
+	defer sc.Close()
+	second := e.sink(sc, "crash.target")
+	e.startProc(bin, c)
+	second.waitCount(len(inflight), 10*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	for _, id := range ids {
+		a, b := first.get(id), second.get(id)
+		if len(a)+len(b) == 0 {
+			t.Errorf("%s lost", id)
+		}
+		for _, d := range append(a, b...) {
+			if d.received.Before(d.due) {
+				t.Errorf("%s early", id)
+			}
+		}
+	}
+	for _, id := range inflight {
+		ds := second.get(id)
+		if len(ds) != 1 || ds[0].attempt != 2 || ds[0].data != id {
+			t.Errorf("%s claimed at the kill: redelivered %+v", id, ds)
+			continue
+		}
+		if a := first.get(id); len(a) == 1 && !a[0].due.Equal(ds[0].due) {
+			t.Errorf("%s: Delayd-Due changed on redelivery", id)
+		}
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes left after redelivery", n)
+	}
+}
+
+func waitMsg(t *testing.T, ch <-chan *nats.Msg, d time.Duration) *nats.Msg {
+	t.Helper()
+	select {
+	case m := <-ch:
+		return m
+	case <-time.After(d):
+		t.Fatal("no delivery")
+		return nil
+	}
+}
