@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// syncBuffer is a bytes.Buffer safe for a logger writing while a test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestEmbeddedRun runs the README's quick start through run(), with the
+// same Lua scripts on the Redis emulation, and uses the CLI against it.
+func TestEmbeddedRun(t *testing.T) {
+	url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", url}, func(string) string { return "" }, &logs, &logs)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "delayd: ready") {
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "NOTHING IS DURABLE") {
+		t.Errorf("embedded mode must say plainly that nothing is durable:\n%s", logs.String())
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got := make(chan *nats.Msg, 2)
+	_, _ = nc.Subscribe("embedded.target", func(m *nats.Msg) { got <- m })
+	_ = nc.Flush()
+
+	getenv := func(k string) string {
+		if k == "DELAYD_NATS_URL" {
+			return url
+		}
+		return ""
+	}
+	var out, errOut bytes.Buffer
+	err = run(context.Background(), []string{"delayd", "schedule", "--target", "embedded.target", "--delay", "300ms",
+		"--id", "e1", "-H", "X-Trace:t1", "hello"}, getenv, &out, &errOut)
+	if err != nil || !strings.Contains(out.String(), `"id":"e1"`) {
+		t.Fatalf("schedule: %v %s %s", err, out.String(), errOut.String())
+	}
+	out.Reset()
+	_ = run(context.Background(), []string{"delayd", "schedule", "--target", "embedded.target", "--delay", "300ms", "--id", "e2", "x"}, getenv, &out, &errOut)
+	if err := run(context.Background(), []string{"delayd", "cancel", "e2"}, getenv, &out, &errOut); err != nil || !strings.Contains(out.String(), `"cancelled":true`) {
+		t.Fatalf("cancel: %v %s", err, out.String())
+	}
+	select {
+	case m := <-got:
+		if string(m.Data) != "hello" || m.Header.Get("X-Trace") != "t1" || m.Header.Get("Delayd-Id") != "e1" {
+			t.Fatalf("delivered %q %v", m.Data, m.Header)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("not delivered in embedded mode")
+	}
+	select {
+	case m := <-got:
+		t.Fatalf("cancelled envelope delivered: %v", m.Header)
+	case <-time.After(500 * time.Millisecond):
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+}
+
+func TestCLIErrors(t *testing.T) {
+	noenv := func(string) string { return "" }
+	var out, errOut bytes.Buffer
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"delayd", "bogus"}, 2},
+		{[]string{"delayd", "schedule", "--delay", "1s", "x"}, 2},
+		{[]string{"delayd", "cancel"}, 2},
+		{[]string{"delayd", "run", "--set", "shards=0"}, 1},
+		{[]string{"delayd", "version"}, 0},
+		{[]string{"delayd", "--help"}, 0},
+		{[]string{"delayd", "schedule", "--help"}, 0},
+		{[]string{"delayd", "cancel", "--nats-url", "nats://127.0.0.1:1", "x"}, 1},
+	} {
+		err := run(context.Background(), tc.args, noenv, &out, &errOut)
+		if got := exitCode(err, &errOut); got != tc.code {
+			t.Errorf("%v: exit %d (%v), want %d", tc.args, got, err, tc.code)
+		}
+	}
+	if !strings.Contains(errOut.String(), "shards: must be") {
+		t.Errorf("config error must name the key:\n%s", errOut.String())
+	}
+}
