@@ -33,6 +33,7 @@ Usage:
   delayd schedule [flags] [PAYLOAD]
                                   schedule a message; PAYLOAD or stdin
   delayd cancel [flags] ID        cancel a scheduled message
+  delayd bench [flags]            measure intake rate, lateness and loss
   delayd version                  print the version
   delayd help [COMMAND]           show help
 
@@ -63,6 +64,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return scheduleCmd(ctx, rest, getenv, stdout, stderr)
 	case "cancel":
 		return cancelCmd(ctx, rest, getenv, stdout, stderr)
+	case "bench":
+		return benchCmd(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "delayd", buildVersion())
 		return nil

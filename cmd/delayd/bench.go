@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/delayd/delayd/internal/bench"
+	"github.com/delayd/delayd/internal/bridge"
+)
+
+func benchCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", "bench [flags]", stderr)
+	cf := addConfigFlags(fs)
+	w := bench.Workload{}
+	fs.IntVar(&w.Count, "count", 20000, "envelopes to schedule")
+	fs.IntVar(&w.Concurrency, "concurrency", 64, "concurrent requesters")
+	fs.IntVar(&w.PayloadSize, "payload", 128, "payload bytes")
+	fs.DurationVar(&w.Lead, "lead", 2*time.Second, "time from start to the first due time")
+	fs.DurationVar(&w.Window, "window", 2*time.Second, "span the due times are spread over (due rate = count/window)")
+	fs.StringVar(&w.Target, "target", "delayd.bench.target", "subject to deliver to")
+	fs.DurationVar(&w.Timeout, "timeout", 10*time.Second, "per-request timeout")
+	fs.DurationVar(&w.Grace, "grace", 5*time.Second, "wait after the last due time before counting the rest as lost")
+	local := fs.Bool("local", false, "start a delayd child process against --nats-url and --redis-addrs and report its CPU and RSS")
+	embedded := fs.Bool("embedded", false, "like --local, but the child runs --embedded (in-process NATS and Redis emulation)")
+	baseline := fs.Bool("baseline", true, "measure the request/reply ceiling with a trivial responder first")
+	conns := fs.Int("conns", 4, "NATS connections the requesters share")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || *conns < 1 {
+		return fmt.Errorf("%w: --count, --concurrency, --conns and --window must be positive", errUsage)
+	}
+	c, err := cf.load(getenv)
+	if err != nil {
+		return err
+	}
+	if w.Target == c.Subject || len(w.Target) > len(c.Subject) && w.Target[:len(c.Subject)+1] == c.Subject+"." {
+		// The service refuses its own subjects as targets.
+		w.Target = "bench.target"
+	}
+
+	var child *exec.Cmd
+	if *local || *embedded {
+		child, err = startChild(c.NATS.URL, c.Redis.Addrs, *embedded, stderr)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if child.ProcessState == nil {
+				_ = child.Process.Kill()
+				_ = child.Wait()
+			}
+		}()
+	}
+
+	clients := make([]*bridge.Client, *conns)
+	for i := range clients {
+		cl, err := bridge.Dial(c.NATS.URL, c.Subject, w.Timeout)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		clients[i] = cl
+	}
+	if err := waitService(ctx, clients[0]); err != nil {
+		return err
+	}
+
+	var base float64
+	if *baseline {
+		if base, err = bench.Baseline(ctx, clients, w); err != nil {
+			return fmt.Errorf("baseline: %w", err)
+		}
+	}
+	progress := stderr
+	r, err := bench.Run(ctx, clients, w, progress)
+	if err != nil {
+		return err
+	}
+	if base > 0 {
+		r.BaselineRate, r.IntakeRatio = base, r.IntakeRate/base
+	}
+	if child != nil {
+		if r.Daemon, err = stopChild(child); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	bench.Print(stdout, r)
+	return nil
+}
+
+// startChild runs this binary as "delayd run" in its own namespace, so the
+// bench can read its CPU time and peak RSS when it exits.
+func startChild(natsURL string, redisAddrs []string, embedded bool, stderr io.Writer) (*exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"run", "--nats-url", natsURL, "--log-level", "warn",
+		"--set", "namespace=bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	if embedded {
+		args = append(args, "--embedded")
+	} else if len(redisAddrs) > 0 {
+		args = append(args, "--redis-addrs", strings.Join(redisAddrs, ","))
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start delayd: %w", err)
+	}
+	return cmd, nil
+}
+
+func stopChild(cmd *exec.Cmd) (*bench.Usage, error) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("delayd child: %w", err)
+	}
+	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return nil, nil
+	}
+	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return &bench.Usage{CPUSeconds: cpu.Seconds(), PeakRSSMiB: float64(ru.Maxrss) / 1024}, nil
+}
+
+// waitService waits until a delayd answers, so a just-started child is
+// not measured while it connects.
+func waitService(ctx context.Context, c *bridge.Client) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		_, err := c.Cancel(rctx, "bench-probe")
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no delayd answers: %w", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

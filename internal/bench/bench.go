@@ -1,0 +1,310 @@
+// Package bench drives a delayd through its public protocol and measures
+// what users choose a delay service on: intake rate, lateness and loss.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/delayd/delayd/internal/bridge"
+)
+
+// Workload describes one run.
+type Workload struct {
+	Count       int
+	Concurrency int
+	PayloadSize int
+	// Lead is the time from the start of the run to the first due time;
+	// Window is the span the due times are spread evenly over, so the due
+	// rate is Count/Window.
+	Lead    time.Duration
+	Window  time.Duration
+	Target  string
+	Timeout time.Duration // per request
+	// Grace is how long to wait after the last due time for stragglers
+	// before counting the rest as lost.
+	Grace time.Duration
+}
+
+// DueRate is the envelopes per second falling due.
+func (w Workload) DueRate() float64 { return float64(w.Count) / w.Window.Seconds() }
+
+// Result is what a run measured.
+type Result struct {
+	Count         int     `json:"count"`
+	Concurrency   int     `json:"concurrency"`
+	PayloadBytes  int     `json:"payload_bytes"`
+	DueRate       float64 `json:"due_per_second"`
+	IntakeSeconds float64 `json:"intake_seconds"`
+	IntakeRate    float64 `json:"intake_per_second"`
+	BaselineRate  float64 `json:"baseline_per_second,omitempty"`
+	IntakeRatio   float64 `json:"intake_ratio_of_baseline,omitempty"`
+	Rejected      int     `json:"rejected"`
+	Delivered     int     `json:"delivered"`
+	Lost          int     `json:"lost"`
+	Duplicates    int     `json:"duplicates"`
+	Early         int     `json:"early"`
+	LatenessMs    Quant   `json:"lateness_ms"`
+	Histogram     []Bar   `json:"histogram"`
+	Daemon        *Usage  `json:"daemon,omitempty"`
+}
+
+// Quant are lateness quantiles in milliseconds.
+type Quant struct {
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// Bar is one histogram bucket: deliveries whose lateness is below UpToMs
+// (and at or above the previous bucket's bound).
+type Bar struct {
+	UpToMs float64 `json:"up_to_ms"`
+	Count  int     `json:"count"`
+}
+
+// Usage is the resource use of a delayd process the bench started.
+type Usage struct {
+	CPUSeconds float64 `json:"cpu_seconds"`
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+}
+
+// Baseline measures the request/reply ceiling: the same requests, same
+// concurrency, answered at once by a trivial responder.
+func Baseline(ctx context.Context, clients []*bridge.Client, w Workload) (float64, error) {
+	echo := clients[0].WithSubject("delayd-bench-echo")
+	stop, err := echo.Echo("delayd-bench-echo.schedule")
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
+	echoes := make([]*bridge.Client, len(clients))
+	for i, c := range clients {
+		echoes[i] = c.WithSubject("delayd-bench-echo")
+	}
+	d, rejected, err := schedule(ctx, echoes, w, "echo", time.Now(), nil)
+	if err != nil {
+		return 0, err
+	}
+	return float64(w.Count-rejected) / d.Seconds(), nil
+}
+
+// Run schedules the workload through delayd and watches the target until
+// every envelope arrived or the grace period after the last due time ended.
+func Run(ctx context.Context, clients []*bridge.Client, w Workload, progress io.Writer) (Result, error) {
+	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
+	prefix := "b" + runID + "-"
+	rec := newRecorder(w.Count)
+	stop, err := clients[0].Watch(w.Target, func(d bridge.Delivered) {
+		i, ok := strings.CutPrefix(d.ID, prefix)
+		if !ok {
+			return
+		}
+		n, err := strconv.Atoi(i)
+		if err != nil {
+			return
+		}
+		rec.add(n, d.Received.Sub(d.Due))
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+
+	start := time.Now()
+	done := make(chan struct{})
+	var scheduled atomic.Int64
+	go report(progress, w.Count, &scheduled, rec, done)
+	took, rejected, err := schedule(ctx, clients, w, prefix, start, &scheduled)
+	if err != nil {
+		close(done)
+		return Result{}, err
+	}
+	deadline := start.Add(w.Lead + w.Window + w.Grace)
+	for rec.unique() < w.Count-rejected && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let late duplicates show up
+	close(done)
+
+	r := rec.result()
+	r.Count, r.Concurrency, r.PayloadBytes, r.DueRate = w.Count, w.Concurrency, w.PayloadSize, w.DueRate()
+	r.IntakeSeconds = took.Seconds()
+	r.IntakeRate = float64(w.Count-rejected) / took.Seconds()
+	r.Rejected = rejected
+	r.Lost = w.Count - rejected - r.Delivered
+	return r, nil
+}
+
+// schedule sends Count requests over Concurrency workers. Envelope i is due
+// at start+Lead+i*Window/Count, given as Delayd-At so the due time does not
+// depend on how fast the intake was.
+func schedule(ctx context.Context, clients []*bridge.Client, w Workload, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, error) {
+	payload := make([]byte, w.PayloadSize)
+	for i := range payload {
+		payload[i] = 'a' + byte(i%26)
+	}
+	var next atomic.Int64
+	var rejected atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for k := range w.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clients[k%len(clients)]
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= w.Count {
+					return
+				}
+				at := start.Add(w.Lead + time.Duration(int64(w.Window)*int64(i)/int64(w.Count)))
+				rctx, cancel := context.WithTimeout(ctx, w.Timeout)
+				_, err := c.Schedule(rctx, bridge.ScheduleRequest{
+					Target: w.Target, At: at.UTC().Format(time.RFC3339Nano),
+					ID: prefix + strconv.Itoa(i), Payload: payload,
+				})
+				cancel()
+				if err != nil {
+					rejected.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+				if counter != nil {
+					counter.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(t0)
+	if n := rejected.Load(); n == int64(w.Count) {
+		return took, int(n), fmt.Errorf("bench: every request failed, first: %v", firstErr.Load())
+	}
+	return took, int(rejected.Load()), nil
+}
+
+// recorder keeps the first lateness of each envelope and counts copies.
+type recorder struct {
+	mu       sync.Mutex
+	lateness []time.Duration
+	copies   []uint16
+	uniq     int
+	total    int
+	recent   []time.Duration // since the last progress line
+}
+
+func newRecorder(n int) *recorder {
+	return &recorder{lateness: make([]time.Duration, n), copies: make([]uint16, n)}
+}
+
+func (r *recorder) add(i int, late time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i < 0 || i >= len(r.copies) {
+		return
+	}
+	r.total++
+	r.copies[i]++
+	if r.copies[i] == 1 {
+		r.uniq++
+		r.lateness[i] = late
+		r.recent = append(r.recent, late)
+	}
+}
+
+func (r *recorder) unique() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.uniq
+}
+
+// takeRecent returns the deliveries since the last call, for progress.
+func (r *recorder) takeRecent() (int, []time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec := r.recent
+	r.recent = nil
+	return r.uniq, rec
+}
+
+// buckets are the histogram bounds in ms: fine where delayd should be,
+// coarse where the peers are.
+var buckets = []float64{0.5, 1, 2, 3, 5, 10, 20, 50, 100, 250, 500, 1000, 5000}
+
+func (r *recorder) result() Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var res Result
+	var ls []time.Duration
+	for i, c := range r.copies {
+		if c == 0 {
+			continue
+		}
+		res.Delivered++
+		res.Duplicates += int(c) - 1
+		if r.lateness[i] < 0 {
+			res.Early++
+		}
+		ls = append(ls, r.lateness[i])
+	}
+	res.LatenessMs = quantiles(ls)
+	res.Histogram = histogram(ls)
+	return res
+}
+
+func quantiles(ls []time.Duration) Quant {
+	if len(ls) == 0 {
+		return Quant{}
+	}
+	slices.Sort(ls)
+	q := func(p float64) float64 { return ms(ls[min(len(ls)-1, int(p*float64(len(ls))))]) }
+	return Quant{P50: q(0.50), P90: q(0.90), P99: q(0.99), Max: ms(ls[len(ls)-1])}
+}
+
+func histogram(ls []time.Duration) []Bar {
+	bars := make([]Bar, len(buckets)+1)
+	for i, b := range buckets {
+		bars[i].UpToMs = b
+	}
+	bars[len(buckets)].UpToMs = -1 // open-ended
+	for _, l := range ls {
+		v := ms(l)
+		i, _ := slices.BinarySearch(buckets, v)
+		if i < len(buckets) && buckets[i] == v {
+			i++
+		}
+		bars[i].Count++
+	}
+	return bars
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func report(w io.Writer, total int, scheduled *atomic.Int64, rec *recorder, done <-chan struct{}) {
+	if w == nil {
+		return
+	}
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			fmt.Fprintln(w)
+			return
+		case <-t.C:
+			got, recent := rec.takeRecent()
+			q := quantiles(recent)
+			fmt.Fprintf(w, "\rscheduled %d/%d  delivered %d  lateness (last 0.5 s) p50 %.1f ms p99 %.1f ms   ",
+				scheduled.Load(), total, got, q.P50, q.P99)
+		}
+	}
+}
