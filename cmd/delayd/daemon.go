@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -27,8 +29,20 @@ func runCmd(ctx context.Context, args []string, getenv func(string) string, stdo
 		cf.set["log.json"] = v
 		return nil
 	})
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile to this file until shutdown")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))

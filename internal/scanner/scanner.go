@@ -1,12 +1,18 @@
-// Package scanner is delayd's clock: for each shard it claims due
-// envelopes, hands them to the publisher, and acks the published ones. It
-// sleeps exactly until the next due time Redis reports, not on a fixed poll.
+// Package scanner is delayd's clock: it claims due envelopes, hands them to
+// the publisher, and acks the published ones. It sleeps exactly until the
+// next due time Redis reports, not on a fixed poll.
+//
+// One loop serves every shard: when it wakes, it claims from all the shards
+// that are due in one Redis pipeline, however many they are. Claimed
+// envelopes flow through two more stages, each a goroutine that merges
+// whatever has queued up: publish (one flush for the lot) and ack (one
+// pipeline). The stages overlap, so the clock claims again without waiting
+// for the previous batch's flush and ack round trips.
 package scanner
 
 import (
 	"context"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,9 +25,9 @@ import (
 // Store is the part of the delay set the scanner drives.
 type Store interface {
 	Shards() int
-	Claim(ctx context.Context, shard, batch int, lease time.Duration, maxAttempts int) (store.ClaimResult, error)
-	Ack(ctx context.Context, shard int, items []store.Settle, retry time.Duration) (int, error)
-	Reap(ctx context.Context, shard, limit int) (int, error)
+	Claim(ctx context.Context, shards []int, o store.ClaimOptions) ([]store.ClaimResult, error)
+	Ack(ctx context.Context, byShard map[int][]store.Settle, retry time.Duration) (int, error)
+	Reap(ctx context.Context, shards []int, limit int) (int, error)
 }
 
 // Publisher delivers envelopes and confirms each: a nil error means the
@@ -33,7 +39,7 @@ type Publisher interface {
 // Observer is told what happened, for metrics. Every method must be cheap.
 type Observer interface {
 	Delivered(d envelope.Delivery, err error)
-	Claimed(shard int, took time.Duration)
+	Claimed(shards int, took time.Duration)
 	Dead(shard, n int)
 }
 
@@ -44,192 +50,339 @@ type Options struct {
 	IdleInterval time.Duration
 	RetryBackoff time.Duration
 	MaxAttempts  int
-	// Now is the local clock, only used to measure lateness for the
-	// observer; due decisions are made in Redis time.
-	Now func() time.Time
 }
 
-// Scanner runs one loop per shard.
+// Scanner runs the claim/publish/ack loop over every shard.
 type Scanner struct {
-	store  Store
-	pub    Publisher
-	obs    Observer
-	opt    Options
-	log    hclog.Logger
-	shards []shardState
-}
-
-type shardState struct {
-	// next is the Redis time (ms) the loop plans to claim again;
-	// MaxInt64 while it is claiming, so any wake-up then forces a rescan.
-	next atomic.Int64
+	store Store
+	pub   Publisher
+	obs   Observer
+	opt   Options
+	log   hclog.Logger
+	// next[s] is the Redis time (ms) shard s must be claimed at: its next
+	// due time or lease expiry. Wake lowers it from intake goroutines.
+	next []atomic.Int64
 	wake chan struct{}
+	// toPublish feeds the publish stage; only the Run loop sends.
+	toPublish chan<- []claimed
+	// clock maps local monotonic time to Redis time, from the last claim.
+	clock redisClock
 }
 
 // New builds a scanner over every shard of st.
 func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *Scanner {
-	if opt.Now == nil {
-		opt.Now = time.Now
-	}
-	s := &Scanner{store: st, pub: pub, obs: obs, opt: opt, log: log, shards: make([]shardState, st.Shards())}
-	for i := range s.shards {
-		s.shards[i].wake = make(chan struct{}, 1)
-		s.shards[i].next.Store(math.MaxInt64)
-	}
-	return s
+	s := &Scanner{store: st, pub: pub, obs: obs, opt: opt, log: log,
+		next: make([]atomic.Int64, st.Shards()), wake: make(chan struct{}, 1)}
+	return s // next is all zero: every shard is claimed at start
 }
 
-// Wake tells the shard's loop that an envelope due at dueMs (Redis time) was
-// stored; the loop rescans at once if that is earlier than its plan.
+// Wake tells the scanner that an envelope due at dueMs (Redis time) was
+// stored in shard; it rescans at once if that is earlier than its plan.
 func (s *Scanner) Wake(shard int, dueMs int64) {
-	if shard < 0 || shard >= len(s.shards) {
+	if shard < 0 || shard >= len(s.next) {
 		return
 	}
-	st := &s.shards[shard]
-	if dueMs < st.next.Load() {
-		select {
-		case st.wake <- struct{}{}:
-		default:
+	for {
+		cur := s.next[shard].Load()
+		if dueMs >= cur {
+			return
+		}
+		if s.next[shard].CompareAndSwap(cur, dueMs) {
+			break
 		}
 	}
-}
-
-// Run scans until ctx is done, then lets each loop finish the batch it is
-// delivering, so nothing claimed is left waiting for its lease to expire.
-func (s *Scanner) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	for sh := range s.shards {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.loop(ctx, sh)
-		}()
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
-	wg.Wait()
-	return nil
 }
 
-func (s *Scanner) loop(ctx context.Context, sh int) {
-	st := &s.shards[sh]
-	log := s.log.With("shard", sh)
+// Run scans until ctx is done. The batch being delivered when ctx ends is
+// finished, so a stopping daemon leaves nothing claimed behind.
+func (s *Scanner) Run(ctx context.Context) error {
+	toPublish := make(chan []claimed, stageDepth)
+	toAck := make(chan map[int][]store.Settle, stageDepth)
+	acked := make(chan struct{})
+	go func() {
+		defer close(toAck)
+		s.publishStage(ctx, toPublish, toAck)
+	}()
+	go func() {
+		defer close(acked)
+		s.ackStage(ctx, toAck)
+	}()
+	defer func() {
+		close(toPublish)
+		<-acked
+	}()
+	s.toPublish = toPublish
 	var backoff time.Duration
 	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	defer timer.Stop()
+	due := make([]int, 0, len(s.next))
 	for ctx.Err() == nil {
-		st.next.Store(math.MaxInt64)
-		start := time.Now()
-		res, err := s.store.Claim(ctx, sh, s.opt.ClaimBatch, s.opt.Lease, s.opt.MaxAttempts)
-		claimedAt := time.Now()
-		if err != nil {
+		nowMs := s.clock.nowMs()
+		due = due[:0]
+		earliest := int64(math.MaxInt64)
+		for sh := range s.next {
+			at := s.next[sh].Load()
+			if at <= nowMs {
+				due = append(due, sh)
+			} else {
+				earliest = min(earliest, at)
+			}
+		}
+		if len(due) == 0 {
+			if !s.sleep(ctx, timer, s.clock.until(earliest)) {
+				return nil
+			}
+			continue
+		}
+		if err := s.scan(ctx, due); err != nil {
 			if ctx.Err() != nil {
-				return
+				return nil
 			}
 			backoff = nextBackoff(backoff)
 			if backoff == minBackoff {
-				log.Warn("claim failed, backing off", "error", err)
+				s.log.Warn("claim failed, backing off", "error", err)
 			}
-			sleep(ctx, backoff)
+			if !s.sleep(ctx, timer, backoff) {
+				return nil
+			}
 			continue
 		}
 		if backoff > 0 {
-			log.Info("claim recovered")
+			s.log.Info("claim recovered")
 			backoff = 0
 		}
-		if s.obs != nil {
-			s.obs.Claimed(sh, claimedAt.Sub(start))
-		}
-		if res.Dead > 0 {
-			log.Warn("envelopes moved to dead after max attempts", "count", res.Dead, "max_attempts", s.opt.MaxAttempts)
-			if s.obs != nil {
-				s.obs.Dead(sh, res.Dead)
-			}
-		}
-		if len(res.Items) > 0 {
-			s.deliver(ctx, sh, res.Items, log)
-		}
-		if res.NextLeaseMs >= 0 && res.NextLeaseMs <= res.NowMs {
-			if n, err := s.store.Reap(ctx, sh, s.opt.ClaimBatch); err != nil {
-				log.Warn("reap failed", "error", err)
-			} else if n > 0 {
-				log.Info("returned envelopes with expired leases", "count", n)
-			}
-			continue
-		}
-		if len(res.Items) == s.opt.ClaimBatch {
-			continue // more may be due right now
-		}
+	}
+	return nil
+}
 
-		wait := s.opt.IdleInterval
-		for _, at := range []int64{res.NextDueMs, res.NextLeaseMs} {
-			if at >= 0 {
-				wait = min(wait, time.Duration(at-res.NowMs)*time.Millisecond)
+// scan claims from the due shards, delivers, and plans each shard's next
+// claim.
+func (s *Scanner) scan(ctx context.Context, shards []int) error {
+	// Mark the shards as planned far ahead before claiming, so a Wake that
+	// races with the claim lowers the plan again and is not lost.
+	for _, sh := range shards {
+		s.next[sh].Store(math.MaxInt64)
+	}
+	start := time.Now()
+	res, err := s.store.Claim(ctx, shards, store.ClaimOptions{
+		Batch: s.opt.ClaimBatch, Lease: s.opt.Lease, MaxAttempts: s.opt.MaxAttempts,
+	})
+	if err != nil {
+		for _, sh := range shards {
+			s.next[sh].Store(0) // retry them all after the backoff
+		}
+		return err
+	}
+	returned := time.Now()
+	if s.obs != nil {
+		s.obs.Claimed(len(shards), returned.Sub(start))
+	}
+	s.clock.set(res[0].NowMicros, returned)
+
+	var items []claimed
+	var reap []int
+	for _, r := range res {
+		for _, c := range r.Items {
+			items = append(items, claimed{shard: r.Shard, Claimed: c})
+		}
+		if r.Dead > 0 {
+			s.log.Warn("envelopes moved to dead after max attempts", "shard", r.Shard, "count", r.Dead, "max_attempts", s.opt.MaxAttempts)
+			if s.obs != nil {
+				s.obs.Dead(r.Shard, r.Dead)
 			}
 		}
-		// The plan is in Redis time; the timer runs on the local monotonic
-		// clock from the moment the claim returned, which is no earlier than
-		// the Redis "now" it reported, so the wake-up is never early.
-		wait -= time.Since(claimedAt)
-		st.next.Store(res.NowMs + (time.Since(claimedAt) + wait).Milliseconds())
-		if wait <= 0 {
-			continue
+		plan := r.NowMs() + s.opt.IdleInterval.Milliseconds()
+		switch {
+		case len(r.Items) == s.opt.ClaimBatch:
+			plan = 0 // more may be due right now
+		case r.NextLeaseMs >= 0 && r.NextLeaseMs <= r.NowMs():
+			reap = append(reap, r.Shard)
+			plan = 0
+		default:
+			for _, at := range []int64{r.NextDueMs, r.NextLeaseMs} {
+				if at >= 0 {
+					plan = min(plan, at)
+				}
+			}
 		}
-		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		s.lower(r.Shard, plan)
+	}
+	if len(items) > 0 {
+		s.toPublish <- items
+	}
+	if len(reap) > 0 {
+		if n, err := s.store.Reap(ctx, reap, s.opt.ClaimBatch); err != nil {
+			s.log.Warn("reap failed", "error", err)
+		} else if n > 0 {
+			s.log.Info("returned envelopes with expired leases", "count", n)
+		}
+	}
+	return nil
+}
+
+// lower sets shard's plan to at unless a Wake already set an earlier one.
+func (s *Scanner) lower(shard int, at int64) {
+	for {
+		cur := s.next[shard].Load()
+		if at >= cur || s.next[shard].CompareAndSwap(cur, at) {
 			return
-		case <-st.wake:
-			timer.Stop()
-		case <-timer.C:
 		}
 	}
 }
 
-// deliver publishes claimed envelopes and settles them: ack when published,
-// release for a retry when not. It runs to completion even during shutdown
-// (bounded by the lease), so a stopping daemon leaves nothing claimed.
-func (s *Scanner) deliver(ctx context.Context, sh int, items []store.Claimed, log hclog.Logger) {
+type claimed struct {
+	shard int
+	store.Claimed
+}
+
+// stageDepth is how many batches may wait between stages. Claimed
+// envelopes wait there under their lease, so it stays small.
+const stageDepth = 4
+
+// publishStage publishes claimed batches, merging those that queued up into
+// one flush, and passes the outcome to the ack stage: ack when published,
+// release for a retry when not. On shutdown it finishes what was claimed.
+func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out chan<- map[int][]store.Settle) {
+	for items := range in {
+	merge:
+		for {
+			select {
+			case more, ok := <-in:
+				if !ok {
+					break merge
+				}
+				items = append(items, more...)
+			default:
+				break merge
+			}
+		}
+		out <- s.publish(ctx, items)
+	}
+}
+
+func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.Settle {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease)
 	defer cancel()
 	ds := make([]envelope.Delivery, 0, len(items))
-	settles := make([]store.Settle, 0, len(items))
-	var corrupt []store.Settle
+	from := make([]claimed, 0, len(items)) // from[i] was decoded into ds[i]
+	settles := make(map[int][]store.Settle)
 	for _, c := range items {
 		e, err := envelope.Decode(c.Data)
 		if err != nil {
 			// Keep it rather than drop it: released, it retries until
 			// max attempts and then sits in the dead set for inspection.
-			log.Error("stored envelope cannot be decoded", "id", c.ID, "error", err)
-			corrupt = append(corrupt, store.Settle{ID: c.ID, Version: envelope.Version(c.Data), Release: true})
+			s.log.Error("stored envelope cannot be decoded", "id", c.ID, "shard", c.shard, "error", err)
+			settles[c.shard] = append(settles[c.shard], store.Settle{ID: c.ID, Version: envelope.Version(c.Data), Release: true})
 			continue
 		}
 		ds = append(ds, envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Envelope: e})
-		settles = append(settles, store.Settle{ID: c.ID, Version: envelope.Version(c.Data)})
+		from = append(from, c)
 	}
 	errs := s.pub.Publish(dctx, ds)
-	for i, d := range ds {
+	for i, c := range from {
 		if errs[i] != nil {
-			settles[i].Release = true
-			log.Warn("delivery failed, will retry", "id", d.ID, "target", d.Target, "attempt", d.Attempt, "error", errs[i])
+			s.log.Warn("delivery failed, will retry", "id", c.ID, "target", ds[i].Target, "attempt", c.Attempt, "error", errs[i])
 		}
 		if s.obs != nil {
-			s.obs.Delivered(d, errs[i])
+			s.obs.Delivered(ds[i], errs[i])
 		}
+		settles[c.shard] = append(settles[c.shard], store.Settle{ID: c.ID, Version: envelope.Version(c.Data), Release: errs[i] != nil})
 	}
-	settles = append(settles, corrupt...)
+	return settles
+}
+
+// ackStage settles published batches, merging those that queued up into one
+// pipeline.
+func (s *Scanner) ackStage(ctx context.Context, in <-chan map[int][]store.Settle) {
+	for settles := range in {
+	merge:
+		for {
+			select {
+			case more, ok := <-in:
+				if !ok {
+					break merge
+				}
+				for sh, v := range more {
+					settles[sh] = append(settles[sh], v...)
+				}
+			default:
+				break merge
+			}
+		}
+		s.ack(ctx, settles)
+	}
+}
+
+func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease)
+	defer cancel()
 	for try := 0; ; try++ {
-		_, err := s.store.Ack(dctx, sh, settles, s.opt.RetryBackoff)
+		_, err := s.store.Ack(actx, settles, s.opt.RetryBackoff)
 		if err == nil {
 			return
 		}
-		if try == 2 || dctx.Err() != nil {
+		if try == 2 || actx.Err() != nil {
 			// The leases expire and the envelopes are delivered again:
 			// a duplicate, never a loss.
-			log.Error("ack failed, envelopes will be redelivered after their lease", "count", len(settles), "error", err)
+			n := 0
+			for _, v := range settles {
+				n += len(v)
+			}
+			s.log.Error("ack failed, envelopes will be redelivered after their lease", "count", n, "error", err)
 			return
 		}
-		sleep(dctx, time.Duration(try+1)*50*time.Millisecond)
+		sleepCtx(actx, time.Duration(try+1)*50*time.Millisecond)
 	}
+}
+
+// sleep waits for d, a Wake, or ctx; it reports false when ctx is done.
+func (s *Scanner) sleep(ctx context.Context, timer *time.Timer, d time.Duration) bool {
+	d = min(d, s.opt.IdleInterval)
+	if d <= 0 {
+		return true
+	}
+	timer.Reset(d)
+	select {
+	case <-ctx.Done():
+		timer.Stop()
+		return false
+	case <-s.wake:
+		timer.Stop()
+	case <-timer.C:
+	}
+	return true
+}
+
+// redisClock estimates Redis time from the local monotonic clock. It is
+// anchored at the moment a claim reply arrived, which is after Redis read
+// its clock, so the estimate runs slightly behind Redis: wake-ups are a
+// little late, never early. It is only touched by the scanner loop.
+type redisClock struct {
+	redisMicros int64
+	local       time.Time
+}
+
+func (c *redisClock) set(redisMicros int64, local time.Time) {
+	c.redisMicros, c.local = redisMicros, local
+}
+
+func (c *redisClock) nowMs() int64 {
+	if c.local.IsZero() {
+		return 0 // before the first claim every plan of 0 is due
+	}
+	return (c.redisMicros + time.Since(c.local).Microseconds()) / 1000
+}
+
+// until returns the local duration until Redis time atMs.
+func (c *redisClock) until(atMs int64) time.Duration {
+	if atMs == math.MaxInt64 || c.local.IsZero() {
+		return math.MaxInt64
+	}
+	return time.Duration(atMs*1000-c.redisMicros)*time.Microsecond - time.Since(c.local)
 }
 
 const (
@@ -244,7 +397,7 @@ func nextBackoff(b time.Duration) time.Duration {
 	return min(2*b, maxBackoff)
 }
 
-func sleep(ctx context.Context, d time.Duration) {
+func sleepCtx(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -203,35 +203,57 @@ type Claimed struct {
 	Data    []byte
 }
 
-// ClaimResult is what one claim returns. Times are Redis time in ms.
+// ClaimResult is what one shard's claim returns, in Redis time.
 type ClaimResult struct {
-	NowMs       int64
+	Shard       int
+	NowMicros   int64
 	NextDueMs   int64 // -1 when nothing else is pending
 	NextLeaseMs int64 // earliest lease expiry, -1 when nothing is in flight
 	Dead        int   // envelopes moved to dead for too many attempts
 	Items       []Claimed
 }
 
-// Claim atomically takes up to batch due envelopes of shard with a lease.
+// NowMs is the claim's Redis time in whole milliseconds.
+func (r ClaimResult) NowMs() int64 { return r.NowMicros / 1000 }
+
+// ClaimOptions bound one claim.
+type ClaimOptions struct {
+	Batch       int
+	Lease       time.Duration
+	MaxAttempts int // 0 = no limit
+}
+
+// Claim atomically takes up to Batch due envelopes from each of shards, with
+// a lease, in one pipeline: one round trip however many shards are due.
 // Concurrent claims from many daemons never hand out one envelope twice.
-func (s *Store) Claim(ctx context.Context, shard, batch int, lease time.Duration, maxAttempts int) (ClaimResult, error) {
-	raw, err := claimScript.Run(ctx, s.rdb, s.keys[shard].list(), batch, lease.Milliseconds(), maxAttempts).Slice()
+func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
+	cmds, err := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
+		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), o.MaxAttempts}
+	})
 	if err != nil {
-		return ClaimResult{}, fmt.Errorf("store: claim shard %d: %w", shard, err)
+		return nil, fmt.Errorf("store: claim: %w", err)
 	}
-	if len(raw) < 4 || (len(raw)-4)%4 != 0 {
-		return ClaimResult{}, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shard, len(raw))
+	out := make([]ClaimResult, len(shards))
+	for i, cmd := range cmds {
+		raw, err := cmd.Slice()
+		if err != nil {
+			return nil, fmt.Errorf("store: claim shard %d: %w", shards[i], err)
+		}
+		if len(raw) < 4 || (len(raw)-4)%4 != 0 {
+			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
+		}
+		r := ClaimResult{
+			Shard: shards[i], NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
+			Dead: int(asInt(raw[3])), Items: make([]Claimed, 0, (len(raw)-4)/4),
+		}
+		for j := 4; j < len(raw); j += 4 {
+			id, _ := raw[j].(string)
+			data, _ := raw[j+3].(string)
+			r.Items = append(r.Items, Claimed{ID: id, DueMs: asInt(raw[j+1]), Attempt: int(asInt(raw[j+2])), Data: []byte(data)})
+		}
+		out[i] = r
 	}
-	r := ClaimResult{
-		NowMs: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]), Dead: int(asInt(raw[3])),
-		Items: make([]Claimed, 0, (len(raw)-4)/4),
-	}
-	for i := 4; i < len(raw); i += 4 {
-		id, _ := raw[i].(string)
-		data, _ := raw[i+3].(string)
-		r.Items = append(r.Items, Claimed{ID: id, DueMs: asInt(raw[i+1]), Attempt: int(asInt(raw[i+2])), Data: []byte(data)})
-	}
-	return r, nil
+	return out, nil
 }
 
 // Settle is the outcome of one delivery.
@@ -241,30 +263,52 @@ type Settle struct {
 	Release bool // true: put back for a retry; false: delivered, delete
 }
 
-// Ack settles deliveries of one shard in one call. Released envelopes are
-// due again after retry. It returns how many still matched their version.
-func (s *Store) Ack(ctx context.Context, shard int, items []Settle, retry time.Duration) (int, error) {
-	args := make([]any, 0, 1+3*len(items))
-	args = append(args, retry.Milliseconds())
-	for _, it := range items {
-		op := "a"
-		if it.Release {
-			op = "r"
-		}
-		args = append(args, it.ID, it.Version, op)
+// Ack settles deliveries, one script call per shard, all in one pipeline.
+// Released envelopes are due again after retry. An entry whose version no
+// longer matches (it was replaced meanwhile) is left alone. It returns how
+// many were settled.
+func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (int, error) {
+	shards := make([]int, 0, len(byShard))
+	for sh := range byShard {
+		shards = append(shards, sh)
 	}
-	n, err := ackScript.Run(ctx, s.rdb, s.keys[shard].list(), args...).Int()
+	cmds, err := s.pipelined(ctx, ackScript, len(shards), func(i int) ([]string, []any) {
+		items := byShard[shards[i]]
+		args := make([]any, 0, 1+3*len(items))
+		args = append(args, retry.Milliseconds())
+		for _, it := range items {
+			op := "a"
+			if it.Release {
+				op = "r"
+			}
+			args = append(args, it.ID, it.Version, op)
+		}
+		return s.keys[shards[i]].list(), args
+	})
 	if err != nil {
-		return 0, fmt.Errorf("store: ack shard %d: %w", shard, err)
+		return 0, fmt.Errorf("store: ack: %w", err)
+	}
+	n := 0
+	for _, c := range cmds {
+		v, _ := c.Int()
+		n += v
 	}
 	return n, nil
 }
 
-// Reap returns up to limit envelopes of shard whose lease expired to due.
-func (s *Store) Reap(ctx context.Context, shard, limit int) (int, error) {
-	n, err := reapScript.Run(ctx, s.rdb, s.keys[shard].list(), limit).Int()
+// Reap returns up to limit envelopes per shard whose lease expired (their
+// daemon died or stalled) to due, in one pipeline.
+func (s *Store) Reap(ctx context.Context, shards []int, limit int) (int, error) {
+	cmds, err := s.pipelined(ctx, reapScript, len(shards), func(i int) ([]string, []any) {
+		return s.keys[shards[i]].list(), []any{limit}
+	})
 	if err != nil {
-		return 0, fmt.Errorf("store: reap shard %d: %w", shard, err)
+		return 0, fmt.Errorf("store: reap: %w", err)
+	}
+	n := 0
+	for _, c := range cmds {
+		v, _ := c.Int()
+		n += v
 	}
 	return n, nil
 }

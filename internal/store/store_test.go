@@ -31,12 +31,16 @@ func claimAll(t *testing.T, s *Store, lease time.Duration) map[string]Claimed {
 	// current ms, so "due now" is claimable a moment later.
 	time.Sleep(2 * time.Millisecond)
 	got := map[string]Claimed{}
-	for sh := range s.Shards() {
-		res, err := s.Claim(context.Background(), sh, 100, lease, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range res.Items {
+	all := make([]int, s.Shards())
+	for sh := range all {
+		all[sh] = sh
+	}
+	res, err := s.Claim(context.Background(), all, ClaimOptions{Batch: 100, Lease: lease, MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		for _, c := range r.Items {
 			got[c.ID] = c
 		}
 	}
@@ -65,7 +69,7 @@ func TestScheduleClaimAck(t *testing.T) {
 		t.Fatalf("claimed twice: %+v", again)
 	}
 	c := got["now"]
-	n, err := s.Ack(ctx, s.Shard("now"), []Settle{{ID: "now", Version: envelope.Version(c.Data)}}, 0)
+	n, err := s.Ack(ctx, map[int][]Settle{s.Shard("now"): {{ID: "now", Version: envelope.Version(c.Data)}}}, 0)
 	if err != nil || n != 1 {
 		t.Fatalf("ack: %d %v", n, err)
 	}
@@ -86,7 +90,7 @@ func TestAckNeverDeletesNewerVersion(t *testing.T) {
 	if _, err := s.Schedule(ctx, []Item{{ID: "o1", DelayMicros: 3600e6, Data: enc("v2")}}); err != nil {
 		t.Fatal(err)
 	}
-	n, err := s.Ack(ctx, s.Shard("o1"), []Settle{{ID: "o1", Version: envelope.Version(old.Data)}}, 0)
+	n, err := s.Ack(ctx, map[int][]Settle{s.Shard("o1"): {{ID: "o1", Version: envelope.Version(old.Data)}}}, 0)
 	if err != nil || n != 0 {
 		t.Fatalf("stale ack settled %d (%v)", n, err)
 	}
@@ -116,13 +120,14 @@ func TestReapAndDead(t *testing.T) {
 	first := claimAll(t, s, time.Millisecond)["r"]
 	for attempt := 2; attempt <= 4; attempt++ {
 		time.Sleep(5 * time.Millisecond) // let the 1 ms lease expire in Redis time
-		if n, err := s.Reap(ctx, sh, 10); err != nil || n != 1 {
+		if n, err := s.Reap(ctx, []int{sh}, 10); err != nil || n != 1 {
 			t.Fatalf("reap: %d %v", n, err)
 		}
-		res, err := s.Claim(ctx, sh, 10, time.Millisecond, 3)
+		rs, err := s.Claim(ctx, []int{sh}, ClaimOptions{Batch: 10, Lease: time.Millisecond, MaxAttempts: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
+		res := rs[0]
 		if attempt <= 3 {
 			if len(res.Items) != 1 || res.Items[0].Attempt != attempt || res.Items[0].DueMs != first.DueMs {
 				t.Fatalf("attempt %d: %+v", attempt, res)
@@ -144,13 +149,13 @@ func TestRelease(t *testing.T) {
 	ctx := context.Background()
 	_, _ = s.Schedule(ctx, []Item{{ID: "rel", Data: enc("x")}})
 	c := claimAll(t, s, time.Minute)["rel"]
-	n, err := s.Ack(ctx, s.Shard("rel"), []Settle{{ID: "rel", Version: envelope.Version(c.Data), Release: true}}, time.Hour)
+	n, err := s.Ack(ctx, map[int][]Settle{s.Shard("rel"): {{ID: "rel", Version: envelope.Version(c.Data), Release: true}}}, time.Hour)
 	if err != nil || n != 1 {
 		t.Fatalf("release: %d %v", n, err)
 	}
-	res, _ := s.Claim(ctx, s.Shard("rel"), 10, time.Minute, 0)
-	if len(res.Items) != 0 || res.NextDueMs < res.NowMs+3000_000 {
-		t.Fatalf("released envelope must wait for the retry delay: %+v", res)
+	rs, _ := s.Claim(ctx, []int{s.Shard("rel")}, ClaimOptions{Batch: 10, Lease: time.Minute})
+	if res := rs[0]; len(res.Items) != 0 || res.NextDueMs < res.NowMs()+3000_000 {
+		t.Fatalf("released envelope must wait for the retry delay: %+v", rs[0])
 	}
 }
 
