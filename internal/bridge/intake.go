@@ -148,12 +148,14 @@ func (in *Intake) Run(ctx context.Context) error {
 	return nil
 }
 
-// collect groups queued requests into batches that close after Batch items
-// or Linger after their first item, whichever comes first.
+// collect groups queued requests into batches. A batch is handed to the
+// first free flusher; while every flusher is busy it keeps growing, up to
+// Batch items. So batches are as large as the load makes them, without a
+// fixed wait: under light load a request goes to Redis at once. Linger, if
+// set, waits that long for company when a flusher is free.
 func (in *Intake) collect(out chan<- []pending) {
 	defer close(out)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	var linger <-chan time.Time
 	for {
 		first, ok := <-in.queue
 		if !ok {
@@ -161,21 +163,34 @@ func (in *Intake) collect(out chan<- []pending) {
 		}
 		batch := make([]pending, 1, in.opt.Batch)
 		batch[0] = first
-		timer.Reset(in.opt.Linger)
-	fill:
-		for len(batch) < in.opt.Batch {
+		if in.opt.Linger > 0 {
+			linger = time.After(in.opt.Linger)
+		}
+		queue := in.queue
+		for {
+			var send chan<- []pending
+			if linger == nil || len(batch) == in.opt.Batch {
+				send = out
+			}
+			if len(batch) == in.opt.Batch {
+				queue = nil // full: only sending is left
+			}
 			select {
-			case p, ok := <-in.queue:
+			case send <- batch:
+			case p, ok := <-queue:
 				if !ok {
-					break fill
+					out <- batch
+					return
 				}
 				batch = append(batch, p)
-			case <-timer.C:
-				break fill
+				continue
+			case <-linger:
+				linger = nil
+				continue
 			}
+			break
 		}
-		timer.Stop()
-		out <- batch
+		linger = nil
 	}
 }
 

@@ -66,6 +66,8 @@ type Scanner struct {
 }
 
 // Intake tunes how schedule requests are batched into Redis pipelines.
+// Batches grow while the pipelines in flight are busy, up to Batch; Linger
+// additionally waits for more requests when a pipeline is free (0: never).
 type Intake struct {
 	Batch  int           `koanf:"batch"`
 	Linger time.Duration `koanf:"linger"`
@@ -114,7 +116,7 @@ func Default() Config {
 			RetryBackoff: time.Second,
 			MaxAttempts:  10,
 		},
-		Intake: Intake{Batch: 256, Linger: time.Millisecond},
+		Intake: Intake{Batch: 256},
 		Limits: Limits{
 			MaxPayload:     1 << 20,
 			MaxIDLen:       256,
@@ -165,7 +167,9 @@ func (c Config) Validate() error {
 	positive("scanner.retry_backoff", int64(c.Scanner.RetryBackoff))
 	positive("scanner.max_attempts", int64(c.Scanner.MaxAttempts))
 	positive("intake.batch", int64(c.Intake.Batch))
-	positive("intake.linger", int64(c.Intake.Linger))
+	if c.Intake.Linger < 0 {
+		bad("intake.linger", "must not be negative, got %s", c.Intake.Linger)
+	}
 	positive("limits.max_payload", int64(c.Limits.MaxPayload))
 	positive("limits.max_headers", int64(c.Limits.MaxHeaders))
 	positive("limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes))

@@ -25,10 +25,12 @@ for i = 1, #ARGV, 4 do
   if ARGV[i+1] == 'd' then us = nowus + us end
   local due = math.ceil(us / 1000)
   redis.call('ZADD', KEYS[1], due, id)
-  redis.call('HSET', KEYS[3], id, ARGV[i+3])
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('ZREM', KEYS[5], id)
-  redis.call('HDEL', KEYS[4], id)
+  if redis.call('HSET', KEYS[3], id, ARGV[i+3]) == 0 then
+    -- A replace: forget any claim, attempts or death of the old version.
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZREM', KEYS[5], id)
+    redis.call('HDEL', KEYS[4], id)
+  end
   out[#out+1] = due
 end
 return out
