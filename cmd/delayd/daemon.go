@@ -70,6 +70,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger) error {
 			"nats", c.NATS.URL, "redis", srv.RedisAddr)
 	}
 
+	store.SetLogger(log.Named("redis"))
 	st := store.New(store.NewClient(store.Options{
 		Addrs: c.Redis.Addrs, Username: c.Redis.Username, Password: c.Redis.Password, DB: c.Redis.DB,
 	}), c.Namespace, c.Shards)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -343,4 +344,17 @@ func asInt(v any) int64 {
 		return n
 	}
 	return 0
+}
+
+// SetLogger routes go-redis' own log lines (dial failures and the like) to
+// log at debug level: the store's callers already log what those failures
+// mean, once, with backoff. go-redis only offers a process-wide logger.
+func SetLogger(log hclog.Logger) {
+	redis.SetLogger(redisLogger{log})
+}
+
+type redisLogger struct{ log hclog.Logger }
+
+func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
+	l.log.Debug(fmt.Sprintf(format, v...))
 }

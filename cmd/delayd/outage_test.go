@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// TestRedisDownAtStart: the daemon starts without Redis, answers 503 and
+// stores nothing, then works once Redis is up, without a restart.
+func TestRedisDownAtStart(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.redis.Kill()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "outage.target")
+	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "outage.target", "Delayd-Delay", "100ms", "Delayd-Id", "o1"), "x")
+	if err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "503" {
+		t.Fatalf("want 503 while Redis is down, got %v %v", err, rep.Header)
+	}
+	e.redis.Start()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rep, err = schedule(nc, "delayd", hdr("Delayd-Target", "outage.target", "Delayd-Delay", "100ms", "Delayd-Id", "o2"), "x")
+		if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("intake did not recover: %v %v", err, rep.Header)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if s.waitCount(1, 10*time.Second) != 1 || len(s.get("o2")) != 1 || len(s.get("o1")) != 0 {
+		t.Fatalf("after recovery: o1=%d o2=%d", len(s.get("o1")), len(s.get("o2")))
+	}
+}
+
+// TestNATSDownAtStart: the daemon starts without NATS and serves once NATS
+// comes up.
+func TestNATSDownAtStart(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.nats.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- daemon(ctx, c, hclog.NewNullLogger()) }()
+	time.Sleep(500 * time.Millisecond)
+	e.nats.Start()
+	e.waitService(c.Subject)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "late.target")
+	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "late.target", "Delayd-Delay", "100ms", "Delayd-Id", "n1"), "x"); err != nil {
+		t.Fatal(err)
+	}
+	if s.waitCount(1, 10*time.Second) != 1 {
+		t.Fatal("not delivered after NATS came up")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+}
