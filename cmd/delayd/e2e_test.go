@@ -101,33 +101,44 @@ func TestNeverEarly(t *testing.T) {
 	defer nc.Close()
 	s := e.sink(nc, "early.check")
 	const n = 2000
-	ids := make([]string, n)
-	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 16 {
-				ids[i] = "e" + strconv.Itoa(i)
-				h := hdr("Delayd-Target", "early.check", "Delayd-Id", ids[i])
-				if i%2 == 0 {
-					h.Set("Delayd-Delay", fmt.Sprintf("%dms", 200+i%1000))
-				} else {
-					h.Set("Delayd-At", time.Now().Add(time.Duration(200+i%1000)*time.Millisecond).UTC().Format(time.RFC3339Nano))
-				}
-				if rep, err := schedule(nc, "delayd", h, "x"); err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
-					t.Errorf("schedule %d: %v", i, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	ids := scheduleMany(t, nc, n, 16, "e", func(i int, h nats.Header) {
+		h.Set("Delayd-Target", "early.check")
+		if i%2 == 0 {
+			h.Set("Delayd-Delay", fmt.Sprintf("%dms", 200+i%1000))
+		} else {
+			h.Set("Delayd-At", time.Now().Add(time.Duration(200+i%1000)*time.Millisecond).UTC().Format(time.RFC3339Nano))
+		}
+	})
 	s.waitCount(n, 10*time.Second)
 	lateness, dups := s.check(t, ids)
 	if dups != 0 {
 		t.Errorf("%d duplicates without any fault", dups)
 	}
 	logLateness(t, lateness)
+}
+
+// scheduleMany sends n schedule requests from the given number of workers.
+// Envelope i gets the id prefix+i and the headers set(i, h) adds.
+func scheduleMany(t *testing.T, nc *nats.Conn, n, workers int, prefix string, set func(i int, h nats.Header)) []string {
+	t.Helper()
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				ids[i] = prefix + strconv.Itoa(i)
+				h := hdr("Delayd-Id", ids[i])
+				set(i, h)
+				if rep, err := schedule(nc, "delayd", h, "x"); err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+					t.Errorf("schedule %s: %v %v", ids[i], err, rep.Header)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return ids
 }
 
 func logLateness(t *testing.T, l []time.Duration) {
@@ -181,22 +192,10 @@ func TestTwoDaemonsDeliverOnce(t *testing.T) {
 	defer nc.Close()
 	s := e.sink(nc, "two.target")
 	const n = 2000
-	ids := make([]string, n)
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += 8 {
-				ids[i] = "t" + strconv.Itoa(i)
-				h := hdr("Delayd-Target", "two.target", "Delayd-Id", ids[i], "Delayd-Delay", fmt.Sprintf("%dms", 100+i%700))
-				if _, err := schedule(nc, "delayd", h, "x"); err != nil {
-					t.Errorf("schedule: %v", err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	ids := scheduleMany(t, nc, n, 8, "t", func(i int, h nats.Header) {
+		h.Set("Delayd-Target", "two.target")
+		h.Set("Delayd-Delay", fmt.Sprintf("%dms", 100+i%700))
+	})
 	s.waitCount(n, 10*time.Second)
 	time.Sleep(300 * time.Millisecond)
 	lateness, dups := s.check(t, ids)

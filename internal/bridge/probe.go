@@ -21,29 +21,26 @@ type Delivered struct {
 // Watch calls fn for every delivery on subject (which may be a pattern)
 // until stop is called. fn runs on one goroutine and must be quick.
 func (c *Client) Watch(subject string, fn func(Delivered)) (stop func(), err error) {
-	sub, err := c.nc.Subscribe(subject, func(m *nats.Msg) {
+	return c.subscribe(subject, func(m *nats.Msg) {
 		now := time.Now()
 		due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(envelope.HeaderDue))
 		attempt, _ := strconv.Atoi(m.Header.Get(envelope.HeaderAttempt))
 		fn(Delivered{ID: m.Header.Get(envelope.HeaderID), Due: due, Attempt: attempt, Data: m.Data, Received: now})
 	})
-	if err != nil {
-		return nil, err
-	}
-	// A watcher that falls behind must not drop deliveries: that would be
-	// counted as loss.
-	_ = sub.SetPendingLimits(-1, -1)
-	if err := c.nc.Flush(); err != nil {
-		return nil, err
-	}
-	return func() { _ = sub.Unsubscribe() }, nil
 }
 
 // Echo answers every request on subject at once with an empty JSON object.
 // It is the trivial responder that bounds what request/reply can do on
 // this machine, the baseline delayd's intake is compared to.
 func (c *Client) Echo(subject string) (stop func(), err error) {
-	sub, err := c.nc.Subscribe(subject, func(m *nats.Msg) { _ = m.Respond([]byte("{}")) })
+	return c.subscribe(subject, func(m *nats.Msg) { _ = m.Respond([]byte("{}")) })
+}
+
+// subscribe subscribes without pending limits (a bench that falls behind
+// must not drop messages: that would count as loss) and waits until the
+// server has the interest.
+func (c *Client) subscribe(subject string, cb nats.MsgHandler) (stop func(), err error) {
+	sub, err := c.nc.Subscribe(subject, cb)
 	if err != nil {
 		return nil, err
 	}

@@ -248,18 +248,7 @@ const stageDepth = 4
 // release for a retry when not. On shutdown it finishes what was claimed.
 func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out chan<- map[int][]store.Settle) {
 	for items := range in {
-	merge:
-		for {
-			select {
-			case more, ok := <-in:
-				if !ok {
-					break merge
-				}
-				items = append(items, more...)
-			default:
-				break merge
-			}
-		}
+		items = drain(items, in, func(a, b []claimed) []claimed { return append(a, b...) })
 		out <- s.publish(ctx, items)
 	}
 }
@@ -299,21 +288,29 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 // pipeline.
 func (s *Scanner) ackStage(ctx context.Context, in <-chan map[int][]store.Settle) {
 	for settles := range in {
-	merge:
-		for {
-			select {
-			case more, ok := <-in:
-				if !ok {
-					break merge
-				}
-				for sh, v := range more {
-					settles[sh] = append(settles[sh], v...)
-				}
-			default:
-				break merge
+		settles = drain(settles, in, func(a, b map[int][]store.Settle) map[int][]store.Settle {
+			for sh, v := range b {
+				a[sh] = append(a[sh], v...)
 			}
-		}
+			return a
+		})
 		s.ack(ctx, settles)
+	}
+}
+
+// drain merges into first every batch already waiting in in, without
+// blocking, so a stage that fell behind catches up in one round trip.
+func drain[T any](first T, in <-chan T, merge func(T, T) T) T {
+	for {
+		select {
+		case more, ok := <-in:
+			if !ok {
+				return first
+			}
+			first = merge(first, more)
+		default:
+			return first
+		}
 	}
 }
 

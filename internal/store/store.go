@@ -289,12 +289,7 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 	if err != nil {
 		return 0, fmt.Errorf("store: ack: %w", err)
 	}
-	n := 0
-	for _, c := range cmds {
-		v, _ := c.Int()
-		n += v
-	}
-	return n, nil
+	return sum(cmds), nil
 }
 
 // Reap returns up to limit envelopes per shard whose lease expired (their
@@ -306,12 +301,7 @@ func (s *Store) Reap(ctx context.Context, shards []int, limit int) (int, error) 
 	if err != nil {
 		return 0, fmt.Errorf("store: reap: %w", err)
 	}
-	n := 0
-	for _, c := range cmds {
-		v, _ := c.Int()
-		n += v
-	}
-	return n, nil
+	return sum(cmds), nil
 }
 
 // Counts are the sizes of one shard's sets.
@@ -333,6 +323,16 @@ func (s *Store) Count(ctx context.Context, shard int) (Counts, error) {
 // InFlight reports whether id is claimed and not yet acknowledged.
 func (s *Store) InFlight(ctx context.Context, id string) bool {
 	return s.rdb.ZScore(ctx, s.keys[s.Shard(id)].inflight, id).Err() == nil
+}
+
+// sum adds the integer replies of cmds.
+func sum(cmds []*redis.Cmd) int {
+	n := 0
+	for _, c := range cmds {
+		v, _ := c.Int()
+		n += v
+	}
+	return n
 }
 
 func asInt(v any) int64 {
