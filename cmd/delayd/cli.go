@@ -33,6 +33,9 @@ Usage:
   delayd schedule [flags] [PAYLOAD]
                                   schedule a message; PAYLOAD or stdin
   delayd cancel [flags] ID        cancel a scheduled message
+  delayd get ID                   show where a scheduled message is
+  delayd list [flags]             list scheduled (or --dead) messages, a page at a time
+  delayd stats                    pending, inflight and dead counts per shard
   delayd bench [flags]            measure intake rate, lateness and loss
   delayd version                  print the version
   delayd help [COMMAND]           show help
@@ -64,6 +67,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return scheduleCmd(ctx, rest, getenv, stdout, stderr)
 	case "cancel":
 		return cancelCmd(ctx, rest, getenv, stdout, stderr)
+	case "get":
+		return getCmd(ctx, rest, getenv, stdout, stderr)
+	case "list":
+		return listCmd(ctx, rest, getenv, stdout, stderr)
+	case "stats":
+		return statsCmd(ctx, rest, getenv, stdout, stderr)
 	case "bench":
 		return benchCmd(ctx, rest, getenv, stdout, stderr)
 	case "version":

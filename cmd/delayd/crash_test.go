@@ -34,6 +34,7 @@ func (e *env) startProc(bin string, c config.Config) *proc {
 		"DELAYD_SHARDS="+strconv.Itoa(c.Shards),
 		"DELAYD_SCANNER_LEASE="+c.Scanner.Lease.String(),
 		"DELAYD_SCANNER_IDLE_INTERVAL="+c.Scanner.IdleInterval.String(),
+		"DELAYD_HTTP_ADDR=127.0.0.1:0",
 	)
 	logPath := filepath.Join(e.t.TempDir(), "delayd.log")
 	logf, err := os.Create(logPath)

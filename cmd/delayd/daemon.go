@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/delayd/delayd/internal/admin"
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/embedded"
@@ -70,72 +71,120 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger) error {
 			"nats", c.NATS.URL, "redis", srv.RedisAddr)
 	}
 
+	metrics := admin.NewMetrics(buildVersion(), c.Shards)
 	store.SetLogger(log.Named("redis"))
 	st := store.New(store.NewClient(store.Options{
 		Addrs: c.Redis.Addrs, Username: c.Redis.Username, Password: c.Redis.Password, DB: c.Redis.DB,
 	}), c.Namespace, c.Shards)
 	defer st.Close()
 
-	in, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", log.Named("nats"))
+	in, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", log.Named("nats"), nil)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := bridge.Connect(c.NATS.URL, c.NATS.Name, log.Named("nats"))
+	out, err := bridge.Connect(c.NATS.URL, c.NATS.Name, log.Named("nats"), metrics.NATSReconnect)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
 
-	sc := scanner.New(st, bridge.NewPublisher(out), nil, scanner.Options{
+	sc := scanner.New(st, bridge.NewPublisher(out), metrics, scanner.Options{
 		ClaimBatch: c.Scanner.ClaimBatch, Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
 		RetryBackoff: c.Scanner.RetryBackoff, MaxAttempts: c.Scanner.MaxAttempts,
 	}, log.Named("scanner"))
-	intake := bridge.NewIntake(in, out, st, sc, nil, bridge.IntakeOptions{
+	intake := bridge.NewIntake(in, out, st, st, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(),
 	}, log.Named("intake"))
 
-	intakeCtx, stopIntake := context.WithCancel(context.Background())
-	scanCtx, stopScan := context.WithCancel(context.Background())
-	defer stopIntake()
-	defer stopScan()
-	intakeDone, scanDone := make(chan error, 1), make(chan error, 1)
-	go func() { intakeDone <- intake.Run(intakeCtx) }()
-	go func() { scanDone <- sc.Run(scanCtx) }()
-	readyCtx, stopReady := context.WithCancel(ctx)
-	defer stopReady()
-	go waitReady(readyCtx, st, out.IsConnected, log)
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-intakeDone:
-		intakeDone <- runErr
-	case runErr = <-scanDone:
-		scanDone <- runErr
+	// Stopped in this order: intake first (answer what was taken), then the
+	// scanner (finish what was claimed), the admin server last so probes
+	// and metrics stay up while the rest drains.
+	comps := []component{
+		{"intake", intake.Run},
+		{"scanner", sc.Run},
+		{"ready", func(ctx context.Context) error { waitReady(ctx, st, out.IsConnected, log); <-ctx.Done(); return nil }},
+		{"sampler", func(ctx context.Context) error {
+			metrics.Sample(ctx, st, c.HTTP.SampleInterval, log.Named("admin"))
+			return nil
+		}},
 	}
-	stopReady()
-	log.Info("shutting down", "deadline", c.Shutdown.Timeout)
-	deadline := time.After(c.Shutdown.Timeout)
-	for _, step := range []struct {
-		name string
-		stop context.CancelFunc
-		done chan error
-	}{{"intake", stopIntake, intakeDone}, {"scanner", stopScan, scanDone}} {
-		step.stop()
-		select {
-		case err := <-step.done:
-			runErr = errors.Join(runErr, err)
-		case <-deadline:
-			return fmt.Errorf("shutdown deadline %s exceeded while stopping %s; unacknowledged envelopes will be redelivered after their lease", c.Shutdown.Timeout, step.name)
+	if c.HTTP.Addr != "" {
+		srv, err := admin.Listen(c.HTTP.Addr, metrics, []admin.Check{
+			{Name: "nats", Fn: func(context.Context) error {
+				if !in.IsConnected() || !out.IsConnected() {
+					return errors.New("not connected")
+				}
+				return nil
+			}},
+			{Name: "redis", Fn: st.Ready},
+		}, log.Named("admin"))
+		if err != nil {
+			return err
 		}
+		comps = append(comps, component{"admin", srv.Run})
 	}
+	err = runOrdered(ctx, comps, c.Shutdown.Timeout, log)
 	drainCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = out.FlushWithContext(drainCtx)
 	log.Info("stopped")
+	return err
+}
+
+// component is one long-running part of the daemon.
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// runOrdered runs every component until ctx is done or one of them returns
+// (a failure: the first to fail stops the rest), then stops them one at a
+// time, in order, all within the deadline.
+func runOrdered(ctx context.Context, comps []component, deadline time.Duration, log hclog.Logger) error {
+	stops := make([]context.CancelFunc, len(comps))
+	dones := make([]chan error, len(comps))
+	failed := make(chan int, len(comps))
+	for i, c := range comps {
+		cctx, cancel := context.WithCancel(context.Background())
+		stops[i], dones[i] = cancel, make(chan error, 1)
+		go func() {
+			err := c.run(cctx)
+			dones[i] <- err
+			failed <- i
+		}()
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case i := <-failed:
+		runErr = <-dones[i]
+		dones[i] <- runErr
+		log.Error("component stopped unexpectedly, shutting down", "component", comps[i].name, "error", runErr)
+		runErr = fmt.Errorf("%s: %w", comps[i].name, orStopped(runErr))
+	}
+	log.Info("shutting down", "deadline", deadline)
+	timeout := time.After(deadline)
+	for i, c := range comps {
+		stops[i]()
+		select {
+		case err := <-dones[i]:
+			if err != nil && !errors.Is(runErr, err) {
+				runErr = errors.Join(runErr, fmt.Errorf("%s: %w", c.name, err))
+			}
+		case <-timeout:
+			return fmt.Errorf("shutdown deadline %s exceeded while stopping %s; unacknowledged envelopes will be redelivered after their lease", deadline, c.name)
+		}
+	}
 	return runErr
+}
+
+func orStopped(err error) error {
+	if err == nil {
+		return errors.New("stopped")
+	}
+	return err
 }
 
 // waitReady logs "ready" once Redis answers with the scripts loaded and NATS

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -38,6 +39,7 @@ func (e *env) cfg() config.Config {
 	c.Scanner.Lease = 2 * time.Second
 	c.Scanner.IdleInterval = 200 * time.Millisecond
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
+	c.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(e.t))
 	return c
 }
 

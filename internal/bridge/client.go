@@ -103,3 +103,28 @@ func (c *Client) request(ctx context.Context, verb string, m *nats.Msg, out any)
 	}
 	return nil
 }
+
+// Get returns what is stored under id.
+func (c *Client) Get(ctx context.Context, id string) (EntryInfo, error) {
+	var out EntryInfo
+	err := c.request(ctx, "get", &nats.Msg{Header: nats.Header{envelope.HeaderID: []string{id}}}, &out)
+	return out, err
+}
+
+// List returns one page of stored envelopes.
+func (c *Client) List(ctx context.Context, r ListRequest) (ListReply, error) {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return ListReply{}, err
+	}
+	var out ListReply
+	err = c.request(ctx, "list", &nats.Msg{Data: body}, &out)
+	return out, err
+}
+
+// Stats returns the sizes of the delay set.
+func (c *Client) Stats(ctx context.Context) (StatsReply, error) {
+	var out StatsReply
+	err := c.request(ctx, "stats", &nats.Msg{}, &out)
+	return out, err
+}

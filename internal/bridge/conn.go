@@ -13,7 +13,8 @@ import (
 // Connect opens a connection that keeps retrying, in the background, when
 // the server is down at start or goes away later: delayd must outlive NATS
 // outages rather than crash-loop. Reconnects are logged.
-func Connect(url, name string, log hclog.Logger) (*nats.Conn, error) {
+// onReconnect, if not nil, is called after each reconnection.
+func Connect(url, name string, log hclog.Logger, onReconnect func()) (*nats.Conn, error) {
 	nc, err := nats.Connect(url,
 		nats.Name(name),
 		nats.RetryOnFailedConnect(true),
@@ -27,6 +28,9 @@ func Connect(url, name string, log hclog.Logger) (*nats.Conn, error) {
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted())
+			if onReconnect != nil {
+				onReconnect()
+			}
 		}),
 		nats.ConnectHandler(func(c *nats.Conn) {
 			log.Info("NATS connected", "url", c.ConnectedUrlRedacted())

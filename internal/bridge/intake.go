@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"sync"
@@ -33,6 +32,7 @@ type Waker interface {
 // IntakeObserver counts intake outcomes for metrics.
 type IntakeObserver interface {
 	Received(code int)
+	RedisError()
 }
 
 // IntakeOptions configure the service.
@@ -64,6 +64,7 @@ type Intake struct {
 	in    *nats.Conn // service subscriptions; drained on shutdown
 	out   *nats.Conn // replies; stays open until the last reply is sent
 	store Store
+	insp  Inspector
 	waker Waker
 	obs   IntakeObserver
 	opt   IntakeOptions
@@ -79,11 +80,11 @@ type pending struct {
 // NewIntake builds the service. in carries the service subscriptions and is
 // drained on shutdown; out sends replies, so requests taken in before the
 // drain still get their answer after it.
-func NewIntake(in, out *nats.Conn, st Store, w Waker, obs IntakeObserver, opt IntakeOptions, log hclog.Logger) *Intake {
+func NewIntake(in, out *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObserver, opt IntakeOptions, log hclog.Logger) *Intake {
 	if opt.StoreTimeout == 0 {
 		opt.StoreTimeout = 5 * time.Second
 	}
-	return &Intake{in: in, out: out, store: st, waker: w, obs: obs, opt: opt, log: log,
+	return &Intake{in: in, out: out, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan pending, 4*opt.Batch)}
 }
 
@@ -109,6 +110,9 @@ func (in *Intake) Run(ctx context.Context) error {
 	}
 	if err := g.AddEndpoint("cancel", micro.HandlerFunc(in.handleCancel)); err != nil {
 		return fmt.Errorf("bridge: add cancel endpoint: %w", err)
+	}
+	if err := in.addInspect(g); err != nil {
+		return fmt.Errorf("bridge: add inspection endpoints: %w", err)
 	}
 	in.log.Info("intake serving", "schedule", in.opt.Subject+".schedule", "cancel", in.opt.Subject+".cancel")
 
@@ -204,6 +208,7 @@ func (in *Intake) flush(batch []pending) {
 	cancel()
 	if err != nil {
 		in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
+		in.redisError()
 		for _, p := range batch {
 			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable")
 		}
@@ -212,13 +217,7 @@ func (in *Intake) flush(batch []pending) {
 	for i, p := range batch {
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
 		in.count(0)
-		if p.reply == "" {
-			continue
-		}
-		b, _ := json.Marshal(ScheduleReply{ID: p.item.ID, DeliverAt: time.UnixMilli(due[i]).UTC().Format(time.RFC3339Nano)})
-		if err := in.out.Publish(p.reply, b); err != nil {
-			in.log.Warn("reply failed", "id", p.item.ID, "error", err)
-		}
+		in.respond(p.reply, ScheduleReply{ID: p.item.ID, DeliverAt: fmtMs(due[i])})
 	}
 }
 
@@ -252,13 +251,11 @@ func (in *Intake) handleCancel(req micro.Request) {
 	cancel()
 	if err != nil {
 		in.log.Error("cancel failed", "id", id, "error", err)
+		in.redisError()
 		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
 		return
 	}
-	if req.Reply() != "" {
-		b, _ := json.Marshal(CancelReply{ID: id, Cancelled: ok})
-		_ = in.out.Publish(req.Reply(), b)
-	}
+	in.respond(req.Reply(), CancelReply{ID: id, Cancelled: ok})
 }
 
 func (in *Intake) reject(reply string, err error) {
@@ -281,6 +278,12 @@ func (in *Intake) fail(reply string, code int, msg string) {
 	}}
 	if err := in.out.PublishMsg(m); err != nil {
 		in.log.Warn("error reply failed", "error", err)
+	}
+}
+
+func (in *Intake) redisError() {
+	if in.obs != nil {
+		in.obs.RedisError()
 	}
 }
 

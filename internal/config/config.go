@@ -33,6 +33,15 @@ type Config struct {
 	Targets  Targets  `koanf:"targets"`
 	Log      Log      `koanf:"log"`
 	Shutdown Shutdown `koanf:"shutdown"`
+	HTTP     HTTP     `koanf:"http"`
+}
+
+// HTTP is the admin server: /livez, /readyz, /metrics.
+type HTTP struct {
+	// Addr is host:port to listen on; empty turns the server off.
+	Addr string `koanf:"addr"`
+	// SampleInterval is how often the Redis-backed gauges are refreshed.
+	SampleInterval time.Duration `koanf:"sample_interval"`
 }
 
 // NATS is the connection delayd takes intake from and delivers through.
@@ -126,6 +135,7 @@ func Default() Config {
 			MaxPast:        24 * time.Hour,
 		},
 		Log:      Log{Level: "info"},
+		HTTP:     HTTP{Addr: ":9479", SampleInterval: 5 * time.Second},
 		Shutdown: Shutdown{Timeout: 10 * time.Second},
 	}
 }
@@ -175,6 +185,10 @@ func (c Config) Validate() error {
 	positive("limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes))
 	positive("limits.max_delay", int64(c.Limits.MaxDelay))
 	positive("shutdown.timeout", int64(c.Shutdown.Timeout))
+	positive("http.sample_interval", int64(c.HTTP.SampleInterval))
+	if c.HTTP.Addr != "" && !strings.Contains(c.HTTP.Addr, ":") {
+		bad("http.addr", "must be host:port or :port, got %q", c.HTTP.Addr)
+	}
 	if c.Limits.MaxIDLen < 1 || c.Limits.MaxIDLen > 256 {
 		bad("limits.max_id_len", "must be 1..256, got %d", c.Limits.MaxIDLen)
 	}

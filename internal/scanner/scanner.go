@@ -41,6 +41,7 @@ type Observer interface {
 	Delivered(d envelope.Delivery, err error)
 	Claimed(shards int, took time.Duration)
 	Dead(shard, n int)
+	RedisError()
 }
 
 // Options tune the scanner; see config.Scanner.
@@ -175,6 +176,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		for _, sh := range shards {
 			s.next[sh].Store(0) // retry them all after the backoff
 		}
+		s.redisError()
 		return err
 	}
 	returned := time.Now()
@@ -216,6 +218,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	}
 	if len(reap) > 0 {
 		if n, err := s.store.Reap(ctx, reap, s.opt.ClaimBatch); err != nil {
+			s.redisError()
 			s.log.Warn("reap failed", "error", err)
 		} else if n > 0 {
 			s.log.Info("returned envelopes with expired leases", "count", n)
@@ -298,6 +301,12 @@ func (s *Scanner) ackStage(ctx context.Context, in <-chan map[int][]store.Settle
 	}
 }
 
+func (s *Scanner) redisError() {
+	if s.obs != nil {
+		s.obs.RedisError()
+	}
+}
+
 // drain merges into first every batch already waiting in in, without
 // blocking, so a stage that fell behind catches up in one round trip.
 func drain[T any](first T, in <-chan T, merge func(T, T) T) T {
@@ -322,6 +331,7 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 		if err == nil {
 			return
 		}
+		s.redisError()
 		if try == 2 || actx.Err() != nil {
 			// The leases expire and the envelopes are delivered again:
 			// a duplicate, never a loss.

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/internal/bridge"
+)
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metric returns the sum of every sample of a metric family in an exposition.
+func metric(body, name string) (float64, bool) {
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? ([0-9.e+-]+)$`)
+	ms := re.FindAllStringSubmatch(body, -1)
+	sum := 0.0
+	for _, m := range ms {
+		v, _ := strconv.ParseFloat(m[2], 64)
+		sum += v
+	}
+	return sum, len(ms) > 0
+}
+
+func TestMetricsMove(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.HTTP.SampleInterval = 100 * time.Millisecond
+	e.startDaemon(c)
+	base := "http://" + c.HTTP.Addr
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "metrics.target")
+	_, before := httpGet(t, base+"/metrics")
+	names := []string{"delayd_envelopes_received_total", "delayd_envelopes_delivered_total",
+		"delayd_delivery_lateness_seconds_bucket", "delayd_pending_envelopes", "delayd_inflight_envelopes",
+		"delayd_dead_envelopes", "delayd_oldest_overdue_seconds", "delayd_claim_duration_seconds_count",
+		"delayd_redis_errors_total", "delayd_nats_reconnects_total", "delayd_shards_owned", "delayd_build_info"}
+	for _, n := range names {
+		if _, ok := metric(before, n); !ok {
+			t.Errorf("metric %s missing", n)
+		}
+	}
+	for i := range 20 {
+		delay := "200ms"
+		if i >= 10 {
+			delay = "1h"
+		}
+		if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "metrics.target", "Delayd-Delay", delay), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "$SYS.X", "Delayd-Delay", "1s"), "x")
+	s.waitCount(10, 5*time.Second)
+	time.Sleep(300 * time.Millisecond) // a sample interval
+	_, after := httpGet(t, base+"/metrics")
+	for _, tc := range []struct {
+		name string
+		want float64
+	}{
+		{"delayd_envelopes_received_total", 21},
+		{"delayd_envelopes_delivered_total", 10},
+		{"delayd_delivery_lateness_seconds_count", 10},
+		{"delayd_pending_envelopes", 10},
+		{"delayd_shards_owned", float64(c.Shards)},
+	} {
+		if v, _ := metric(after, tc.name); v != tc.want {
+			t.Errorf("%s = %v, want %v", tc.name, v, tc.want)
+		}
+	}
+	if !strings.Contains(after, `delayd_envelopes_received_total{result="forbidden"} 1`) {
+		t.Error("forbidden request not counted by result")
+	}
+	if v, _ := metric(after, "delayd_claim_duration_seconds_count"); v == 0 {
+		t.Error("claim duration did not move")
+	}
+}
+
+func TestReadyzFollowsRedis(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	base := "http://" + c.HTTP.Addr
+	waitStatus := func(path string, want int) string {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			code, body := httpGet(t, base+path)
+			if code == want {
+				return body
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d %q, want %d", path, code, body, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitStatus("/readyz", 200)
+	e.redis.Kill()
+	body := waitStatus("/readyz", 503)
+	if !strings.Contains(body, "redis") {
+		t.Errorf("readyz body gives no reason: %q", body)
+	}
+	if code, _ := httpGet(t, base+"/livez"); code != 200 {
+		t.Errorf("livez %d while Redis is down", code)
+	}
+	e.redis.Start()
+	waitStatus("/readyz", 200)
+	if code, _ := httpGet(t, base+"/livez"); code != 200 {
+		t.Errorf("livez %d", code)
+	}
+}
+
+func TestInspectCLI(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	getenv := func(k string) string {
+		if k == "DELAYD_NATS_URL" {
+			return e.nats.URL()
+		}
+		return ""
+	}
+	cli := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), append([]string{"delayd"}, args...), getenv, &out, &errOut)
+		return out.String() + errOut.String(), err
+	}
+	for i := range 25 {
+		target := "orders.cancel"
+		if i%5 == 0 {
+			target = "sms.send"
+		}
+		if _, err := cli("schedule", "--target", target, "--delay", fmt.Sprintf("%dm", 10+i), "--id", fmt.Sprintf("order-%d", i), "-H", "X-K:v", "payload"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := cli("get", "order-7")
+	if err != nil || !strings.Contains(out, "orders.cancel") || !strings.Contains(out, "pending") || !strings.Contains(out, "7 bytes") {
+		t.Fatalf("get: %v\n%s", err, out)
+	}
+	out, err = cli("get", "--json", "order-7")
+	var info bridge.EntryInfo
+	if err != nil || json.Unmarshal([]byte(out), &info) != nil || info.Header["X-K"][0] != "v" {
+		t.Fatalf("get --json: %v %s", err, out)
+	}
+	if _, err := cli("get", "no-such-id"); exitCode(err, io.Discard) != 1 || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("get missing: %v", err)
+	}
+
+	// Page through everything, 7 at a time; every id once.
+	seen := map[string]int{}
+	cursor := ""
+	for pages := 0; ; pages++ {
+		args := []string{"list", "--json", "--limit", "7"}
+		if cursor != "" {
+			args = append(args, "--cursor", cursor)
+		}
+		out, err := cli(args...)
+		var page bridge.ListReply
+		if err != nil || json.Unmarshal([]byte(out), &page) != nil {
+			t.Fatalf("list: %v %s", err, out)
+		}
+		if len(page.Entries) > 7 {
+			t.Fatalf("page of %d over the limit", len(page.Entries))
+		}
+		for _, e := range page.Entries {
+			seen[e.ID]++
+		}
+		if cursor = page.Next; cursor == "" {
+			break
+		}
+		if pages > 20 {
+			t.Fatal("paging does not end")
+		}
+	}
+	if len(seen) != 25 {
+		t.Fatalf("paged through %d ids, want 25", len(seen))
+	}
+	out, err = cli("list", "--json", "--target", "sms.>", "--limit", "1000")
+	var sms bridge.ListReply
+	if err != nil || json.Unmarshal([]byte(out), &sms) != nil || len(sms.Entries) != 5 {
+		t.Fatalf("list --target: %v %s", err, out)
+	}
+	out, err = cli("list", "--json", "--due-before", time.Now().Add(15*time.Minute).UTC().Format(time.RFC3339))
+	var early bridge.ListReply
+	if err != nil || json.Unmarshal([]byte(out), &early) != nil || len(early.Entries) != 5 {
+		t.Fatalf("list --due-before: %v %s", err, out)
+	}
+	out, err = cli("list")
+	if err != nil || !strings.Contains(out, "ID") || !strings.Contains(out, "order-") {
+		t.Fatalf("list table: %v %s", err, out)
+	}
+
+	out, err = cli("stats", "--json")
+	var st bridge.StatsReply
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Pending != 25 || len(st.Shards) != c.Shards || st.NextDue == "" {
+		t.Fatalf("stats: %v %s", err, out)
+	}
+	if out, err = cli("stats"); err != nil || !strings.Contains(out, "total") {
+		t.Fatalf("stats table: %v %s", err, out)
+	}
+}

@@ -1,0 +1,210 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+)
+
+// Inspector is what the inspection endpoints read.
+type Inspector interface {
+	Get(ctx context.Context, id string) (store.Entry, error)
+	List(ctx context.Context, o store.ListOptions) ([]store.Entry, store.Cursor, bool, error)
+	Stats(ctx context.Context) ([]store.ShardStats, int64, error)
+}
+
+// EntryInfo describes one stored envelope.
+type EntryInfo struct {
+	ID       string              `json:"id"`
+	State    string              `json:"state"`
+	Due      string              `json:"due"` // lease expiry when inflight, death time when dead
+	Target   string              `json:"target"`
+	Size     int                 `json:"size"`
+	Attempts int                 `json:"attempts"`
+	Shard    int                 `json:"shard"`
+	Header   map[string][]string `json:"headers,omitempty"`
+}
+
+// ListRequest is the JSON body of a list request.
+type ListRequest struct {
+	Target    string `json:"target,omitempty"`     // subject pattern
+	DueBefore string `json:"due_before,omitempty"` // RFC 3339
+	Limit     int    `json:"limit,omitempty"`
+	Cursor    string `json:"cursor,omitempty"`
+	Dead      bool   `json:"dead,omitempty"`
+}
+
+// ListReply is one page; Next is empty on the last page.
+type ListReply struct {
+	Entries []EntryInfo `json:"entries"`
+	Next    string      `json:"next,omitempty"`
+}
+
+// ShardInfo is one shard's sizes.
+type ShardInfo struct {
+	Shard    int    `json:"shard"`
+	Pending  int64  `json:"pending"`
+	Inflight int64  `json:"inflight"`
+	Dead     int64  `json:"dead"`
+	NextDue  string `json:"next_due,omitempty"`
+}
+
+// StatsReply is the whole delay set at a glance.
+type StatsReply struct {
+	Now      string      `json:"now"`
+	Pending  int64       `json:"pending"`
+	Inflight int64       `json:"inflight"`
+	Dead     int64       `json:"dead"`
+	NextDue  string      `json:"next_due,omitempty"`
+	Shards   []ShardInfo `json:"shards"`
+}
+
+// maxListLimit bounds one page, so one call never reads much of Redis.
+const maxListLimit = 1000
+
+func (in *Intake) addInspect(g micro.Group) error {
+	for name, h := range map[string]micro.HandlerFunc{"get": in.handleGet, "list": in.handleList, "stats": in.handleStats} {
+		if err := g.AddEndpoint(name, h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (in *Intake) handleGet(req micro.Request) {
+	id, err := envelope.ParseID(req.Headers(), in.opt.Limits)
+	if err != nil {
+		in.reject(req.Reply(), err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	defer cancel()
+	e, err := in.insp.Get(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		in.fail(req.Reply(), 404, "no envelope with id "+id)
+	case err != nil:
+		in.log.Error("get failed", "id", id, "error", err)
+		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+	default:
+		in.respond(req.Reply(), entryInfo(e, true))
+	}
+}
+
+func (in *Intake) handleList(req micro.Request) {
+	var r ListRequest
+	if len(req.Data()) > 0 {
+		if err := json.Unmarshal(req.Data(), &r); err != nil {
+			in.fail(req.Reply(), envelope.CodeBadRequest, "list body must be JSON: "+err.Error())
+			return
+		}
+	}
+	o := store.ListOptions{Limit: r.Limit, State: store.StatePending}
+	if r.Dead {
+		o.State = store.StateDead
+	}
+	if o.Limit <= 0 || o.Limit > maxListLimit {
+		o.Limit = min(max(o.Limit, 100), maxListLimit)
+	}
+	if r.DueBefore != "" {
+		t, err := time.Parse(time.RFC3339Nano, r.DueBefore)
+		if err != nil {
+			in.fail(req.Reply(), envelope.CodeBadRequest, "due_before is not an RFC 3339 time")
+			return
+		}
+		o.DueBefore = t.UnixMilli()
+	}
+	if r.Target != "" && !envelope.ValidPattern(r.Target) {
+		in.fail(req.Reply(), envelope.CodeBadRequest, "target is not a subject pattern")
+		return
+	}
+	var err error
+	if o.Cursor, err = store.ParseCursor(r.Cursor); err != nil {
+		in.fail(req.Reply(), envelope.CodeBadRequest, err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	defer cancel()
+	entries, next, done, err := in.insp.List(ctx, o)
+	if err != nil {
+		in.log.Error("list failed", "error", err)
+		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+		return
+	}
+	out := ListReply{Entries: []EntryInfo{}}
+	for _, e := range entries {
+		info := entryInfo(e, false)
+		if r.Target == "" || envelope.Match(r.Target, info.Target) {
+			out.Entries = append(out.Entries, info)
+		}
+	}
+	if !done {
+		out.Next = next.String()
+	}
+	in.respond(req.Reply(), out)
+}
+
+func (in *Intake) handleStats(req micro.Request) {
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	defer cancel()
+	shards, now, err := in.insp.Stats(ctx)
+	if err != nil {
+		in.log.Error("stats failed", "error", err)
+		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+		return
+	}
+	out := StatsReply{Now: fmtMs(now), Shards: make([]ShardInfo, len(shards))}
+	next := int64(-1)
+	for i, s := range shards {
+		out.Pending += s.Counts.Pending
+		out.Inflight += s.Counts.Inflight
+		out.Dead += s.Counts.Dead
+		out.Shards[i] = ShardInfo{Shard: s.Shard, Pending: s.Counts.Pending, Inflight: s.Counts.Inflight, Dead: s.Counts.Dead}
+		if s.NextDueMs >= 0 {
+			out.Shards[i].NextDue = fmtMs(s.NextDueMs)
+			if next < 0 || s.NextDueMs < next {
+				next = s.NextDueMs
+			}
+		}
+	}
+	if next >= 0 {
+		out.NextDue = fmtMs(next)
+	}
+	in.respond(req.Reply(), out)
+}
+
+func entryInfo(e store.Entry, withHeaders bool) EntryInfo {
+	info := EntryInfo{ID: e.ID, State: string(e.State), Due: fmtMs(e.DueMs), Attempts: e.Attempts, Shard: e.Shard}
+	if env, err := envelope.Decode(e.Data); err == nil {
+		info.Target, info.Size = env.Target, len(env.Payload)
+		if withHeaders {
+			info.Header = env.Header
+		}
+	} else {
+		info.Target = "(undecodable)"
+	}
+	return info
+}
+
+func fmtMs(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano) }
+
+// respond sends a JSON reply, if the request has a reply subject.
+func (in *Intake) respond(reply string, v any) {
+	if reply == "" {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		in.fail(reply, 500, "encoding reply: "+err.Error())
+		return
+	}
+	if err := in.out.Publish(reply, b); err != nil {
+		in.log.Warn("reply failed", "error", err)
+	}
+}
