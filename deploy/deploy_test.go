@@ -1,0 +1,97 @@
+// Package deploy holds deployment artifacts; this test keeps the
+// Kubernetes manifests honest about what the README promises.
+package deploy
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+func docs(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if err.Error() == "EOF" {
+				return out
+			}
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, m)
+	}
+}
+
+func dig(m any, path ...string) any {
+	for _, p := range path {
+		mm, ok := m.(map[string]any)
+		if !ok {
+			return nil
+		}
+		m = mm[p]
+	}
+	return m
+}
+
+func checkContainer(t *testing.T, where string, c map[string]any) {
+	t.Helper()
+	for _, probe := range []struct{ name, path string }{
+		{"startupProbe", "/readyz"}, {"readinessProbe", "/readyz"}, {"livenessProbe", "/livez"},
+	} {
+		if got := dig(c, probe.name, "httpGet", "path"); got != probe.path {
+			t.Errorf("%s: %s path %v, want %s", where, probe.name, got, probe.path)
+		}
+	}
+	sc := dig(c, "securityContext")
+	if dig(sc, "runAsNonRoot") != true || dig(sc, "readOnlyRootFilesystem") != true || dig(sc, "allowPrivilegeEscalation") != false {
+		t.Errorf("%s: securityContext not hardened: %v", where, sc)
+	}
+	if dig(c, "resources", "limits", "memory") == nil {
+		t.Errorf("%s: no memory limit", where)
+	}
+}
+
+func TestSidecarManifest(t *testing.T) {
+	d := docs(t, "kubernetes/sidecar.yaml")[0]
+	inits, _ := dig(d, "spec", "template", "spec", "initContainers").([]any)
+	if len(inits) != 1 {
+		t.Fatal("no delayd init container")
+	}
+	c := inits[0].(map[string]any)
+	if c["restartPolicy"] != "Always" {
+		t.Error("native sidecar needs restartPolicy: Always")
+	}
+	checkContainer(t, "sidecar", c)
+	if g, _ := dig(d, "spec", "template", "spec", "terminationGracePeriodSeconds").(int); g < 15 {
+		t.Errorf("termination grace %d is shorter than drain deadline plus margin", g)
+	}
+}
+
+func TestFleetManifest(t *testing.T) {
+	ds := docs(t, "kubernetes/fleet.yaml")
+	cs, _ := dig(ds[0], "spec", "template", "spec", "containers").([]any)
+	if len(cs) != 1 {
+		t.Fatal("no delayd container")
+	}
+	checkContainer(t, "fleet", cs[0].(map[string]any))
+}
+
+func TestHelmValuesParse(t *testing.T) {
+	v := docs(t, "helm/delayd/values.yaml")[0]
+	if v["mode"] != "fleet" || dig(v, "config", "nats", "url") == nil {
+		t.Errorf("values: %v", v)
+	}
+	b, _ := os.ReadFile("helm/delayd/templates/_helpers.tpl")
+	if !strings.Contains(string(b), "restartPolicy: Always") {
+		t.Error("helm sidecar mode must render a native sidecar")
+	}
+}
