@@ -36,6 +36,7 @@ Usage:
   delayd get ID                   show where a scheduled message is
   delayd list [flags]             list scheduled (or --dead) messages, a page at a time
   delayd stats                    pending, inflight and dead counts per shard
+  delayd dead list|replay|purge   manage envelopes whose delivery kept failing
   delayd bench [flags]            measure intake rate, lateness and loss
   delayd version                  print the version
   delayd help [COMMAND]           show help
@@ -73,6 +74,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return listCmd(ctx, rest, getenv, stdout, stderr)
 	case "stats":
 		return statsCmd(ctx, rest, getenv, stdout, stderr)
+	case "dead":
+		return deadCmd(ctx, rest, getenv, stdout, stderr)
 	case "bench":
 		return benchCmd(ctx, rest, getenv, stdout, stderr)
 	case "version":

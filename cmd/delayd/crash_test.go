@@ -27,8 +27,14 @@ type proc struct {
 
 func (e *env) startProc(bin string, c config.Config) *proc {
 	e.t.Helper()
+	return e.startProcEnv(bin, c)
+}
+
+// startProcEnv starts a daemon process with extra environment settings.
+func (e *env) startProcEnv(bin string, c config.Config, extra ...string) *proc {
+	e.t.Helper()
 	cmd := exec.Command(bin, "run")
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(append(os.Environ(), extra...),
 		"DELAYD_NATS_URL="+c.NATS.URL,
 		"DELAYD_REDIS_ADDRS="+c.Redis.Addrs[0],
 		"DELAYD_SHARDS="+strconv.Itoa(c.Shards),

@@ -89,10 +89,18 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger) error {
 	}
 	defer out.Close()
 
-	sc := scanner.New(st, bridge.NewPublisher(out), metrics, scanner.Options{
+	pub, err := bridge.NewPublisher(out, c.Targets.JetStream)
+	if err != nil {
+		return err
+	}
+	opts := scanner.Options{
 		ClaimBatch: c.Scanner.ClaimBatch, Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
 		RetryBackoff: c.Scanner.RetryBackoff, MaxAttempts: c.Scanner.MaxAttempts,
-	}, log.Named("scanner"))
+	}
+	if c.Dead.Publish {
+		opts.DeadSubject = c.Subject + ".dead"
+	}
+	sc := scanner.New(st, pub, metrics, opts, log.Named("scanner"))
 	intake := bridge.NewIntake(in, out, st, st, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(),

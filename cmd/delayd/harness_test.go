@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -52,7 +53,11 @@ func (e *env) startDaemon(c config.Config) (stop func() error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- daemon(ctx, c, hclog.NewNullLogger()) }()
+	log := hclog.NewNullLogger()
+	if os.Getenv("DELAYD_TEST_LOG") != "" {
+		log = hclog.New(&hclog.LoggerOptions{Name: "delayd", Level: hclog.Debug, Output: os.Stderr})
+	}
+	go func() { done <- daemon(ctx, c, log) }()
 	e.waitService(c.Subject)
 	var once sync.Once
 	var err error

@@ -128,3 +128,14 @@ func (c *Client) Stats(ctx context.Context) (StatsReply, error) {
 	err := c.request(ctx, "stats", &nats.Msg{}, &out)
 	return out, err
 }
+
+// Dead replays or purges dead envelopes; verb is "replay" or "purge".
+func (c *Client) Dead(ctx context.Context, verb string, r DeadRequest) (DeadReply, error) {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return DeadReply{}, err
+	}
+	var out DeadReply
+	err = c.request(ctx, verb, &nats.Msg{Data: body}, &out)
+	return out, err
+}

@@ -17,6 +17,8 @@ type Inspector interface {
 	Get(ctx context.Context, id string) (store.Entry, error)
 	List(ctx context.Context, o store.ListOptions) ([]store.Entry, store.Cursor, bool, error)
 	Stats(ctx context.Context) ([]store.ShardStats, int64, error)
+	Replay(ctx context.Context, ids []string) (int, error)
+	Purge(ctx context.Context, ids []string) (int, error)
 }
 
 // EntryInfo describes one stored envelope.
@@ -28,7 +30,21 @@ type EntryInfo struct {
 	Size     int                 `json:"size"`
 	Attempts int                 `json:"attempts"`
 	Shard    int                 `json:"shard"`
+	Error    string              `json:"error,omitempty"`
 	Header   map[string][]string `json:"headers,omitempty"`
+}
+
+// DeadRequest selects dead envelopes to replay or purge: the listed ids, or
+// with All every one (up to maxDeadBatch per call; More says to call again).
+type DeadRequest struct {
+	IDs []string `json:"ids,omitempty"`
+	All bool     `json:"all,omitempty"`
+}
+
+// DeadReply says how many dead envelopes were replayed or purged.
+type DeadReply struct {
+	Count int  `json:"count"`
+	More  bool `json:"more,omitempty"`
 }
 
 // ListRequest is the JSON body of a list request.
@@ -69,7 +85,10 @@ type StatsReply struct {
 const maxListLimit = 1000
 
 func (in *Intake) addInspect(g micro.Group) error {
-	for name, h := range map[string]micro.HandlerFunc{"get": in.handleGet, "list": in.handleList, "stats": in.handleStats} {
+	for name, h := range map[string]micro.HandlerFunc{
+		"get": in.handleGet, "list": in.handleList, "stats": in.handleStats,
+		"replay": in.deadHandler("replay", in.insp.Replay), "purge": in.deadHandler("purge", in.insp.Purge),
+	} {
 		if err := g.AddEndpoint(name, h); err != nil {
 			return err
 		}
@@ -179,8 +198,61 @@ func (in *Intake) handleStats(req micro.Request) {
 	in.respond(req.Reply(), out)
 }
 
+// maxDeadBatch bounds how many dead envelopes one replay or purge call
+// with All handles, so one request never holds Redis for long.
+const maxDeadBatch = 10000
+
+// deadHandler serves replay and purge: act on the listed ids or, with All,
+// on the dead set page by page.
+func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (int, error)) micro.HandlerFunc {
+	return func(req micro.Request) {
+		var r DeadRequest
+		if err := json.Unmarshal(req.Data(), &r); err != nil || (len(r.IDs) == 0) == !r.All {
+			in.fail(req.Reply(), envelope.CodeBadRequest, verb+` body must be {"ids": [...]} or {"all": true}`)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 4*in.opt.StoreTimeout)
+		defer cancel()
+		var out DeadReply
+		ids := r.IDs
+		for {
+			if r.All {
+				// Always the first page: what was acted on left the set.
+				page, _, _, err := in.insp.List(ctx, store.ListOptions{State: store.StateDead, Limit: maxListLimit})
+				if err != nil {
+					in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+					return
+				}
+				ids = ids[:0]
+				for _, e := range page {
+					ids = append(ids, e.ID)
+				}
+			}
+			if len(ids) == 0 {
+				break
+			}
+			n, err := act(ctx, ids)
+			if err != nil {
+				in.log.Error(verb+" failed", "error", err)
+				in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+				return
+			}
+			out.Count += n
+			if !r.All || n == 0 {
+				break
+			}
+			if out.Count >= maxDeadBatch {
+				out.More = true
+				break
+			}
+		}
+		in.log.Info("dead envelopes handled", "action", verb, "count", out.Count)
+		in.respond(req.Reply(), out)
+	}
+}
+
 func entryInfo(e store.Entry, withHeaders bool) EntryInfo {
-	info := EntryInfo{ID: e.ID, State: string(e.State), Due: fmtMs(e.DueMs), Attempts: e.Attempts, Shard: e.Shard}
+	info := EntryInfo{ID: e.ID, State: string(e.State), Due: fmtMs(e.DueMs), Attempts: e.Attempts, Shard: e.Shard, Error: e.Error}
 	if env, err := envelope.Decode(e.Data); err == nil {
 		info.Target, info.Size = env.Target, len(env.Payload)
 		if withHeaders {

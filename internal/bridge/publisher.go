@@ -2,30 +2,48 @@ package bridge
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/scanner"
 )
 
 // ErrNotConnected is returned for deliveries attempted while NATS is down:
 // nats.go would buffer them, and a buffered publish is not a delivery.
-var ErrNotConnected = errors.New("bridge: NATS not connected")
+var ErrNotConnected = fmt.Errorf("NATS not connected: %w", scanner.ErrUnreachable)
 
-// Publisher delivers due envelopes over core NATS.
+// Publisher delivers due envelopes: over core NATS, or with the JetStream
+// API to targets matching the configured patterns.
 type Publisher struct {
-	nc *nats.Conn
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	jsPatterns []string
 }
 
-// NewPublisher returns a publisher on nc.
-func NewPublisher(nc *nats.Conn) *Publisher { return &Publisher{nc: nc} }
+// NewPublisher returns a publisher on nc. Targets matching a pattern in
+// jsPatterns are published with JetStream and need a PubAck.
+func NewPublisher(nc *nats.Conn, jsPatterns []string) (*Publisher, error) {
+	p := &Publisher{nc: nc, jsPatterns: jsPatterns}
+	if len(jsPatterns) > 0 {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return nil, fmt.Errorf("bridge: jetstream: %w", err)
+		}
+		p.js = js
+	}
+	return p, nil
+}
 
-// Publish sends every delivery, then proves the server took them with one
-// flush round trip: the PONG comes back only after the server processed
-// everything sent before the PING. Each delivery gets its own error.
+// Publish sends every delivery and confirms each. Core NATS deliveries are
+// confirmed by one flush round trip: the PONG comes back only after the
+// server processed everything sent before the PING. JetStream deliveries
+// are confirmed by their PubAck; their Nats-Msg-Id (id@due) makes the
+// stream drop a redelivery inside its duplicate window.
 func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error {
 	errs := make([]error, len(ds))
 	if !p.nc.IsConnected() {
@@ -34,24 +52,60 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		}
 		return errs
 	}
-	sent := 0
+	core := 0
+	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
-		errs[i] = p.nc.PublishMsg(DeliveryMsg(d))
-		if errs[i] == nil {
-			sent++
+		m := DeliveryMsg(d)
+		if p.isJetStream(d.Target) {
+			futures[i], errs[i] = p.js.PublishMsgAsync(m, jetstream.WithMsgID(MsgID(d)))
+			continue
+		}
+		if errs[i] = p.nc.PublishMsg(m); errs[i] == nil {
+			core++
 		}
 	}
-	if sent == 0 {
-		return errs
-	}
-	if err := p.nc.FlushWithContext(ctx); err != nil {
-		for i := range errs {
-			if errs[i] == nil {
-				errs[i] = err
+	if core > 0 {
+		if err := p.nc.FlushWithContext(ctx); err != nil {
+			// Unconfirmed: maybe delivered, maybe not. Retrying is safe
+			// (at-least-once) and the outage is not the envelope's fault.
+			for i, d := range ds {
+				if errs[i] == nil && !p.isJetStream(d.Target) {
+					errs[i] = fmt.Errorf("flush: %w (%w)", err, scanner.ErrUnreachable)
+				}
 			}
 		}
 	}
+	for i, f := range futures {
+		if errs[i] != nil {
+			continue
+		}
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			errs[i] = fmt.Errorf("jetstream publish to %s: %w", ds[i].Target, err)
+		case <-ctx.Done():
+			errs[i] = fmt.Errorf("jetstream publish to %s: no PubAck: %w", ds[i].Target, ctx.Err())
+		}
+	}
 	return errs
+}
+
+// Connected reports whether NATS is connected.
+func (p *Publisher) Connected() bool { return p.nc.IsConnected() }
+
+func (p *Publisher) isJetStream(target string) bool {
+	for _, pat := range p.jsPatterns {
+		if envelope.Match(pat, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// MsgID is the JetStream deduplication id of a delivery: the same for every
+// redelivery of one envelope version's due time.
+func MsgID(d envelope.Delivery) string {
+	return d.ID + "@" + strconv.FormatInt(d.Due.UnixMilli(), 10)
 }
 
 // DeliveryMsg builds the delivered message: the payload unchanged, the

@@ -31,6 +31,7 @@ type Config struct {
 	Intake   Intake   `koanf:"intake"`
 	Limits   Limits   `koanf:"limits"`
 	Targets  Targets  `koanf:"targets"`
+	Dead     Dead     `koanf:"dead"`
 	Log      Log      `koanf:"log"`
 	Shutdown Shutdown `koanf:"shutdown"`
 	HTTP     HTTP     `koanf:"http"`
@@ -92,11 +93,20 @@ type Limits struct {
 	MaxPast        time.Duration `koanf:"max_past"`
 }
 
-// Targets is the policy on which subjects delayd may deliver to.
+// Targets is the policy on which subjects delayd may deliver to, and how.
 type Targets struct {
 	Allow []string `koanf:"allow"`
 	// Deny is added to the built-in deny list, never replaces it.
 	Deny []string `koanf:"deny"`
+	// JetStream lists patterns of targets published with the JetStream API
+	// (PubAck required, Nats-Msg-Id set for deduplication).
+	JetStream []string `koanf:"jetstream"`
+}
+
+// Dead configures what happens to envelopes that cannot be delivered.
+type Dead struct {
+	// Publish also sends each dead envelope to <subject>.dead.<target>.
+	Publish bool `koanf:"publish"`
 }
 
 // Log configures the root hclog logger.
@@ -198,7 +208,7 @@ func (c Config) Validate() error {
 	for _, key := range []struct {
 		name string
 		pats []string
-	}{{"targets.allow", c.Targets.Allow}, {"targets.deny", c.Targets.Deny}} {
+	}{{"targets.allow", c.Targets.Allow}, {"targets.deny", c.Targets.Deny}, {"targets.jetstream", c.Targets.JetStream}} {
 		for _, p := range key.pats {
 			if !envelope.ValidPattern(p) {
 				bad(key.name, "%q is not a subject pattern", p)

@@ -19,6 +19,7 @@ const (
 	HeaderID      = "Delayd-Id"
 	HeaderDue     = "Delayd-Due"
 	HeaderAttempt = "Delayd-Attempt"
+	HeaderError   = "Delayd-Error" // on dead letters: the last delivery error
 	controlPrefix = "delayd-"
 )
 

@@ -12,6 +12,7 @@ package scanner
 
 import (
 	"context"
+	"errors"
 	"math"
 	"sync/atomic"
 	"time"
@@ -31,10 +32,20 @@ type Store interface {
 }
 
 // Publisher delivers envelopes and confirms each: a nil error means the
-// target has the message (core NATS: flushed; JetStream: PubAck).
+// target has the message (core NATS: flushed; JetStream: PubAck). Errors
+// wrapping ErrUnreachable mean the message never got to the server; they
+// do not count as delivery attempts.
 type Publisher interface {
 	Publish(ctx context.Context, ds []envelope.Delivery) []error
+	// Connected reports whether publishing can work now; while it cannot,
+	// the scanner claims nothing, so no envelope waits under a lease or
+	// burns its attempts during an outage.
+	Connected() bool
 }
+
+// ErrUnreachable marks a publish error where the message never reached the
+// server (not connected, connection lost before the flush confirmed it).
+var ErrUnreachable = errors.New("unreachable")
 
 // Observer is told what happened, for metrics. Every method must be cheap.
 type Observer interface {
@@ -50,7 +61,12 @@ type Options struct {
 	Lease        time.Duration
 	IdleInterval time.Duration
 	RetryBackoff time.Duration
-	MaxAttempts  int
+	// MaxAttempts deliveries without success send an envelope to the dead
+	// set.
+	MaxAttempts int
+	// DeadSubject, if set, is the prefix dead envelopes are also published
+	// under: <DeadSubject>.<target>, with a Delayd-Error header.
+	DeadSubject string
 }
 
 // Scanner runs the claim/publish/ack loop over every shard.
@@ -118,6 +134,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 	}()
 	s.toPublish = toPublish
 	var backoff time.Duration
+	paused := false
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	due := make([]int, 0, len(s.next))
@@ -138,6 +155,20 @@ func (s *Scanner) Run(ctx context.Context) error {
 				return nil
 			}
 			continue
+		}
+		if !s.pub.Connected() {
+			if !paused {
+				s.log.Warn("NATS unreachable: deliveries paused until it is back")
+				paused = true
+			}
+			if !s.sleep(ctx, timer, pausePoll) {
+				return nil
+			}
+			continue
+		}
+		if paused {
+			s.log.Info("NATS back: deliveries resumed")
+			paused = false
 		}
 		if err := s.scan(ctx, due); err != nil {
 			if ctx.Err() != nil {
@@ -169,9 +200,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		s.next[sh].Store(math.MaxInt64)
 	}
 	start := time.Now()
-	res, err := s.store.Claim(ctx, shards, store.ClaimOptions{
-		Batch: s.opt.ClaimBatch, Lease: s.opt.Lease, MaxAttempts: s.opt.MaxAttempts,
-	})
+	res, err := s.store.Claim(ctx, shards, store.ClaimOptions{Batch: s.opt.ClaimBatch, Lease: s.opt.Lease})
 	if err != nil {
 		for _, sh := range shards {
 			s.next[sh].Store(0) // retry them all after the backoff
@@ -190,12 +219,6 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	for _, r := range res {
 		for _, c := range r.Items {
 			items = append(items, claimed{shard: r.Shard, Claimed: c})
-		}
-		if r.Dead > 0 {
-			s.log.Warn("envelopes moved to dead after max attempts", "shard", r.Shard, "count", r.Dead, "max_attempts", s.opt.MaxAttempts)
-			if s.obs != nil {
-				s.obs.Dead(r.Shard, r.Dead)
-			}
 		}
 		plan := r.NowMs() + s.opt.IdleInterval.Milliseconds()
 		switch {
@@ -262,29 +285,91 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 	ds := make([]envelope.Delivery, 0, len(items))
 	from := make([]claimed, 0, len(items)) // from[i] was decoded into ds[i]
 	settles := make(map[int][]store.Settle)
+	var dead []envelope.Delivery
+	settle := func(c claimed, d *envelope.Delivery, fail error) {
+		st := store.Settle{ID: c.ID, Version: envelope.Version(c.Data), Outcome: store.Delivered}
+		switch {
+		case errors.Is(fail, ErrUnreachable):
+			st.Outcome, st.Error = store.Postpone, fail.Error()
+			s.log.Debug("target unreachable, delivery postponed", "id", c.ID, "error", fail)
+		case fail != nil:
+			st.Outcome, st.Error = store.Retry, fail.Error()
+			if c.Attempt >= s.opt.MaxAttempts {
+				st.Outcome = store.Bury
+				target := ""
+				if d != nil {
+					target = d.Target
+					dead = append(dead, *d)
+				}
+				s.log.Warn("envelope moved to the dead set", "id", c.ID, "target", target, "attempts", c.Attempt, "error", fail)
+				if s.obs != nil {
+					s.obs.Dead(c.shard, 1)
+				}
+			} else {
+				s.log.Warn("delivery failed, will retry", "id", c.ID, "attempt", c.Attempt, "error", fail)
+			}
+		}
+		settles[c.shard] = append(settles[c.shard], st)
+	}
 	for _, c := range items {
 		e, err := envelope.Decode(c.Data)
 		if err != nil {
-			// Keep it rather than drop it: released, it retries until
-			// max attempts and then sits in the dead set for inspection.
+			// Keep it rather than drop it: it retries until max attempts and
+			// then sits in the dead set for inspection.
 			s.log.Error("stored envelope cannot be decoded", "id", c.ID, "shard", c.shard, "error", err)
-			settles[c.shard] = append(settles[c.shard], store.Settle{ID: c.ID, Version: envelope.Version(c.Data), Release: true})
+			settle(c, nil, err)
 			continue
 		}
-		ds = append(ds, envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Envelope: e})
+		d := envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Envelope: e}
+		if c.Attempt > s.opt.MaxAttempts {
+			// Claimed again after its leases expired without an ack: its
+			// daemons died or stalled while delivering it.
+			settle(c, &d, errLeaseExpired)
+			continue
+		}
+		ds = append(ds, d)
 		from = append(from, c)
 	}
 	errs := s.pub.Publish(dctx, ds)
 	for i, c := range from {
-		if errs[i] != nil {
-			s.log.Warn("delivery failed, will retry", "id", c.ID, "target", ds[i].Target, "attempt", c.Attempt, "error", errs[i])
-		}
 		if s.obs != nil {
 			s.obs.Delivered(ds[i], errs[i])
 		}
-		settles[c.shard] = append(settles[c.shard], store.Settle{ID: c.ID, Version: envelope.Version(c.Data), Release: errs[i] != nil})
+		settle(c, &ds[i], errs[i])
 	}
+	s.publishDead(dctx, dead, settles)
 	return settles
+}
+
+var errLeaseExpired = errors.New("lease expired without an ack on every attempt (daemon crashed or stalled)")
+
+// publishDead tells whoever listens on <DeadSubject>.<target> about dead
+// envelopes. It is best effort: the dead set in Redis is the record.
+func (s *Scanner) publishDead(ctx context.Context, dead []envelope.Delivery, settles map[int][]store.Settle) {
+	if s.opt.DeadSubject == "" || len(dead) == 0 {
+		return
+	}
+	reasons := map[string]string{}
+	for _, v := range settles {
+		for _, st := range v {
+			reasons[st.ID] = st.Error
+		}
+	}
+	out := make([]envelope.Delivery, len(dead))
+	for i, d := range dead {
+		h := make(map[string][]string, len(d.Header)+1)
+		for k, v := range d.Header {
+			h[k] = v
+		}
+		h[envelope.HeaderError] = []string{reasons[d.ID]}
+		d.Header, d.Target = h, s.opt.DeadSubject+"."+d.Target
+		out[i] = d
+	}
+	for i, err := range s.pub.Publish(ctx, out) {
+		if err != nil {
+			s.log.Warn("publishing dead letter failed; it stays in the dead set", "id", out[i].ID, "subject", out[i].Target, "error", err)
+		}
+	}
 }
 
 // ackStage settles published batches, merging those that queued up into one
@@ -391,6 +476,9 @@ func (c *redisClock) until(atMs int64) time.Duration {
 	}
 	return time.Duration(atMs*1000-c.redisMicros)*time.Microsecond - time.Since(c.local)
 }
+
+// pausePoll is how often a scanner paused by a NATS outage looks again.
+const pausePoll = 50 * time.Millisecond
 
 const (
 	minBackoff = 50 * time.Millisecond

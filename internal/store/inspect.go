@@ -30,6 +30,7 @@ type Entry struct {
 	State    State
 	DueMs    int64 // due time (pending), lease expiry (inflight) or death time (dead)
 	Attempts int
+	Error    string // last delivery error, while retrying or dead
 	Data     []byte
 }
 
@@ -43,13 +44,14 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	inflight := pipe.ZScore(ctx, k.inflight, id)
 	dead := pipe.ZScore(ctx, k.dead, id)
 	attempts := pipe.HGet(ctx, k.attempts, id)
+	lastErr := pipe.HGet(ctx, k.errors, id)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return Entry{}, fmt.Errorf("store: get %q: %w", id, err)
 	}
 	if data.Err() != nil {
 		return Entry{}, ErrNotFound
 	}
-	e := Entry{ID: id, Shard: sh, Data: []byte(data.Val()), Attempts: parseAttempts(attempts.Val())}
+	e := Entry{ID: id, Shard: sh, Data: []byte(data.Val()), Attempts: parseAttempts(attempts.Val()), Error: lastErr.Val()}
 	switch {
 	case inflight.Err() == nil:
 		e.State, e.DueMs = StateInflight, int64(inflight.Val())
@@ -127,17 +129,19 @@ func (s *Store) List(ctx context.Context, o ListOptions) (entries []Entry, next 
 			pipe := s.rdb.Pipeline()
 			data := pipe.HMGet(ctx, k.data, ids...)
 			att := pipe.HMGet(ctx, k.attempts, ids...)
+			errs := pipe.HMGet(ctx, k.errors, ids...)
 			if _, err := pipe.Exec(ctx); err != nil {
 				return nil, cur, false, fmt.Errorf("store: list shard %d: %w", cur.Shard, err)
 			}
 			for i, z := range zs {
 				d, _ := data.Val()[i].(string)
 				a, _ := att.Val()[i].(string)
+				e, _ := errs.Val()[i].(string)
 				state := StatePending
 				if o.State == StateDead {
 					state = StateDead
 				}
-				entries = append(entries, Entry{ID: ids[i], Shard: cur.Shard, State: state, DueMs: int64(z.Score), Attempts: parseAttempts(a), Data: []byte(d)})
+				entries = append(entries, Entry{ID: ids[i], Shard: cur.Shard, State: state, DueMs: int64(z.Score), Attempts: parseAttempts(a), Error: e, Data: []byte(d)})
 			}
 		}
 		if int64(len(zs)) < want {

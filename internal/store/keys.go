@@ -13,6 +13,7 @@ type shardKeys struct {
 	data     string // HASH id → encoded envelope
 	attempts string // HASH id → "attempts:original due ms", only while claimed
 	dead     string // ZSET id → time of death ms
+	errors   string // HASH id → last delivery error, while retrying or dead
 }
 
 func keysFor(ns string, shard int) shardKeys {
@@ -23,12 +24,13 @@ func keysFor(ns string, shard int) shardKeys {
 		data:     tag + "data",
 		attempts: tag + "attempts",
 		dead:     tag + "dead",
+		errors:   tag + "errors",
 	}
 }
 
 // list returns the keys in the order every script expects them in KEYS.
 func (k shardKeys) list() []string {
-	return []string{k.due, k.inflight, k.data, k.attempts, k.dead}
+	return []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors}
 }
 
 // ShardOf maps an id to its shard. FNV-1a is stable across versions and

@@ -4,7 +4,7 @@ import "github.com/redis/go-redis/v9"
 
 // Every script takes the same KEYS, in this order:
 //   KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] data HASH,
-//   KEYS[4] attempts HASH, KEYS[5] dead ZSET
+//   KEYS[4] attempts HASH, KEYS[5] dead ZSET, KEYS[6] errors HASH
 // and reads "now" from Redis TIME, so daemons with skewed clocks agree.
 // Stored values carry an 8-byte version at bytes 2..9 (see envelope.Encode).
 
@@ -26,39 +26,49 @@ for i = 1, #ARGV, 4 do
   local due = math.ceil(us / 1000)
   redis.call('ZADD', KEYS[1], due, id)
   if redis.call('HSET', KEYS[3], id, ARGV[i+3]) == 0 then
-    -- A replace: forget any claim, attempts or death of the old version.
+    -- A replace: forget any claim, attempts, error or death of the old one.
     redis.call('ZREM', KEYS[2], id)
     redis.call('ZREM', KEYS[5], id)
     redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[6], id)
   end
   out[#out+1] = due
 end
 return out
 `)
 
-// cancelScript removes one envelope wherever it is.
-// ARGV[1] id. Returns 1 if it existed.
+// cancelScript removes envelopes wherever they are: ARGV are ids.
+// With ARGV[1] == "" it only removes ids found in the dead set (purge).
+// Returns how many existed.
 var cancelScript = redis.NewScript(`
-local n = redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
+local n = 0
+local deadOnly = ARGV[1] == ''
+local first = 1
+if deadOnly then first = 2 end
+for i = first, #ARGV do
+  local id = ARGV[i]
+  if not deadOnly or redis.call('ZSCORE', KEYS[5], id) then
+    n = n + redis.call('HDEL', KEYS[3], id)
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('ZREM', KEYS[5], id)
+    redis.call('HDEL', KEYS[6], id)
+  end
+end
 return n
 `)
 
 // claimScript moves up to ARGV[1] envelopes whose due time has passed from
-// due to inflight with a lease of ARGV[2] ms. An envelope already claimed
-// ARGV[3] times goes to dead instead (0 = no limit).
-// Returns {now µs, next due ms or -1, next lease expiry ms or -1, dead count,
-// then per envelope: id, original due ms, attempt, data}. "now" is in µs so
-// the scanner can time its next wake-up to better than a millisecond.
+// due to inflight with a lease of ARGV[2] ms, counting the attempt.
+// Returns {now µs, next due ms or -1, next lease expiry ms or -1, then per
+// envelope: id, original due ms, attempt, data}. "now" is in µs so the
+// scanner can time its next wake-up to better than a millisecond.
 var claimScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = now + tonumber(ARGV[2])
-local maxAttempts = tonumber(ARGV[3])
-local out = {tonumber(t[1]) * 1000000 + tonumber(t[2]), -1, -1, 0}
+local out = {tonumber(t[1]) * 1000000 + tonumber(t[2]), -1, -1}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
 for i = 1, #ids, 2 do
   local id = ids[i]
@@ -72,17 +82,12 @@ for i = 1, #ids, 2 do
       attempt = tonumber(string.sub(prev, 1, sep - 1)) + 1
       due = string.sub(prev, sep + 1)
     end
-    if maxAttempts > 0 and attempt > maxAttempts then
-      redis.call('ZADD', KEYS[5], now, id)
-      out[4] = out[4] + 1
-    else
-      redis.call('HSET', KEYS[4], id, attempt .. ':' .. due)
-      redis.call('ZADD', KEYS[2], lease, id)
-      out[#out+1] = id
-      out[#out+1] = due
-      out[#out+1] = attempt
-      out[#out+1] = data
-    end
+    redis.call('HSET', KEYS[4], id, attempt .. ':' .. due)
+    redis.call('ZADD', KEYS[2], lease, id)
+    out[#out+1] = id
+    out[#out+1] = due
+    out[#out+1] = attempt
+    out[#out+1] = data
   end
 end
 local nd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -93,25 +98,49 @@ return out
 `)
 
 // ackScript settles delivered envelopes. ARGV[1] is the retry delay in ms
-// for releases, then per envelope 3 values: id, version (8 bytes), op
-// ("a" ack: delete | "r" release: back to due after the retry delay).
+// for releases, then per envelope 4 values: id, version (8 bytes), op, error.
+// Ops: "a" ack (delivered: delete), "r" release (back to due after the
+// retry delay), "u" unreachable (like "r", but the attempt is not counted:
+// the target was never reached), "d" dead (to the dead set). A non-empty
+// error is recorded.
 // An entry whose stored version differs was replaced meanwhile and is left
 // alone. Returns the number settled.
 var ackScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n = 0
-for i = 2, #ARGV, 3 do
+for i = 2, #ARGV, 4 do
   local id = ARGV[i]
   local data = redis.call('HGET', KEYS[3], id)
   if data and string.sub(data, 2, 9) == ARGV[i+1] then
+    local op = ARGV[i+2]
     redis.call('ZREM', KEYS[2], id)
-    if ARGV[i+2] == 'a' then
+    if op == 'a' then
       redis.call('ZREM', KEYS[1], id)
       redis.call('HDEL', KEYS[3], id)
       redis.call('HDEL', KEYS[4], id)
+      redis.call('HDEL', KEYS[6], id)
     else
-      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), id)
+      if ARGV[i+3] ~= '' then redis.call('HSET', KEYS[6], id, ARGV[i+3]) end
+      if op == 'u' then
+        -- Not an attempt (the way to the target was down): uncount it.
+        local prev = redis.call('HGET', KEYS[4], id)
+        if prev then
+          local sep = string.find(prev, ':', 1, true)
+          local a = tonumber(string.sub(prev, 1, sep - 1)) - 1
+          if a > 0 then
+            redis.call('HSET', KEYS[4], id, a .. string.sub(prev, sep))
+          else
+            redis.call('HSET', KEYS[4], id, '0' .. string.sub(prev, sep))
+          end
+        end
+      end
+      if op == 'r' or op == 'u' then
+        redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), id)
+      else
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('ZADD', KEYS[5], now, id)
+      end
     end
     n = n + 1
   end
@@ -121,8 +150,7 @@ return n
 
 // reapScript returns up to ARGV[1] envelopes whose lease expired (their
 // daemon died or stalled) to due at once. The attempt count stays, so the
-// next claim sends them to dead once they reach the limit.
-// Returns the number returned.
+// scanner sends them to dead once they reach the limit. Returns the number.
 var reapScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -134,4 +162,21 @@ end
 return #ids
 `)
 
-var allScripts = []*redis.Script{scheduleScript, cancelScript, claimScript, ackScript, reapScript}
+// replayScript moves dead envelopes (ARGV: ids) back to due at once with a
+// fresh attempt count. Returns how many were dead.
+var replayScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = 0
+for _, id in ipairs(ARGV) do
+  if redis.call('ZREM', KEYS[5], id) == 1 then
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[6], id)
+    redis.call('ZADD', KEYS[1], now, id)
+    n = n + 1
+  end
+end
+return n
+`)
+
+var allScripts = []*redis.Script{scheduleScript, cancelScript, claimScript, ackScript, reapScript, replayScript}

@@ -196,6 +196,42 @@ func (s *Store) Cancel(ctx context.Context, id string) (bool, error) {
 	return n == 1, nil
 }
 
+// Purge deletes the given ids if they are in the dead set, and returns how
+// many were.
+func (s *Store) Purge(ctx context.Context, ids []string) (int, error) {
+	return s.perShard(ctx, cancelScript, ids, "")
+}
+
+// Replay moves the given dead ids back to due at once with a fresh attempt
+// count, and returns how many were dead.
+func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
+	return s.perShard(ctx, replayScript, ids)
+}
+
+// perShard runs sc once per shard over the ids of that shard, in one
+// pipeline, with lead prepended to each call's ARGV, and sums the replies.
+func (s *Store) perShard(ctx context.Context, sc *redis.Script, ids []string, lead ...any) (int, error) {
+	byShard := map[int][]any{}
+	for _, id := range ids {
+		sh := s.Shard(id)
+		if byShard[sh] == nil {
+			byShard[sh] = append([]any{}, lead...)
+		}
+		byShard[sh] = append(byShard[sh], id)
+	}
+	shards := make([]int, 0, len(byShard))
+	for sh := range byShard {
+		shards = append(shards, sh)
+	}
+	cmds, err := s.pipelined(ctx, sc, len(shards), func(i int) ([]string, []any) {
+		return s.keys[shards[i]].list(), byShard[shards[i]]
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: %w", err)
+	}
+	return sum(cmds), nil
+}
+
 // Claimed is one envelope handed out for delivery.
 type Claimed struct {
 	ID      string
@@ -210,7 +246,6 @@ type ClaimResult struct {
 	NowMicros   int64
 	NextDueMs   int64 // -1 when nothing else is pending
 	NextLeaseMs int64 // earliest lease expiry, -1 when nothing is in flight
-	Dead        int   // envelopes moved to dead for too many attempts
 	Items       []Claimed
 }
 
@@ -219,9 +254,8 @@ func (r ClaimResult) NowMs() int64 { return r.NowMicros / 1000 }
 
 // ClaimOptions bound one claim.
 type ClaimOptions struct {
-	Batch       int
-	Lease       time.Duration
-	MaxAttempts int // 0 = no limit
+	Batch int
+	Lease time.Duration
 }
 
 // Claim atomically takes up to Batch due envelopes from each of shards, with
@@ -229,7 +263,7 @@ type ClaimOptions struct {
 // Concurrent claims from many daemons never hand out one envelope twice.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
 	cmds, err := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
-		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), o.MaxAttempts}
+		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds()}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: claim: %w", err)
@@ -240,14 +274,15 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		if err != nil {
 			return nil, fmt.Errorf("store: claim shard %d: %w", shards[i], err)
 		}
-		if len(raw) < 4 || (len(raw)-4)%4 != 0 {
+		const head = 3
+		if len(raw) < head || (len(raw)-head)%4 != 0 {
 			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
 		}
 		r := ClaimResult{
 			Shard: shards[i], NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
-			Dead: int(asInt(raw[3])), Items: make([]Claimed, 0, (len(raw)-4)/4),
+			Items: make([]Claimed, 0, (len(raw)-head)/4),
 		}
-		for j := 4; j < len(raw); j += 4 {
+		for j := head; j < len(raw); j += 4 {
 			id, _ := raw[j].(string)
 			data, _ := raw[j+3].(string)
 			r.Items = append(r.Items, Claimed{ID: id, DueMs: asInt(raw[j+1]), Attempt: int(asInt(raw[j+2])), Data: []byte(data)})
@@ -257,11 +292,23 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	return out, nil
 }
 
+// Outcome is what becomes of a claimed envelope.
+type Outcome byte
+
+// The outcomes of a delivery.
+const (
+	Delivered Outcome = 'a' // published: delete it
+	Retry     Outcome = 'r' // failed: due again after the retry delay
+	Postpone  Outcome = 'u' // target unreachable: like Retry, attempt not counted
+	Bury      Outcome = 'd' // failed for the last time: to the dead set
+)
+
 // Settle is the outcome of one delivery.
 type Settle struct {
 	ID      string
 	Version []byte
-	Release bool // true: put back for a retry; false: delivered, delete
+	Outcome Outcome
+	Error   string // why it failed, kept for inspection (Retry, Bury)
 }
 
 // Ack settles deliveries, one script call per shard, all in one pipeline.
@@ -275,14 +322,14 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 	}
 	cmds, err := s.pipelined(ctx, ackScript, len(shards), func(i int) ([]string, []any) {
 		items := byShard[shards[i]]
-		args := make([]any, 0, 1+3*len(items))
+		args := make([]any, 0, 1+4*len(items))
 		args = append(args, retry.Milliseconds())
 		for _, it := range items {
-			op := "a"
-			if it.Release {
-				op = "r"
+			op := it.Outcome
+			if op == 0 {
+				op = Delivered
 			}
-			args = append(args, it.ID, it.Version, op)
+			args = append(args, it.ID, it.Version, string(op), it.Error)
 		}
 		return s.keys[shards[i]].list(), args
 	})

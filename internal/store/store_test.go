@@ -35,7 +35,7 @@ func claimAll(t *testing.T, s *Store, lease time.Duration) map[string]Claimed {
 	for sh := range all {
 		all[sh] = sh
 	}
-	res, err := s.Claim(context.Background(), all, ClaimOptions{Batch: 100, Lease: lease, MaxAttempts: 3})
+	res, err := s.Claim(context.Background(), all, ClaimOptions{Batch: 100, Lease: lease})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestCancel(t *testing.T) {
 	}
 }
 
-func TestReapAndDead(t *testing.T) {
+func TestReapKeepsAttemptsAndDue(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
 	_, _ = s.Schedule(ctx, []Item{{ID: "r", Data: enc("x")}})
@@ -123,24 +123,47 @@ func TestReapAndDead(t *testing.T) {
 		if n, err := s.Reap(ctx, []int{sh}, 10); err != nil || n != 1 {
 			t.Fatalf("reap: %d %v", n, err)
 		}
-		rs, err := s.Claim(ctx, []int{sh}, ClaimOptions{Batch: 10, Lease: time.Millisecond, MaxAttempts: 3})
+		rs, err := s.Claim(ctx, []int{sh}, ClaimOptions{Batch: 10, Lease: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
-		res := rs[0]
-		if attempt <= 3 {
-			if len(res.Items) != 1 || res.Items[0].Attempt != attempt || res.Items[0].DueMs != first.DueMs {
-				t.Fatalf("attempt %d: %+v", attempt, res)
-			}
-			continue
-		}
-		if len(res.Items) != 0 || res.Dead != 1 {
-			t.Fatalf("over max attempts must go dead: %+v", res)
+		if res := rs[0]; len(res.Items) != 1 || res.Items[0].Attempt != attempt || res.Items[0].DueMs != first.DueMs {
+			t.Fatalf("attempt %d: %+v", attempt, res)
 		}
 	}
-	counts, _ := s.Count(ctx, sh)
-	if counts.Dead != 1 || counts.Pending != 0 || counts.Inflight != 0 {
-		t.Fatalf("counts %+v", counts)
+}
+
+func TestBuryReplayPurge(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	_, _ = s.Schedule(ctx, []Item{{ID: "d1", Data: enc("x")}, {ID: "d2", Data: enc("y")}})
+	got := claimAll(t, s, time.Minute)
+	bury := map[int][]Settle{}
+	for _, id := range []string{"d1", "d2"} {
+		bury[s.Shard(id)] = append(bury[s.Shard(id)], Settle{ID: id, Version: envelope.Version(got[id].Data), Outcome: Bury, Error: "no stream"})
+	}
+	if n, err := s.Ack(ctx, bury, time.Second); err != nil || n != 2 {
+		t.Fatalf("bury: %d %v", n, err)
+	}
+	e, err := s.Get(ctx, "d1")
+	if err != nil || e.State != StateDead || e.Error != "no stream" || e.Attempts != 1 {
+		t.Fatalf("dead entry: %+v %v", e, err)
+	}
+	if n, err := s.Replay(ctx, []string{"d1", "nope"}); err != nil || n != 1 {
+		t.Fatalf("replay: %d %v", n, err)
+	}
+	again := claimAll(t, s, time.Minute)
+	if c, ok := again["d1"]; !ok || c.Attempt != 1 {
+		t.Fatalf("replayed envelope must be due with a fresh attempt count: %+v", again)
+	}
+	if n, err := s.Purge(ctx, []string{"d1", "d2"}); err != nil || n != 1 {
+		t.Fatalf("purge takes only dead ids: %d %v", n, err)
+	}
+	if _, err := s.Get(ctx, "d2"); err != ErrNotFound {
+		t.Fatalf("purged envelope still there: %v", err)
+	}
+	if _, err := s.Get(ctx, "d1"); err != nil {
+		t.Fatalf("purge removed a live envelope: %v", err)
 	}
 }
 
@@ -149,7 +172,7 @@ func TestRelease(t *testing.T) {
 	ctx := context.Background()
 	_, _ = s.Schedule(ctx, []Item{{ID: "rel", Data: enc("x")}})
 	c := claimAll(t, s, time.Minute)["rel"]
-	n, err := s.Ack(ctx, map[int][]Settle{s.Shard("rel"): {{ID: "rel", Version: envelope.Version(c.Data), Release: true}}}, time.Hour)
+	n, err := s.Ack(ctx, map[int][]Settle{s.Shard("rel"): {{ID: "rel", Version: envelope.Version(c.Data), Outcome: Retry, Error: "boom"}}}, time.Hour)
 	if err != nil || n != 1 {
 		t.Fatalf("release: %d %v", n, err)
 	}

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+func (e *env) stream(name string, subjects ...string) jetstream.Stream {
+	e.t.Helper()
+	nc := e.conn()
+	e.t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: subjects, Duplicates: time.Minute})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+func streamMsgs(t *testing.T, s jetstream.Stream) uint64 {
+	t.Helper()
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func TestJetStreamTarget(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Targets.JetStream = []string{"js.>"}
+	st := e.stream("ORDERS", "js.orders.>")
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	ids := scheduleMany(t, nc, 200, 8, "j", func(i int, h nats.Header) {
+		h.Set("Delayd-Target", "js.orders.cancel")
+		h.Set("Delayd-Delay", "200ms")
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for streamMsgs(t, st) < uint64(len(ids)) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := streamMsgs(t, st); n != uint64(len(ids)) {
+		t.Fatalf("stream holds %d messages, want %d", n, len(ids))
+	}
+	m, err := st.GetMsg(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := m.Header.Get("Nats-Msg-Id"); !strings.HasPrefix(id, m.Header.Get("Delayd-Id")+"@") {
+		t.Errorf("Nats-Msg-Id %q is not <id>@<due>", id)
+	}
+	if e.stored(c) != 0 {
+		t.Error("envelopes left after PubAck")
+	}
+}
+
+// TestJetStreamCrashBetweenPublishAndAck: the daemon is killed after the
+// stream has a message and before the ack reaches Redis; the redelivery
+// carries the same Nats-Msg-Id, so the stream keeps one copy.
+func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.Lease = time.Second
+	st := e.stream("CRASH", "jsc.>")
+	bin := testutil.BuildBinary(t)
+	p := e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=jsc.>")
+	nc := e.conn()
+	defer nc.Close()
+	var killed atomic.Bool
+	var seen atomic.Int64
+	if _, err := nc.Subscribe("jsc.>", func(*nats.Msg) {
+		seen.Add(1)
+		if killed.CompareAndSwap(false, true) {
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	const n = 300
+	at := time.Now().Add(400 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	for i := range n {
+		m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k"+strconv.Itoa(i))}
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k-last"), ""); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.cmd.Wait()
+	s := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
+	defer s.Close()
+	var inflight int64
+	for sh := range c.Shards {
+		cnt, _ := s.Count(context.Background(), sh)
+		inflight += cnt.Inflight
+	}
+	if inflight == 0 {
+		t.Fatal("kill did not land between publish and ack")
+	}
+	e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=jsc.>")
+	deadline := time.Now().Add(10 * time.Second)
+	for e.stored(c) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if left := e.stored(c); left != 0 {
+		t.Fatalf("%d envelopes not delivered after restart", left)
+	}
+	if got := streamMsgs(t, st); got != n+1 {
+		t.Fatalf("stream holds %d messages, want exactly %d (one per envelope)", got, n+1)
+	}
+	t.Logf("%d claimed at the kill; %d core copies seen, stream kept %d", inflight, seen.Load(), n+1)
+}
+
+// TestDeadLetters: deliveries that keep failing (a JetStream target without
+// a stream, a message over the server's max payload) go to the dead set
+// after max_attempts with the error recorded, are published to
+// delayd.dead.<target>, and can be listed, replayed and purged.
+func TestDeadLetters(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Targets.JetStream = []string{"nostream.>"}
+	c.Scanner.MaxAttempts = 3
+	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	c.Dead.Publish = true
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	deadSink := e.sink(nc, "delayd.dead.>")
+	var headers []nats.Header
+	deadHdrs := make(chan nats.Header, 4)
+	_, _ = nc.Subscribe("delayd.dead.>", func(m *nats.Msg) { deadHdrs <- m.Header })
+	_ = nc.Flush()
+
+	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "nostream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "d-js"), "x"); err != nil {
+		t.Fatal(err)
+	}
+	// Accepted while the server takes 8 MiB messages; by the time it is
+	// due the server was restarted with a 4 KiB limit.
+	big := strings.Repeat("b", 5000)
+	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "big.target", "Delayd-Delay", "1500ms", "Delayd-Id", "d-big"), big); err != nil {
+		t.Fatal(err)
+	}
+	e.nats.Stop()
+	e.nats.Opts.MaxPayload = 4096
+	e.nats.Start()
+	deadSink.waitCount(1, 10*time.Second)
+	for len(headers) < 1 {
+		select {
+		case h := <-deadHdrs:
+			headers = append(headers, h)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no dead letter published")
+		}
+	}
+	if headers[0].Get("Delayd-Error") == "" || headers[0].Get("Delayd-Id") != "d-js" {
+		t.Errorf("dead letter headers: %v", headers[0])
+	}
+
+	getenv := func(k string) string {
+		if k == "DELAYD_NATS_URL" {
+			return e.nats.URL()
+		}
+		return ""
+	}
+	try := func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), append([]string{"delayd"}, args...), getenv, &out, &errOut)
+		return out.String() + errOut.String(), err
+	}
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := try(args...)
+		if err != nil {
+			t.Fatalf("%v: %v %s", args, err, out)
+		}
+		return out
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var list string
+	for {
+		list, _ = try("dead", "list")
+		if strings.Contains(list, "d-js") && strings.Contains(list, "d-big") {
+			break
+		}
+		if time.Now().After(deadline) {
+			g, _ := try("get", "d-big")
+			t.Fatalf("dead list:\n%s\nget d-big:\n%s", list, g)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(list, "maximum payload") && !strings.Contains(list, "max payload") {
+		t.Errorf("too-large error not recorded:\n%s", list)
+	}
+	get := cli("get", "d-js")
+	if !strings.Contains(get, "dead") || !strings.Contains(get, "attempts  3") {
+		t.Errorf("get of a dead envelope:\n%s", get)
+	}
+
+	// Fix the cause, replay, and it is delivered.
+	st := e.stream("NOSTREAM", "nostream.>")
+	if out := cli("dead", "replay", "d-js"); !strings.Contains(out, "replayed 1") {
+		t.Fatalf("replay: %s", out)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for streamMsgs(t, st) != 1 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if streamMsgs(t, st) != 1 {
+		t.Fatal("replayed envelope not delivered")
+	}
+	if out := cli("dead", "purge", "--all"); !strings.Contains(out, "purged 1") {
+		t.Fatalf("purge: %s", out)
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes left", n)
+	}
+}
