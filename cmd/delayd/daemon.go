@@ -58,7 +58,11 @@ func runCmd(ctx context.Context, args []string, getenv func(string) string, stdo
 // daemon runs delayd until ctx is cancelled, then shuts down in order:
 // stop intake (answering every request already taken), let the scanner
 // finish the batches it is delivering, then drain NATS and close Redis.
-func daemon(ctx context.Context, c config.Config, log hclog.Logger) error {
+func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daemonOption) error {
+	var o daemonOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	log.Info("starting", "version", buildVersion(), "shards", c.Shards, "namespace", c.Namespace)
 	if c.Embedded {
 		srv, err := embedded.Start(c.NATS.URL)
@@ -93,17 +97,17 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger) error {
 	if err != nil {
 		return err
 	}
-	opts := scanner.Options{
+	scanOpts := scanner.Options{
 		ClaimBatch: c.Scanner.ClaimBatch, Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
 		RetryBackoff: c.Scanner.RetryBackoff, MaxAttempts: c.Scanner.MaxAttempts,
 	}
 	if c.Dead.Publish {
-		opts.DeadSubject = c.Subject + ".dead"
+		scanOpts.DeadSubject = c.Subject + ".dead"
 	}
-	sc := scanner.New(st, pub, metrics, opts, log.Named("scanner"))
+	sc := scanner.New(st, pub, metrics, scanOpts, log.Named("scanner"))
 	intake := bridge.NewIntake(in, out, st, st, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
-		Limits: c.EnvelopeLimits(), Policy: c.Policy(),
+		Limits: c.EnvelopeLimits(), Policy: c.Policy(), Now: o.now,
 	}, log.Named("intake"))
 
 	// Stopped in this order: intake first (answer what was taken), then the
@@ -139,6 +143,19 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger) error {
 	_ = out.FlushWithContext(drainCtx)
 	log.Info("stopped")
 	return err
+}
+
+// daemonOptions are test seams of the daemon.
+type daemonOptions struct {
+	now func() time.Time // the local wall clock; Redis time decides due times
+}
+
+type daemonOption func(*daemonOptions)
+
+// withClock replaces the daemon's wall clock, to prove that a skewed local
+// clock cannot make anything fire early.
+func withClock(now func() time.Time) daemonOption {
+	return func(o *daemonOptions) { o.now = now }
 }
 
 // component is one long-running part of the daemon.

@@ -46,7 +46,7 @@ func (e *env) cfg() config.Config {
 
 // startDaemon runs a daemon in-process and returns a function that stops it
 // gracefully and reports its error.
-func (e *env) startDaemon(c config.Config) (stop func() error) {
+func (e *env) startDaemon(c config.Config, opts ...daemonOption) (stop func() error) {
 	e.t.Helper()
 	if err := c.Validate(); err != nil {
 		e.t.Fatal(err)
@@ -57,7 +57,7 @@ func (e *env) startDaemon(c config.Config) (stop func() error) {
 	if os.Getenv("DELAYD_TEST_LOG") != "" {
 		log = hclog.New(&hclog.LoggerOptions{Name: "delayd", Level: hclog.Debug, Output: os.Stderr})
 	}
-	go func() { done <- daemon(ctx, c, log) }()
+	go func() { done <- daemon(ctx, c, log, opts...) }()
 	e.waitService(c.Subject)
 	var once sync.Once
 	var err error

@@ -45,6 +45,9 @@ type IntakeOptions struct {
 	Policy  envelope.Policy
 	// StoreTimeout bounds one Redis pipeline; past it callers get 503.
 	StoreTimeout time.Duration
+	// Now is the local clock, used only for the coarse limit checks on
+	// Delayd-At; due times are Redis time. Injected so tests can skew it.
+	Now func() time.Time
 }
 
 // ScheduleReply is the JSON answer to a schedule request.
@@ -83,6 +86,9 @@ type pending struct {
 func NewIntake(in, out *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObserver, opt IntakeOptions, log hclog.Logger) *Intake {
 	if opt.StoreTimeout == 0 {
 		opt.StoreTimeout = 5 * time.Second
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
 	}
 	return &Intake{in: in, out: out, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan pending, 4*opt.Batch)}
@@ -222,7 +228,7 @@ func (in *Intake) flush(batch []pending) {
 }
 
 func (in *Intake) handleSchedule(req micro.Request) {
-	r, err := envelope.ParseSchedule(req.Headers(), req.Data(), in.opt.Limits, in.opt.Policy, time.Now())
+	r, err := envelope.ParseSchedule(req.Headers(), req.Data(), in.opt.Limits, in.opt.Policy, in.opt.Now())
 	if err != nil {
 		in.reject(req.Reply(), err)
 		return

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// The fault suite delivers into a JetStream stream rather than to a core
+// subscriber: the stream keeps every delivery across the faults, and its
+// server-side receive time proves "never early" without trusting a test
+// client that was itself disconnected.
+
+// faultRun is one workload: envelopes due over a window, each scheduled
+// until delayd acknowledged it.
+type faultRun struct {
+	e      *env
+	target string
+	stream jetstream.Stream
+	mu     sync.Mutex
+	acked  map[string]time.Time // id → requested due time
+}
+
+func (e *env) faultRun(name string) *faultRun {
+	return &faultRun{e: e, target: "fault." + name, stream: e.stream("F"+name, "fault."+name), acked: map[string]time.Time{}}
+}
+
+// faultCfg is e.cfg() delivering the fault stream with JetStream.
+func (e *env) faultCfg() config.Config {
+	c := e.cfg()
+	c.Targets.JetStream = []string{"fault.>"}
+	c.Scanner.Lease = time.Second
+	return c
+}
+
+// schedule sends n envelopes due evenly over window from start, from 8
+// workers, retrying each until it is acknowledged or the deadline passes.
+// Requests that fail while a fault is on are retried with the same id, so
+// a retry after a lost reply is an upsert, not a duplicate.
+func (f *faultRun) schedule(nc *nats.Conn, n int, start time.Time, window time.Duration, deadline time.Time) {
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				id := f.target + "-" + strconv.Itoa(i)
+				at := start.Add(time.Duration(int64(window) * int64(i) / int64(n)))
+				for time.Now().Before(deadline) {
+					m := &nats.Msg{Subject: "delayd.schedule", Data: []byte(id),
+						Header: hdr("Delayd-Target", f.target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
+					rep, err := nc.RequestMsg(m, 2*time.Second)
+					if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
+						f.mu.Lock()
+						f.acked[id] = at
+						f.mu.Unlock()
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// verify waits until every acknowledged envelope is in the stream, then
+// checks: none lost, none early; it returns the duplicates, each of which
+// must be a redelivery (attempt > 1).
+func (f *faultRun) verify(t *testing.T, wait time.Duration) (dups int) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		info, err := f.stream.Info(context.Background())
+		if err == nil && info.State.Msgs >= uint64(len(f.acked)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	info, err := f.stream.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	var lateness []time.Duration
+	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+		m, err := f.stream.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatalf("get msg %d: %v", seq, err)
+		}
+		id := m.Header.Get("Delayd-Id")
+		due, _ := time.Parse(time.RFC3339Nano, m.Header.Get("Delayd-Due"))
+		if m.Time.Before(due) {
+			t.Errorf("%s stored in the stream %s before its due time", id, due.Sub(m.Time))
+		}
+		if want, ok := f.acked[id]; ok && due.Before(want.Truncate(time.Millisecond)) {
+			t.Errorf("%s: Delayd-Due %s before the requested %s", id, due, want)
+		}
+		seen[id]++
+		if seen[id] > 1 {
+			dups++
+			if m.Header.Get("Delayd-Attempt") == "1" {
+				t.Errorf("%s: duplicate that is not a redelivery", id)
+			}
+		} else {
+			lateness = append(lateness, m.Time.Sub(due))
+		}
+	}
+	lost := 0
+	for id := range f.acked {
+		if seen[id] == 0 {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of %d acknowledged envelopes lost", lost, len(f.acked))
+	}
+	slices.Sort(lateness)
+	if len(lateness) > 0 {
+		t.Logf("%d acknowledged, %d delivered, %d duplicates (stream dedup within its window), lateness p50 %s max %s",
+			len(f.acked), len(seen), dups, lateness[len(lateness)/2], lateness[len(lateness)-1])
+	}
+	return dups
+}
+
+// TestFaultKill9ThreeTimes kills the daemon process with SIGKILL three
+// times at random points of a run and restarts it each time.
+func TestFaultKill9ThreeTimes(t *testing.T) {
+	e := newEnv(t)
+	c := e.faultCfg()
+	f := e.faultRun("kill")
+	bin := testutil.BuildBinary(t)
+	nc := e.conn()
+	defer nc.Close()
+	p := e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
+	start := time.Now().Add(time.Second)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.schedule(nc, 3000, start, 6*time.Second, time.Now().Add(30*time.Second))
+	}()
+	for k := range 3 {
+		// One kill in each third of the 6 s delivery window.
+		time.Sleep(time.Until(start.Add(time.Duration(k)*2*time.Second + time.Duration(rand.IntN(1500))*time.Millisecond)))
+		p.kill()
+		t.Logf("kill %d at +%s", k+1, time.Since(start).Round(time.Millisecond))
+		p = e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
+	}
+	<-done
+	f.verify(t, 20*time.Second)
+}
+
+// TestFaultNATSOutage stops NATS for 30 s mid-run and starts it again on
+// the same port. Schedule requests fail while it is down; due envelopes
+// wait and go out after the reconnect; nothing sits in a reconnect buffer
+// counted as delivered.
+func TestFaultNATSOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("30 s outage")
+	}
+	e := newEnv(t)
+	c := e.faultCfg()
+	f := e.faultRun("nats")
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	start := time.Now().Add(1500 * time.Millisecond)
+	f.schedule(nc, 2000, start, 4*time.Second, time.Now().Add(20*time.Second))
+	time.Sleep(time.Until(start.Add(time.Second))) // mid-delivery
+	e.nats.Stop()
+	downAt := time.Now()
+	if _, err := nats.Connect(e.nats.URL(), nats.Timeout(500*time.Millisecond)); err == nil {
+		t.Error("connected to a stopped NATS")
+	}
+	if rep, err := nc.RequestMsg(&nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", f.target, "Delayd-Delay", "1s")}, time.Second); err == nil {
+		t.Errorf("schedule answered while NATS was down: %v", rep.Header)
+	}
+	time.Sleep(30*time.Second - time.Since(downAt))
+	e.nats.Start()
+	dups := f.verify(t, 30*time.Second)
+	t.Logf("NATS down for %s; %d duplicates", 30*time.Second, dups)
+}
+
+// TestFaultRedisRestart kills Redis (AOF, appendfsync always) mid-run and
+// starts it again 3 s later. Intake answers 503 meanwhile, the scanner
+// backs off without a hot loop, and nothing acknowledged is lost.
+func TestFaultRedisRestart(t *testing.T) {
+	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := e.faultCfg()
+	c.HTTP.SampleInterval = time.Hour // keep the error counter to claims and intake
+	f := e.faultRun("redis")
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	start := time.Now().Add(1500 * time.Millisecond)
+	f.schedule(nc, 2000, start, 4*time.Second, time.Now().Add(20*time.Second))
+	time.Sleep(time.Until(start.Add(time.Second)))
+	_, before := httpGet(t, "http://"+c.HTTP.Addr+"/metrics")
+	e.redis.Kill()
+	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", f.target, "Delayd-Delay", "1s", "Delayd-Id", "during"), "x")
+	if err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "503" {
+		t.Errorf("schedule while Redis is down: want 503, got %v %v", err, rep.Header)
+	}
+	time.Sleep(3 * time.Second)
+	_, during := httpGet(t, "http://"+c.HTTP.Addr+"/metrics")
+	e.redis.Start()
+	b, _ := metric(before, "delayd_redis_errors_total")
+	a, _ := metric(during, "delayd_redis_errors_total")
+	t.Logf("Redis errors during a 3 s outage: %v", a-b)
+	if a-b > 40 {
+		t.Errorf("%v Redis errors in 3 s: the scanner is not backing off", a-b)
+	}
+	f.verify(t, 20*time.Second)
+}
+
+// TestFaultScriptFlush flushes Redis' script cache mid-run, then restarts
+// Redis (which empties it again); the daemon reloads and carries on.
+func TestFaultScriptFlush(t *testing.T) {
+	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := e.faultCfg()
+	f := e.faultRun("flush")
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	start := time.Now().Add(time.Second)
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		_ = e.redis.Client().ScriptFlush(context.Background()).Err()
+		time.Sleep(1500 * time.Millisecond)
+		e.redis.Kill()
+		e.redis.Start()
+	}()
+	f.schedule(nc, 2000, start, 5*time.Second, time.Now().Add(30*time.Second))
+	f.verify(t, 20*time.Second)
+}
+
+// TestFaultClockSkew runs two daemons whose wall clocks are 30 s ahead and
+// 30 s behind. Due times and "now" are Redis time, so nothing fires early.
+func TestFaultClockSkew(t *testing.T) {
+	e := newEnv(t)
+	c := e.faultCfg()
+	f := e.faultRun("skew")
+	e.startDaemon(c, withClock(func() time.Time { return time.Now().Add(30 * time.Second) }))
+	c2 := c
+	c2.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	e.startDaemon(c2, withClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
+	nc := e.conn()
+	defer nc.Close()
+	f.schedule(nc, 1000, time.Now().Add(500*time.Millisecond), 2*time.Second, time.Now().Add(20*time.Second))
+	// Relative delays too: converted by Redis, not by a skewed daemon.
+	ids := scheduleMany(t, nc, 200, 4, "skew-d", func(i int, h nats.Header) {
+		h.Set("Delayd-Target", f.target)
+		h.Set("Delayd-Delay", strconv.Itoa(300+i)+"ms")
+	})
+	f.mu.Lock()
+	for _, id := range ids {
+		f.acked[id] = time.Time{}
+	}
+	f.mu.Unlock()
+	if dups := f.verify(t, 15*time.Second); dups != 0 {
+		t.Errorf("%d duplicates without a crash", dups)
+	}
+}
