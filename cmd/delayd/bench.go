@@ -64,7 +64,11 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 
 	clients := make([]*bridge.Client, *conns)
 	for i := range clients {
-		cl, err := bridge.Dial(c.NATS.URL, c.Subject, w.Timeout)
+		auth, err := natsAuth(c)
+		if err != nil {
+			return err
+		}
+		cl, err := bridge.Dial(c.NATS.URL, c.Subject, auth, w.Timeout)
 		if err != nil {
 			return err
 		}

@@ -38,6 +38,7 @@ Usage:
   delayd stats                    pending, inflight and dead counts per shard
   delayd dead list|replay|purge   manage envelopes whose delivery kept failing
   delayd bench [flags]            measure intake rate, lateness and loss
+  delayd config [flags]           print the effective configuration, secrets redacted
   delayd version                  print the version
   delayd help [COMMAND]           show help
 
@@ -78,6 +79,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return deadCmd(ctx, rest, getenv, stdout, stderr)
 	case "bench":
 		return benchCmd(ctx, rest, getenv, stdout, stderr)
+	case "config":
+		return configCmd(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "delayd", buildVersion())
 		return nil

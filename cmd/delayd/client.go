@@ -92,7 +92,11 @@ func withClient(ctx context.Context, cf *configFlags, getenv func(string) string
 	if err != nil {
 		return err
 	}
-	cl, err := bridge.Dial(c.NATS.URL, c.Subject, timeout)
+	auth, err := natsAuth(c)
+	if err != nil {
+		return err
+	}
+	cl, err := bridge.Dial(c.NATS.URL, c.Subject, auth, timeout)
 	if err != nil {
 		return fmt.Errorf("%w (set --nats-url or %s)", err, config.EnvName("nats.url"))
 	}

@@ -77,17 +77,23 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 
 	metrics := admin.NewMetrics(buildVersion(), c.Shards)
 	store.SetLogger(log.Named("redis"))
-	st := store.New(store.NewClient(store.Options{
-		Addrs: c.Redis.Addrs, Username: c.Redis.Username, Password: c.Redis.Password, DB: c.Redis.DB,
-	}), c.Namespace, c.Shards)
+	ropts, err := redisOptions(c)
+	if err != nil {
+		return err
+	}
+	st := store.New(store.NewClient(ropts), c.Namespace, c.Shards)
 	defer st.Close()
+	auth, err := natsAuth(c)
+	if err != nil {
+		return err
+	}
 
-	in, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", log.Named("nats"), nil)
+	in, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", auth, log.Named("nats"), nil)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := bridge.Connect(c.NATS.URL, c.NATS.Name, log.Named("nats"), metrics.NATSReconnect)
+	out, err := bridge.Connect(c.NATS.URL, c.NATS.Name, auth, log.Named("nats"), metrics.NATSReconnect)
 	if err != nil {
 		return err
 	}
@@ -105,7 +111,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		scanOpts.DeadSubject = c.Subject + ".dead"
 	}
 	sc := scanner.New(st, pub, metrics, scanOpts, log.Named("scanner"))
-	intake := bridge.NewIntake(in, out, st, st, sc, metrics, bridge.IntakeOptions{
+	intake := bridge.NewIntake(in, st, st, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), Now: o.now,
 	}, log.Named("intake"))

@@ -199,7 +199,7 @@ func TestInspectCLI(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &sms) != nil || len(sms.Entries) != 5 {
 		t.Fatalf("list --target: %v %s", err, out)
 	}
-	out, err = cli("list", "--json", "--due-before", time.Now().Add(14*time.Minute + 30*time.Second).UTC().Format(time.RFC3339))
+	out, err = cli("list", "--json", "--due-before", time.Now().Add(14*time.Minute+30*time.Second).UTC().Format(time.RFC3339))
 	var early bridge.ListReply
 	if err != nil || json.Unmarshal([]byte(out), &early) != nil || len(early.Entries) != 5 {
 		t.Fatalf("list --due-before: %v %s", err, out)

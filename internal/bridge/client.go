@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/envelope"
 )
 
@@ -36,10 +37,14 @@ func NewClient(nc *nats.Conn, subject string) *Client { return &Client{nc: nc, s
 
 // Dial connects a client for one-shot commands. Unlike the daemon it fails
 // at once when NATS is unreachable: a person is waiting.
-func Dial(url, subject string, timeout time.Duration) (*Client, error) {
-	nc, err := nats.Connect(url, nats.Name("delayd-cli"), nats.Timeout(timeout))
+func Dial(url, subject string, auth Auth, timeout time.Duration) (*Client, error) {
+	opts, err := auth.options()
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append(opts, nats.Name("delayd-cli"), nats.Timeout(timeout))...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", config.RedactURL(url), err)
 	}
 	return &Client{nc: nc, subject: subject}, nil
 }

@@ -3,19 +3,62 @@
 package bridge
 
 import (
+	"crypto/tls"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/config"
 )
+
+// Auth is how delayd authenticates to NATS; at most one method is set.
+type Auth struct {
+	User, Password string
+	Token          string
+	NKeySeedFile   string
+	CredsFile      string
+	// TLS, if not nil, is used for the connection (CA, client cert).
+	TLS *tls.Config
+}
+
+func (a Auth) options() ([]nats.Option, error) {
+	var opts []nats.Option
+	switch {
+	case a.User != "" || a.Password != "":
+		opts = append(opts, nats.UserInfo(a.User, a.Password))
+	case a.Token != "":
+		opts = append(opts, nats.Token(a.Token))
+	case a.NKeySeedFile != "":
+		o, err := nats.NkeyOptionFromSeed(a.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("bridge: nkey seed file: %w", err)
+		}
+		opts = append(opts, o)
+	case a.CredsFile != "":
+		if _, err := os.Stat(a.CredsFile); err != nil {
+			return nil, fmt.Errorf("bridge: creds file: %w", err)
+		}
+		opts = append(opts, nats.UserCredentials(a.CredsFile))
+	}
+	if a.TLS != nil {
+		opts = append(opts, nats.Secure(a.TLS))
+	}
+	return opts, nil
+}
 
 // Connect opens a connection that keeps retrying, in the background, when
 // the server is down at start or goes away later: delayd must outlive NATS
 // outages rather than crash-loop. Reconnects are logged.
 // onReconnect, if not nil, is called after each reconnection.
-func Connect(url, name string, log hclog.Logger, onReconnect func()) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
+func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func()) (*nats.Conn, error) {
+	authOpts, err := auth.options()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append(authOpts,
 		nats.Name(name),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
@@ -42,12 +85,12 @@ func Connect(url, name string, log hclog.Logger, onReconnect func()) (*nats.Conn
 			}
 			log.Error("NATS async error", "subject", subj, "error", err)
 		}),
-	)
+	)...)
 	if err != nil {
-		return nil, fmt.Errorf("bridge: connect %s: %w", url, err)
+		return nil, fmt.Errorf("bridge: connect %s: %w", config.RedactURL(url), err)
 	}
 	if !nc.IsConnected() {
-		log.Warn("NATS not reachable yet, retrying in the background", "url", url)
+		log.Warn("NATS not reachable yet, retrying in the background", "url", config.RedactURL(url))
 	}
 	return nc, nil
 }

@@ -276,7 +276,7 @@ func (in *Intake) respond(reply string, v any) {
 		in.fail(reply, 500, "encoding reply: "+err.Error())
 		return
 	}
-	if err := in.out.Publish(reply, b); err != nil {
+	if err := in.nc.Publish(reply, b); err != nil {
 		in.log.Warn("reply failed", "error", err)
 	}
 }

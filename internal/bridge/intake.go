@@ -64,8 +64,11 @@ type CancelReply struct {
 
 // Intake is the delayd micro service.
 type Intake struct {
-	in    *nats.Conn // service subscriptions; drained on shutdown
-	out   *nats.Conn // replies; stays open until the last reply is sent
+	// nc carries the service subscriptions and the replies. Replies must go
+	// out on the connection that received the request: NATS grants a user
+	// with allow_responses permission to publish to a reply subject only on
+	// that connection.
+	nc    *nats.Conn
 	store Store
 	insp  Inspector
 	waker Waker
@@ -80,17 +83,16 @@ type pending struct {
 	reply string
 }
 
-// NewIntake builds the service. in carries the service subscriptions and is
-// drained on shutdown; out sends replies, so requests taken in before the
-// drain still get their answer after it.
-func NewIntake(in, out *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObserver, opt IntakeOptions, log hclog.Logger) *Intake {
+// NewIntake builds the service on its own connection nc, which it closes
+// when it stops.
+func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObserver, opt IntakeOptions, log hclog.Logger) *Intake {
 	if opt.StoreTimeout == 0 {
 		opt.StoreTimeout = 5 * time.Second
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Intake{in: in, out: out, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
+	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan pending, 4*opt.Batch)}
 }
 
@@ -101,7 +103,7 @@ const flushers = 4
 // Run serves until ctx is done, then stops taking requests, stores and
 // answers every request already taken, and returns.
 func (in *Intake) Run(ctx context.Context) error {
-	svc, err := micro.AddService(in.in, micro.Config{
+	svc, err := micro.AddService(in.nc, micro.Config{
 		Name:        "delayd",
 		Version:     in.opt.Version,
 		Description: "Delayed delivery of NATS messages",
@@ -143,17 +145,20 @@ func (in *Intake) Run(ctx context.Context) error {
 	if err := svc.Stop(); err != nil {
 		in.log.Warn("stopping service", "error", err)
 	}
-	// Drain lets the handlers finish every message already received; only
-	// then is it safe to close the queue they write to.
-	closed := make(chan struct{})
-	in.in.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := in.in.Drain(); err != nil {
-		in.in.Close()
+	// Stop drains the service's subscriptions: the handlers still run for
+	// every message already received. Only when the last subscription is
+	// gone is it safe to close the queue they write to. The connection
+	// stays open for the replies of what was taken in.
+	for wait := time.Now().Add(5 * time.Second); in.nc.NumSubscriptions() > 0 && !in.nc.IsClosed() && time.Now().Before(wait); {
+		time.Sleep(5 * time.Millisecond)
 	}
-	<-closed
 	close(in.queue)
 	<-collected
 	wg.Wait()
+	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = in.nc.FlushWithContext(fctx)
+	cancel()
+	in.nc.Close()
 	in.log.Info("intake stopped")
 	return nil
 }
@@ -282,7 +287,7 @@ func (in *Intake) fail(reply string, code int, msg string) {
 		micro.ErrorHeader:     []string{msg},
 		micro.ErrorCodeHeader: []string{strconv.Itoa(code)},
 	}}
-	if err := in.out.PublishMsg(m); err != nil {
+	if err := in.nc.PublishMsg(m); err != nil {
 		in.log.Warn("error reply failed", "error", err)
 	}
 }

@@ -2,8 +2,10 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,6 +55,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		return errs
 	}
 	core := 0
+	lastErr := p.nc.LastError()
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
 		m := DeliveryMsg(d)
@@ -74,6 +77,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 				}
 			}
 		}
+		p.permissionDenied(ds, errs, lastErr)
 	}
 	for i, f := range futures {
 		if errs[i] != nil {
@@ -88,6 +92,25 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		}
 	}
 	return errs
+}
+
+// permissionDenied fails the deliveries the server refused to take from
+// delayd's NATS user. The server drops such a message and says so with an
+// -ERR before the flush's PONG; nats.go records it as the connection's last
+// error, which is the only synchronous trace it leaves. Without this the
+// flush would count a refused message as published.
+func (p *Publisher) permissionDenied(ds []envelope.Delivery, errs []error, before error) {
+	err := p.nc.LastError()
+	if err == nil || err == before || !errors.Is(err, nats.ErrPermissionViolation) {
+		return
+	}
+	_, subj, ok := strings.Cut(err.Error(), `Publish to "`)
+	subj, _, _ = strings.Cut(subj, `"`)
+	for i, d := range ds {
+		if errs[i] == nil && (!ok || d.Target == subj) {
+			errs[i] = fmt.Errorf("publish to %s: %w", d.Target, err)
+		}
+	}
 }
 
 // Connected reports whether NATS is connected.

@@ -46,17 +46,35 @@ type HTTP struct {
 }
 
 // NATS is the connection delayd takes intake from and delivers through.
+// At most one of user/password, token, nkey seed and creds file is used.
 type NATS struct {
-	URL  string `koanf:"url"`
-	Name string `koanf:"name"`
+	URL          string `koanf:"url"`
+	Name         string `koanf:"name"`
+	User         string `koanf:"user"`
+	Password     string `koanf:"password"`
+	Token        string `koanf:"token"`
+	NKeySeedFile string `koanf:"nkey_seed_file"`
+	CredsFile    string `koanf:"creds_file"`
+	TLS          TLS    `koanf:"tls"`
+}
+
+// TLS configures a TLS client. With a CA file the server certificate is
+// verified against it; with a cert and key the client presents them.
+type TLS struct {
+	Enabled  bool   `koanf:"enabled"`
+	CAFile   string `koanf:"ca_file"`
+	CertFile string `koanf:"cert_file"`
+	KeyFile  string `koanf:"key_file"`
 }
 
 // Redis is where envelopes are kept.
 type Redis struct {
+	// Addrs are host:port; a rediss:// prefix turns TLS on.
 	Addrs    []string `koanf:"addrs"`
 	Username string   `koanf:"username"`
 	Password string   `koanf:"password"`
 	DB       int      `koanf:"db"`
+	TLS      TLS      `koanf:"tls"`
 }
 
 // Scanner tunes the clock that claims and delivers due envelopes.
@@ -173,6 +191,20 @@ func (c Config) Validate() error {
 	if c.NATS.URL == "" {
 		bad("nats.url", "must be set")
 	}
+	auth := 0
+	for _, set := range []bool{c.NATS.User != "" || c.NATS.Password != "", c.NATS.Token != "", c.NATS.NKeySeedFile != "", c.NATS.CredsFile != ""} {
+		if set {
+			auth++
+		}
+	}
+	if auth > 1 {
+		bad("nats", "set at most one of user/password, token, nkey_seed_file and creds_file")
+	}
+	for key, t := range map[string]TLS{"nats.tls": c.NATS.TLS, "redis.tls": c.Redis.TLS} {
+		if (t.CertFile == "") != (t.KeyFile == "") {
+			bad(key, "cert_file and key_file go together")
+		}
+	}
 	if len(c.Redis.Addrs) == 0 && !c.Embedded {
 		bad("redis.addrs", "must list at least one host:port")
 	}
@@ -237,10 +269,37 @@ func (c Config) Policy() envelope.Policy {
 	return envelope.Policy{Allow: c.Targets.Allow, Deny: deny}
 }
 
-// Redacted returns a copy safe to log or print.
+// Redacted returns a copy safe to log or print: passwords and tokens
+// replaced, and credentials in URLs hidden.
 func (c Config) Redacted() Config {
-	if c.Redis.Password != "" {
-		c.Redis.Password = "REDACTED"
+	for _, p := range []*string{&c.Redis.Password, &c.NATS.Password, &c.NATS.Token} {
+		if *p != "" {
+			*p = redacted
+		}
 	}
+	c.NATS.URL = RedactURL(c.NATS.URL)
+	addrs := make([]string, len(c.Redis.Addrs))
+	for i, a := range c.Redis.Addrs {
+		addrs[i] = RedactURL(a)
+	}
+	c.Redis.Addrs = addrs
 	return c
+}
+
+const redacted = "REDACTED"
+
+// RedactURL hides the user info of URLs (comma-separated lists too):
+// nats://u:p@h:4222 becomes nats://REDACTED@h:4222.
+func RedactURL(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		scheme, rest, ok := strings.Cut(p, "://")
+		if !ok {
+			continue
+		}
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			parts[i] = scheme + "://" + redacted + rest[at:]
+		}
+	}
+	return strings.Join(parts, ",")
 }

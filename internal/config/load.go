@@ -106,3 +106,13 @@ func coerce(def any, v string) any {
 	}
 	return v
 }
+
+// YAML renders c with the config file's key names, secrets redacted: the
+// output of `delayd config`, loadable as a config file.
+func (c Config) YAML() ([]byte, error) {
+	k := koanf.New(".")
+	if err := k.Load(structs.Provider(c.Redacted(), "koanf"), nil); err != nil {
+		return nil, err
+	}
+	return k.Marshal(yaml.Parser())
+}

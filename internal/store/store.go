@@ -4,8 +4,10 @@ package store
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -22,20 +24,40 @@ type Store struct {
 
 // Options selects the Redis deployment.
 type Options struct {
+	// Addrs are host:port, or rediss://host:port for TLS.
 	Addrs    []string
 	Username string
 	Password string
 	DB       int
+	// TLS, if not nil, is used for every connection (CA, client cert).
+	// A rediss:// address turns TLS on with the system roots if it is nil.
+	TLS *tls.Config
 }
 
 // NewClient builds a go-redis client for the options. A single address
 // gives a plain client; several give a Cluster client.
 func NewClient(o Options) redis.UniversalClient {
+	addrs := make([]string, len(o.Addrs))
+	for i, a := range o.Addrs {
+		if rest, ok := strings.CutPrefix(a, "rediss://"); ok {
+			a = rest
+			if o.TLS == nil {
+				o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+			}
+		}
+		addrs[i] = strings.TrimPrefix(a, "redis://")
+	}
+	if o.TLS != nil && o.TLS.ServerName == "" && len(addrs) > 0 {
+		// Verify the certificate against the host we dial.
+		o.TLS = o.TLS.Clone()
+		o.TLS.ServerName, _, _ = strings.Cut(addrs[0], ":")
+	}
 	return redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs:    o.Addrs,
-		Username: o.Username,
-		Password: o.Password,
-		DB:       o.DB,
+		Addrs:     addrs,
+		Username:  o.Username,
+		Password:  o.Password,
+		DB:        o.DB,
+		TLSConfig: o.TLS,
 		// Fail fast and let the callers back off: the intake answers 503
 		// and the scanner retries, neither should hang on a dead Redis.
 		DialTimeout:  2 * time.Second,

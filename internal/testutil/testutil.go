@@ -5,6 +5,7 @@ package testutil
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -24,6 +25,7 @@ type Redis struct {
 	dir  string
 	args []string
 	cmd  *exec.Cmd
+	tls  *tls.Config // set when the server only speaks TLS
 }
 
 // RedisBinary finds redis-server, or skips the test; under CI=true a
@@ -44,12 +46,29 @@ func RedisBinary(t testing.TB) string {
 // extra are additional config directives, e.g. "appendonly", "yes".
 func StartRedis(t testing.TB, extra ...string) *Redis {
 	t.Helper()
+	return startRedis(t, nil, nil, extra...)
+}
+
+// StartRedisTLS starts redis-server speaking only TLS, requiring client
+// certificates signed by the certs' CA.
+func StartRedisTLS(t testing.TB, c Certs, extra ...string) *Redis {
+	t.Helper()
+	return startRedis(t, &c, c.ClientTLS(t), extra...)
+}
+
+func startRedis(t testing.TB, certs *Certs, clientTLS *tls.Config, extra ...string) *Redis {
+	t.Helper()
 	bin := RedisBinary(t)
-	r := &Redis{t: t, dir: t.TempDir()}
+	r := &Redis{t: t, dir: t.TempDir(), tls: clientTLS}
 	r.Addr = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	_, port, _ := net.SplitHostPort(r.Addr)
-	r.args = append([]string{"--port", port, "--bind", "127.0.0.1", "--dir", r.dir,
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", ""}, extra...)
+	listen := []string{"--port", port}
+	if certs != nil {
+		listen = []string{"--port", "0", "--tls-port", port, "--tls-cert-file", certs.ServerCert,
+			"--tls-key-file", certs.ServerKey, "--tls-ca-cert-file", certs.CA, "--tls-auth-clients", "yes"}
+	}
+	r.args = append(append(listen, "--bind", "127.0.0.1", "--dir", r.dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", ""), extra...)
 	r.args = append([]string{bin}, r.args...)
 	r.Start()
 	t.Cleanup(r.Kill)
@@ -64,7 +83,7 @@ func (r *Redis) Start() {
 	if err := r.cmd.Start(); err != nil {
 		r.t.Fatalf("start redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, TLSConfig: r.tls})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -90,7 +109,7 @@ func (r *Redis) Kill() {
 
 // Client returns a go-redis client for direct inspection in tests.
 func (r *Redis) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, TLSConfig: r.tls})
 	r.t.Cleanup(func() { c.Close() })
 	return c
 }

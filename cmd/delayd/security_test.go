@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// secureNATS starts a nats-server that requires TLS with client
+// certificates and user/password, with per-user permissions: delayd may
+// publish only to orders.>, the app only to delayd.>.
+func secureNATS(t *testing.T, certs testutil.Certs) *testutil.NATS {
+	t.Helper()
+	return testutil.StartNATS(t, func(o *server.Options) {
+		o.TLS, o.TLSVerify, o.TLSConfig = true, true, certs.ServerTLS(t)
+		o.Users = []*server.User{
+			{Username: "delayd", Password: "delayd-secret", Permissions: &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: []string{"orders.>"}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"delayd.>", "$SRV.>"}},
+				Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
+			}},
+			{Username: "app", Password: "app-secret", Permissions: &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: []string{"delayd.>"}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>", "orders.>", "payments.>"}},
+			}},
+		}
+	})
+}
+
+func TestNATSAuthTLSAndPermissions(t *testing.T) {
+	certs := testutil.MakeCerts(t)
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: secureNATS(t, certs)}
+	url := strings.Replace(e.nats.URL(), "nats://", "tls://", 1)
+	c := e.cfg()
+	c.NATS.URL = url
+	c.NATS.User, c.NATS.Password = "delayd", "delayd-secret"
+	c.NATS.TLS = config.TLS{CAFile: certs.CA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}
+	c.Scanner.MaxAttempts = 2
+	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon(ctx, c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug}))
+	}()
+
+	app, err := nats.Connect(url, nats.UserInfo("app", "app-secret"), nats.Secure(certs.ClientTLS(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	s := e.sink(app, "orders.>")
+	paid := e.sink(app, "payments.>")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rep, err := schedule(app, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "100ms", "Delayd-Id", "ok-1"), "x")
+		if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("schedule over TLS with auth: %v\n%s", err, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if s.waitCount(1, 5*time.Second) != 1 {
+		t.Fatalf("not delivered over TLS with auth:\n%s", logs.String())
+	}
+	// delayd's own policy allows payments.>, its NATS user may not publish
+	// there: the refusal must not count as a delivery.
+	if _, err := schedule(app, "delayd", hdr("Delayd-Target", "payments.charge", "Delayd-Delay", "10ms", "Delayd-Id", "denied-1"), "x"); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "envelope moved to the dead set") {
+		if time.Now().After(deadline) {
+			t.Fatalf("refused publish was not failed:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if paid.count() != 0 {
+		t.Fatal("a publish the server refused was delivered")
+	}
+	if strings.Contains(logs.String(), "delayd-secret") {
+		t.Fatal("the NATS password appears in the log")
+	}
+	// A client without a certificate is refused by the server.
+	if nc, err := nats.Connect(url, nats.UserInfo("app", "app-secret"), nats.RootCAs(certs.CA)); err == nil {
+		nc.Close()
+		t.Fatal("connected without a client certificate")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNATSTokenAndNKey(t *testing.T) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	seedFile := filepath.Join(t.TempDir(), "delayd.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		server func(*server.Options)
+		set    func(*config.Config)
+		client nats.Option
+	}{
+		{"token", func(o *server.Options) { o.Authorization = "s3cret-token" },
+			func(c *config.Config) { c.NATS.Token = "s3cret-token" }, nats.Token("s3cret-token")},
+		{"nkey", func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: pub}} },
+			func(c *config.Config) { c.NATS.NKeySeedFile = seedFile }, mustNkey(t, seedFile)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, tc.server)}
+			c := e.cfg()
+			tc.set(&c)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- daemon(ctx, c, hclog.NewNullLogger()) }()
+			app, err := nats.Connect(e.nats.URL(), tc.client)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer app.Close()
+			s := e.sink(app, "t.>")
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				rep, err := schedule(app, "delayd", hdr("Delayd-Target", "t.x", "Delayd-Delay", "10ms", "Delayd-Id", "a"), "x")
+				if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("schedule: %v", err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if s.waitCount(1, 5*time.Second) != 1 {
+				t.Fatal("not delivered")
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func mustNkey(t *testing.T, seedFile string) nats.Option {
+	t.Helper()
+	o, err := nats.NkeyOptionFromSeed(seedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// TestRedisACLAndTLS runs delayd against a TLS-only redis-server as an ACL
+// user that may only touch delayd's own keys.
+func TestRedisACLAndTLS(t *testing.T) {
+	certs := testutil.MakeCerts(t)
+	r := testutil.StartRedisTLS(t, certs)
+	admin := r.Client()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "delayd", "on", ">redis-secret", "resetkeys", "~{delayd:*",
+		"resetchannels", "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+time", "-@dangerous",
+		"+script|load", "+script|exists").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, redis: r, nats: testutil.StartNATS(t)}
+	c := e.cfg()
+	c.Redis.Addrs = []string{"rediss://" + r.Addr}
+	c.Redis.Username, c.Redis.Password = "delayd", "redis-secret"
+	c.Redis.TLS = config.TLS{CAFile: certs.CA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}
+	var logs syncBuffer
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- daemon(dctx, c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})) }()
+	e.waitService(c.Subject)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "acl.>")
+	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "acl.x", "Delayd-Delay", "50ms", "Delayd-Id", "r1"), "x")
+	if err != nil || rep.Header.Get("Nats-Service-Error") != "" {
+		t.Fatalf("schedule: %v %v\n%s", err, rep.Header, logs.String())
+	}
+	if s.waitCount(1, 5*time.Second) != 1 {
+		t.Fatalf("not delivered through TLS Redis with an ACL user:\n%s", logs.String())
+	}
+	// The ACL really restricts: the same user cannot touch other keys.
+	if err := admin.Set(ctx, "other:key", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "ACL", "DRYRUN", "delayd", "GET", "other:key").Err(); err == nil {
+		// DRYRUN answers OK or an error string; check the answer text.
+		v, _ := admin.Do(ctx, "ACL", "DRYRUN", "delayd", "GET", "other:key").Text()
+		if v == "OK" {
+			t.Fatal("ACL user may read keys outside delayd's namespace")
+		}
+	}
+	if strings.Contains(logs.String(), "redis-secret") {
+		t.Fatal("the Redis password appears in the log")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfigDumpRedactsSecrets(t *testing.T) {
+	env := map[string]string{
+		"DELAYD_REDIS_PASSWORD": "redis-pw-123",
+		"DELAYD_NATS_TOKEN":     "nats-token-456",
+		"DELAYD_NATS_URL":       "nats://user:url-pw-789@nats:4222",
+	}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"delayd", "config"}, func(k string) string { return env[k] }, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"redis-pw-123", "nats-token-456", "url-pw-789"} {
+		if strings.Contains(out.String(), secret) {
+			t.Errorf("config dump shows %q:\n%s", secret, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "REDACTED") {
+		t.Errorf("config dump does not mark redactions:\n%s", out.String())
+	}
+}
