@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -243,5 +244,78 @@ func TestConfigDumpRedactsSecrets(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "REDACTED") {
 		t.Errorf("config dump does not mark redactions:\n%s", out.String())
+	}
+}
+
+// TestNATSCredsFile runs delayd with a JWT user credentials file against a
+// nats-server in operator mode.
+func TestNATSCredsFile(t *testing.T) {
+	okp, _ := nkeys.CreateOperator()
+	opub, _ := okp.PublicKey()
+	akp, _ := nkeys.CreateAccount()
+	apub, _ := akp.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	ac := jwt.NewAccountClaims(apub)
+	ajwt, err := ac.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := func(name string) string {
+		ukp, _ := nkeys.CreateUser()
+		upub, _ := ukp.PublicKey()
+		uc := jwt.NewUserClaims(upub)
+		uc.IssuerAccount = apub
+		ujwt, err := uc.Encode(akp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seed, _ := ukp.Seed()
+		b, err := jwt.FormatUserConfig(ujwt, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(t.TempDir(), name+".creds")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	resolver := &server.MemAccResolver{}
+	if err := resolver.Store(apub, ajwt); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+		o.TrustedOperators = []*jwt.OperatorClaims{oc}
+		o.AccountResolver = resolver
+		o.JetStream = false
+	})}
+	c := e.cfg()
+	c.NATS.CredsFile = creds("delayd")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- daemon(ctx, c, hclog.NewNullLogger()) }()
+	app, err := nats.Connect(e.nats.URL(), nats.UserCredentials(creds("app")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	s := e.sink(app, "creds.>")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rep, err := schedule(app, "delayd", hdr("Delayd-Target", "creds.x", "Delayd-Delay", "10ms"), "x")
+		if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("schedule with creds: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if s.waitCount(1, 5*time.Second) != 1 {
+		t.Fatal("not delivered")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

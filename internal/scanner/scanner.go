@@ -220,6 +220,9 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		for _, c := range r.Items {
 			items = append(items, claimed{shard: r.Shard, Claimed: c})
 		}
+		if r.Missing > 0 {
+			s.log.Error("due ids without stored data were dropped (data deleted outside delayd?)", "shard", r.Shard, "count", r.Missing)
+		}
 		plan := r.NowMs() + s.opt.IdleInterval.Milliseconds()
 		switch {
 		case len(r.Items) == s.opt.ClaimBatch:

@@ -61,14 +61,15 @@ return n
 
 // claimScript moves up to ARGV[1] envelopes whose due time has passed from
 // due to inflight with a lease of ARGV[2] ms, counting the attempt.
-// Returns {now µs, next due ms or -1, next lease expiry ms or -1, then per
+// Returns {now µs, next due ms or -1, next lease expiry ms or -1, number of
+// due ids that had no data (removed behind delayd's back), then per
 // envelope: id, original due ms, attempt, data}. "now" is in µs so the
 // scanner can time its next wake-up to better than a millisecond.
 var claimScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = now + tonumber(ARGV[2])
-local out = {tonumber(t[1]) * 1000000 + tonumber(t[2]), -1, -1}
+local out = {tonumber(t[1]) * 1000000 + tonumber(t[2]), -1, -1, 0}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
 for i = 1, #ids, 2 do
   local id = ids[i]
@@ -88,6 +89,8 @@ for i = 1, #ids, 2 do
     out[#out+1] = due
     out[#out+1] = attempt
     out[#out+1] = data
+  else
+    out[4] = out[4] + 1
   end
 end
 local nd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')

@@ -268,7 +268,10 @@ type ClaimResult struct {
 	NowMicros   int64
 	NextDueMs   int64 // -1 when nothing else is pending
 	NextLeaseMs int64 // earliest lease expiry, -1 when nothing is in flight
-	Items       []Claimed
+	// Missing counts due ids whose data was gone (deleted outside delayd);
+	// they are dropped, and reported so nothing vanishes silently.
+	Missing int
+	Items   []Claimed
 }
 
 // NowMs is the claim's Redis time in whole milliseconds.
@@ -296,13 +299,13 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		if err != nil {
 			return nil, fmt.Errorf("store: claim shard %d: %w", shards[i], err)
 		}
-		const head = 3
+		const head = 4
 		if len(raw) < head || (len(raw)-head)%4 != 0 {
 			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
 		}
 		r := ClaimResult{
 			Shard: shards[i], NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
-			Items: make([]Claimed, 0, (len(raw)-head)/4),
+			Missing: int(asInt(raw[3])), Items: make([]Claimed, 0, (len(raw)-head)/4),
 		}
 		for j := head; j < len(raw); j += 4 {
 			id, _ := raw[j].(string)
