@@ -8,9 +8,13 @@ import "github.com/redis/go-redis/v9"
 // and reads "now" from Redis TIME, so daemons with skewed clocks agree.
 // Stored values carry an 8-byte version at bytes 2..9 (see envelope.Encode).
 
-// scheduleScript upserts a batch of envelopes of one shard.
-// ARGV: per envelope 4 values: id, mode ("a" absolute | "d" delay),
-// microseconds (since the epoch for "a", from now for "d"), encoded data.
+// scheduleScript upserts a batch of envelopes. KEYS hold the six keys of
+// each shard the batch touches, shard after shard (one shard under Redis
+// Cluster, where a script must stay in one slot; any number on a single
+// Redis, so a whole intake batch is one call).
+// ARGV: per envelope 5 values: k (KEYS offset of its shard: 0, 6, 12...),
+// id, mode ("a" absolute | "d" delay), microseconds (since the epoch for "a",
+// from now for "d"), encoded data.
 // Returns the due time in ms of each envelope. The due time is rounded up
 // to the millisecond so that a claim at "now ms" is never early.
 // A replace drops any claim in flight for the id: the older delivery may
@@ -19,18 +23,19 @@ var scheduleScript = redis.NewScript(`
 local t = redis.call('TIME')
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out = {}
-for i = 1, #ARGV, 4 do
-  local id = ARGV[i]
-  local us = tonumber(ARGV[i+2])
-  if ARGV[i+1] == 'd' then us = nowus + us end
+for i = 1, #ARGV, 5 do
+  local k = tonumber(ARGV[i])
+  local id = ARGV[i+1]
+  local us = tonumber(ARGV[i+3])
+  if ARGV[i+2] == 'd' then us = nowus + us end
   local due = math.ceil(us / 1000)
-  redis.call('ZADD', KEYS[1], due, id)
-  if redis.call('HSET', KEYS[3], id, ARGV[i+3]) == 0 then
+  redis.call('ZADD', KEYS[k+1], due, id)
+  if redis.call('HSET', KEYS[k+3], id, ARGV[i+4]) == 0 then
     -- A replace: forget any claim, attempts, error or death of the old one.
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('ZREM', KEYS[5], id)
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[6], id)
+    redis.call('ZREM', KEYS[k+2], id)
+    redis.call('ZREM', KEYS[k+5], id)
+    redis.call('HDEL', KEYS[k+4], id)
+    redis.call('HDEL', KEYS[k+6], id)
   end
   out[#out+1] = due
 end

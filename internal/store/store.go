@@ -20,6 +20,8 @@ type Store struct {
 	ns     string
 	shards int
 	keys   []shardKeys
+	// cluster: every script call must stay within one shard's slot.
+	cluster bool
 }
 
 // Options selects the Redis deployment.
@@ -69,7 +71,8 @@ func NewClient(o Options) redis.UniversalClient {
 
 // New returns a store over rdb with the namespace and fixed shard count.
 func New(rdb redis.UniversalClient, ns string, shards int) *Store {
-	s := &Store{rdb: rdb, ns: ns, shards: shards, keys: make([]shardKeys, shards)}
+	_, cluster := rdb.(*redis.ClusterClient)
+	s := &Store{rdb: rdb, ns: ns, shards: shards, keys: make([]shardKeys, shards), cluster: cluster}
 	for i := range s.keys {
 		s.keys[i] = keysFor(ns, i)
 	}
@@ -110,31 +113,43 @@ type Item struct {
 	Data        []byte
 }
 
-// Schedule upserts items, grouped per shard into one script call each and
-// sent in one pipeline. It returns each item's due time in ms since the epoch.
+// Schedule upserts items and returns each one's due time in ms since the
+// epoch. On a single Redis the whole batch is one script call; under
+// Cluster it is one call per shard (a script must stay in one slot), all in
+// one pipeline.
 func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, error) {
-	byShard := map[int][]int{}
+	type call struct {
+		idx   []int
+		keys  []string
+		args  []any
+		slots map[int]int // shard → KEYS offset
+	}
+	var calls []*call
+	byShard := map[int]*call{}
 	for i, it := range items {
 		sh := s.Shard(it.ID)
-		byShard[sh] = append(byShard[sh], i)
-	}
-	type call struct {
-		idx  []int
-		keys []string
-		args []any
-	}
-	calls := make([]call, 0, len(byShard))
-	for sh, idx := range byShard {
-		args := make([]any, 0, 4*len(idx))
-		for _, i := range idx {
-			it := items[i]
-			mode, us := "d", it.DelayMicros
-			if it.Absolute {
-				mode, us = "a", it.AtMicros
+		c := byShard[sh]
+		if c == nil {
+			if s.cluster || len(calls) == 0 {
+				c = &call{slots: map[int]int{}}
+				calls = append(calls, c)
+			} else {
+				c = calls[0]
 			}
-			args = append(args, it.ID, mode, us, it.Data)
+			byShard[sh] = c
 		}
-		calls = append(calls, call{idx: idx, keys: s.keys[sh].list(), args: args})
+		off, ok := c.slots[sh]
+		if !ok {
+			off = len(c.keys)
+			c.slots[sh] = off
+			c.keys = append(c.keys, s.keys[sh].list()...)
+		}
+		mode, us := "d", it.DelayMicros
+		if it.Absolute {
+			mode, us = "a", it.AtMicros
+		}
+		c.idx = append(c.idx, i)
+		c.args = append(c.args, off, it.ID, mode, us, it.Data)
 	}
 	cmds, err := s.pipelined(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
 		return calls[i].keys, calls[i].args
