@@ -91,7 +91,7 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 	r.Payload = payload
 	r.Header = pass
 
-	r.Target = ctl[HeaderTarget]
+	r.Target, _ = ctl.get(slotTarget)
 	switch {
 	case r.Target == "":
 		return r, reject(CodeBadRequest, "missing header %s", HeaderTarget)
@@ -101,15 +101,15 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 		return r, reject(CodeForbidden, "target %q is not allowed", r.Target)
 	}
 
-	if id, ok := ctl[HeaderID]; ok {
+	if id, ok := ctl.get(slotID); ok {
 		if err := validID(id, lim.MaxIDLen); err != nil {
 			return r, err
 		}
 		r.ID = id
 	}
 
-	at, hasAt := ctl[HeaderAt]
-	delay, hasDelay := ctl[HeaderDelay]
+	at, hasAt := ctl.get(slotAt)
+	delay, hasDelay := ctl.get(slotDelay)
 	switch {
 	case hasAt == hasDelay:
 		return r, reject(CodeBadRequest, "exactly one of %s and %s is required", HeaderAt, HeaderDelay)
@@ -146,7 +146,7 @@ func ParseID(h map[string][]string, lim Limits) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	id, ok := ctl[HeaderID]
+	id, ok := ctl.get(slotID)
 	if !ok {
 		return "", reject(CodeBadRequest, "missing header %s", HeaderID)
 	}
@@ -170,11 +170,29 @@ func validID(id string, max int) error {
 	return nil
 }
 
-// splitHeaders separates Delayd-* control headers (canonical name → single
-// value) from the headers that travel with the payload, enforcing the header
-// count and size limits.
-func splitHeaders(h map[string][]string, lim Limits) (map[string]string, map[string][]string, error) {
-	var ctl map[string]string
+// control holds the Delayd-* control headers of a request. A fixed struct
+// rather than a map: this runs for every request.
+type control struct {
+	vals [4]string
+	seen [4]bool
+}
+
+// controlNames are the control headers a request may carry, in slot order.
+var controlNames = [4]string{HeaderTarget, HeaderAt, HeaderDelay, HeaderID}
+
+const (
+	slotTarget = iota
+	slotAt
+	slotDelay
+	slotID
+)
+
+func (c control) get(slot int) (string, bool) { return c.vals[slot], c.seen[slot] }
+
+// splitHeaders separates Delayd-* control headers from the headers that
+// travel with the payload, enforcing the header count and size limits.
+func splitHeaders(h map[string][]string, lim Limits) (control, map[string][]string, error) {
+	var ctl control
 	var pass map[string][]string
 	count, size := 0, 0
 	for k, vs := range h {
@@ -184,38 +202,31 @@ func splitHeaders(h map[string][]string, lim Limits) (map[string]string, map[str
 			size += len(v)
 		}
 		if count > lim.MaxHeaders {
-			return nil, nil, reject(CodeTooLarge, "more than %d header values", lim.MaxHeaders)
+			return ctl, nil, reject(CodeTooLarge, "more than %d header values", lim.MaxHeaders)
 		}
 		if size > lim.MaxHeaderBytes {
-			return nil, nil, reject(CodeTooLarge, "headers exceed %d bytes", lim.MaxHeaderBytes)
+			return ctl, nil, reject(CodeTooLarge, "headers exceed %d bytes", lim.MaxHeaderBytes)
 		}
 		if len(k) >= len(controlPrefix) && strings.EqualFold(k[:len(controlPrefix)], controlPrefix) {
-			name := canonicalControl(k)
-			if name == "" {
-				return nil, nil, reject(CodeBadRequest, "unknown control header %q", k)
+			slot := -1
+			for i, name := range controlNames {
+				if strings.EqualFold(k, name) {
+					slot = i
+				}
 			}
-			if ctl == nil {
-				ctl = make(map[string]string, 4)
+			if slot < 0 {
+				return ctl, nil, reject(CodeBadRequest, "unknown control header %q", k)
 			}
-			if _, dup := ctl[name]; dup || len(vs) != 1 {
-				return nil, nil, reject(CodeBadRequest, "header %s must appear exactly once", name)
+			if ctl.seen[slot] || len(vs) != 1 {
+				return ctl, nil, reject(CodeBadRequest, "header %s must appear exactly once", controlNames[slot])
 			}
-			ctl[name] = strings.TrimSpace(vs[0])
+			ctl.vals[slot], ctl.seen[slot] = strings.TrimSpace(vs[0]), true
 			continue
 		}
 		if pass == nil {
-			pass = make(map[string][]string)
+			pass = make(map[string][]string, len(h))
 		}
 		pass[k] = vs
 	}
 	return ctl, pass, nil
-}
-
-func canonicalControl(k string) string {
-	for _, name := range []string{HeaderTarget, HeaderAt, HeaderDelay, HeaderID} {
-		if strings.EqualFold(k, name) {
-			return name
-		}
-	}
-	return ""
 }
