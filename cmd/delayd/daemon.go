@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nuid"
 
 	"github.com/delayd/delayd/internal/admin"
 	"github.com/delayd/delayd/internal/bridge"
@@ -75,8 +76,9 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 			"nats", c.NATS.URL, "redis", srv.RedisAddr)
 	}
 
-	metrics := admin.NewMetrics(buildVersion(), c.Shards)
+	metrics := admin.NewMetrics(buildVersion())
 	store.SetLogger(log.Named("redis"))
+	log.Info("roles", "mode", c.Mode)
 	ropts, err := redisOptions(c)
 	if err != nil {
 		return err
@@ -105,33 +107,48 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	}
 	scanOpts := scanner.Options{
 		ClaimBatch: c.Scanner.ClaimBatch, Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
-		RetryBackoff: c.Scanner.RetryBackoff, MaxAttempts: c.Scanner.MaxAttempts,
+		RetryBackoff: c.Scanner.RetryBackoff, MaxAttempts: c.Scanner.MaxAttempts, Shared: true,
 	}
 	if c.Dead.Publish {
 		scanOpts.DeadSubject = c.Subject + ".dead"
 	}
+	var relay *bridge.WakeRelay
+	scanOpts.Announce = func(shard int, dueMs int64) { relay.Announce(shard, dueMs) }
 	sc := scanner.New(st, pub, metrics, scanOpts, log.Named("scanner"))
+	relay = bridge.NewWakeRelay(out, c.Subject, sc.WakeLocal, log.Named("wake"))
 	intake := bridge.NewIntake(in, st, st, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), Now: o.now,
 	}, log.Named("intake"))
+	id := c.NATS.Name + "-" + nuid.Next()
+	own := scanner.NewOwnership(st, sc, id, c.Ownership.TTL, log.Named("ownership"))
 
-	// Stopped in this order: intake first (answer what was taken), then the
-	// scanner (finish what was claimed), the admin server last so probes
-	// and metrics stay up while the rest drains.
-	comps := []component{
-		{"intake", intake.Run},
-		{"scanner", sc.Run},
-		{"ready", func(ctx context.Context) error { waitReady(ctx, st, out.IsConnected, log); <-ctx.Done(); return nil }},
-		{"sampler", func(ctx context.Context) error {
-			metrics.Sample(ctx, st, c.HTTP.SampleInterval, log.Named("admin"))
-			return nil
-		}},
+	// Stopped in this order: intake first (answer what was taken), then
+	// ownership (release the shards at once), the scanner (finish what was
+	// claimed), and the admin server last, so probes and metrics stay up
+	// while the rest drains.
+	var comps []component
+	if c.Mode != "scanner" {
+		comps = append(comps, component{"intake", intake.Run})
+	} else {
+		in.Close()
 	}
+	if c.Mode != "intake" {
+		comps = append(comps,
+			component{"ownership", own.Run},
+			component{"scanner", sc.Run},
+			component{"wake", relay.Run})
+	}
+	comps = append(comps,
+		component{"ready", func(ctx context.Context) error { waitReady(ctx, st, out.IsConnected, log); <-ctx.Done(); return nil }},
+		component{"sampler", func(ctx context.Context) error {
+			metrics.Sample(ctx, st, sc.Owned, c.HTTP.SampleInterval, log.Named("admin"))
+			return nil
+		}})
 	if c.HTTP.Addr != "" {
 		srv, err := admin.Listen(c.HTTP.Addr, metrics, []admin.Check{
 			{Name: "nats", Fn: func(context.Context) error {
-				if !in.IsConnected() || !out.IsConnected() {
+				if (c.Mode != "scanner" && !in.IsConnected()) || !out.IsConnected() {
 					return errors.New("not connected")
 				}
 				return nil

@@ -40,6 +40,7 @@ func (e *env) cfg() config.Config {
 	c.Scanner.Lease = 2 * time.Second
 	c.Scanner.IdleInterval = 200 * time.Millisecond
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
+	c.Ownership.TTL = time.Second
 	c.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(e.t))
 	return c
 }

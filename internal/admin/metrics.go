@@ -35,7 +35,7 @@ type Metrics struct {
 }
 
 // NewMetrics registers every metric, plus the Go and process collectors.
-func NewMetrics(version string, shards int) *Metrics {
+func NewMetrics(version string) *Metrics {
 	reg := prometheus.NewRegistry()
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m := &Metrics{
@@ -57,13 +57,13 @@ func NewMetrics(version string, shards int) *Metrics {
 		deadTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_envelopes_dead_total",
 			Help: "Envelopes moved to the dead set after max attempts."}),
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_pending_envelopes",
-			Help: "Envelopes waiting to fall due (sampled)."}),
+			Help: "Envelopes waiting to fall due in the shards this daemon owns (sampled; sum over daemons)."}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_inflight_envelopes",
-			Help: "Envelopes claimed and not yet acknowledged (sampled)."}),
+			Help: "Envelopes claimed and not yet acknowledged in the shards this daemon owns (sampled)."}),
 		dead: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_dead_envelopes",
-			Help: "Envelopes in the dead set (sampled)."}),
+			Help: "Envelopes in the dead set of the shards this daemon owns (sampled)."}),
 		oldestOverdue: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_oldest_overdue_seconds",
-			Help: "How far past due the earliest pending envelope is; 0 when none is overdue (sampled)."}),
+			Help: "How far past due the earliest pending envelope of the owned shards is; 0 when none is (sampled)."}),
 		shardsOwned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_shards_owned",
 			Help: "Shards this daemon scans."}),
 	}
@@ -76,7 +76,6 @@ func NewMetrics(version string, shards int) *Metrics {
 		Help: "Always 1; labels carry the build."}, []string{"version", "goversion"})
 	f(build)
 	build.WithLabelValues(version, runtime.Version()).Set(1)
-	m.shardsOwned.Set(float64(shards))
 	for _, r := range []string{"stored", "bad_request", "forbidden", "too_large", "unavailable"} {
 		m.received.WithLabelValues(r)
 	}
@@ -122,6 +121,9 @@ func (m *Metrics) Claimed(_ int, took time.Duration) { m.claimDuration.Observe(t
 // Dead counts envelopes moved to the dead set.
 func (m *Metrics) Dead(_, n int) { m.deadTotal.Add(float64(n)) }
 
+// ShardsOwned sets how many shards this daemon scans.
+func (m *Metrics) ShardsOwned(n int) { m.shardsOwned.Set(float64(n)) }
+
 // RedisError counts a failed Redis call.
 func (m *Metrics) RedisError() { m.redisErrors.Inc() }
 
@@ -130,16 +132,19 @@ func (m *Metrics) NATSReconnect() { m.natsReconnects.Inc() }
 
 // StatsSource is where the sampled gauges come from.
 type StatsSource interface {
-	Stats(ctx context.Context) ([]store.ShardStats, int64, error)
+	Stats(ctx context.Context, shards ...int) ([]store.ShardStats, int64, error)
 }
 
-// Sample refreshes the sampled gauges every interval until ctx is done.
-// One pipeline of ZCARDs and ZRANGE 0 0 per shard: never a scan.
-func (m *Metrics) Sample(ctx context.Context, src StatsSource, every time.Duration, log hclog.Logger) {
+// Sample refreshes the sampled gauges every interval until ctx is done,
+// for the shards owned() returns: each daemon reports the shards it scans,
+// so Redis load stays flat as daemons are added and the fleet's total is
+// the sum over daemons. One pipeline of ZCARDs and ZRANGE 0 0 per shard:
+// never a scan.
+func (m *Metrics) Sample(ctx context.Context, src StatsSource, owned func() []int, every time.Duration, log hclog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		m.sampleOnce(ctx, src, log)
+		m.sampleOnce(ctx, src, owned(), log)
 		select {
 		case <-ctx.Done():
 			return
@@ -148,10 +153,17 @@ func (m *Metrics) Sample(ctx context.Context, src StatsSource, every time.Durati
 	}
 }
 
-func (m *Metrics) sampleOnce(ctx context.Context, src StatsSource, log hclog.Logger) {
+func (m *Metrics) sampleOnce(ctx context.Context, src StatsSource, owned []int, log hclog.Logger) {
+	if len(owned) == 0 {
+		m.pending.Set(0)
+		m.inflight.Set(0)
+		m.dead.Set(0)
+		m.oldestOverdue.Set(0)
+		return
+	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	shards, nowMs, err := src.Stats(sctx)
+	shards, nowMs, err := src.Stats(sctx, owned...)
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Debug("sampling gauges failed", "error", err)

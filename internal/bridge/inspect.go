@@ -16,7 +16,7 @@ import (
 type Inspector interface {
 	Get(ctx context.Context, id string) (store.Entry, error)
 	List(ctx context.Context, o store.ListOptions) ([]store.Entry, store.Cursor, bool, error)
-	Stats(ctx context.Context) ([]store.ShardStats, int64, error)
+	Stats(ctx context.Context, shards ...int) ([]store.ShardStats, int64, error)
 	Replay(ctx context.Context, ids []string) (int, error)
 	Purge(ctx context.Context, ids []string) (int, error)
 }

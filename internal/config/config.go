@@ -24,6 +24,11 @@ type Config struct {
 	// Subject is the NATS subject prefix of the service endpoints.
 	Subject  string `koanf:"subject"`
 	Embedded bool   `koanf:"embedded"`
+	// Mode picks the roles of this daemon: all (intake and scanning),
+	// intake (answer schedule requests only) or scanner (deliver only).
+	Mode string `koanf:"mode"`
+	// Ownership shares the shards among the scanning daemons.
+	Ownership Ownership `koanf:"ownership"`
 
 	NATS     NATS     `koanf:"nats"`
 	Redis    Redis    `koanf:"redis"`
@@ -67,10 +72,22 @@ type TLS struct {
 	KeyFile  string `koanf:"key_file"`
 }
 
+// Ownership tunes the shard leases.
+type Ownership struct {
+	// TTL of a shard lease: a dead daemon's shards pass to the others
+	// within about this long; leases are renewed every TTL/3.
+	TTL time.Duration `koanf:"ttl"`
+}
+
 // Redis is where envelopes are kept.
 type Redis struct {
-	// Addrs are host:port; a rediss:// prefix turns TLS on.
-	Addrs    []string `koanf:"addrs"`
+	// Addrs are host:port; a rediss:// prefix turns TLS on. Several
+	// addresses select Redis Cluster (or, with MasterName, Sentinels).
+	Addrs []string `koanf:"addrs"`
+	// Cluster forces the Cluster client with a single address.
+	Cluster bool `koanf:"cluster"`
+	// MasterName selects Sentinel: Addrs are the sentinels.
+	MasterName string `koanf:"master_name"`
 	Username string   `koanf:"username"`
 	Password string   `koanf:"password"`
 	DB       int      `koanf:"db"`
@@ -144,6 +161,8 @@ func Default() Config {
 		Namespace: "delayd",
 		Shards:    16,
 		Subject:   "delayd",
+		Mode:      "all",
+		Ownership: Ownership{TTL: 5 * time.Second},
 		NATS:      NATS{URL: "nats://127.0.0.1:4222", Name: "delayd"},
 		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}},
 		Scanner: Scanner{
@@ -181,6 +200,17 @@ func (c Config) Validate() error {
 	}
 	if c.Namespace == "" || strings.ContainsAny(c.Namespace, "{}") {
 		bad("namespace", "must be non-empty and contain no braces, got %q", c.Namespace)
+	}
+	switch c.Mode {
+	case "all", "intake", "scanner":
+	default:
+		bad("mode", "must be all, intake or scanner, got %q", c.Mode)
+	}
+	if c.Ownership.TTL < 300*time.Millisecond {
+		bad("ownership.ttl", "must be at least 300ms, got %s", c.Ownership.TTL)
+	}
+	if c.Redis.Cluster && c.Redis.MasterName != "" {
+		bad("redis", "cluster and master_name exclude each other")
 	}
 	if c.Shards < 1 || c.Shards > 16384 {
 		bad("shards", "must be 1..16384, got %d", c.Shards)

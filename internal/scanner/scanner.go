@@ -53,6 +53,7 @@ type Observer interface {
 	Claimed(shards int, took time.Duration)
 	Dead(shard, n int)
 	RedisError()
+	ShardsOwned(n int)
 }
 
 // Options tune the scanner; see config.Scanner.
@@ -67,6 +68,12 @@ type Options struct {
 	// DeadSubject, if set, is the prefix dead envelopes are also published
 	// under: <DeadSubject>.<target>, with a Delayd-Error header.
 	DeadSubject string
+	// Shared: shards are owned through an Ownership and scanned only while
+	// owned. Otherwise this scanner scans every shard.
+	Shared bool
+	// Announce, if set, tells the owner of a shard this daemon does not
+	// own that an envelope falls due there (a cross-daemon wake-up).
+	Announce func(shard int, dueMs int64)
 }
 
 // Scanner runs the claim/publish/ack loop over every shard.
@@ -79,7 +86,12 @@ type Scanner struct {
 	// next[s] is the Redis time (ms) shard s must be claimed at: its next
 	// due time or lease expiry. Wake lowers it from intake goroutines.
 	next []atomic.Int64
-	wake chan struct{}
+	// owned[s]: this daemon scans shard s.
+	owned []atomic.Bool
+	// announced[s]: the earliest due time (ms) announced to the owner of
+	// unowned shard s; no need to announce later ones until it passes.
+	announced []atomic.Int64
+	wake      chan struct{}
 	// toPublish feeds the publish stage; only the Run loop sends.
 	toPublish chan<- []claimed
 	// clock maps local monotonic time to Redis time, from the last claim.
@@ -88,15 +100,91 @@ type Scanner struct {
 
 // New builds a scanner over every shard of st.
 func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *Scanner {
+	n := st.Shards()
 	s := &Scanner{store: st, pub: pub, obs: obs, opt: opt, log: log,
-		next: make([]atomic.Int64, st.Shards()), wake: make(chan struct{}, 1)}
-	return s // next is all zero: every shard is claimed at start
+		next: make([]atomic.Int64, n), owned: make([]atomic.Bool, n), announced: make([]atomic.Int64, n),
+		wake: make(chan struct{}, 1)}
+	s.clock.base = time.Now()
+	for i := range s.owned {
+		s.owned[i].Store(!opt.Shared)
+	}
+	return s // next is all zero: every owned shard is claimed at start
+}
+
+// Owned lists the shards this daemon scans now.
+func (s *Scanner) Owned() []int {
+	var out []int
+	for sh := range s.owned {
+		if s.owned[sh].Load() {
+			out = append(out, sh)
+		}
+	}
+	return out
+}
+
+// SetOwned changes which shards this daemon scans. A newly owned shard is
+// claimed at once: it may have been waiting for an owner.
+func (s *Scanner) SetOwned(owned []bool) {
+	n := 0
+	for sh, own := range owned {
+		if own {
+			n++
+		}
+		if own && !s.owned[sh].Load() {
+			s.next[sh].Store(0)
+		}
+		s.owned[sh].Store(own)
+	}
+	if s.obs != nil {
+		s.obs.ShardsOwned(n)
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Wake tells the scanner that an envelope due at dueMs (Redis time) was
-// stored in shard; it rescans at once if that is earlier than its plan.
+// stored in shard: it rescans at once if that is earlier than its plan, or,
+// if another daemon owns the shard, announces it to that owner.
 func (s *Scanner) Wake(shard int, dueMs int64) {
 	if shard < 0 || shard >= len(s.next) {
+		return
+	}
+	if !s.owned[shard].Load() {
+		s.announce(shard, dueMs)
+		return
+	}
+	s.WakeLocal(shard, dueMs)
+}
+
+// announce passes a due time to the shard's owner unless an earlier one,
+// still in the future, was announced already: the owner's claim at that
+// time returns the next due time, this one included.
+func (s *Scanner) announce(shard int, dueMs int64) {
+	if s.opt.Announce == nil {
+		return
+	}
+	now := s.clock.nowMs()
+	if now == 0 {
+		now = time.Now().UnixMilli() // no claim yet to read Redis time from
+	}
+	for {
+		prev := s.announced[shard].Load()
+		if prev != 0 && prev > now && prev <= dueMs {
+			return
+		}
+		if s.announced[shard].CompareAndSwap(prev, dueMs) {
+			break
+		}
+	}
+	s.opt.Announce(shard, dueMs)
+}
+
+// WakeLocal is Wake for a shard this daemon owns (or an announcement from
+// another daemon): it never announces further.
+func (s *Scanner) WakeLocal(shard int, dueMs int64) {
+	if shard < 0 || shard >= len(s.next) || !s.owned[shard].Load() {
 		return
 	}
 	for {
@@ -143,6 +231,9 @@ func (s *Scanner) Run(ctx context.Context) error {
 		due = due[:0]
 		earliest := int64(math.MaxInt64)
 		for sh := range s.next {
+			if !s.owned[sh].Load() {
+				continue
+			}
 			at := s.next[sh].Load()
 			if at <= nowMs {
 				due = append(due, sh)
@@ -455,29 +546,34 @@ func (s *Scanner) sleep(ctx context.Context, timer *time.Timer, d time.Duration)
 // redisClock estimates Redis time from the local monotonic clock. It is
 // anchored at the moment a claim reply arrived, which is after Redis read
 // its clock, so the estimate runs slightly behind Redis: wake-ups are a
-// little late, never early. It is only touched by the scanner loop.
+// little late, never early. The loop sets it; intake goroutines read it.
 type redisClock struct {
-	redisMicros int64
-	local       time.Time
+	base        time.Time    // local monotonic origin
+	redisMicros atomic.Int64 // Redis time at the anchor
+	localNanos  atomic.Int64 // the anchor, as time since base
 }
 
 func (c *redisClock) set(redisMicros int64, local time.Time) {
-	c.redisMicros, c.local = redisMicros, local
+	c.localNanos.Store(int64(local.Sub(c.base)))
+	c.redisMicros.Store(redisMicros)
 }
 
 func (c *redisClock) nowMs() int64 {
-	if c.local.IsZero() {
+	r := c.redisMicros.Load()
+	if r == 0 {
 		return 0 // before the first claim every plan of 0 is due
 	}
-	return (c.redisMicros + time.Since(c.local).Microseconds()) / 1000
+	return (r + (time.Since(c.base).Nanoseconds()-c.localNanos.Load())/1000) / 1000
 }
 
 // until returns the local duration until Redis time atMs.
 func (c *redisClock) until(atMs int64) time.Duration {
-	if atMs == math.MaxInt64 || c.local.IsZero() {
+	r := c.redisMicros.Load()
+	if atMs == math.MaxInt64 || r == 0 {
 		return math.MaxInt64
 	}
-	return time.Duration(atMs*1000-c.redisMicros)*time.Microsecond - time.Since(c.local)
+	elapsed := time.Since(c.base) - time.Duration(c.localNanos.Load())
+	return time.Duration(atMs*1000-r)*time.Microsecond - elapsed
 }
 
 // pausePoll is how often a scanner paused by a NATS outage looks again.

@@ -160,28 +160,36 @@ type ShardStats struct {
 	NextDueMs int64 // -1 when nothing is pending
 }
 
-// Stats returns every shard's sizes and next due time in one pipeline of
-// O(1)/O(log n) commands, plus Redis' current time in ms.
-func (s *Store) Stats(ctx context.Context) ([]ShardStats, int64, error) {
+// Stats returns the sizes and next due time of the given shards (all when
+// none are given) in one pipeline of O(1)/O(log n) commands, plus Redis'
+// current time in ms.
+func (s *Store) Stats(ctx context.Context, shards ...int) ([]ShardStats, int64, error) {
+	if len(shards) == 0 {
+		shards = make([]int, s.shards)
+		for i := range shards {
+			shards[i] = i
+		}
+	}
 	pipe := s.rdb.Pipeline()
 	type cmds struct {
 		p, i, d *redis.IntCmd
 		next    *redis.ZSliceCmd
 	}
-	cs := make([]cmds, s.shards)
-	for sh, k := range s.keys {
-		cs[sh] = cmds{pipe.ZCard(ctx, k.due), pipe.ZCard(ctx, k.inflight), pipe.ZCard(ctx, k.dead),
+	cs := make([]cmds, len(shards))
+	for j, sh := range shards {
+		k := s.keys[sh]
+		cs[j] = cmds{pipe.ZCard(ctx, k.due), pipe.ZCard(ctx, k.inflight), pipe.ZCard(ctx, k.dead),
 			pipe.ZRangeWithScores(ctx, k.due, 0, 0)}
 	}
 	now := pipe.Time(ctx)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, 0, fmt.Errorf("store: stats: %w", err)
 	}
-	out := make([]ShardStats, s.shards)
-	for sh, c := range cs {
-		out[sh] = ShardStats{Shard: sh, Counts: Counts{Pending: c.p.Val(), Inflight: c.i.Val(), Dead: c.d.Val()}, NextDueMs: -1}
+	out := make([]ShardStats, len(shards))
+	for j, c := range cs {
+		out[j] = ShardStats{Shard: shards[j], Counts: Counts{Pending: c.p.Val(), Inflight: c.i.Val(), Dead: c.d.Val()}, NextDueMs: -1}
 		if z := c.next.Val(); len(z) > 0 {
-			out[sh].NextDueMs = int64(z[0].Score)
+			out[j].NextDueMs = int64(z[0].Score)
 		}
 	}
 	return out, now.Val().UnixMilli(), nil

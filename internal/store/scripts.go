@@ -187,4 +187,4 @@ end
 return n
 `)
 
-var allScripts = []*redis.Script{scheduleScript, cancelScript, claimScript, ackScript, reapScript, replayScript}
+var allScripts = []*redis.Script{scheduleScript, cancelScript, claimScript, ackScript, reapScript, replayScript, heartbeatScript, ownScript}

@@ -34,6 +34,10 @@ type Options struct {
 	// TLS, if not nil, is used for every connection (CA, client cert).
 	// A rediss:// address turns TLS on with the system roots if it is nil.
 	TLS *tls.Config
+	// Cluster forces Redis Cluster with one address (several imply it).
+	Cluster bool
+	// MasterName selects Sentinel; Addrs are then the sentinels.
+	MasterName string
 }
 
 // NewClient builds a go-redis client for the options. A single address
@@ -60,6 +64,11 @@ func NewClient(o Options) redis.UniversalClient {
 		Password:  o.Password,
 		DB:        o.DB,
 		TLSConfig: o.TLS,
+		// go-redis follows MOVED and ASK and retries TRYAGAIN and
+		// CLUSTERDOWN within these redirects.
+		MaxRedirects:  8,
+		IsClusterMode: o.Cluster,
+		MasterName:    o.MasterName,
 		// Fail fast and let the callers back off: the intake answers 503
 		// and the scanner retries, neither should hang on a dead Redis.
 		DialTimeout:  2 * time.Second,

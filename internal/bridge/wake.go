@@ -1,0 +1,54 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+)
+
+// WakeRelay carries cross-daemon wake-ups: when a daemon stores an envelope
+// in a shard another daemon owns, due before that owner would look again,
+// it publishes a tiny message on <subject>.wake.<shard> carrying the due
+// time; every scanning daemon listens and wakes if it owns the shard.
+type WakeRelay struct {
+	nc     *nats.Conn
+	prefix string
+	local  func(shard int, dueMs int64)
+	log    hclog.Logger
+}
+
+// NewWakeRelay relays on nc under <subject>.wake; local is called for
+// wake-ups received (it ignores shards this daemon does not own).
+func NewWakeRelay(nc *nats.Conn, subject string, local func(shard int, dueMs int64), log hclog.Logger) *WakeRelay {
+	return &WakeRelay{nc: nc, prefix: subject + ".wake", local: local, log: log}
+}
+
+// Announce publishes a wake-up for shard. It is best effort: a lost one
+// costs at most the owner's idle interval, never an envelope.
+func (w *WakeRelay) Announce(shard int, dueMs int64) {
+	if err := w.nc.Publish(w.prefix+"."+strconv.Itoa(shard), strconv.AppendInt(nil, dueMs, 10)); err != nil {
+		w.log.Debug("wake-up not sent", "shard", shard, "error", err)
+	}
+}
+
+// Run listens for wake-ups until ctx is done.
+func (w *WakeRelay) Run(ctx context.Context) error {
+	sub, err := w.nc.Subscribe(w.prefix+".*", func(m *nats.Msg) {
+		shard, err1 := strconv.Atoi(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
+		due, err2 := strconv.ParseInt(string(m.Data), 10, 64)
+		if err1 != nil || err2 != nil {
+			w.log.Debug("malformed wake-up ignored", "subject", m.Subject)
+			return
+		}
+		w.local(shard, due)
+	})
+	if err != nil {
+		return fmt.Errorf("bridge: wake subscription: %w", err)
+	}
+	<-ctx.Done()
+	return sub.Unsubscribe()
+}

@@ -1,0 +1,161 @@
+package scanner
+
+import (
+	"context"
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// OwnerStore is what shard ownership needs from Redis.
+type OwnerStore interface {
+	Heartbeat(ctx context.Context, id string, ttl time.Duration) ([]string, int64, error)
+	Own(ctx context.Context, id string, ttl time.Duration, hold, release []int) ([]bool, error)
+}
+
+// Ownership keeps this daemon's share of the shards: it heartbeats into the
+// member set, computes which shards it should scan from the live members,
+// holds those leases and releases the others, and tells the scanner.
+//
+// The assignment is rendezvous hashing of (member, shard): every daemon
+// computes the same answer from the same member list, each gets about
+// shards/members, and a member joining or leaving moves only the shards it
+// gains or loses, so a rebalance is never a storm. A shard changes hands only
+// when its old owner releases it (at its next round) or its lease expires
+// (the owner died): two owners never hold one lease, and even a moment of
+// double scanning would cost nothing but time, because claims are atomic.
+type Ownership struct {
+	st     OwnerStore
+	sc     *Scanner
+	id     string
+	ttl    time.Duration
+	log    hclog.Logger
+	owned  []bool
+	failed bool
+}
+
+// NewOwnership manages the shards of sc for the daemon with id. ttl is the
+// lease: a dead daemon's shards are taken over within about ttl.
+func NewOwnership(st OwnerStore, sc *Scanner, id string, ttl time.Duration, log hclog.Logger) *Ownership {
+	return &Ownership{st: st, sc: sc, id: id, ttl: ttl, log: log, owned: make([]bool, len(sc.next))}
+}
+
+// Run renews ownership every third of the lease until ctx is done, then
+// releases every shard and leaves the member set, so a graceful stop hands
+// the shards over at once.
+func (o *Ownership) Run(ctx context.Context) error {
+	t := time.NewTicker(o.ttl / 3)
+	defer t.Stop()
+	for {
+		o.round(ctx)
+		select {
+		case <-ctx.Done():
+			o.leave()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (o *Ownership) round(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, o.ttl/3)
+	defer cancel()
+	members, _, err := o.st.Heartbeat(rctx, o.id, o.ttl)
+	if err == nil {
+		hold, release := o.plan(members)
+		var got []bool
+		if got, err = o.st.Own(rctx, o.id, o.ttl, hold, release); err == nil {
+			next := make([]bool, len(o.owned))
+			for i, sh := range hold {
+				next[sh] = got[i]
+			}
+			o.apply(next, len(members))
+		}
+	}
+	if err != nil {
+		if ctx.Err() == nil && !o.failed {
+			o.log.Warn("ownership round failed; leases will lapse if Redis stays away", "error", err)
+		}
+		o.failed = true
+		return
+	}
+	if o.failed {
+		o.log.Info("ownership round recovered")
+		o.failed = false
+	}
+}
+
+// plan returns the shards this daemon should hold and those it holds but
+// should give up.
+func (o *Ownership) plan(members []string) (hold, release []int) {
+	for sh := range o.owned {
+		if winner(members, sh) == o.id {
+			hold = append(hold, sh)
+		} else if o.owned[sh] {
+			release = append(release, sh)
+		}
+	}
+	return hold, release
+}
+
+func (o *Ownership) apply(next []bool, members int) {
+	changed, n := false, 0
+	for sh, own := range next {
+		if own != o.owned[sh] {
+			changed = true
+		}
+		if own {
+			n++
+		}
+	}
+	o.owned = next
+	o.sc.SetOwned(next)
+	if changed {
+		o.log.Info("shard ownership changed", "owned", n, "shards", len(next), "members", members)
+	}
+}
+
+func (o *Ownership) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var release []int
+	for sh, own := range o.owned {
+		if own {
+			release = append(release, sh)
+		}
+	}
+	o.sc.SetOwned(make([]bool, len(o.owned)))
+	if _, err := o.st.Own(ctx, o.id, o.ttl, nil, release); err != nil {
+		o.log.Warn("releasing shards failed; they pass on when the leases expire", "error", err)
+	}
+	if _, _, err := o.st.Heartbeat(ctx, o.id, 0); err != nil {
+		o.log.Warn("leaving the member set failed", "error", err)
+	}
+	o.log.Info("released shards", "count", len(release))
+}
+
+// winner is the member with the highest rendezvous hash for shard.
+func winner(members []string, shard int) string {
+	best, bestScore := "", uint64(0)
+	suffix := ":" + strconv.Itoa(shard)
+	for _, m := range members {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(m + suffix))
+		// fnv of similar strings differs in few bits; mix before comparing.
+		if score := mix(h.Sum64()); best == "" || score > bestScore {
+			best, bestScore = m, score
+		}
+	}
+	return best
+}
+
+// mix is the splitmix64 finalizer.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
