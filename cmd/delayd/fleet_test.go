@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// captureStream makes a stream that records every core publish on subjects
+// without deduplication, so duplicates stay visible and countable.
+func (e *env) captureStream(name, subject string) jetstream.Stream {
+	e.t.Helper()
+	nc := e.conn()
+	e.t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+// TestTenDaemonsThreeKilled: ten daemon processes share one Redis; three
+// are killed with SIGKILL mid-run. Everything is delivered, none early,
+// duplicates only as redeliveries of leases in flight, and the orphaned
+// shards are taken over within the ownership lease.
+func TestTenDaemonsThreeKilled(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Shards = 16
+	c.Scanner.Lease = time.Second
+	f := &faultRun{e: e, target: "ten.x", stream: e.captureStream("TEN", "ten.>"), acked: map[string]time.Time{}}
+	bin := testutil.BuildBinary(t)
+	procs := make([]*proc, 10)
+	for i := range procs {
+		procs[i] = e.startProcEnv(bin, c, "DELAYD_NATS_NAME=d"+strconv.Itoa(i), "DELAYD_SHARDS=16")
+	}
+	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
+	defer st.Close()
+	// Every shard owned, spread over the daemons.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		owners, err := st.Owners(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		distinct := map[string]bool{}
+		for _, o := range owners {
+			if o != "" {
+				distinct[o] = true
+			}
+		}
+		if !slices.Contains(owners, "") && len(distinct) >= 6 {
+			t.Logf("16 shards over %d daemons", len(distinct))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shards not spread: %v", owners)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	nc := e.conn()
+	defer nc.Close()
+	start := time.Now().Add(2 * time.Second)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.schedule(nc, 30000, start, 8*time.Second, time.Now().Add(60*time.Second))
+	}()
+	time.Sleep(time.Until(start.Add(3 * time.Second)))
+	for _, i := range []int{1, 4, 7} {
+		procs[i].kill()
+	}
+	killedAt := time.Now()
+	for {
+		owners, _ := st.Owners(context.Background())
+		orphan := false
+		for _, o := range owners {
+			if o == "" || strings.HasPrefix(o, "d1-") || strings.HasPrefix(o, "d4-") || strings.HasPrefix(o, "d7-") {
+				orphan = true
+			}
+		}
+		if !orphan {
+			t.Logf("orphaned shards taken over %s after the kills (lease TTL %s)", time.Since(killedAt).Round(time.Millisecond), c.Ownership.TTL)
+			break
+		}
+		if time.Since(killedAt) > 2*c.Ownership.TTL+time.Second {
+			t.Fatalf("orphaned shards not taken over within the lease: %v", owners)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	<-done
+	dups := f.verify(t, 30*time.Second)
+	t.Logf("duplicates (redeliveries of leases in flight at the kills): %d", dups)
+}
+
+// commandCalls sums Redis' per-command call counters.
+func commandCalls(t *testing.T, r *testutil.Redis) int64 {
+	t.Helper()
+	info, err := r.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\r\n") {
+		_, rest, ok := strings.Cut(line, ":calls=")
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(rest, ",")
+		x, _ := strconv.ParseInt(v, 10, 64)
+		n += x
+	}
+	return n
+}
+
+// TestIdleLoadFlat: Redis commands per second at idle with ten daemons are
+// at most twice those with one, measured from INFO commandstats deltas.
+func TestIdleLoadFlat(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures for 2 x 8 s")
+	}
+	measure := func(daemons int) float64 {
+		e := newEnv(t)
+		c := e.cfg()
+		c.Shards = 16
+		c.Ownership.TTL = 3 * time.Second
+		c.Scanner.IdleInterval = time.Second
+		var stops []func() error
+		for range daemons {
+			c.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+			stops = append(stops, e.startDaemon(c))
+		}
+		time.Sleep(2 * c.Ownership.TTL) // settle ownership
+		before, t0 := commandCalls(t, e.redis), time.Now()
+		time.Sleep(8 * time.Second)
+		rate := float64(commandCalls(t, e.redis)-before-1) / time.Since(t0).Seconds()
+		for _, stop := range stops {
+			_ = stop()
+		}
+		return rate
+	}
+	one := measure(1)
+	ten := measure(10)
+	t.Logf("idle Redis commands/s: 1 daemon %.0f, 10 daemons %.0f, ratio %.2f", one, ten, ten/one)
+	if ten > 2*one {
+		t.Errorf("idle Redis load grows with daemons: %.0f/s with 10 vs %.0f/s with 1", ten, one)
+	}
+}
+
+// TestCrossDaemonWake: an intake-only daemon accepts envelopes for shards a
+// scanner-only daemon owns; the wake-up over NATS keeps lateness low.
+func TestCrossDaemonWake(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.IdleInterval = 5 * time.Second // only a wake-up can make it on time
+	ci := c
+	ci.Mode = "intake"
+	e.startDaemon(ci)
+	cs := c
+	cs.Mode = "scanner"
+	cs.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	e.startDaemon(cs)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "cross.target")
+	time.Sleep(time.Second) // the scanner takes every shard
+	ids := scheduleMany(t, nc, 2000, 16, "x", func(i int, h nats.Header) {
+		h.Set("Delayd-Target", "cross.target")
+		h.Set("Delayd-Delay", strconv.Itoa(50+i%900)+"ms")
+	})
+	s.waitCount(len(ids), 15*time.Second)
+	lateness, dups := s.check(t, ids)
+	if dups != 0 {
+		t.Errorf("%d duplicates", dups)
+	}
+	slices.Sort(lateness)
+	if len(lateness) == len(ids) {
+		p99 := lateness[len(lateness)*99/100]
+		t.Logf("cross-daemon lateness p50 %s p99 %s max %s", lateness[len(lateness)/2], p99, lateness[len(lateness)-1])
+		if p99 > 10*time.Millisecond {
+			t.Errorf("p99 lateness %s across daemons, want ≤ 10 ms", p99)
+		}
+	}
+}
