@@ -220,12 +220,12 @@ func (in *Intake) flush(batch []pending) {
 	if err != nil {
 		in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
 		in.redisError()
-		for _, p := range batch {
-			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable")
-		}
-		return
 	}
 	for i, p := range batch {
+		if err != nil && (len(due) != len(batch) || due[i] < 0) {
+			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable")
+			continue
+		}
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
 		in.count(0)
 		in.respond(p.reply, ScheduleReply{ID: p.item.ID, DeliverAt: fmtMs(due[i])})

@@ -88,10 +88,10 @@ type Redis struct {
 	Cluster bool `koanf:"cluster"`
 	// MasterName selects Sentinel: Addrs are the sentinels.
 	MasterName string `koanf:"master_name"`
-	Username string   `koanf:"username"`
-	Password string   `koanf:"password"`
-	DB       int      `koanf:"db"`
-	TLS      TLS      `koanf:"tls"`
+	Username   string `koanf:"username"`
+	Password   string `koanf:"password"`
+	DB         int    `koanf:"db"`
+	TLS        TLS    `koanf:"tls"`
 }
 
 // Scanner tunes the clock that claims and delivers due envelopes.

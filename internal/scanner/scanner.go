@@ -96,6 +96,8 @@ type Scanner struct {
 	toPublish chan<- []claimed
 	// clock maps local monotonic time to Redis time, from the last claim.
 	clock redisClock
+	// partial: the last claim failed for some shards (logged once).
+	partial bool
 }
 
 // New builds a scanner over every shard of st.
@@ -293,11 +295,32 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	start := time.Now()
 	res, err := s.store.Claim(ctx, shards, store.ClaimOptions{Batch: s.opt.ClaimBatch, Lease: s.opt.Lease})
 	if err != nil {
-		for _, sh := range shards {
-			s.next[sh].Store(0) // retry them all after the backoff
-		}
 		s.redisError()
-		return err
+		if len(res) == 0 {
+			for _, sh := range shards {
+				s.next[sh].Store(0) // retry them all after the backoff
+			}
+			return err
+		}
+		// Some shards' Redis nodes failed (a Cluster master down): the
+		// others go on; the failed ones are retried shortly.
+		got := make(map[int]bool, len(res))
+		for _, r := range res {
+			got[r.Shard] = true
+		}
+		retryAt := res[0].NowMs() + partialRetry.Milliseconds()
+		for _, sh := range shards {
+			if !got[sh] {
+				s.lower(sh, retryAt)
+			}
+		}
+		if !s.partial {
+			s.log.Warn("claim failed for some shards, the others go on", "failed", len(shards)-len(res), "error", err)
+			s.partial = true
+		}
+	} else if s.partial {
+		s.log.Info("claims recovered on every shard")
+		s.partial = false
 	}
 	returned := time.Now()
 	if s.obs != nil {
@@ -511,7 +534,7 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 			return
 		}
 		s.redisError()
-		if try == 2 || actx.Err() != nil {
+		if try == 1 || actx.Err() != nil {
 			// The leases expire and the envelopes are delivered again:
 			// a duplicate, never a loss.
 			n := 0
@@ -575,6 +598,10 @@ func (c *redisClock) until(atMs int64) time.Duration {
 	elapsed := time.Since(c.base) - time.Duration(c.localNanos.Load())
 	return time.Duration(atMs*1000-r)*time.Microsecond - elapsed
 }
+
+// partialRetry is how soon shards whose Redis node failed are claimed again
+// while the other shards go on.
+const partialRetry = 200 * time.Millisecond
 
 // pausePoll is how often a scanner paused by a NATS outage looks again.
 const pausePoll = 50 * time.Millisecond

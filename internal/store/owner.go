@@ -63,6 +63,7 @@ func (s *Store) ownerKey(shard int) string { return "{" + s.ns + ":" + strconv.I
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) ([]string, int64, error) {
 	raw, err := heartbeatScript.Run(ctx, s.rdb, []string{s.membersKey()}, id, ttl.Milliseconds()).Slice()
 	if err != nil {
+		s.failed(err)
 		return nil, 0, fmt.Errorf("store: heartbeat: %w", err)
 	}
 	members := make([]string, 0, len(raw)-1)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -22,6 +23,29 @@ type Store struct {
 	keys   []shardKeys
 	// cluster: every script call must stay within one shard's slot.
 	cluster bool
+	// lastReload throttles cluster topology reloads (unix nanos).
+	lastReload atomic.Int64
+}
+
+// failed reacts to a failed call. Under Cluster, go-redis refreshes its
+// slot map on MOVED/ASK, or once a minute: a master that died (connection
+// refused) while its replica took over would otherwise be dialled for up to
+// a minute. So a failure asks for a fresh map, at most twice a second.
+func (s *Store) failed(err error) {
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok || err == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := s.lastReload.Load()
+	if now-last < int64(500*time.Millisecond) || !s.lastReload.CompareAndSwap(last, now) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		cc.ReloadState(ctx)
+	}()
 }
 
 // Options selects the Redis deployment.
@@ -66,7 +90,7 @@ func NewClient(o Options) redis.UniversalClient {
 		TLSConfig: o.TLS,
 		// go-redis follows MOVED and ASK and retries TRYAGAIN and
 		// CLUSTERDOWN within these redirects.
-		MaxRedirects:  8,
+		MaxRedirects:  3,
 		IsClusterMode: o.Cluster,
 		MasterName:    o.MasterName,
 		// Fail fast and let the callers back off: the intake answers 503
@@ -123,7 +147,8 @@ type Item struct {
 }
 
 // Schedule upserts items and returns each one's due time in ms since the
-// epoch. On a single Redis the whole batch is one script call; under
+// epoch, or -1 for items not stored (with an error: under Cluster, the
+// shards on a failed node fail while the others are stored). On a single Redis the whole batch is one script call; under
 // Cluster it is one call per shard (a script must stay in one slot), all in
 // one pipeline.
 func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, error) {
@@ -160,21 +185,26 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, error) {
 		c.idx = append(c.idx, i)
 		c.args = append(c.args, off, it.ID, mode, us, it.Data)
 	}
-	cmds, err := s.pipelined(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
+	cmds, perr := s.pipelined(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
 		return calls[i].keys, calls[i].args
 	})
-	if err != nil {
-		return nil, fmt.Errorf("store: schedule: %w", err)
-	}
 	due := make([]int64, len(items))
 	for ci, cmd := range cmds {
 		vals, err := cmd.Int64Slice()
-		if err != nil || len(vals) != len(calls[ci].idx) {
-			return nil, fmt.Errorf("store: schedule: bad reply %v: %w", vals, err)
+		if err == nil && len(vals) != len(calls[ci].idx) {
+			err = fmt.Errorf("bad reply %v", vals)
 		}
 		for j, i := range calls[ci].idx {
-			due[i] = vals[j]
+			due[i] = -1
+			if err == nil {
+				due[i] = vals[j]
+			} else if perr == nil {
+				perr = err
+			}
 		}
+	}
+	if perr != nil {
+		return due, fmt.Errorf("store: schedule: %w", perr)
 	}
 	return due, nil
 }
@@ -182,7 +212,9 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, error) {
 // pipelined runs n calls of one script in a pipeline with EVALSHA. If Redis
 // lost its script cache (restart, failover, SCRIPT FLUSH) it loads the script
 // and resends only the calls that failed with NOSCRIPT: those did not run,
-// while the others did and must not run twice.
+// while the others did and must not run twice. On error the commands are
+// returned too, each with its own result: under Cluster one node can fail
+// while the others answer.
 func (s *Store) pipelined(ctx context.Context, sc *redis.Script, n int, call func(i int) ([]string, []any)) ([]*redis.Cmd, error) {
 	return s.pipelinedOnce(ctx, sc, n, call, true)
 }
@@ -194,43 +226,28 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *redis.Script, n int, call
 		keys, args := call(i)
 		cmds[i] = sc.EvalSha(ctx, pipe, keys, args...)
 	}
-	_, err := pipe.Exec(ctx)
-	if err == nil {
+	if _, err := pipe.Exec(ctx); err == nil {
 		return cmds, nil
-	}
-	if !reload || !isNoScript(cmds) {
-		return nil, err
-	}
-	if err := sc.Load(ctx, s.rdb).Err(); err != nil {
-		return nil, err
 	}
 	var redo []int
 	for i, c := range cmds {
-		if c.Err() != nil {
+		if reload && c.Err() != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
 			redo = append(redo, i)
 		}
 	}
-	again, err := s.pipelinedOnce(ctx, sc, len(redo), func(j int) ([]string, []any) { return call(redo[j]) }, false)
-	if err != nil {
-		return nil, err
-	}
-	for j, i := range redo {
-		cmds[i] = again[j]
-	}
-	return cmds, nil
-}
-
-func isNoScript(cmds []*redis.Cmd) bool {
-	found := false
-	for _, c := range cmds {
-		if err := c.Err(); err != nil {
-			if !redis.HasErrorPrefix(err, "NOSCRIPT") {
-				return false
-			}
-			found = true
+	if len(redo) > 0 && sc.Load(ctx, s.rdb).Err() == nil {
+		again, _ := s.pipelinedOnce(ctx, sc, len(redo), func(j int) ([]string, []any) { return call(redo[j]) }, false)
+		for j, i := range redo {
+			cmds[i] = again[j]
 		}
 	}
-	return found
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			s.failed(err)
+			return cmds, err
+		}
+	}
+	return cmds, nil
 }
 
 // Cancel removes the envelope with id. It reports whether it existed.
@@ -310,18 +327,20 @@ type ClaimOptions struct {
 // Claim atomically takes up to Batch due envelopes from each of shards, with
 // a lease, in one pipeline: one round trip however many shards are due.
 // Concurrent claims from many daemons never hand out one envelope twice.
+// If some shards' Redis nodes fail (a Cluster master down), it returns the
+// results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
-	cmds, err := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
+	cmds, perr := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
 		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds()}
 	})
-	if err != nil {
-		return nil, fmt.Errorf("store: claim: %w", err)
+	if perr != nil {
+		perr = fmt.Errorf("store: claim: %w", perr)
 	}
-	out := make([]ClaimResult, len(shards))
+	out := make([]ClaimResult, 0, len(shards))
 	for i, cmd := range cmds {
 		raw, err := cmd.Slice()
 		if err != nil {
-			return nil, fmt.Errorf("store: claim shard %d: %w", shards[i], err)
+			continue // this shard's node failed: perr says so
 		}
 		const head = 4
 		if len(raw) < head || (len(raw)-head)%4 != 0 {
@@ -336,9 +355,9 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 			data, _ := raw[j+3].(string)
 			r.Items = append(r.Items, Claimed{ID: id, DueMs: asInt(raw[j+1]), Attempt: int(asInt(raw[j+2])), Data: []byte(data)})
 		}
-		out[i] = r
+		out = append(out, r)
 	}
-	return out, nil
+	return out, perr
 }
 
 // Outcome is what becomes of a claimed envelope.
@@ -361,6 +380,7 @@ type Settle struct {
 }
 
 // Ack settles deliveries, one script call per shard, all in one pipeline.
+// On error, byShard is left holding only the shards that were not settled.
 // Released envelopes are due again after retry. An entry whose version no
 // longer matches (it was replaced meanwhile) is left alone. It returns how
 // many were settled.
@@ -383,6 +403,13 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 		return s.keys[shards[i]].list(), args
 	})
 	if err != nil {
+		// Drop what was settled, so a retry resends only the shards whose
+		// node failed.
+		for i, c := range cmds {
+			if c.Err() == nil {
+				delete(byShard, shards[i])
+			}
+		}
 		return 0, fmt.Errorf("store: ack: %w", err)
 	}
 	return sum(cmds), nil
