@@ -141,7 +141,7 @@ func (f *faultRun) verifyLoss(t *testing.T, wait time.Duration, allowLoss bool) 
 	}
 	slices.Sort(lateness)
 	if len(lateness) > 0 {
-		t.Logf("%d acknowledged, %d delivered, %d duplicates (stream dedup within its window), lateness p50 %s max %s",
+		t.Logf("%d acknowledged, %d delivered, %d duplicates, lateness p50 %s max %s",
 			len(f.acked), len(seen), dups, lateness[len(lateness)/2], lateness[len(lateness)-1])
 	}
 	return dups, lost

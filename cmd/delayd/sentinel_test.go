@@ -1,0 +1,36 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// TestRedisSentinelFailover: delayd follows a Sentinel failover mid-run;
+// the run completes, and loss is reported (bounded by what the master
+// acknowledged and did not replicate before it died).
+func TestRedisSentinelFailover(t *testing.T) {
+	sn := testutil.StartSentinel(t)
+	e := &env{t: t, redis: sn.Replica, nats: testutil.StartNATS(t)}
+	c := e.cfg()
+	c.Redis.Addrs = []string{sn.Addr}
+	c.Redis.MasterName = "mymaster"
+	f := &faultRun{e: e, target: "sen.x", stream: e.captureStream("SEN", "sen.>"), acked: map[string]time.Time{}}
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	start := time.Now().Add(1500 * time.Millisecond)
+	old := sn.MasterAddr(t)
+	go func() {
+		time.Sleep(time.Until(start.Add(time.Second)))
+		sn.Master.Kill()
+		t.Logf("killed master %s mid-run", old)
+	}()
+	f.schedule(nc, 3000, start, 3*time.Second, time.Now().Add(40*time.Second))
+	dups, lost := f.verifyLoss(t, 30*time.Second, true)
+	if now := sn.MasterAddr(t); now == old {
+		t.Errorf("no failover happened (master still %s)", now)
+	}
+	t.Logf("sentinel failover: %d of %d acknowledged envelopes lost, %d duplicates", lost, len(f.acked), dups)
+}
