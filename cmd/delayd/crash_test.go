@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -93,16 +92,8 @@ func TestKill9BetweenClaimAndAck(t *testing.T) {
 	defer st.Close()
 
 	p := e.startProc(bin, c)
-	var killed atomic.Bool
 	first := e.sink(nc, "crash.target")
-	if _, err := nc.Subscribe("crash.target", func(*nats.Msg) {
-		if killed.CompareAndSwap(false, true) {
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	_ = nc.Flush()
+	killed, _ := killOnFirst(t, nc, "crash.target", p)
 	const n = 500
 	at := time.Now().Add(500 * time.Millisecond).UTC().Format(time.RFC3339Nano)
 	ids := make([]string, n)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/delayd/delayd/internal/bridge"
@@ -47,18 +46,9 @@ func deadCmd(ctx context.Context, args []string, getenv func(string) string, std
 			if *asJSON {
 				return printJSON(stdout, page)
 			}
-			tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tDIED\tTARGET\tATTEMPTS\tERROR")
-			for _, e := range page.Entries {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", e.ID, e.Due, e.Target, e.Attempts, e.Error)
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			if page.Next != "" {
-				fmt.Fprintf(stdout, "more: --cursor %s\n", page.Next)
-			}
-			return nil
+			return printPage(stdout, page, "ID\tDIED\tTARGET\tATTEMPTS\tERROR", func(e bridge.EntryInfo) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%d\t%s", e.ID, e.Due, e.Target, e.Attempts, e.Error)
+			})
 		})
 	case "replay", "purge":
 		var r bridge.DeadRequest

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -229,4 +231,42 @@ func (e *env) stored(c config.Config) int64 {
 		n += cnt.Pending + cnt.Inflight + cnt.Dead
 	}
 	return n
+}
+
+// scheduleServed retries a schedule request until a delayd answers it
+// without an error (a daemon that just started, or a server that just came
+// back), failing the test after 10 s.
+func scheduleServed(t *testing.T, nc *nats.Conn, h nats.Header) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rep, err := schedule(nc, "delayd", h, "x")
+		if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("schedule not served: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// killOnFirst subscribes to subject and kills p with SIGKILL when the first
+// message arrives: the daemon dies with the rest of its batch claimed and
+// not acknowledged. It counts every message seen.
+func killOnFirst(t *testing.T, nc *nats.Conn, subject string, p *proc) (killed *atomic.Bool, seen *atomic.Int64) {
+	t.Helper()
+	killed, seen = new(atomic.Bool), new(atomic.Int64)
+	if _, err := nc.Subscribe(subject, func(*nats.Msg) {
+		seen.Add(1)
+		if killed.CompareAndSwap(false, true) {
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return killed, seen
 }

@@ -73,18 +73,9 @@ func listCmd(ctx context.Context, args []string, getenv func(string) string, std
 		if *asJSON {
 			return printJSON(stdout, page)
 		}
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tDUE\tTARGET\tSIZE\tATTEMPTS\tSHARD")
-		for _, e := range page.Entries {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\n", e.ID, e.Due, e.Target, e.Size, e.Attempts, e.Shard)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if page.Next != "" {
-			fmt.Fprintf(stdout, "more: --cursor %s\n", page.Next)
-		}
-		return nil
+		return printPage(stdout, page, "ID\tDUE\tTARGET\tSIZE\tATTEMPTS\tSHARD", func(e bridge.EntryInfo) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%d", e.ID, e.Due, e.Target, e.Size, e.Attempts, e.Shard)
+		})
 	})
 }
 
@@ -119,4 +110,20 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// printPage prints one page of entries as a table, then how to get the next.
+func printPage(w io.Writer, page bridge.ListReply, header string, row func(bridge.EntryInfo) string) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, e := range page.Entries {
+		fmt.Fprintln(tw, row(e))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if page.Next != "" {
+		fmt.Fprintf(w, "more: --cursor %s\n", page.Next)
+	}
+	return nil
 }

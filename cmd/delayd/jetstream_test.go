@@ -5,8 +5,6 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -84,17 +82,7 @@ func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 	p := e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=jsc.>")
 	nc := e.conn()
 	defer nc.Close()
-	var killed atomic.Bool
-	var seen atomic.Int64
-	if _, err := nc.Subscribe("jsc.>", func(*nats.Msg) {
-		seen.Add(1)
-		if killed.CompareAndSwap(false, true) {
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	_ = nc.Flush()
+	_, seen := killOnFirst(t, nc, "jsc.>", p)
 	const n = 300
 	at := time.Now().Add(400 * time.Millisecond).UTC().Format(time.RFC3339Nano)
 	for i := range n {

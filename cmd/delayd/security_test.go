@@ -143,17 +143,7 @@ func TestNATSTokenAndNKey(t *testing.T) {
 			}
 			defer app.Close()
 			s := e.sink(app, "t.>")
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				rep, err := schedule(app, "delayd", hdr("Delayd-Target", "t.x", "Delayd-Delay", "10ms", "Delayd-Id", "a"), "x")
-				if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("schedule: %v", err)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			scheduleServed(t, app, hdr("Delayd-Target", "t.x", "Delayd-Delay", "10ms", "Delayd-Id", "a"))
 			if s.waitCount(1, 5*time.Second) != 1 {
 				t.Fatal("not delivered")
 			}
@@ -300,17 +290,7 @@ func TestNATSCredsFile(t *testing.T) {
 	}
 	defer app.Close()
 	s := e.sink(app, "creds.>")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		rep, err := schedule(app, "delayd", hdr("Delayd-Target", "creds.x", "Delayd-Delay", "10ms"), "x")
-		if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("schedule with creds: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	scheduleServed(t, app, hdr("Delayd-Target", "creds.x", "Delayd-Delay", "10ms"))
 	if s.waitCount(1, 5*time.Second) != 1 {
 		t.Fatal("not delivered")
 	}
