@@ -146,6 +146,13 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 			return nil
 		}})
 	if c.HTTP.Addr != "" {
+		var ui *admin.UI
+		if c.UI.Enabled {
+			ui = admin.NewUI(st, metrics, admin.UIOptions{
+				AllowActions: c.UI.AllowActions, BasicUser: c.UI.BasicAuthUser, BasicPass: c.UI.BasicAuthPassword,
+				BearerToken: c.UI.BearerToken, Policy: c.Policy(), JetStream: c.Targets.JetStream,
+			}, log.Named("ui"))
+		}
 		srv, err := admin.Listen(c.HTTP.Addr, metrics, []admin.Check{
 			{Name: "nats", Fn: func(context.Context) error {
 				if (c.Mode != "scanner" && !in.IsConnected()) || !out.IsConnected() {
@@ -154,7 +161,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 				return nil
 			}},
 			{Name: "redis", Fn: st.Ready},
-		}, log.Named("admin"))
+		}, ui, log.Named("admin"))
 		if err != nil {
 			return err
 		}

@@ -32,6 +32,7 @@ type Metrics struct {
 	dead           prometheus.Gauge
 	oldestOverdue  prometheus.Gauge
 	shardsOwned    prometheus.Gauge
+	recent         recent
 }
 
 // NewMetrics registers every metric, plus the Go and process collectors.
@@ -113,6 +114,7 @@ func (m *Metrics) Delivered(d envelope.Delivery, err error) {
 	}
 	m.delivered.WithLabelValues("ok").Inc()
 	m.lateness.Observe(time.Since(d.Due).Seconds())
+	m.recent.add(d.Target, time.Now())
 }
 
 // Claimed records one claim round trip.
@@ -186,4 +188,32 @@ func (m *Metrics) sampleOnce(ctx context.Context, src StatsSource, owned []int, 
 		overdue = float64(nowMs-next) / 1000
 	}
 	m.oldestOverdue.Set(overdue)
+}
+
+// LatenessBucket is one (non-cumulative) bucket of the lateness histogram.
+type LatenessBucket struct {
+	UpTo  float64 `json:"up_to_seconds"` // 0 for the open-ended last bucket
+	Count uint64  `json:"count"`
+}
+
+// latenessBuckets reads the lateness histogram for the console.
+func (m *Metrics) latenessBuckets() []LatenessBucket {
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		return nil
+	}
+	for _, f := range fams {
+		if f.GetName() != "delayd_delivery_lateness_seconds" || len(f.GetMetric()) == 0 {
+			continue
+		}
+		h := f.GetMetric()[0].GetHistogram()
+		var out []LatenessBucket
+		var prev uint64
+		for _, b := range h.GetBucket() {
+			out = append(out, LatenessBucket{UpTo: b.GetUpperBound(), Count: b.GetCumulativeCount() - prev})
+			prev = b.GetCumulativeCount()
+		}
+		return append(out, LatenessBucket{Count: h.GetSampleCount() - prev})
+	}
+	return nil
 }

@@ -18,7 +18,7 @@ type Check struct {
 	Fn   func(ctx context.Context) error
 }
 
-// Server serves /livez, /readyz and /metrics.
+// Server serves /livez, /readyz, /metrics and the console at /ui.
 type Server struct {
 	srv *http.Server
 	ln  net.Listener
@@ -26,7 +26,8 @@ type Server struct {
 }
 
 // Listen binds addr, so a port conflict fails the start, not later.
-func Listen(addr string, m *Metrics, checks []Check, log hclog.Logger) (*Server, error) {
+// A nil ui leaves the console out.
+func Listen(addr string, m *Metrics, checks []Check, ui *UI, log hclog.Logger) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin: listen %s: %w", addr, err)
@@ -50,6 +51,9 @@ func Listen(addr string, m *Metrics, checks []Check, log hclog.Logger) (*Server,
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+	if ui != nil {
+		ui.register(mux)
+	}
 	return &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, log: log}, nil
 }
 

@@ -40,6 +40,17 @@ type Config struct {
 	Log      Log      `koanf:"log"`
 	Shutdown Shutdown `koanf:"shutdown"`
 	HTTP     HTTP     `koanf:"http"`
+	UI       UI       `koanf:"ui"`
+}
+
+// UI is the web console served by the admin server at /ui.
+type UI struct {
+	Enabled bool `koanf:"enabled"`
+	// AllowActions enables cancel, replay and purge; read-only otherwise.
+	AllowActions      bool   `koanf:"allow_actions"`
+	BasicAuthUser     string `koanf:"basic_auth_user"`
+	BasicAuthPassword string `koanf:"basic_auth_password"`
+	BearerToken       string `koanf:"bearer_token"`
 }
 
 // HTTP is the admin server: /livez, /readyz, /metrics.
@@ -183,6 +194,7 @@ func Default() Config {
 		},
 		Log:      Log{Level: "info"},
 		HTTP:     HTTP{Addr: ":9479", SampleInterval: 5 * time.Second},
+		UI:       UI{Enabled: true},
 		Shutdown: Shutdown{Timeout: 10 * time.Second},
 	}
 }
@@ -258,6 +270,9 @@ func (c Config) Validate() error {
 	positive("limits.max_delay", int64(c.Limits.MaxDelay))
 	positive("shutdown.timeout", int64(c.Shutdown.Timeout))
 	positive("http.sample_interval", int64(c.HTTP.SampleInterval))
+	if (c.UI.BasicAuthUser == "") != (c.UI.BasicAuthPassword == "") {
+		bad("ui", "basic_auth_user and basic_auth_password go together")
+	}
 	if c.HTTP.Addr != "" && !strings.Contains(c.HTTP.Addr, ":") {
 		bad("http.addr", "must be host:port or :port, got %q", c.HTTP.Addr)
 	}
@@ -302,7 +317,7 @@ func (c Config) Policy() envelope.Policy {
 // Redacted returns a copy safe to log or print: passwords and tokens
 // replaced, and credentials in URLs hidden.
 func (c Config) Redacted() Config {
-	for _, p := range []*string{&c.Redis.Password, &c.NATS.Password, &c.NATS.Token} {
+	for _, p := range []*string{&c.Redis.Password, &c.NATS.Password, &c.NATS.Token, &c.UI.BasicAuthPassword, &c.UI.BearerToken} {
 		if *p != "" {
 			*p = redacted
 		}

@@ -213,3 +213,36 @@ func (s *Store) Ready(ctx context.Context) error {
 	}
 	return nil
 }
+
+// DueCounts counts pending envelopes per due-time bucket across all
+// shards: bucket i holds due times in [edges[i-1], edges[i]) (the first
+// from -inf, and one more bucket from the last edge to +inf). One ZCOUNT
+// per bucket and shard, O(log n) each, in one pipeline: never a scan.
+func (s *Store) DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error) {
+	pipe := s.rdb.Pipeline()
+	n := len(edgesMs) + 1
+	cmds := make([][]*redis.IntCmd, s.shards)
+	for sh, k := range s.keys {
+		cmds[sh] = make([]*redis.IntCmd, n)
+		for b := range n {
+			lo, hi := "-inf", "+inf"
+			if b > 0 {
+				lo = strconv.FormatInt(edgesMs[b-1], 10)
+			}
+			if b < len(edgesMs) {
+				hi = "(" + strconv.FormatInt(edgesMs[b], 10)
+			}
+			cmds[sh][b] = pipe.ZCount(ctx, k.due, lo, hi)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("store: due counts: %w", err)
+	}
+	out := make([]int64, n)
+	for _, cs := range cmds {
+		for b, c := range cs {
+			out[b] += c.Val()
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,215 @@
+// delayd console: plain JavaScript, no dependencies, nothing loaded from
+// the network but this daemon's own /ui/api endpoints.
+"use strict";
+
+const state = { csrf: "", actions: false, browseNext: "", browseQuery: null, deadNext: "" };
+const $ = (sel) => document.querySelector(sel);
+
+function esc(s) {
+  return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+async function api(path, opts = {}) {
+  const res = await fetch("/ui/api/" + path, { credentials: "same-origin", ...opts });
+  if (!res.ok) throw new Error((await res.text()).trim() || res.statusText);
+  return res.json();
+}
+
+function post(path, body) {
+  return api(path, { method: "POST", headers: { "Content-Type": "application/json", "X-CSRF-Token": state.csrf }, body: JSON.stringify(body) });
+}
+
+function toast(msg) {
+  const t = $("#toast");
+  t.textContent = msg;
+  t.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => (t.hidden = true), 4000);
+}
+
+// bars draws a bar chart into an <svg> from [{label, value}].
+function bars(svg, data) {
+  const w = 360, h = 180, pad = 28, n = Math.max(data.length, 1);
+  const max = Math.max(1, ...data.map((d) => d.value));
+  const bw = (w - pad) / n;
+  let out = "";
+  data.forEach((d, i) => {
+    const bh = Math.round(((h - pad) * d.value) / max);
+    const x = pad + i * bw + 2;
+    out += `<rect x="${x}" y="${h - pad - bh}" width="${Math.max(bw - 4, 1)}" height="${bh}" data-value="${d.value}"><title>${esc(d.label)}: ${d.value}</title></rect>`;
+    if (n <= 16 || i % Math.ceil(n / 10) === 0) {
+      out += `<text x="${x}" y="${h - pad + 11}" transform="rotate(30 ${x} ${h - pad + 11})">${esc(d.label)}</text>`;
+    }
+  });
+  out += `<text x="0" y="10">${max}</text><text x="0" y="${h - pad}">0</text>`;
+  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+  svg.innerHTML = out;
+}
+
+function fmtSeconds(s) {
+  if (!s) return "more";
+  return s < 1 ? `≤${(s * 1000).toFixed(s < 0.001 ? 1 : 0)}ms` : `≤${s}s`;
+}
+
+async function refreshOverview() {
+  try {
+    const o = await api("overview");
+    $("#tot-pending").textContent = o.pending;
+    $("#tot-inflight").textContent = o.inflight;
+    $("#tot-dead").textContent = o.dead;
+    $("#updated").textContent = new Date().toLocaleTimeString();
+    bars($("#due-chart"), o.due.map((b) => ({ label: b.label, value: b.count })));
+    bars($("#lateness-chart"), (o.lateness || []).map((b) => ({ label: fmtSeconds(b.up_to_seconds), value: b.count })));
+    bars($("#rate-chart"), o.rate.map((p) => ({ label: new Date(p.start * 1000).toLocaleTimeString(), value: p.count })));
+    $("#shards tbody").innerHTML = o.shards
+      .map((s) => `<tr><td class="num">${s.shard}</td><td class="num">${s.pending}</td><td class="num">${s.inflight}</td><td class="num">${s.dead}</td><td>${esc(s.next_due || "–")}</td><td>${esc(s.owner || "–")}</td></tr>`)
+      .join("");
+  } catch (e) {
+    $("#updated").textContent = "error: " + e.message;
+  }
+}
+
+function renderDetail(e) {
+  const d = $("#detail");
+  const headers = Object.entries(e.headers || {}).map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v.join(", "))}</dd>`).join("");
+  d.innerHTML = `
+    <dl>
+      <dt>Id</dt><dd id="detail-id">${esc(e.id)}</dd>
+      <dt>State</dt><dd id="detail-state">${esc(e.state)}</dd>
+      <dt>${e.state === "inflight" ? "Lease until" : e.state === "dead" ? "Died" : "Due"}</dt><dd>${esc(e.due)}</dd>
+      <dt>Target</dt><dd>${esc(e.target)}</dd>
+      <dt>Size</dt><dd>${e.size} bytes</dd>
+      <dt>Attempts</dt><dd>${e.attempts}</dd>
+      ${e.error ? `<dt>Last error</dt><dd>${esc(e.error)}</dd>` : ""}
+      ${headers}
+    </dl>
+    <div class="note">Payload${e.hex ? " (hex)" : ""}${e.size > 512 ? ", first 512 bytes" : ""}:</div>
+    <pre>${esc(e.preview)}</pre>
+    <button id="cancel-btn" class="danger" ${state.actions ? "" : "disabled title='read-only console'"}>Cancel</button>`;
+  d.hidden = false;
+  $("#cancel-btn").onclick = async () => {
+    if (!confirm(`Cancel envelope ${e.id}? It will not be delivered.`)) return;
+    try {
+      const r = await post("cancel", { id: e.id });
+      toast(r.cancelled ? `cancelled ${e.id}` : `${e.id} was already gone`);
+      d.innerHTML = `<p id="cancelled">Envelope ${esc(e.id)} cancelled.</p>`;
+    } catch (err) {
+      toast("cancel failed: " + err.message);
+    }
+  };
+}
+
+$("#find-id").onsubmit = async (ev) => {
+  ev.preventDefault();
+  const id = $("#find-id-input").value.trim();
+  try {
+    renderDetail(await api("envelope?id=" + encodeURIComponent(id)));
+  } catch (e) {
+    $("#detail").hidden = false;
+    $("#detail").innerHTML = `<p id="not-found">${esc(e.message)}</p>`;
+  }
+};
+
+function rowFor(e) {
+  return `<tr><td><a href="#find" data-id="${esc(e.id)}">${esc(e.id)}</a></td><td>${esc(e.due)}</td><td>${esc(e.target)}</td><td class="num">${e.size}</td><td class="num">${e.attempts}</td></tr>`;
+}
+
+async function browse(more) {
+  const q = new URLSearchParams(state.browseQuery);
+  if (more) q.set("cursor", state.browseNext);
+  try {
+    const page = await api("list?" + q.toString());
+    const body = $("#browse-results tbody");
+    body.innerHTML = (more ? body.innerHTML : "") + page.entries.map(rowFor).join("");
+    state.browseNext = page.next || "";
+    $("#browse-more").hidden = !state.browseNext;
+  } catch (e) {
+    toast(e.message);
+  }
+}
+
+$("#browse").onsubmit = (ev) => {
+  ev.preventDefault();
+  const q = {};
+  for (const [k, v] of new FormData(ev.target)) if (v) q[k] = v;
+  state.browseQuery = q;
+  browse(false);
+};
+$("#browse-more").onclick = () => browse(true);
+$("#browse-results").onclick = async (ev) => {
+  const id = ev.target.dataset && ev.target.dataset.id;
+  if (!id) return;
+  ev.preventDefault();
+  $("#find-id-input").value = id;
+  renderDetail(await api("envelope?id=" + encodeURIComponent(id)));
+};
+
+async function loadDead(more) {
+  const q = new URLSearchParams({ dead: "1", limit: "100" });
+  if (more) q.set("cursor", state.deadNext);
+  const page = await api("list?" + q.toString());
+  const body = $("#dead-table tbody");
+  const rows = page.entries
+    .map((e) => `<tr data-id="${esc(e.id)}"><td><input type="checkbox" class="dead-pick" value="${esc(e.id)}"></td><td>${esc(e.id)}</td><td>${esc(e.due)}</td><td>${esc(e.target)}</td><td class="num">${e.attempts}</td><td>${esc(e.error || "")}</td>
+      <td><button class="replay-one action" data-id="${esc(e.id)}">Replay</button> <button class="purge-one action danger" data-id="${esc(e.id)}">Purge</button></td></tr>`)
+    .join("");
+  body.innerHTML = (more ? body.innerHTML : "") + rows;
+  state.deadNext = page.next || "";
+  $("#dead-more").hidden = !state.deadNext;
+  document.querySelectorAll("#view-dead .action").forEach((b) => (b.disabled = !state.actions));
+}
+
+async function deadAction(verb, ids) {
+  if (!ids.length) return toast("select dead envelopes first");
+  if (verb === "purge" && !confirm(`Purge ${ids.length} dead envelope(s)? They are deleted for good.`)) return;
+  try {
+    const r = await post(verb, { ids });
+    $("#dead-status").textContent = `${verb === "replay" ? "replayed" : "purged"} ${r.count}`;
+    loadDead(false);
+  } catch (e) {
+    toast(`${verb} failed: ${e.message}`);
+  }
+}
+
+const picked = () => [...document.querySelectorAll(".dead-pick:checked")].map((c) => c.value);
+$("#dead-replay").onclick = () => deadAction("replay", picked());
+$("#dead-purge").onclick = () => deadAction("purge", picked());
+$("#dead-all").onchange = (ev) => document.querySelectorAll(".dead-pick").forEach((c) => (c.checked = ev.target.checked));
+$("#dead-more").onclick = () => loadDead(true);
+$("#dead-table").onclick = (ev) => {
+  const id = ev.target.dataset && ev.target.dataset.id;
+  if (!id) return;
+  if (ev.target.classList.contains("replay-one")) deadAction("replay", [id]);
+  if (ev.target.classList.contains("purge-one")) deadAction("purge", [id]);
+};
+
+async function loadTargets() {
+  const t = await api("targets");
+  const list = (xs) => (xs && xs.length ? xs.map(esc).join(", ") : "–");
+  $("#policy").innerHTML = `<dt>Allow</dt><dd>${t.allow && t.allow.length ? list(t.allow) : "everything not denied"}</dd><dt>Deny</dt><dd>${list(t.deny)}</dd><dt>JetStream</dt><dd>${list(t.jetstream)}</dd>`;
+  $("#targets-note").textContent = t.sampled ? `Pending counts over a sample of the ${t.sample_size} earliest pending envelopes (no full scan).` : "Pending counts over every pending envelope.";
+  $("#targets-table tbody").innerHTML = t.targets.map((r) => `<tr><td>${esc(r.target)}</td><td class="num">${r.pending}</td><td class="num">${r.delivered_5m}</td></tr>`).join("");
+}
+
+function show(view) {
+  document.querySelectorAll(".view").forEach((v) => (v.hidden = v.id !== "view-" + view));
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
+  if (view === "dead") loadDead(false).catch((e) => toast(e.message));
+  if (view === "targets") loadTargets().catch((e) => toast(e.message));
+}
+
+window.onhashchange = () => show(location.hash.slice(1) || "overview");
+
+(async function start() {
+  try {
+    const s = await api("session");
+    state.csrf = s.csrf;
+    state.actions = s.allow_actions;
+    $("#mode").textContent = s.allow_actions ? "actions enabled" : "read-only";
+  } catch (e) {
+    toast(e.message);
+  }
+  show(location.hash.slice(1) || "overview");
+  refreshOverview();
+  setInterval(refreshOverview, 2000);
+})();
