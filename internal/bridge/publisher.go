@@ -60,7 +60,10 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	for i, d := range ds {
 		m := DeliveryMsg(d)
 		if p.isJetStream(d.Target) {
-			futures[i], errs[i] = p.js.PublishMsgAsync(m, jetstream.WithMsgID(MsgID(d)))
+			// No client-side retries on "no responders": a target without a
+			// stream would hold up every other delivery of the batch; the
+			// scanner retries with its own backoff.
+			futures[i], errs[i] = p.js.PublishMsgAsync(m, jetstream.WithMsgID(MsgID(d)), jetstream.WithRetryAttempts(0))
 			continue
 		}
 		if errs[i] = p.nc.PublishMsg(m); errs[i] == nil {

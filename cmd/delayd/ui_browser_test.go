@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+
+	"github.com/delayd/delayd/internal/store"
+)
+
+// chromium finds Debian's chromium, or skips; under CI=true a missing
+// browser fails the test (.ci/run installs it).
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("chromium not found (CI=true)")
+	}
+	t.Skip("chromium not found")
+	return ""
+}
+
+// TestConsoleInBrowser drives the console in real headless Chromium against
+// a real daemon, Redis and NATS: the overview renders its charts with data,
+// an envelope found by id is cancelled (and gone from Redis), and a dead
+// letter is replayed and delivered. Each view is saved as a screenshot.
+func TestConsoleInBrowser(t *testing.T) {
+	bin := chromium(t)
+	e := newEnv(t)
+	c := e.cfg()
+	c.UI.AllowActions = true
+	c.Targets.JetStream = []string{"uistream.>"}
+	c.Scanner.MaxAttempts = 2
+	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
+	defer st.Close()
+
+	// Data for every view: a spread of pending envelopes, some delivered,
+	// one to cancel, one dead (a JetStream target without a stream yet).
+	s := e.sink(nc, "ui.delivered")
+	for i := range 12 {
+		scheduleServed(t, nc, hdr("Delayd-Target", "ui.delivered", "Delayd-Delay", "50ms", "Delayd-Id", "ui-d"+strconv.Itoa(i)))
+	}
+	for i, d := range []string{"30s", "3m", "10m", "30m", "2h", "12h", "30h", "100h", "300h"} {
+		scheduleServed(t, nc, hdr("Delayd-Target", "ui.later", "Delayd-Delay", d, "Delayd-Id", "ui-p"+strconv.Itoa(i)))
+	}
+	scheduleServed(t, nc, hdr("Delayd-Target", "ui.later", "Delayd-Delay", "1h", "Delayd-Id", "ui-cancel-me", "X-Order", "42"))
+	scheduleServed(t, nc, hdr("Delayd-Target", "uistream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "ui-dead"))
+	s.waitCount(12, 5*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if en, err := st.Get(context.Background(), "ui-dead"); err == nil && en.State == store.StateDead {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("ui-dead did not go dead")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Screenshots go to the test's temp dir, or to DELAYD_SCREENSHOTS to
+	// keep them.
+	dir := t.TempDir()
+	shots := dir
+	if d := os.Getenv("DELAYD_SCREENSHOTS"); d != "" {
+		shots = d
+	}
+	actx, cancel := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true),
+		chromedp.UserDataDir(filepath.Join(dir, "profile")), chromedp.WindowSize(1280, 900))
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	// Accept the console's confirm() dialogs, from another goroutine: the
+	// page waits for the answer, and so does the click that opened it.
+	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for _, err := range dialogs {
+			if err != nil {
+				return
+			}
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	base := "http://" + c.HTTP.Addr + "/ui/"
+	shot := func(name string) {
+		t.Helper()
+		buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		p := filepath.Join(shots, name+".png")
+		if err := os.WriteFile(p, buf, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", p)
+	}
+	count := func(expr string) int {
+		t.Helper()
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return n
+	}
+	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	nonZero := func(chart string) string {
+		return `document.querySelectorAll('` + chart + ` rect[data-value]:not([data-value="0"])').length`
+	}
+
+	// 1. Overview: charts render with data.
+	step("overview",
+		chromedp.Navigate(base+"#overview"),
+		chromedp.WaitVisible(`#due-chart rect`))
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](nonZero("#lateness-chart")+` > 0`)); err != nil {
+		t.Fatalf("lateness chart never showed data: %v", err)
+	}
+	dueBars, lateBars, shardRows := count(nonZero("#due-chart")), count(nonZero("#lateness-chart")), count(`document.querySelectorAll('#shards tbody tr').length`)
+	shot("overview")
+	if dueBars < 4 || lateBars < 1 || shardRows != c.Shards {
+		t.Fatalf("overview charts: %d due bars, %d lateness bars, %d shard rows", dueBars, lateBars, shardRows)
+	}
+
+	// 2. Find by id, cancel with confirmation, gone from Redis.
+	step("find",
+		chromedp.Navigate(base+"#find"),
+		chromedp.WaitVisible(`#find-id-input`),
+		chromedp.SendKeys(`#find-id-input`, "ui-cancel-me"),
+		chromedp.Click(`#find-id button`),
+		chromedp.WaitVisible(`#cancel-btn`))
+	shot("find")
+	step("cancel", chromedp.Click(`#cancel-btn`), chromedp.WaitVisible(`#cancelled`))
+	if _, err := st.Get(context.Background(), "ui-cancel-me"); err != store.ErrNotFound {
+		t.Fatalf("cancelled in the console, still in Redis: %v", err)
+	}
+
+	// 3. Dead letters: replay once the stream exists; it is delivered.
+	js := e.stream("UISTREAM", "uistream.>")
+	step("dead", chromedp.Navigate(base+"#dead"), chromedp.WaitVisible(`tr[data-id="ui-dead"]`))
+	shot("dead")
+	step("replay", chromedp.Click(`button.replay-one[data-id="ui-dead"]`))
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector('#dead-status').textContent.includes('replayed 1')`)); err != nil {
+		t.Fatalf("replay status: %v", err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for streamMsgs(t, js) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("replayed dead letter not delivered")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// 4. Targets.
+	step("targets", chromedp.Navigate(base+"#targets"), chromedp.WaitVisible(`#targets-table tbody tr`))
+	shot("targets")
+}
