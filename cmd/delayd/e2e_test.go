@@ -119,7 +119,7 @@ func TestNeverEarly(t *testing.T) {
 
 // scheduleMany sends n schedule requests from the given number of workers.
 // Envelope i gets the id prefix+i and the headers set(i, h) adds.
-func scheduleMany(t *testing.T, nc *nats.Conn, n, workers int, prefix string, set func(i int, h nats.Header)) []string {
+func scheduleMany(t testing.TB, nc *nats.Conn, n, workers int, prefix string, set func(i int, h nats.Header)) []string {
 	t.Helper()
 	ids := make([]string, n)
 	var wg sync.WaitGroup

@@ -158,12 +158,14 @@ func TestIdleLoadFlat(t *testing.T) {
 	}
 }
 
-// TestCrossDaemonWake: an intake-only daemon accepts envelopes for shards a
-// scanner-only daemon owns; the wake-up over NATS keeps lateness low.
-func TestCrossDaemonWake(t *testing.T) {
+// crossDaemonRun schedules n envelopes through an intake-only daemon for
+// shards a scanner-only daemon owns, with an idle interval so long that
+// only the NATS wake-up can deliver them on time; it returns the lateness
+// of each, sorted.
+func crossDaemonRun(t testing.TB, n int) []time.Duration {
 	e := newEnv(t)
 	c := e.cfg()
-	c.Scanner.IdleInterval = 5 * time.Second // only a wake-up can make it on time
+	c.Scanner.IdleInterval = 5 * time.Second
 	ci := c
 	ci.Mode = "intake"
 	e.startDaemon(ci)
@@ -175,7 +177,7 @@ func TestCrossDaemonWake(t *testing.T) {
 	defer nc.Close()
 	s := e.sink(nc, "cross.target")
 	time.Sleep(time.Second) // the scanner takes every shard
-	ids := scheduleMany(t, nc, 2000, 16, "x", func(i int, h nats.Header) {
+	ids := scheduleMany(t, nc, n, 16, "x", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "cross.target")
 		h.Set("Delayd-Delay", strconv.Itoa(50+i%900)+"ms")
 	})
@@ -185,11 +187,32 @@ func TestCrossDaemonWake(t *testing.T) {
 		t.Errorf("%d duplicates", dups)
 	}
 	slices.Sort(lateness)
-	if len(lateness) == len(ids) {
-		p99 := lateness[len(lateness)*99/100]
-		t.Logf("cross-daemon lateness p50 %s p99 %s max %s", lateness[len(lateness)/2], p99, lateness[len(lateness)-1])
-		if p99 > 10*time.Millisecond {
-			t.Errorf("p99 lateness %s across daemons, want ≤ 10 ms", p99)
-		}
+	return lateness
+}
+
+// TestCrossDaemonWake: envelopes accepted by one daemon for shards another
+// owns are delivered far sooner than the owner's 5 s idle interval, so the
+// wake-up works. How soon is for a benchmark to say (no timed tests):
+// BenchmarkCrossDaemonWake reports the p99.
+func TestCrossDaemonWake(t *testing.T) {
+	l := crossDaemonRun(t, 2000)
+	if len(l) == 0 {
+		t.Fatal("nothing delivered")
+	}
+	p99 := l[len(l)*99/100]
+	t.Logf("cross-daemon lateness p50 %s p99 %s max %s", l[len(l)/2], p99, l[len(l)-1])
+	if p99 > time.Second {
+		t.Errorf("p99 lateness %s: wake-ups are not reaching the owner (idle interval 5 s)", p99)
+	}
+}
+
+// BenchmarkCrossDaemonWake reports the lateness of envelopes that need a
+// cross-daemon wake-up (2,000 per run, delays 50–950 ms).
+func BenchmarkCrossDaemonWake(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		l := crossDaemonRun(b, 2000)
+		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(l[len(l)*99/100].Microseconds())/1000, "p99-ms")
+		b.ReportMetric(float64(l[len(l)-1].Microseconds())/1000, "max-ms")
 	}
 }

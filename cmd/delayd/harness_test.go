@@ -23,12 +23,12 @@ import (
 // env is one test's servers: a redis-server process and an in-process
 // nats-server.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	redis *testutil.Redis
 	nats  *testutil.NATS
 }
 
-func newEnv(t *testing.T, redisArgs ...string) *env {
+func newEnv(t testing.TB, redisArgs ...string) *env {
 	t.Helper()
 	return &env{t: t, redis: testutil.StartRedis(t, redisArgs...), nats: testutil.StartNATS(t)}
 }
@@ -178,7 +178,7 @@ func (s *sink) get(id string) []delivery {
 
 // check verifies that every id arrived, none early; it returns lateness
 // samples and the number of duplicates.
-func (s *sink) check(t *testing.T, ids []string) (lateness []time.Duration, dups int) {
+func (s *sink) check(t testing.TB, ids []string) (lateness []time.Duration, dups int) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
