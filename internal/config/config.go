@@ -255,7 +255,9 @@ func (c Config) Validate() error {
 			bad("redis.addrs", "%q is not host:port", a)
 		}
 	}
-	positive("scanner.claim_batch", int64(c.Scanner.ClaimBatch))
+	if c.Scanner.ClaimBatch < 1 || c.Scanner.ClaimBatch > 4096 {
+		bad("scanner.claim_batch", "must be 1..4096, got %d", c.Scanner.ClaimBatch)
+	}
 	positive("scanner.lease", int64(c.Scanner.Lease))
 	positive("scanner.idle_interval", int64(c.Scanner.IdleInterval))
 	positive("scanner.retry_backoff", int64(c.Scanner.RetryBackoff))

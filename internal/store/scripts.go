@@ -76,26 +76,41 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = now + tonumber(ARGV[2])
 local out = {tonumber(t[1]) * 1000000 + tonumber(t[2]), -1, -1, 0}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
-for i = 1, #ids, 2 do
-  local id = ids[i]
-  redis.call('ZREM', KEYS[1], id)
-  local data = redis.call('HGET', KEYS[3], id)
-  if data then
-    local attempt, due = 1, ids[i+1]
-    local prev = redis.call('HGET', KEYS[4], id)
-    if prev then
-      local sep = string.find(prev, ':', 1, true)
-      attempt = tonumber(string.sub(prev, 1, sep - 1)) + 1
-      due = string.sub(prev, sep + 1)
+local n = #ids / 2
+if n > 0 then
+  -- The claimed ids are the n lowest of the set: one command removes them,
+  -- and every other step below is one command for the whole batch.
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
+  local members = {}
+  for i = 1, #ids, 2 do members[#members+1] = ids[i] end
+  local datas = redis.call('HMGET', KEYS[3], unpack(members))
+  local prevs = redis.call('HMGET', KEYS[4], unpack(members))
+  local att, inflight = {}, {}
+  for j, id in ipairs(members) do
+    local data = datas[j]
+    if data then
+      local attempt, due = 1, ids[2*j]
+      local prev = prevs[j]
+      if prev then
+        local sep = string.find(prev, ':', 1, true)
+        attempt = tonumber(string.sub(prev, 1, sep - 1)) + 1
+        due = string.sub(prev, sep + 1)
+      end
+      att[#att+1] = id
+      att[#att+1] = attempt .. ':' .. due
+      inflight[#inflight+1] = lease
+      inflight[#inflight+1] = id
+      out[#out+1] = id
+      out[#out+1] = due
+      out[#out+1] = attempt
+      out[#out+1] = data
+    else
+      out[4] = out[4] + 1
     end
-    redis.call('HSET', KEYS[4], id, attempt .. ':' .. due)
-    redis.call('ZADD', KEYS[2], lease, id)
-    out[#out+1] = id
-    out[#out+1] = due
-    out[#out+1] = attempt
-    out[#out+1] = data
-  else
-    out[4] = out[4] + 1
+  end
+  if #att > 0 then
+    redis.call('HSET', KEYS[4], unpack(att))
+    redis.call('ZADD', KEYS[2], unpack(inflight))
   end
 end
 local nd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -116,44 +131,58 @@ return out
 var ackScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local n = 0
-for i = 2, #ARGV, 4 do
-  local id = ARGV[i]
-  local data = redis.call('HGET', KEYS[3], id)
-  if data and string.sub(data, 2, 9) == ARGV[i+1] then
-    local op = ARGV[i+2]
-    redis.call('ZREM', KEYS[2], id)
+local ids = {}
+for i = 2, #ARGV, 4 do ids[#ids+1] = ARGV[i] end
+if #ids == 0 then return 0 end
+local datas = redis.call('HMGET', KEYS[3], unpack(ids))
+local settled, acked, errs, again, dead, deadIds = {}, {}, {}, {}, {}, {}
+for j, id in ipairs(ids) do
+  local k = 2 + (j - 1) * 4
+  local data = datas[j]
+  if data and string.sub(data, 2, 9) == ARGV[k+1] then
+    local op = ARGV[k+2]
+    settled[#settled+1] = id
     if op == 'a' then
-      redis.call('ZREM', KEYS[1], id)
-      redis.call('HDEL', KEYS[3], id)
-      redis.call('HDEL', KEYS[4], id)
-      redis.call('HDEL', KEYS[6], id)
+      acked[#acked+1] = id
     else
-      if ARGV[i+3] ~= '' then redis.call('HSET', KEYS[6], id, ARGV[i+3]) end
+      if ARGV[k+3] ~= '' then
+        errs[#errs+1] = id
+        errs[#errs+1] = ARGV[k+3]
+      end
       if op == 'u' then
         -- Not an attempt (the way to the target was down): uncount it.
         local prev = redis.call('HGET', KEYS[4], id)
         if prev then
           local sep = string.find(prev, ':', 1, true)
-          local a = tonumber(string.sub(prev, 1, sep - 1)) - 1
-          if a > 0 then
-            redis.call('HSET', KEYS[4], id, a .. string.sub(prev, sep))
-          else
-            redis.call('HSET', KEYS[4], id, '0' .. string.sub(prev, sep))
-          end
+          local a = math.max(tonumber(string.sub(prev, 1, sep - 1)) - 1, 0)
+          redis.call('HSET', KEYS[4], id, a .. string.sub(prev, sep))
         end
       end
       if op == 'r' or op == 'u' then
-        redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), id)
+        again[#again+1] = now + tonumber(ARGV[1])
+        again[#again+1] = id
       else
-        redis.call('ZREM', KEYS[1], id)
-        redis.call('ZADD', KEYS[5], now, id)
+        dead[#dead+1] = now
+        dead[#dead+1] = id
+        deadIds[#deadIds+1] = id
       end
     end
-    n = n + 1
   end
 end
-return n
+if #settled > 0 then redis.call('ZREM', KEYS[2], unpack(settled)) end
+if #acked > 0 then
+  redis.call('ZREM', KEYS[1], unpack(acked))
+  redis.call('HDEL', KEYS[3], unpack(acked))
+  redis.call('HDEL', KEYS[4], unpack(acked))
+  redis.call('HDEL', KEYS[6], unpack(acked))
+end
+if #errs > 0 then redis.call('HSET', KEYS[6], unpack(errs)) end
+if #again > 0 then redis.call('ZADD', KEYS[1], unpack(again)) end
+if #dead > 0 then
+  redis.call('ZREM', KEYS[1], unpack(deadIds))
+  redis.call('ZADD', KEYS[5], unpack(dead))
+end
+return #settled
 `)
 
 // reapScript returns up to ARGV[1] envelopes whose lease expired (their

@@ -385,12 +385,22 @@ type Settle struct {
 // longer matches (it was replaced meanwhile) is left alone. It returns how
 // many were settled.
 func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (int, error) {
-	shards := make([]int, 0, len(byShard))
-	for sh := range byShard {
-		shards = append(shards, sh)
+	// Calls of at most ackChunk envelopes: the script unpacks its ids into
+	// single commands, and Lua bounds how many values one unpack may yield.
+	type call struct {
+		shard int
+		items []Settle
 	}
-	cmds, err := s.pipelined(ctx, ackScript, len(shards), func(i int) ([]string, []any) {
-		items := byShard[shards[i]]
+	var calls []call
+	for sh, items := range byShard {
+		for len(items) > ackChunk {
+			calls = append(calls, call{sh, items[:ackChunk]})
+			items = items[ackChunk:]
+		}
+		calls = append(calls, call{sh, items})
+	}
+	cmds, err := s.pipelined(ctx, ackScript, len(calls), func(i int) ([]string, []any) {
+		items := calls[i].items
 		args := make([]any, 0, 1+4*len(items))
 		args = append(args, retry.Milliseconds())
 		for _, it := range items {
@@ -400,20 +410,25 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 			}
 			args = append(args, it.ID, it.Version, string(op), it.Error)
 		}
-		return s.keys[shards[i]].list(), args
+		return s.keys[calls[i].shard].list(), args
 	})
 	if err != nil {
-		// Drop what was settled, so a retry resends only the shards whose
-		// node failed.
+		// Keep only what was not settled, so a retry resends just that.
+		for sh := range byShard {
+			delete(byShard, sh)
+		}
 		for i, c := range cmds {
-			if c.Err() == nil {
-				delete(byShard, shards[i])
+			if c.Err() != nil {
+				byShard[calls[i].shard] = append(byShard[calls[i].shard], calls[i].items...)
 			}
 		}
 		return 0, fmt.Errorf("store: ack: %w", err)
 	}
 	return sum(cmds), nil
 }
+
+// ackChunk bounds the envelopes of one ack script call.
+const ackChunk = 1000
 
 // Reap returns up to limit envelopes per shard whose lease expired (their
 // daemon died or stalled) to due, in one pipeline.
