@@ -96,8 +96,12 @@ type Scanner struct {
 	toPublish chan<- []claimed
 	// clock maps local monotonic time to Redis time, from the last claim.
 	clock redisClock
-	// partial: the last claim failed for some shards (logged once).
-	partial bool
+	// failing holds the backoff of shards whose claims fail; backoff is the
+	// global one used before any claim succeeded; lastFailLog rate-limits
+	// the warning. Only the Run loop touches them.
+	failing     map[int]time.Duration
+	backoff     time.Duration
+	lastFailLog time.Time
 }
 
 // New builds a scanner over every shard of st.
@@ -105,7 +109,7 @@ func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *
 	n := st.Shards()
 	s := &Scanner{store: st, pub: pub, obs: obs, opt: opt, log: log,
 		next: make([]atomic.Int64, n), owned: make([]atomic.Bool, n), announced: make([]atomic.Int64, n),
-		wake: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), failing: map[int]time.Duration{}}
 	s.clock.base = time.Now()
 	for i := range s.owned {
 		s.owned[i].Store(!opt.Shared)
@@ -223,7 +227,6 @@ func (s *Scanner) Run(ctx context.Context) error {
 		<-acked
 	}()
 	s.toPublish = toPublish
-	var backoff time.Duration
 	paused := false
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -264,21 +267,14 @@ func (s *Scanner) Run(ctx context.Context) error {
 			paused = false
 		}
 		if err := s.scan(ctx, due); err != nil {
+			// Only before the first claim ever succeeded, when there is no
+			// Redis time to plan per-shard retries with.
 			if ctx.Err() != nil {
 				return nil
 			}
-			backoff = nextBackoff(backoff)
-			if backoff == minBackoff {
-				s.log.Warn("claim failed, backing off", "error", err)
-			}
-			if !s.sleep(ctx, timer, backoff) {
+			if !s.sleep(ctx, timer, s.backoff) {
 				return nil
 			}
-			continue
-		}
-		if backoff > 0 {
-			s.log.Info("claim recovered")
-			backoff = 0
 		}
 	}
 	return nil
@@ -294,33 +290,51 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	}
 	start := time.Now()
 	res, err := s.store.Claim(ctx, shards, store.ClaimOptions{Batch: s.opt.ClaimBatch, Lease: s.opt.Lease})
+	if took := time.Since(start); took > 100*time.Millisecond {
+		s.log.Debug("slow claim", "took", took, "shards", len(shards), "ok", len(res), "error", err)
+	}
 	if err != nil {
 		s.redisError()
-		if len(res) == 0 {
+		if now := time.Now(); now.Sub(s.lastFailLog) > failLogEvery {
+			s.log.Warn("claim failed, retrying the failed shards with backoff", "failed", len(shards)-len(res),
+				"of", len(shards), "error", err)
+			s.lastFailLog = now
+		}
+		nowMs := s.clock.nowMs()
+		if nowMs == 0 {
+			// No Redis time yet to plan per-shard retries with: retry all
+			// after a global backoff.
+			s.backoff = nextBackoff(s.backoff)
 			for _, sh := range shards {
-				s.next[sh].Store(0) // retry them all after the backoff
+				s.next[sh].Store(0)
 			}
 			return err
 		}
-		// Some shards' Redis nodes failed (a Cluster master down): the
-		// others go on; the failed ones are retried shortly.
+		// The shards whose Redis node failed (all of them when Redis is
+		// down, a Cluster master's while it fails over) each wait out a
+		// growing backoff; the others go on as usual.
 		got := make(map[int]bool, len(res))
 		for _, r := range res {
 			got[r.Shard] = true
 		}
-		retryAt := res[0].NowMs() + partialRetry.Milliseconds()
 		for _, sh := range shards {
 			if !got[sh] {
-				s.lower(sh, retryAt)
+				b := nextBackoff(s.failing[sh])
+				s.failing[sh] = b
+				s.lower(sh, nowMs+b.Milliseconds())
 			}
 		}
-		if !s.partial {
-			s.log.Warn("claim failed for some shards, the others go on", "failed", len(shards)-len(res), "error", err)
-			s.partial = true
-		}
-	} else if s.partial {
+	}
+	s.backoff = 0
+	for _, r := range res {
+		delete(s.failing, r.Shard)
+	}
+	if len(s.failing) == 0 && !s.lastFailLog.IsZero() {
 		s.log.Info("claims recovered on every shard")
-		s.partial = false
+		s.lastFailLog = time.Time{}
+	}
+	if len(res) == 0 {
+		return nil
 	}
 	returned := time.Now()
 	if s.obs != nil {
@@ -599,16 +613,17 @@ func (c *redisClock) until(atMs int64) time.Duration {
 	return time.Duration(atMs*1000-r)*time.Microsecond - elapsed
 }
 
-// partialRetry is how soon shards whose Redis node failed are claimed again
-// while the other shards go on.
-const partialRetry = 200 * time.Millisecond
+// failLogEvery rate-limits the claim-failure warning during an outage.
+const failLogEvery = 5 * time.Second
 
 // pausePoll is how often a scanner paused by a NATS outage looks again.
 const pausePoll = 50 * time.Millisecond
 
 const (
 	minBackoff = 50 * time.Millisecond
-	maxBackoff = 5 * time.Second
+	// maxBackoff caps retries of failing shards: a recovered Redis is
+	// claimed from within a second, and an outage costs a pipeline a second.
+	maxBackoff = time.Second
 )
 
 func nextBackoff(b time.Duration) time.Duration {

@@ -95,10 +95,16 @@ func NewClient(o Options) redis.UniversalClient {
 		MasterName:    o.MasterName,
 		// Fail fast and let the callers back off: the intake answers 503
 		// and the scanner retries, neither should hang on a dead Redis.
-		DialTimeout:  2 * time.Second,
-		ReadTimeout:  3 * time.Second,
-		WriteTimeout: 3 * time.Second,
-		MaxRetries:   1,
+		DialTimeout: 2 * time.Second,
+		// One dial per call: go-redis would otherwise retry a refused
+		// dial five times with backoff, holding a whole pipeline (every
+		// shard) for seconds while one Cluster master is down. The store's
+		// callers retry with their own backoff.
+		DialerRetries:      1,
+		DialerRetryTimeout: 10 * time.Millisecond,
+		ReadTimeout:        3 * time.Second,
+		WriteTimeout:       3 * time.Second,
+		MaxRetries:         1,
 	})
 }
 
