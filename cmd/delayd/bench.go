@@ -30,6 +30,7 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 	fs.DurationVar(&w.Grace, "grace", 5*time.Second, "wait after the last due time before counting the rest as lost")
 	local := fs.Bool("local", false, "start a delayd child process against --nats-url and --redis-addrs and report its CPU and RSS")
 	embedded := fs.Bool("embedded", false, "like --local, but the child runs --embedded (in-process NATS and Redis emulation)")
+	fs.BoolVar(embedded, "embedded-redis", false, "same as --embedded")
 	baseline := fs.Bool("baseline", true, "measure the request/reply ceiling with a trivial responder first")
 	conns := fs.Int("conns", 4, "NATS connections the requesters share")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
