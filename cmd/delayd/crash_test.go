@@ -116,7 +116,7 @@ func TestKill9BetweenClaimAndAck(t *testing.T) {
 	}
 	var inflight []string
 	for _, id := range ids {
-		if st.InFlight(context.Background(), id) {
+		if en, err := st.Get(context.Background(), id); err == nil && en.State == store.StateInflight {
 			inflight = append(inflight, id)
 		}
 	}

@@ -38,18 +38,7 @@ func deadCmd(ctx context.Context, args []string, getenv func(string) string, std
 			return err
 		}
 		r.Dead = true
-		return withClient(ctx, cf, getenv, *timeout, func(ctx context.Context, c *bridge.Client) error {
-			page, err := c.List(ctx, r)
-			if err != nil {
-				return err
-			}
-			if *asJSON {
-				return printJSON(stdout, page)
-			}
-			return printPage(stdout, page, "ID\tDIED\tTARGET\tATTEMPTS\tERROR", func(e bridge.EntryInfo) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%d\t%s", e.ID, e.Due, e.Target, e.Attempts, e.Error)
-			})
-		})
+		return showPage(ctx, cf, getenv, *timeout, r, *asJSON, stdout)
 	case "replay", "purge":
 		var r bridge.DeadRequest
 		fs.BoolVar(&r.All, "all", false, "every dead envelope")

@@ -179,9 +179,7 @@ func TestFaultKill9ThreeTimes(t *testing.T) {
 // wait and go out after the reconnect; nothing sits in a reconnect buffer
 // counted as delivered.
 func TestFaultNATSOutage(t *testing.T) {
-	if testing.Short() {
-		t.Skip("30 s outage")
-	}
+	skipShort(t, "30 s outage")
 	e := newEnv(t)
 	c := e.faultCfg()
 	f := e.faultRun("nats")

@@ -127,9 +127,7 @@ func commandCalls(t *testing.T, r *testutil.Redis) int64 {
 // TestIdleLoadFlat: Redis commands per second at idle with ten daemons are
 // at most twice those with one, measured from INFO commandstats deltas.
 func TestIdleLoadFlat(t *testing.T) {
-	if testing.Short() {
-		t.Skip("measures for 2 x 8 s")
-	}
+	skipShort(t, "measures for 2 x 8 s")
 	measure := func(daemons int) float64 {
 		e := newEnv(t)
 		c := e.cfg()

@@ -222,15 +222,24 @@ func (e *env) stored(c config.Config) int64 {
 	e.t.Helper()
 	st := store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), c.Namespace, c.Shards)
 	defer st.Close()
+	shards, _, err := st.Stats(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	var n int64
-	for sh := range c.Shards {
-		cnt, err := st.Count(context.Background(), sh)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		n += cnt.Pending + cnt.Inflight + cnt.Dead
+	for _, sh := range shards {
+		n += sh.Counts.Pending + sh.Counts.Inflight + sh.Counts.Dead
 	}
 	return n
+}
+
+// skipShort skips a long test under -short, except under CI=true, where
+// every test runs.
+func skipShort(t *testing.T, why string) {
+	t.Helper()
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip(why)
+	}
 }
 
 // scheduleServed retries a schedule request until a delayd answers it

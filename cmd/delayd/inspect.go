@@ -65,13 +65,24 @@ func listCmd(ctx context.Context, args []string, getenv func(string) string, std
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	return withClient(ctx, cf, getenv, *timeout, func(ctx context.Context, c *bridge.Client) error {
+	return showPage(ctx, cf, getenv, *timeout, r, *asJSON, stdout)
+}
+
+// showPage fetches one page of pending or dead envelopes and prints it as
+// JSON or as a table, with the cursor of the next page.
+func showPage(ctx context.Context, cf *configFlags, getenv func(string) string, timeout time.Duration, r bridge.ListRequest, asJSON bool, stdout io.Writer) error {
+	return withClient(ctx, cf, getenv, timeout, func(ctx context.Context, c *bridge.Client) error {
 		page, err := c.List(ctx, r)
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		if asJSON {
 			return printJSON(stdout, page)
+		}
+		if r.Dead {
+			return printPage(stdout, page, "ID\tDIED\tTARGET\tATTEMPTS\tERROR", func(e bridge.EntryInfo) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%d\t%s", e.ID, e.Due, e.Target, e.Attempts, e.Error)
+			})
 		}
 		return printPage(stdout, page, "ID\tDUE\tTARGET\tSIZE\tATTEMPTS\tSHARD", func(e bridge.EntryInfo) string {
 			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%d", e.ID, e.Due, e.Target, e.Size, e.Attempts, e.Shard)

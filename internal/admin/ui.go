@@ -187,7 +187,7 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 		tot.Dead += s.Counts.Dead
 		rows[i] = shardRow{Shard: s.Shard, Pending: s.Counts.Pending, Inflight: s.Counts.Inflight, Dead: s.Counts.Dead}
 		if s.NextDueMs >= 0 {
-			rows[i].NextDue = fmtMs(s.NextDueMs)
+			rows[i].NextDue = envelope.FormatMs(s.NextDueMs)
 		}
 		if i < len(owners) {
 			rows[i].Owner = owners[i]
@@ -195,7 +195,7 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	rate, _ := u.m.recent.snapshot(time.Now())
 	writeJSON(w, map[string]any{
-		"now": fmtMs(nowMs), "pending": tot.Pending, "inflight": tot.Inflight, "dead": tot.Dead,
+		"now": envelope.FormatMs(nowMs), "pending": tot.Pending, "inflight": tot.Inflight, "dead": tot.Dead,
 		"due": due, "lateness": u.m.latenessBuckets(), "rate": rate, "shards": rows,
 	})
 }
@@ -217,7 +217,7 @@ type entryView struct {
 const previewBytes = 512
 
 func view(e store.Entry, detail bool) entryView {
-	v := entryView{ID: e.ID, State: string(e.State), Due: fmtMs(e.DueMs), Attempts: e.Attempts, Error: e.Error}
+	v := entryView{ID: e.ID, State: string(e.State), Due: envelope.FormatMs(e.DueMs), Attempts: e.Attempts, Error: e.Error}
 	env, err := envelope.Decode(e.Data)
 	if err != nil {
 		v.Target = "(undecodable)"
@@ -390,5 +390,3 @@ func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(v)
 }
-
-func fmtMs(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano) }

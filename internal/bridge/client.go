@@ -32,9 +32,6 @@ type Client struct {
 	subject string
 }
 
-// NewClient returns a client for the service at the subject prefix.
-func NewClient(nc *nats.Conn, subject string) *Client { return &Client{nc: nc, subject: subject} }
-
 // Dial connects a client for one-shot commands. Unlike the daemon it fails
 // at once when NATS is unreachable: a person is waiting.
 func Dial(url, subject string, auth Auth, timeout time.Duration) (*Client, error) {

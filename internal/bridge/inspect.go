@@ -178,7 +178,7 @@ func (in *Intake) handleStats(req micro.Request) {
 		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
 		return
 	}
-	out := StatsReply{Now: fmtMs(now), Shards: make([]ShardInfo, len(shards))}
+	out := StatsReply{Now: envelope.FormatMs(now), Shards: make([]ShardInfo, len(shards))}
 	next := int64(-1)
 	for i, s := range shards {
 		out.Pending += s.Counts.Pending
@@ -186,14 +186,14 @@ func (in *Intake) handleStats(req micro.Request) {
 		out.Dead += s.Counts.Dead
 		out.Shards[i] = ShardInfo{Shard: s.Shard, Pending: s.Counts.Pending, Inflight: s.Counts.Inflight, Dead: s.Counts.Dead}
 		if s.NextDueMs >= 0 {
-			out.Shards[i].NextDue = fmtMs(s.NextDueMs)
+			out.Shards[i].NextDue = envelope.FormatMs(s.NextDueMs)
 			if next < 0 || s.NextDueMs < next {
 				next = s.NextDueMs
 			}
 		}
 	}
 	if next >= 0 {
-		out.NextDue = fmtMs(next)
+		out.NextDue = envelope.FormatMs(next)
 	}
 	in.respond(req.Reply(), out)
 }
@@ -252,7 +252,7 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 }
 
 func entryInfo(e store.Entry, withHeaders bool) EntryInfo {
-	info := EntryInfo{ID: e.ID, State: string(e.State), Due: fmtMs(e.DueMs), Attempts: e.Attempts, Shard: e.Shard, Error: e.Error}
+	info := EntryInfo{ID: e.ID, State: string(e.State), Due: envelope.FormatMs(e.DueMs), Attempts: e.Attempts, Shard: e.Shard, Error: e.Error}
 	if env, err := envelope.Decode(e.Data); err == nil {
 		info.Target, info.Size = env.Target, len(env.Payload)
 		if withHeaders {
@@ -263,8 +263,6 @@ func entryInfo(e store.Entry, withHeaders bool) EntryInfo {
 	}
 	return info
 }
-
-func fmtMs(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano) }
 
 // respond sends a JSON reply, if the request has a reply subject.
 func (in *Intake) respond(reply string, v any) {

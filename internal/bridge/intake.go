@@ -228,7 +228,7 @@ func (in *Intake) flush(batch []pending) {
 		}
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
 		in.count(0)
-		in.respond(p.reply, ScheduleReply{ID: p.item.ID, DeliverAt: fmtMs(due[i])})
+		in.respond(p.reply, ScheduleReply{ID: p.item.ID, DeliverAt: envelope.FormatMs(due[i])})
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -74,8 +73,8 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		if err := p.nc.FlushWithContext(ctx); err != nil {
 			// Unconfirmed: maybe delivered, maybe not. Retrying is safe
 			// (at-least-once) and the outage is not the envelope's fault.
-			for i, d := range ds {
-				if errs[i] == nil && !p.isJetStream(d.Target) {
+			for i := range ds {
+				if _, js := futures[i]; errs[i] == nil && !js { // JetStream ones await their PubAck
 					errs[i] = fmt.Errorf("flush: %w (%w)", err, scanner.ErrUnreachable)
 				}
 			}
@@ -143,7 +142,7 @@ func DeliveryMsg(d envelope.Delivery) *nats.Msg {
 		h = nats.Header{}
 	}
 	h[envelope.HeaderID] = []string{d.ID}
-	h[envelope.HeaderDue] = []string{d.Due.UTC().Format(time.RFC3339Nano)}
+	h[envelope.HeaderDue] = []string{envelope.FormatMs(d.Due.UnixMilli())}
 	h[envelope.HeaderAttempt] = []string{strconv.Itoa(d.Attempt)}
 	return &nats.Msg{Subject: d.Target, Data: d.Payload, Header: h}
 }

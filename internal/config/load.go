@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/knadh/koanf/parsers/yaml"
@@ -80,15 +79,6 @@ func Load(path string, getenv func(string) string, flags map[string]string) (Con
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
 	return c, c.Validate()
-}
-
-// Keys lists every configuration key, sorted, for help and docs.
-func Keys() []string {
-	k := koanf.New(".")
-	_ = k.Load(structs.Provider(Default(), "koanf"), nil)
-	keys := k.Keys()
-	sort.Strings(keys)
-	return keys
 }
 
 // coerce turns a string from env or flags into the shape of the default:

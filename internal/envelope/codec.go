@@ -154,6 +154,10 @@ func (r *reader) str() string {
 	return s
 }
 
+// FormatMs renders a time in ms since the epoch the way the protocol writes
+// times (Delayd-Due, deliver_at, inspection replies): RFC 3339 nano, UTC.
+func FormatMs(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano) }
+
 // Delivery is a due envelope on its way to its target.
 type Delivery struct {
 	ID      string

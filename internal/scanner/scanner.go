@@ -416,7 +416,7 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 	ds := make([]envelope.Delivery, 0, len(items))
 	from := make([]claimed, 0, len(items)) // from[i] was decoded into ds[i]
 	settles := make(map[int][]store.Settle)
-	var dead []envelope.Delivery
+	var dead []envelope.Delivery // with the error in Delayd-Error
 	settle := func(c claimed, d *envelope.Delivery, fail error) {
 		st := store.Settle{ID: c.ID, Version: envelope.Version(c.Data), Outcome: store.Delivered}
 		switch {
@@ -430,7 +430,9 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 				target := ""
 				if d != nil {
 					target = d.Target
-					dead = append(dead, *d)
+					if s.opt.DeadSubject != "" {
+						dead = append(dead, deadLetter(*d, s.opt.DeadSubject, fail))
+					}
 				}
 				s.log.Warn("envelope moved to the dead set", "id", c.ID, "target", target, "attempts", c.Attempt, "error", fail)
 				if s.obs != nil {
@@ -468,37 +470,33 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 		}
 		settle(c, &ds[i], errs[i])
 	}
-	s.publishDead(dctx, dead, settles)
+	s.publishDead(dctx, dead)
 	return settles
 }
 
 var errLeaseExpired = errors.New("lease expired without an ack on every attempt (daemon crashed or stalled)")
 
+// deadLetter is the copy of a dead envelope published to
+// <prefix>.<target>, with the last error in Delayd-Error.
+func deadLetter(d envelope.Delivery, prefix string, fail error) envelope.Delivery {
+	h := make(map[string][]string, len(d.Header)+1)
+	for k, v := range d.Header {
+		h[k] = v
+	}
+	h[envelope.HeaderError] = []string{fail.Error()}
+	d.Header, d.Target = h, prefix+"."+d.Target
+	return d
+}
+
 // publishDead tells whoever listens on <DeadSubject>.<target> about dead
 // envelopes. It is best effort: the dead set in Redis is the record.
-func (s *Scanner) publishDead(ctx context.Context, dead []envelope.Delivery, settles map[int][]store.Settle) {
+func (s *Scanner) publishDead(ctx context.Context, dead []envelope.Delivery) {
 	if s.opt.DeadSubject == "" || len(dead) == 0 {
 		return
 	}
-	reasons := map[string]string{}
-	for _, v := range settles {
-		for _, st := range v {
-			reasons[st.ID] = st.Error
-		}
-	}
-	out := make([]envelope.Delivery, len(dead))
-	for i, d := range dead {
-		h := make(map[string][]string, len(d.Header)+1)
-		for k, v := range d.Header {
-			h[k] = v
-		}
-		h[envelope.HeaderError] = []string{reasons[d.ID]}
-		d.Header, d.Target = h, s.opt.DeadSubject+"."+d.Target
-		out[i] = d
-	}
-	for i, err := range s.pub.Publish(ctx, out) {
+	for i, err := range s.pub.Publish(ctx, dead) {
 		if err != nil {
-			s.log.Warn("publishing dead letter failed; it stays in the dead set", "id", out[i].ID, "subject", out[i].Target, "error", err)
+			s.log.Warn("publishing dead letter failed; it stays in the dead set", "id", dead[i].ID, "subject", dead[i].Target, "error", err)
 		}
 	}
 }

@@ -14,6 +14,7 @@ type shardKeys struct {
 	attempts string // HASH id → "attempts:original due ms", only while claimed
 	dead     string // ZSET id → time of death ms
 	errors   string // HASH id → last delivery error, while retrying or dead
+	owner    string // STRING id of the daemon scanning the shard, with a TTL
 }
 
 func keysFor(ns string, shard int) shardKeys {
@@ -25,8 +26,14 @@ func keysFor(ns string, shard int) shardKeys {
 		attempts: tag + "attempts",
 		dead:     tag + "dead",
 		errors:   tag + "errors",
+		owner:    tag + "owner",
 	}
 }
+
+// membersKey is the ZSET of live daemons (id → heartbeat expiry ms). Its
+// hash tag starts like the shards' so an ACL key pattern on "{<ns>:" covers
+// everything delayd touches.
+func membersKey(ns string) string { return "{" + ns + ":members}" }
 
 // list returns the keys in the order every script expects them in KEYS.
 func (k shardKeys) list() []string {

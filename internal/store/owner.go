@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -54,14 +53,10 @@ end
 return 0
 `)
 
-func (s *Store) membersKey() string { return "{" + s.ns + ":members}" }
-
-func (s *Store) ownerKey(shard int) string { return "{" + s.ns + ":" + strconv.Itoa(shard) + "}:owner" }
-
 // Heartbeat marks id alive for ttl and returns the live members (sorted)
 // and Redis' time. A ttl of 0 removes id: a graceful leave.
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) ([]string, int64, error) {
-	raw, err := heartbeatScript.Run(ctx, s.rdb, []string{s.membersKey()}, id, ttl.Milliseconds()).Slice()
+	raw, err := heartbeatScript.Run(ctx, s.rdb, []string{membersKey(s.ns)}, id, ttl.Milliseconds()).Slice()
 	if err != nil {
 		s.failed(err)
 		return nil, 0, fmt.Errorf("store: heartbeat: %w", err)
@@ -84,9 +79,9 @@ func (s *Store) Own(ctx context.Context, id string, ttl time.Duration, hold, rel
 	}
 	cmds, err := s.pipelined(ctx, ownScript, n, func(i int) ([]string, []any) {
 		if i < len(hold) {
-			return []string{s.ownerKey(hold[i])}, []any{id, ttl.Milliseconds(), "h"}
+			return []string{s.keys[hold[i]].owner}, []any{id, ttl.Milliseconds(), "h"}
 		}
-		return []string{s.ownerKey(release[i-len(hold)])}, []any{id, ttl.Milliseconds(), "r"}
+		return []string{s.keys[release[i-len(hold)]].owner}, []any{id, ttl.Milliseconds(), "r"}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: own: %w", err)
@@ -103,7 +98,7 @@ func (s *Store) Own(ctx context.Context, id string, ttl time.Duration, hold, rel
 func (s *Store) Owners(ctx context.Context) ([]string, error) {
 	keys := make([]string, s.shards)
 	for i := range keys {
-		keys[i] = s.ownerKey(i)
+		keys[i] = s.keys[i].owner
 	}
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.StringCmd, s.shards)

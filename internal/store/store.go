@@ -453,22 +453,6 @@ type Counts struct {
 	Pending, Inflight, Dead int64
 }
 
-// Count returns the sizes of a shard's sets with three ZCARDs: O(1) each.
-func (s *Store) Count(ctx context.Context, shard int) (Counts, error) {
-	k := s.keys[shard]
-	pipe := s.rdb.Pipeline()
-	p, i, d := pipe.ZCard(ctx, k.due), pipe.ZCard(ctx, k.inflight), pipe.ZCard(ctx, k.dead)
-	if _, err := pipe.Exec(ctx); err != nil {
-		return Counts{}, fmt.Errorf("store: count shard %d: %w", shard, err)
-	}
-	return Counts{Pending: p.Val(), Inflight: i.Val(), Dead: d.Val()}, nil
-}
-
-// InFlight reports whether id is claimed and not yet acknowledged.
-func (s *Store) InFlight(ctx context.Context, id string) bool {
-	return s.rdb.ZScore(ctx, s.keys[s.Shard(id)].inflight, id).Err() == nil
-}
-
 // sum adds the integer replies of cmds.
 func sum(cmds []*redis.Cmd) int {
 	n := 0
