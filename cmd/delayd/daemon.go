@@ -83,25 +83,42 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	if err != nil {
 		return err
 	}
-	st := store.New(store.NewClient(ropts), c.Namespace, c.Shards)
+	var guard *store.Guard
+	if !c.Embedded { // the emulation neither evicts nor persists
+		guard = store.NewGuard(c.Redis.AllowEviction, log.Named("redis"))
+		ropts.OnConnect = guard.OnConnect
+	}
+	rdb := store.NewClient(ropts)
+	st := store.New(rdb, c.Namespace, c.Shards)
 	defer st.Close()
+	if guard != nil {
+		// Refuse to start on an evicting Redis. An unreachable one is
+		// checked on its first connection, like every reconnect.
+		gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := guard.Check(gctx, rdb)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
 	auth, err := natsAuth(c)
 	if err != nil {
 		return err
 	}
 
-	in, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", auth, log.Named("nats"), nil)
+	in, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", auth, log.Named("nats"), nil, nil)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := bridge.Connect(c.NATS.URL, c.NATS.Name, auth, log.Named("nats"), metrics.NATSReconnect)
+	refusals := bridge.NewRefusals()
+	out, err := bridge.Connect(c.NATS.URL, c.NATS.Name, auth, log.Named("nats"), metrics.NATSReconnect, refusals)
 	if err != nil {
 		return err
 	}
 	defer out.Close()
 
-	pub, err := bridge.NewPublisher(out, c.Targets.JetStream)
+	pub, err := bridge.NewPublisher(out, refusals, c.Targets.JetStream)
 	if err != nil {
 		return err
 	}
@@ -116,9 +133,10 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	scanOpts.Announce = func(shard int, dueMs int64) { relay.Announce(shard, dueMs) }
 	sc := scanner.New(st, pub, metrics, scanOpts, log.Named("scanner"))
 	relay = bridge.NewWakeRelay(out, c.Subject, sc.WakeLocal, log.Named("wake"))
-	intake := bridge.NewIntake(in, st, st, sc, metrics, bridge.IntakeOptions{
+	insp := inspector{Store: st, wake: sc.Wake}
+	intake := bridge.NewIntake(in, st, insp, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
-		Limits: c.EnvelopeLimits(), Policy: c.Policy(), Now: o.now,
+		Limits: c.EnvelopeLimits(), Policy: c.Policy(), Now: o.now, JetStream: c.Targets.JetStream,
 	}, log.Named("intake"))
 	id := c.NATS.Name + "-" + nuid.Next()
 	own := scanner.NewOwnership(st, sc, id, c.Ownership.TTL, log.Named("ownership"))
@@ -138,6 +156,13 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 			component{"ownership", own.Run},
 			component{"scanner", sc.Run},
 			component{"wake", relay.Run})
+		if c.Scanner.CheckInterval > 0 {
+			chk := scanner.NewChecker(st, sc, metrics, c.Scanner.CheckInterval, log.Named("check"))
+			comps = append(comps, component{"check", chk.Run})
+		}
+	}
+	if guard != nil {
+		comps = append(comps, component{"redis-guard", guard.Run})
 	}
 	comps = append(comps,
 		component{"ready", func(ctx context.Context) error { waitReady(ctx, st, out.IsConnected, log); <-ctx.Done(); return nil }},
@@ -148,12 +173,12 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	if c.HTTP.Addr != "" {
 		var ui *admin.UI
 		if c.UI.Enabled {
-			ui = admin.NewUI(st, metrics, admin.UIOptions{
+			ui = admin.NewUI(insp, metrics, admin.UIOptions{
 				AllowActions: c.UI.AllowActions, BasicUser: c.UI.BasicAuthUser, BasicPass: c.UI.BasicAuthPassword,
 				BearerToken: c.UI.BearerToken, Policy: c.Policy(), JetStream: c.Targets.JetStream,
 			}, log.Named("ui"))
 		}
-		srv, err := admin.Listen(c.HTTP.Addr, metrics, []admin.Check{
+		checks := []admin.Check{
 			{Name: "nats", Fn: func(context.Context) error {
 				if (c.Mode != "scanner" && !in.IsConnected()) || !out.IsConnected() {
 					return errors.New("not connected")
@@ -161,7 +186,11 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 				return nil
 			}},
 			{Name: "redis", Fn: st.Ready},
-		}, ui, log.Named("admin"))
+		}
+		if c.Mode != "intake" {
+			checks = append(checks, admin.Check{Name: "shards", Fn: own.Ready})
+		}
+		srv, err := admin.Listen(c.HTTP.Addr, metrics, checks, ui, log.Named("admin"))
 		if err != nil {
 			return err
 		}
@@ -173,6 +202,28 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	_ = out.FlushWithContext(drainCtx)
 	log.Info("stopped")
 	return err
+}
+
+// inspector is the store as the operator endpoints see it: a replay also
+// wakes the scanner of the replayed envelopes' shards, so they go out now
+// rather than at the next idle tick.
+type inspector struct {
+	*store.Store
+	wake func(shard int, dueMs int64)
+}
+
+func (i inspector) Replay(ctx context.Context, ids []string) (int, error) {
+	n, err := i.Store.Replay(ctx, ids)
+	if n > 0 {
+		woken := map[int]bool{}
+		for _, id := range ids {
+			if sh := i.Shard(id); !woken[sh] {
+				woken[sh] = true
+				i.wake(sh, 0)
+			}
+		}
+	}
+	return n, err
 }
 
 // daemonOptions are test seams of the daemon.

@@ -32,6 +32,7 @@ type Metrics struct {
 	dead           prometheus.Gauge
 	oldestOverdue  prometheus.Gauge
 	shardsOwned    prometheus.Gauge
+	inconsistent   *prometheus.CounterVec
 	recent         recent
 }
 
@@ -67,9 +68,11 @@ func NewMetrics(version string) *Metrics {
 			Help: "How far past due the earliest pending envelope of the owned shards is; 0 when none is (sampled)."}),
 		shardsOwned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_shards_owned",
 			Help: "Shards this daemon scans."}),
+		inconsistent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_inconsistencies_found_total",
+			Help: "Entries breaking the store's invariants, found by the background check, by kind (should stay 0)."}, []string{"kind"}),
 	}
 	for _, c := range []prometheus.Collector{m.received, m.delivered, m.lateness, m.claimDuration, m.redisErrors,
-		m.natsReconnects, m.deadTotal, m.pending, m.inflight, m.dead, m.oldestOverdue, m.shardsOwned,
+		m.natsReconnects, m.deadTotal, m.pending, m.inflight, m.dead, m.oldestOverdue, m.shardsOwned, m.inconsistent,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}
@@ -90,6 +93,12 @@ func (m *Metrics) Received(code int) {
 	m.received.WithLabelValues(resultOf(code)).Inc()
 }
 
+// Inconsistent counts entries the background check found breaking the
+// store's invariants.
+func (m *Metrics) Inconsistent(kind string, n int) {
+	m.inconsistent.WithLabelValues(kind).Add(float64(n))
+}
+
 func resultOf(code int) string {
 	switch code {
 	case 0:
@@ -102,6 +111,8 @@ func resultOf(code int) string {
 		return "too_large"
 	case envelope.CodeUnavailable:
 		return "unavailable"
+	case 504:
+		return "outcome_unknown"
 	}
 	return strconv.Itoa(code)
 }

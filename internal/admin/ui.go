@@ -32,7 +32,7 @@ type UIStore interface {
 	Stats(ctx context.Context, shards ...int) ([]store.ShardStats, int64, error)
 	Owners(ctx context.Context) ([]string, error)
 	DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error)
-	Cancel(ctx context.Context, id string) (bool, error)
+	Cancel(ctx context.Context, id string) (store.Cancelled, error)
 	Replay(ctx context.Context, ids []string) (int, error)
 	Purge(ctx context.Context, ids []string) (int, error)
 }
@@ -352,13 +352,13 @@ func (u *UI) cancel(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `body must be {"id": "..."}`, http.StatusBadRequest)
 		return
 	}
-	ok, err := u.st.Cancel(r.Context(), req.ID)
+	c, err := u.st.Cancel(r.Context(), req.ID)
 	if err != nil {
 		u.unavailable(w, err)
 		return
 	}
-	u.log.Info("cancelled from the console", "id", req.ID, "existed", ok)
-	writeJSON(w, map[string]any{"id": req.ID, "cancelled": ok})
+	u.log.Info("cancelled from the console", "id", req.ID, "existed", c.Existed, "in_flight", c.InFlight)
+	writeJSON(w, map[string]any{"id": req.ID, "cancelled": c.Existed, "in_flight": c.InFlight})
 }
 
 func (u *UI) dead(act func(context.Context, []string) (int, error)) http.HandlerFunc {

@@ -52,8 +52,9 @@ func (a Auth) options() ([]nats.Option, error) {
 // Connect opens a connection that keeps retrying, in the background, when
 // the server is down at start or goes away later: delayd must outlive NATS
 // outages rather than crash-loop. Reconnects are logged.
-// onReconnect, if not nil, is called after each reconnection.
-func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func()) (*nats.Conn, error) {
+// onReconnect, if not nil, is called after each reconnection; refusals, if
+// not nil, records the server's permission refusals for a Publisher.
+func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), refusals *Refusals) (*nats.Conn, error) {
 	authOpts, err := auth.options()
 	if err != nil {
 		return nil, err
@@ -84,6 +85,7 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func()) 
 				subj = sub.Subject
 			}
 			log.Error("NATS async error", "subject", subj, "error", err)
+			refusals.record(err)
 		}),
 	)...)
 	if err != nil {

@@ -2,6 +2,8 @@ package bridge
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -18,8 +20,8 @@ import (
 
 // Store is what the intake needs from the delay set.
 type Store interface {
-	Schedule(ctx context.Context, items []store.Item) ([]int64, error)
-	Cancel(ctx context.Context, id string) (bool, error)
+	Schedule(ctx context.Context, items []store.Item) ([]int64, []error)
+	Cancel(ctx context.Context, id string) (store.Cancelled, error)
 	Shard(id string) int
 }
 
@@ -43,8 +45,11 @@ type IntakeOptions struct {
 	Linger  time.Duration
 	Limits  envelope.Limits
 	Policy  envelope.Policy
-	// StoreTimeout bounds one Redis pipeline; past it callers get 503.
+	// StoreTimeout bounds one Redis pipeline; past it callers get 504.
 	StoreTimeout time.Duration
+	// JetStream are the target patterns delivered with JetStream (their
+	// deliveries carry a Nats-Msg-Id, which counts against max_payload).
+	JetStream []string
 	// Now is the local clock, used only for the coarse limit checks on
 	// Delayd-At; due times are Redis time. Injected so tests can skew it.
 	Now func() time.Time
@@ -56,11 +61,23 @@ type ScheduleReply struct {
 	DeliverAt string `json:"deliver_at"`
 }
 
-// CancelReply is the JSON answer to a cancel request.
+// CancelReply is the JSON answer to a cancel request. InFlight: the
+// envelope was being delivered when cancelled, so a delivery may be out.
 type CancelReply struct {
 	ID        string `json:"id"`
 	Cancelled bool   `json:"cancelled"`
+	InFlight  bool   `json:"in_flight,omitempty"`
 }
+
+// UnknownReply is the body of a 504 answer: the outcome is unknown, and a
+// retry with this id (as Delayd-Id) replaces rather than duplicates.
+type UnknownReply struct {
+	ID string `json:"id"`
+}
+
+// CodeOutcomeUnknown answers a request whose write may or may not have
+// happened (Redis timed out after the request was sent).
+const CodeOutcomeUnknown = 504
 
 // Intake is the delayd micro service.
 type Intake struct {
@@ -215,15 +232,17 @@ func (in *Intake) flush(batch []pending) {
 		items[i] = p.item
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
-	due, err := in.store.Schedule(ctx, items)
+	due, errs := in.store.Schedule(ctx, items)
 	cancel()
-	if err != nil {
-		in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
-		in.redisError()
-	}
+	logged := false
 	for i, p := range batch {
-		if err != nil && (len(due) != len(batch) || due[i] < 0) {
-			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable")
+		if err := errs[i]; err != nil {
+			if !logged {
+				in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
+				in.redisError()
+				logged = true
+			}
+			in.storeFailed(p.reply, p.item.ID, err)
 			continue
 		}
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
@@ -232,8 +251,35 @@ func (in *Intake) flush(batch []pending) {
 	}
 }
 
+// storeFailed answers a request whose write failed: 503 when nothing was
+// written, so a retry cannot duplicate; 504 with the id when the write may
+// have happened, so a retry with that id replaces it.
+func (in *Intake) storeFailed(reply, id string, err error) {
+	if errors.Is(err, store.ErrNotWritten) {
+		in.fail(reply, envelope.CodeUnavailable, "store unavailable, nothing stored")
+		return
+	}
+	in.count(CodeOutcomeUnknown)
+	if reply == "" {
+		return
+	}
+	b, _ := json.Marshal(UnknownReply{ID: id})
+	m := &nats.Msg{Subject: reply, Data: b, Header: nats.Header{
+		micro.ErrorHeader:     []string{"store timed out: the envelope may or may not be stored; retry with Delayd-Id " + id},
+		micro.ErrorCodeHeader: []string{strconv.Itoa(CodeOutcomeUnknown)},
+	}}
+	if err := in.nc.PublishMsg(m); err != nil {
+		in.log.Warn("error reply failed", "error", err)
+	}
+}
+
 func (in *Intake) handleSchedule(req micro.Request) {
-	r, err := envelope.ParseSchedule(req.Headers(), req.Data(), in.opt.Limits, in.opt.Policy, in.opt.Now())
+	lim := in.opt.Limits
+	srvMax := int(in.nc.MaxPayload())
+	if srvMax > 0 && (lim.MaxPayload == 0 || srvMax < lim.MaxPayload) {
+		lim.MaxPayload = srvMax
+	}
+	r, err := envelope.ParseSchedule(req.Headers(), req.Data(), lim, in.opt.Policy, in.opt.Now())
 	if err != nil {
 		in.reject(req.Reply(), err)
 		return
@@ -241,14 +287,41 @@ func (in *Intake) handleSchedule(req micro.Request) {
 	if r.ID == "" {
 		r.ID = nuid.Next()
 	}
+	if srvMax > 0 {
+		// The delivery carries more headers than the request: refuse now
+		// what could never be delivered.
+		if n := DeliverySize(r.Envelope, r.ID, in.isJetStream(r.Target)); n > srvMax {
+			in.reject(req.Reply(), &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
+				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)})
+			return
+		}
+	}
 	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope)}
 	if r.HasAt {
 		// Round up to the µs so that rounding never makes it early.
-		it.Absolute, it.AtMicros = true, (r.At.UnixNano()+999)/1000
+		it.Absolute, it.AtMicros = true, ceilMicros(r.At.UnixMicro(), r.At.Nanosecond()%1000)
 	} else {
-		it.DelayMicros = int64((r.Delay + time.Microsecond - 1) / time.Microsecond)
+		it.DelayMicros = ceilMicros(int64(r.Delay/time.Microsecond), int(r.Delay%time.Microsecond))
 	}
 	in.queue <- pending{item: it, reply: req.Reply()}
+}
+
+// ceilMicros rounds us up when the nanoseconds left over are positive,
+// without the overflow of adding 999 ns first.
+func ceilMicros(us int64, restNanos int) int64 {
+	if restNanos > 0 {
+		return us + 1
+	}
+	return us
+}
+
+func (in *Intake) isJetStream(target string) bool {
+	for _, pat := range in.opt.JetStream {
+		if envelope.Match(pat, target) {
+			return true
+		}
+	}
+	return false
 }
 
 func (in *Intake) handleCancel(req micro.Request) {
@@ -258,15 +331,15 @@ func (in *Intake) handleCancel(req micro.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
-	ok, err := in.store.Cancel(ctx, id)
+	c, err := in.store.Cancel(ctx, id)
 	cancel()
 	if err != nil {
 		in.log.Error("cancel failed", "id", id, "error", err)
 		in.redisError()
-		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+		in.storeFailed(req.Reply(), id, err)
 		return
 	}
-	in.respond(req.Reply(), CancelReply{ID: id, Cancelled: ok})
+	in.respond(req.Reply(), CancelReply{ID: id, Cancelled: c.Existed, InFlight: c.InFlight})
 }
 
 func (in *Intake) reject(reply string, err error) {

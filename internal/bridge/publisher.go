@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,14 +22,16 @@ var ErrNotConnected = fmt.Errorf("NATS not connected: %w", scanner.ErrUnreachabl
 // API to targets matching the configured patterns.
 type Publisher struct {
 	nc         *nats.Conn
+	refusals   *Refusals
 	js         jetstream.JetStream
 	jsPatterns []string
 }
 
-// NewPublisher returns a publisher on nc. Targets matching a pattern in
+// NewPublisher returns a publisher on nc, whose permission refusals are
+// recorded in refusals (see Connect). Targets matching a pattern in
 // jsPatterns are published with JetStream and need a PubAck.
-func NewPublisher(nc *nats.Conn, jsPatterns []string) (*Publisher, error) {
-	p := &Publisher{nc: nc, jsPatterns: jsPatterns}
+func NewPublisher(nc *nats.Conn, refusals *Refusals, jsPatterns []string) (*Publisher, error) {
+	p := &Publisher{nc: nc, refusals: refusals, jsPatterns: jsPatterns}
 	if len(jsPatterns) > 0 {
 		js, err := jetstream.New(nc)
 		if err != nil {
@@ -55,6 +57,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	}
 	core := 0
 	lastErr := p.nc.LastError()
+	mark := p.refusals.mark()
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
 		m := DeliveryMsg(d)
@@ -71,15 +74,16 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	}
 	if core > 0 {
 		if err := p.nc.FlushWithContext(ctx); err != nil {
-			// Unconfirmed: maybe delivered, maybe not. Retrying is safe
-			// (at-least-once) and the outage is not the envelope's fault.
+			// Unconfirmed: the messages were handed to the connection and
+			// may have left, so this is an attempt (a redelivery carries a
+			// higher Delayd-Attempt), not "unreachable".
 			for i := range ds {
 				if _, js := futures[i]; errs[i] == nil && !js { // JetStream ones await their PubAck
-					errs[i] = fmt.Errorf("flush: %w (%w)", err, scanner.ErrUnreachable)
+					errs[i] = fmt.Errorf("flush not confirmed: %w", err)
 				}
 			}
 		}
-		p.permissionDenied(ds, errs, lastErr)
+		p.permissionDenied(ctx, ds, errs, futures, lastErr, mark)
 	}
 	for i, f := range futures {
 		if errs[i] != nil {
@@ -96,21 +100,25 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	return errs
 }
 
-// permissionDenied fails the deliveries the server refused to take from
-// delayd's NATS user. The server drops such a message and says so with an
-// -ERR before the flush's PONG; nats.go records it as the connection's last
-// error, which is the only synchronous trace it leaves. Without this the
-// flush would count a refused message as published.
-func (p *Publisher) permissionDenied(ds []envelope.Delivery, errs []error, before error) {
-	err := p.nc.LastError()
-	if err == nil || err == before || !errors.Is(err, nats.ErrPermissionViolation) {
+// permissionDenied fails the core deliveries the server refused to take
+// from delayd's NATS user: every refusal since mark, by subject. The
+// connection's last error changing during the batch says some refusal came;
+// if the record cannot catch up with it in time, every core delivery of the
+// batch fails (to be retried) rather than any refused one count as sent.
+func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery, errs []error, js map[int]jetstream.PubAckFuture, before error, mark uint64) {
+	last := p.nc.LastError()
+	if last == nil || last == before || !errors.Is(last, nats.ErrPermissionViolation) {
 		return
 	}
-	_, subj, ok := strings.Cut(err.Error(), `Publish to "`)
-	subj, _, _ = strings.Cut(subj, `"`)
+	refused, complete := p.refusals.since(ctx, mark, last)
 	for i, d := range ds {
-		if errs[i] == nil && (!ok || d.Target == subj) {
+		if _, isJS := js[i]; errs[i] != nil || isJS {
+			continue
+		}
+		if err, ok := refused[d.Target]; ok {
 			errs[i] = fmt.Errorf("publish to %s: %w", d.Target, err)
+		} else if !complete {
+			errs[i] = fmt.Errorf("publish to %s: a permissions violation in this batch could not be attributed: %w", d.Target, last)
 		}
 	}
 }
@@ -133,13 +141,26 @@ func MsgID(d envelope.Delivery) string {
 	return d.ID + "@" + strconv.FormatInt(d.Due.UnixMilli(), 10)
 }
 
+// DeliverySize is what NATS counts against max_payload for the delivery of
+// e under id: the payload and every header, delayd's at their longest.
+func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
+	d := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond), Attempt: 999999, Envelope: e}
+	m := DeliveryMsg(d)
+	if jetStream {
+		m.Header[jetstream.MsgIDHeader] = []string{MsgID(d)}
+	}
+	return m.Size() - len(m.Subject)
+}
+
 // DeliveryMsg builds the delivered message: the payload unchanged, the
 // publisher's headers minus the control ones (already removed at intake),
 // plus the delivery headers.
 func DeliveryMsg(d envelope.Delivery) *nats.Msg {
-	h := nats.Header(d.Header)
-	if h == nil {
-		h = nats.Header{}
+	// A copy: the delivery headers (and JetStream's Nats-Msg-Id) must not
+	// leak into d, which a dead letter is built from.
+	h := make(nats.Header, len(d.Header)+4)
+	for k, v := range d.Header {
+		h[k] = v
 	}
 	h[envelope.HeaderID] = []string{d.ID}
 	h[envelope.HeaderDue] = []string{envelope.FormatMs(d.Due.UnixMilli())}

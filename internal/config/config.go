@@ -103,6 +103,9 @@ type Redis struct {
 	Password   string `koanf:"password"`
 	DB         int    `koanf:"db"`
 	TLS        TLS    `koanf:"tls"`
+	// AllowEviction lets delayd run on a Redis whose maxmemory-policy may
+	// delete keys, which loses acknowledged envelopes. Off, delayd refuses.
+	AllowEviction bool `koanf:"allow_eviction"`
 }
 
 // Scanner tunes the clock that claims and delivers due envelopes.
@@ -119,6 +122,10 @@ type Scanner struct {
 	// MaxAttempts moves an envelope to the dead set after this many
 	// deliveries without an ack.
 	MaxAttempts int `koanf:"max_attempts"`
+	// CheckInterval: every interval one owned shard is checked, slowly
+	// and read-only, for data that breaks the store's invariants (what
+	// delayd doctor checks). 0 turns the background check off.
+	CheckInterval time.Duration `koanf:"check_interval"`
 }
 
 // Intake tunes how schedule requests are batched into Redis pipelines.
@@ -131,6 +138,9 @@ type Intake struct {
 
 // Limits bound one schedule request.
 type Limits struct {
+	// MaxPayload bounds the payload; 0 follows the NATS server's
+	// max_payload. Either way the whole delivered message (payload and
+	// the headers delayd adds) must fit the server's max_payload.
 	MaxPayload     int           `koanf:"max_payload"`
 	MaxIDLen       int           `koanf:"max_id_len"`
 	MaxHeaders     int           `koanf:"max_headers"`
@@ -182,10 +192,12 @@ func Default() Config {
 			IdleInterval: time.Second,
 			RetryBackoff: time.Second,
 			MaxAttempts:  10,
+			// A shard every minute: 16 shards are all checked in 16 min.
+			CheckInterval: time.Minute,
 		},
 		Intake: Intake{Batch: 256},
 		Limits: Limits{
-			MaxPayload:     1 << 20,
+			MaxPayload:     0, // the NATS server's max_payload
 			MaxIDLen:       256,
 			MaxHeaders:     64,
 			MaxHeaderBytes: 16 << 10,
@@ -262,11 +274,16 @@ func (c Config) Validate() error {
 	positive("scanner.idle_interval", int64(c.Scanner.IdleInterval))
 	positive("scanner.retry_backoff", int64(c.Scanner.RetryBackoff))
 	positive("scanner.max_attempts", int64(c.Scanner.MaxAttempts))
+	if c.Scanner.CheckInterval != 0 && c.Scanner.CheckInterval < time.Second {
+		bad("scanner.check_interval", "must be 0 (off) or at least 1s, got %s", c.Scanner.CheckInterval)
+	}
 	positive("intake.batch", int64(c.Intake.Batch))
 	if c.Intake.Linger < 0 {
 		bad("intake.linger", "must not be negative, got %s", c.Intake.Linger)
 	}
-	positive("limits.max_payload", int64(c.Limits.MaxPayload))
+	if c.Limits.MaxPayload < 0 {
+		bad("limits.max_payload", "must be 0 (the NATS server's max_payload) or positive, got %d", c.Limits.MaxPayload)
+	}
 	positive("limits.max_headers", int64(c.Limits.MaxHeaders))
 	positive("limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes))
 	positive("limits.max_delay", int64(c.Limits.MaxDelay))
@@ -281,8 +298,11 @@ func (c Config) Validate() error {
 	if c.Limits.MaxIDLen < 1 || c.Limits.MaxIDLen > 256 {
 		bad("limits.max_id_len", "must be 1..256, got %d", c.Limits.MaxIDLen)
 	}
-	if c.Limits.MaxPast < 0 {
-		bad("limits.max_past", "must not be negative, got %s", c.Limits.MaxPast)
+	if c.Limits.MaxPast < 0 || c.Limits.MaxPast > envelope.MaxDelayLimit {
+		bad("limits.max_past", "must be 0 (no limit) up to %s, got %s", envelope.MaxDelayLimit, c.Limits.MaxPast)
+	}
+	if c.Limits.MaxDelay > envelope.MaxDelayLimit {
+		bad("limits.max_delay", "must be at most %s (100 years), got %s", envelope.MaxDelayLimit, c.Limits.MaxDelay)
 	}
 	for _, key := range []struct {
 		name string

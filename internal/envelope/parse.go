@@ -53,6 +53,18 @@ func CodeOf(err error) int {
 	return CodeUnavailable
 }
 
+// Due times must lie in [MinDue, MaxDue): then every due time in µs is
+// exact in Redis' Lua numbers (doubles, exact to 2^53) and every distance
+// from now fits a time.Duration.
+var (
+	MinDue = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+	MaxDue = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// MaxDelayLimit bounds limits.max_delay (and max_past): 100 years keeps
+// now + delay far inside MaxDue for this century.
+const MaxDelayLimit = 100 * 365 * 24 * time.Hour
+
 // Limits bound what one request may carry. Zero means "no limit" only for
 // MaxPast; every other limit must be positive (config validation ensures it).
 type Limits struct {
@@ -117,6 +129,12 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 		t, err := time.Parse(time.RFC3339Nano, at)
 		if err != nil {
 			return r, reject(CodeBadRequest, "%s %q is not an RFC 3339 time", HeaderAt, at)
+		}
+		if t.Before(MinDue) || !t.Before(MaxDue) {
+			// Outside, due times stop fitting a ZSET score (or the µs Redis
+			// computes with) exactly, and durations from now overflow.
+			return r, reject(CodeBadRequest, "%s %s is out of range: it must lie between %s and %s", HeaderAt, at,
+				MinDue.Format(time.RFC3339), MaxDue.Format(time.RFC3339))
 		}
 		if d := t.Sub(now); d > lim.MaxDelay {
 			return r, reject(CodeBadRequest, "%s is %s ahead, limit is %s", HeaderAt, d.Round(time.Second), lim.MaxDelay)

@@ -2,8 +2,11 @@ package scanner
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"hash/fnv"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -34,6 +37,12 @@ type Ownership struct {
 	log    hclog.Logger
 	owned  []bool
 	failed bool
+	// health, for Ready: guarded by mu.
+	mu      sync.Mutex
+	lastOK  time.Time
+	lastErr error
+	members int
+	nOwned  int
 }
 
 // NewOwnership manages the shards of sc for the daemon with id. ttl is the
@@ -74,6 +83,13 @@ func (o *Ownership) round(ctx context.Context) {
 			o.apply(next, len(members))
 		}
 	}
+	o.mu.Lock()
+	if err == nil {
+		o.lastOK, o.lastErr = time.Now(), nil
+	} else {
+		o.lastErr = err
+	}
+	o.mu.Unlock()
 	if err != nil {
 		if ctx.Err() == nil && !o.failed {
 			o.log.Warn("ownership round failed; leases will lapse if Redis stays away", "error", err)
@@ -85,6 +101,24 @@ func (o *Ownership) round(ctx context.Context) {
 		o.log.Info("ownership round recovered")
 		o.failed = false
 	}
+}
+
+// Ready fails while due envelopes may wait for nobody: this daemon's
+// ownership rounds fail (its leases lapse), or it owns no shard and is the
+// only live member (so no one owns them). A daemon that owns nothing
+// because others own everything is ready.
+func (o *Ownership) Ready(context.Context) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.lastOK.IsZero() && o.lastErr == nil:
+		return errors.New("no ownership round yet")
+	case time.Since(o.lastOK) > o.ttl:
+		return fmt.Errorf("shard leases not renewed for over %s: %v", o.ttl, o.lastErr)
+	case o.nOwned == 0 && o.members <= 1:
+		return errors.New("this daemon owns no shard and no other daemon is alive: nothing is delivered")
+	}
+	return nil
 }
 
 // plan returns the shards this daemon should hold and those it holds but
@@ -112,6 +146,9 @@ func (o *Ownership) apply(next []bool, members int) {
 	}
 	o.owned = next
 	o.sc.SetOwned(next)
+	o.mu.Lock()
+	o.members, o.nOwned = members, n
+	o.mu.Unlock()
 	if changed {
 		o.log.Info("shard ownership changed", "owned", n, "shards", len(next), "members", members)
 	}

@@ -13,6 +13,7 @@ package scanner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"time"
@@ -27,14 +28,14 @@ import (
 type Store interface {
 	Shards() int
 	Claim(ctx context.Context, shards []int, o store.ClaimOptions) ([]store.ClaimResult, error)
-	Ack(ctx context.Context, byShard map[int][]store.Settle, retry time.Duration) (int, error)
-	Reap(ctx context.Context, shards []int, limit int) (int, error)
+	Ack(ctx context.Context, byShard map[int][]store.Settle, retry time.Duration) (int, int64, error)
 }
 
 // Publisher delivers envelopes and confirms each: a nil error means the
 // target has the message (core NATS: flushed; JetStream: PubAck). Errors
-// wrapping ErrUnreachable mean the message never got to the server; they
-// do not count as delivery attempts.
+// wrapping ErrUnreachable mean nothing was written to the network; they do
+// not count as delivery attempts. Any other error may follow a message
+// that left the process, and counts.
 type Publisher interface {
 	Publish(ctx context.Context, ds []envelope.Delivery) []error
 	// Connected reports whether publishing can work now; while it cannot,
@@ -43,8 +44,10 @@ type Publisher interface {
 	Connected() bool
 }
 
-// ErrUnreachable marks a publish error where the message never reached the
-// server (not connected, connection lost before the flush confirmed it).
+// ErrUnreachable marks a publish error where the message was never written
+// to the network (not connected when the batch was due). A message that
+// may have left (a flush that timed out, a connection lost after the
+// write) is an attempt, whatever happened to it.
 var ErrUnreachable = errors.New("unreachable")
 
 // Observer is told what happened, for metrics. Every method must be cheap.
@@ -343,21 +346,17 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	s.clock.set(res[0].NowMicros, returned)
 
 	var items []claimed
-	var reap []int
 	for _, r := range res {
 		for _, c := range r.Items {
-			items = append(items, claimed{shard: r.Shard, Claimed: c})
+			items = append(items, claimed{shard: r.Shard, at: returned, Claimed: c})
 		}
 		if r.Missing > 0 {
 			s.log.Error("due ids without stored data were dropped (data deleted outside delayd?)", "shard", r.Shard, "count", r.Missing)
 		}
 		plan := r.NowMs() + s.opt.IdleInterval.Milliseconds()
 		switch {
-		case len(r.Items) == s.opt.ClaimBatch:
+		case len(r.Items)+r.Missing >= s.opt.ClaimBatch:
 			plan = 0 // more may be due right now
-		case r.NextLeaseMs >= 0 && r.NextLeaseMs <= r.NowMs():
-			reap = append(reap, r.Shard)
-			plan = 0
 		default:
 			for _, at := range []int64{r.NextDueMs, r.NextLeaseMs} {
 				if at >= 0 {
@@ -369,14 +368,6 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	}
 	if len(items) > 0 {
 		s.toPublish <- items
-	}
-	if len(reap) > 0 {
-		if n, err := s.store.Reap(ctx, reap, s.opt.ClaimBatch); err != nil {
-			s.redisError()
-			s.log.Warn("reap failed", "error", err)
-		} else if n > 0 {
-			s.log.Info("returned envelopes with expired leases", "count", n)
-		}
 	}
 	return nil
 }
@@ -393,6 +384,7 @@ func (s *Scanner) lower(shard int, at int64) {
 
 type claimed struct {
 	shard int
+	at    time.Time // when the claim returned: the lease runs from about then
 	store.Claimed
 }
 
@@ -411,18 +403,29 @@ func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out cha
 }
 
 func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.Settle {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease)
+	// A publish must end well inside its lease: once the lease expires,
+	// another claim may deliver the envelope again, and a publish still
+	// going on then would be a duplicate under the same attempt. So each
+	// batch gets half the lease from its claim, and envelopes that waited
+	// longer than that are given back unsent.
+	deadline := time.Time{}
+	for _, c := range items {
+		if d := c.at.Add(s.opt.Lease / 2); deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	}
+	dctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	ds := make([]envelope.Delivery, 0, len(items))
 	from := make([]claimed, 0, len(items)) // from[i] was decoded into ds[i]
 	settles := make(map[int][]store.Settle)
 	var dead []envelope.Delivery // with the error in Delayd-Error
 	settle := func(c claimed, d *envelope.Delivery, fail error) {
-		st := store.Settle{ID: c.ID, Version: envelope.Version(c.Data), Outcome: store.Delivered}
+		st := store.Settle{ID: c.ID, Token: c.Token, Outcome: store.Delivered}
 		switch {
 		case errors.Is(fail, ErrUnreachable):
 			st.Outcome, st.Error = store.Postpone, fail.Error()
-			s.log.Debug("target unreachable, delivery postponed", "id", c.ID, "error", fail)
+			s.log.Debug("not sent, delivery postponed", "id", c.ID, "error", fail)
 		case fail != nil:
 			st.Outcome, st.Error = store.Retry, fail.Error()
 			if c.Attempt >= s.opt.MaxAttempts {
@@ -454,16 +457,22 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 			continue
 		}
 		d := envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Envelope: e}
-		if c.Attempt > s.opt.MaxAttempts {
+		switch {
+		case c.Attempt > s.opt.MaxAttempts:
 			// Claimed again after its leases expired without an ack: its
 			// daemons died or stalled while delivering it.
 			settle(c, &d, errLeaseExpired)
-			continue
+		case dctx.Err() != nil:
+			settle(c, &d, errStale)
+		default:
+			ds = append(ds, d)
+			from = append(from, c)
 		}
-		ds = append(ds, d)
-		from = append(from, c)
 	}
-	errs := s.pub.Publish(dctx, ds)
+	var errs []error
+	if len(ds) > 0 {
+		errs = s.pub.Publish(dctx, ds)
+	}
 	for i, c := range from {
 		if s.obs != nil {
 			s.obs.Delivered(ds[i], errs[i])
@@ -473,6 +482,10 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 	s.publishDead(dctx, dead)
 	return settles
 }
+
+// errStale: a batch waited so long for the publish stage that too little of
+// its lease was left to publish safely. Nothing was sent.
+var errStale = fmt.Errorf("claimed too long ago to publish within its lease: %w", ErrUnreachable)
 
 var errLeaseExpired = errors.New("lease expired without an ack on every attempt (daemon crashed or stalled)")
 
@@ -540,9 +553,23 @@ func drain[T any](first T, in <-chan T, merge func(T, T) T) T {
 func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease)
 	defer cancel()
+	// Released envelopes are due again after the retry backoff: plan their
+	// shards' next claim for then, as for a new envelope.
+	var again []int
+	for sh, v := range settles {
+		for _, st := range v {
+			if st.Outcome == store.Retry || st.Outcome == store.Postpone {
+				again = append(again, sh)
+				break
+			}
+		}
+	}
 	for try := 0; ; try++ {
-		_, err := s.store.Ack(actx, settles, s.opt.RetryBackoff)
+		_, nowMs, err := s.store.Ack(actx, settles, s.opt.RetryBackoff)
 		if err == nil {
+			for _, sh := range again {
+				s.WakeLocal(sh, nowMs+s.opt.RetryBackoff.Milliseconds())
+			}
 			return
 		}
 		s.redisError()

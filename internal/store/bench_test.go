@@ -17,16 +17,13 @@ import (
 // in the future (so they stay pending), through the real schedule script.
 func fill(b *testing.B, s *Store, n int, tag string) {
 	b.Helper()
-	ctx := context.Background()
 	data := envelope.Encode(envelope.Envelope{Target: "orders.cancel", Payload: make([]byte, 128)})
 	const chunk = 2000
 	items := make([]Item, 0, chunk)
 	for i := 0; i < n; i++ {
 		items = append(items, Item{ID: fmt.Sprintf("%s%015d", tag, i)[:16], DelayMicros: int64(24 * time.Hour / time.Microsecond), Data: data})
 		if len(items) == chunk || i == n-1 {
-			if _, err := s.Schedule(ctx, items); err != nil {
-				b.Fatal(err)
-			}
+			schedule(b, s, items...)
 			items = items[:0]
 		}
 	}
@@ -68,16 +65,13 @@ func BenchmarkSchedule(b *testing.B) {
 			s, _ := benchStore(b)
 			fill(b, s, n, "p")
 			data := envelope.Encode(envelope.Envelope{Target: "orders.cancel", Payload: make([]byte, 128)})
-			ctx := context.Background()
 			items := make([]Item, 64)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				for j := range items {
 					items[j] = Item{ID: "s" + strconv.Itoa(i*64+j), DelayMicros: 3600e6, Data: data}
 				}
-				if _, err := s.Schedule(ctx, items); err != nil {
-					b.Fatal(err)
-				}
+				schedule(b, s, items...)
 			}
 			b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "envelopes/s")
 		})
@@ -105,9 +99,7 @@ func BenchmarkClaim(b *testing.B) {
 				for j := range items {
 					items[j] = Item{ID: "c" + strconv.Itoa(i*64+j), Absolute: true, AtMicros: 1, Data: data}
 				}
-				if _, err := s.Schedule(ctx, items); err != nil {
-					b.Fatal(err)
-				}
+				schedule(b, s, items...)
 				b.StartTimer()
 				res, err := s.Claim(ctx, shards, ClaimOptions{Batch: 256, Lease: time.Minute})
 				if err != nil {
@@ -116,11 +108,11 @@ func BenchmarkClaim(b *testing.B) {
 				acks := map[int][]Settle{}
 				for _, r := range res {
 					for _, c := range r.Items {
-						acks[r.Shard] = append(acks[r.Shard], Settle{ID: c.ID, Version: envelope.Version(c.Data)})
+						acks[r.Shard] = append(acks[r.Shard], Settle{ID: c.ID, Token: c.Token})
 						claimed++
 					}
 				}
-				if _, err := s.Ack(ctx, acks, time.Second); err != nil {
+				if _, _, err := s.Ack(ctx, acks, time.Second); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -200,7 +200,7 @@ func (s *Store) Stats(ctx context.Context, shards ...int) ([]ShardStats, int64, 
 func (s *Store) Ready(ctx context.Context) error {
 	shas := make([]string, len(allScripts))
 	for i, sc := range allScripts {
-		shas[i] = sc.Hash()
+		shas[i] = s.pick(sc).Hash()
 	}
 	ok, err := s.rdb.ScriptExists(ctx, shas...).Result()
 	if err != nil {

@@ -17,8 +17,9 @@ import (
 
 // heartbeatScript records member ARGV[1] as alive for ARGV[2] ms, drops
 // expired members, and returns {now ms, live member ids...}.
-// KEYS[1] members ZSET.
-var heartbeatScript = redis.NewScript(`
+// KEYS[1] members ZSET. Allowed over maxmemory, like ownScript: without
+// owners nothing is delivered, and delivering is what frees memory.
+var heartbeatScript = newRawScript("allow-oom", `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ARGV[2] == '0' then
@@ -36,7 +37,7 @@ return out
 // daemon id, ARGV[2] TTL ms, ARGV[3] "h" hold (take if free, renew if
 // ours) or "r" release (delete if ours). Returns 1 if the daemon owns the
 // shard afterwards, else 0.
-var ownScript = redis.NewScript(`
+var ownScript = newRawScript("allow-oom", `
 local cur = redis.call('GET', KEYS[1])
 if ARGV[3] == 'r' then
   if cur == ARGV[1] then redis.call('DEL', KEYS[1]) end
@@ -56,7 +57,7 @@ return 0
 // Heartbeat marks id alive for ttl and returns the live members (sorted)
 // and Redis' time. A ttl of 0 removes id: a graceful leave.
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) ([]string, int64, error) {
-	raw, err := heartbeatScript.Run(ctx, s.rdb, []string{membersKey(s.ns)}, id, ttl.Milliseconds()).Slice()
+	raw, err := s.run(ctx, heartbeatScript, []string{membersKey(s.ns)}, id, ttl.Milliseconds()).Slice()
 	if err != nil {
 		s.failed(err)
 		return nil, 0, fmt.Errorf("store: heartbeat: %w", err)

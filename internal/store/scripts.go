@@ -1,12 +1,65 @@
 package store
 
-import "github.com/redis/go-redis/v9"
-
-// Every script takes the same KEYS, in this order:
+// Every shard script takes the same KEYS, in this order:
 //   KEYS[1] due ZSET, KEYS[2] inflight ZSET, KEYS[3] data HASH,
-//   KEYS[4] attempts HASH, KEYS[5] dead ZSET, KEYS[6] errors HASH
+//   KEYS[4] claims HASH, KEYS[5] dead ZSET, KEYS[6] errors HASH
 // and reads "now" from Redis TIME, so daemons with skewed clocks agree.
-// Stored values carry an 8-byte version at bytes 2..9 (see envelope.Encode).
+//
+// Invariants of one shard's keys (checked by Check and the model test):
+//   - every data entry is in exactly one of due, inflight, dead;
+//   - every due, inflight or dead member has a data entry;
+//   - every inflight member has a claims entry "attempt:due:token" with a
+//     non-empty token; claims and errors entries exist only beside data;
+//   - a claim's attempt number never goes down, except that "unreachable"
+//     gives back an attempt that was never written to the network.
+//
+// Redis does not roll back a script that fails part-way, so every script
+// is written to be safe when it stops at any command: it checks the types
+// of its keys and reads first, then adds to the new place, and removes from
+// the old place last. A cut between two writes can leave an id in two
+// indexes (found and repaired by Check), never in none. Every unpack is
+// chunked, because Lua bounds how many values one unpack may yield.
+
+// prelude is shared by the shard scripts.
+const prelude = `
+local kinds = {'zset', 'zset', 'hash', 'hash', 'zset', 'hash'}
+-- checkKeys fails the script before any write if a key holds the wrong
+-- type (changed behind delayd's back), instead of part-way through.
+local function checkKeys()
+  for i = 1, #KEYS do
+    local t = redis.call('TYPE', KEYS[i])['ok']
+    local want = kinds[(i - 1) % 6 + 1]
+    if t ~= 'none' and t ~= want then
+      return 'WRONGTYPE delayd key ' .. KEYS[i] .. ' is a ' .. t .. ', not a ' .. want
+    end
+  end
+  return nil
+end
+-- chunks runs cmd key <values> in slices of at most 512 values (an even
+-- number, so score/member pairs stay together).
+local function chunks(cmd, key, list)
+  for i = 1, #list, 512 do
+    redis.call(cmd, key, unpack(list, i, math.min(i + 511, #list)))
+  end
+end
+local function hmget(key, ids)
+  local out = {}
+  for i = 1, #ids, 512 do
+    local part = redis.call('HMGET', key, unpack(ids, i, math.min(i + 511, #ids)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+local function nowMs()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- parseClaim splits a claims value "attempt:due:token".
+local function parseClaim(v)
+  local a, d, tok = string.match(v, '^(%-?%d+):([^:]*):?(.*)$')
+  return tonumber(a) or 0, d or '', tok or ''
+end
+`
 
 // scheduleScript upserts a batch of envelopes. KEYS hold the six keys of
 // each shard the batch touches, shard after shard (one shard under Redis
@@ -18,10 +71,12 @@ import "github.com/redis/go-redis/v9"
 // Returns the due time in ms of each envelope. The due time is rounded up
 // to the millisecond so that a claim at "now ms" is never early.
 // A replace drops any claim in flight for the id: the older delivery may
-// still go out, but its ack no longer matches the version and deletes nothing.
-var scheduleScript = redis.NewScript(`
-local t = redis.call('TIME')
-local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+// still go out, but its settle no longer matches a claim and changes nothing.
+// Not allowed to run over maxmemory: it is what fills Redis.
+var scheduleScript = newScript("", `
+local bad = checkKeys()
+if bad then return redis.error_reply(bad) end
+local _, nowus = nowMs()
 local out = {}
 for i = 1, #ARGV, 5 do
   local k = tonumber(ARGV[i])
@@ -29,13 +84,15 @@ for i = 1, #ARGV, 5 do
   local us = tonumber(ARGV[i+3])
   if ARGV[i+2] == 'd' then us = nowus + us end
   local due = math.ceil(us / 1000)
+  -- Adds first, then removals: a cut leaves the id indexed twice, never
+  -- unindexed.
   redis.call('ZADD', KEYS[k+1], due, id)
   if redis.call('HSET', KEYS[k+3], id, ARGV[i+4]) == 0 then
-    -- A replace: forget any claim, attempts, error or death of the old one.
-    redis.call('ZREM', KEYS[k+2], id)
-    redis.call('ZREM', KEYS[k+5], id)
+    -- A replace: forget any claim, error or death of the old one.
     redis.call('HDEL', KEYS[k+4], id)
     redis.call('HDEL', KEYS[k+6], id)
+    redis.call('ZREM', KEYS[k+2], id)
+    redis.call('ZREM', KEYS[k+5], id)
   end
   out[#out+1] = due
 end
@@ -44,73 +101,104 @@ return out
 
 // cancelScript removes envelopes wherever they are: ARGV are ids.
 // With ARGV[1] == "" it only removes ids found in the dead set (purge).
-// Returns how many existed.
-var cancelScript = redis.NewScript(`
-local n = 0
+// Returns per id: 0 not stored, 1 removed, 2 removed while claimed (a
+// delivery may already be out).
+var cancelScript = newScript("allow-oom", `
+local bad = checkKeys()
+if bad then return redis.error_reply(bad) end
 local deadOnly = ARGV[1] == ''
 local first = 1
 if deadOnly then first = 2 end
+local out, gone = {}, {}
 for i = first, #ARGV do
   local id = ARGV[i]
-  if not deadOnly or redis.call('ZSCORE', KEYS[5], id) then
-    n = n + redis.call('HDEL', KEYS[3], id)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('ZREM', KEYS[5], id)
-    redis.call('HDEL', KEYS[6], id)
+  local r = 0
+  if redis.call('HEXISTS', KEYS[3], id) == 1 and (not deadOnly or redis.call('ZSCORE', KEYS[5], id)) then
+    r = 1
+    if redis.call('ZSCORE', KEYS[2], id) then r = 2 end
+    gone[#gone+1] = id
   end
+  out[#out+1] = r
 end
-return n
+-- Indexes first, data last: a cut leaves data without an index (which
+-- Check reports) rather than a cancelled envelope that is still due.
+if #gone > 0 then
+  chunks('ZREM', KEYS[1], gone)
+  chunks('ZREM', KEYS[2], gone)
+  chunks('ZREM', KEYS[5], gone)
+  chunks('HDEL', KEYS[4], gone)
+  chunks('HDEL', KEYS[6], gone)
+  chunks('HDEL', KEYS[3], gone)
+end
+return out
 `)
 
-// claimScript moves up to ARGV[1] envelopes whose due time has passed from
-// due to inflight with a lease of ARGV[2] ms, counting the attempt.
+// claimScript hands out up to ARGV[1] envelopes for delivery, each with a
+// lease of ARGV[2] ms and the claim token ARGV[3]: first those whose lease
+// expired (their daemon died or stalled; they are re-leased in place, so a
+// backlog of due envelopes can never starve them), then due ones, which
+// move from due to inflight. Each claim counts an attempt.
 // Returns {now µs, next due ms or -1, next lease expiry ms or -1, number of
-// due ids that had no data (removed behind delayd's back), then per
-// envelope: id, original due ms, attempt, data}. "now" is in µs so the
-// scanner can time its next wake-up to better than a millisecond.
-var claimScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+// ids that had no data (removed behind delayd's back), then per envelope:
+// id, original due ms, attempt, data}. "now" is in µs so the scanner can
+// time its next wake-up to better than a millisecond.
+// Allowed over maxmemory: delivering is what frees memory.
+var claimScript = newScript("allow-oom", `
+local bad = checkKeys()
+if bad then return redis.error_reply(bad) end
+local now, nowus = nowMs()
+local max = tonumber(ARGV[1])
 local lease = now + tonumber(ARGV[2])
-local out = {tonumber(t[1]) * 1000000 + tonumber(t[2]), -1, -1, 0}
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
-local n = #ids / 2
-if n > 0 then
-  -- The claimed ids are the n lowest of the set: one command removes them,
-  -- and every other step below is one command for the whole batch.
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
-  local members = {}
-  for i = 1, #ids, 2 do members[#members+1] = ids[i] end
-  local datas = redis.call('HMGET', KEYS[3], unpack(members))
-  local prevs = redis.call('HMGET', KEYS[4], unpack(members))
-  local att, inflight = {}, {}
-  for j, id in ipairs(members) do
+local token = ARGV[3]
+local out = {nowus, -1, -1, 0}
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, max)
+local expired = #ids
+local dueScore = {}
+if expired < max then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, max - expired)
+  for i = 1, #due, 2 do
+    ids[#ids+1] = due[i]
+    dueScore[due[i]] = due[i+1]
+  end
+end
+local fromDue = #ids - expired
+if #ids > 0 then
+  local datas = hmget(KEYS[3], ids)
+  local prevs = hmget(KEYS[4], ids)
+  local claims, leases, gone = {}, {}, {}
+  for j, id in ipairs(ids) do
     local data = datas[j]
     if data then
-      local attempt, due = 1, ids[2*j]
-      local prev = prevs[j]
-      if prev then
-        local sep = string.find(prev, ':', 1, true)
-        attempt = tonumber(string.sub(prev, 1, sep - 1)) + 1
-        due = string.sub(prev, sep + 1)
+      local attempt, due = 1, dueScore[id]
+      if prevs[j] then
+        local a, d = parseClaim(prevs[j])
+        attempt = a + 1
+        if d ~= '' then due = d end
       end
-      att[#att+1] = id
-      att[#att+1] = attempt .. ':' .. due
-      inflight[#inflight+1] = lease
-      inflight[#inflight+1] = id
+      if not due then due = tostring(now) end
+      claims[#claims+1] = id
+      claims[#claims+1] = attempt .. ':' .. due .. ':' .. token
+      leases[#leases+1] = lease
+      leases[#leases+1] = id
       out[#out+1] = id
       out[#out+1] = due
       out[#out+1] = attempt
       out[#out+1] = data
     else
       out[4] = out[4] + 1
+      if j <= expired then gone[#gone+1] = id end
     end
   end
-  if #att > 0 then
-    redis.call('HSET', KEYS[4], unpack(att))
-    redis.call('ZADD', KEYS[2], unpack(inflight))
+  -- Adds first: the claims and leases. Removals last: the due ids (the
+  -- fromDue lowest of the set, one command) and expired ids without data.
+  if #claims > 0 then
+    chunks('HSET', KEYS[4], claims)
+    chunks('ZADD', KEYS[2], leases)
+  end
+  if fromDue > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, fromDue - 1) end
+  if #gone > 0 then
+    chunks('HDEL', KEYS[4], gone)
+    chunks('ZREM', KEYS[2], gone)
   end
 end
 local nd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -120,26 +208,33 @@ if #nl > 0 then out[3] = tonumber(nl[2]) end
 return out
 `)
 
-// ackScript settles delivered envelopes. ARGV[1] is the retry delay in ms
-// for releases, then per envelope 4 values: id, version (8 bytes), op, error.
+// ackScript settles claimed envelopes. ARGV[1] is the retry delay in ms
+// for releases, then per envelope 4 values: id, claim token, op, error.
 // Ops: "a" ack (delivered: delete), "r" release (back to due after the
-// retry delay), "u" unreachable (like "r", but the attempt is not counted:
-// the target was never reached), "d" dead (to the dead set). A non-empty
-// error is recorded.
-// An entry whose stored version differs was replaced meanwhile and is left
-// alone. Returns the number settled.
-var ackScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+// retry delay), "u" unreachable (like "r", but the attempt is given back:
+// nothing was written to the network), "d" dead (to the dead set). A
+// non-empty error is recorded.
+// A settle whose token is not the id's current claim is ignored: the id was
+// replaced, cancelled, or re-claimed after its lease expired, and a stale
+// daemon must not touch the newer claim. A settle clears the token, so a
+// resent settle changes nothing.
+// Returns {now ms, number settled}.
+// Allowed over maxmemory: settling is what frees memory.
+var ackScript = newScript("allow-oom", `
+local bad = checkKeys()
+if bad then return redis.error_reply(bad) end
+local now = nowMs()
 local ids = {}
 for i = 2, #ARGV, 4 do ids[#ids+1] = ARGV[i] end
-if #ids == 0 then return 0 end
-local datas = redis.call('HMGET', KEYS[3], unpack(ids))
-local settled, acked, errs, again, dead, deadIds = {}, {}, {}, {}, {}, {}
+if #ids == 0 then return {now, 0} end
+local prevs = hmget(KEYS[4], ids)
+local settled, acked, errs, claims, again, dead = {}, {}, {}, {}, {}, {}
 for j, id in ipairs(ids) do
   local k = 2 + (j - 1) * 4
-  local data = datas[j]
-  if data and string.sub(data, 2, 9) == ARGV[k+1] then
+  local prev = prevs[j]
+  local attempt, due, tok = 0, '', ''
+  if prev then attempt, due, tok = parseClaim(prev) end
+  if tok ~= '' and tok == ARGV[k+1] then
     local op = ARGV[k+2]
     settled[#settled+1] = id
     if op == 'a' then
@@ -149,71 +244,56 @@ for j, id in ipairs(ids) do
         errs[#errs+1] = id
         errs[#errs+1] = ARGV[k+3]
       end
-      if op == 'u' then
-        -- Not an attempt (the way to the target was down): uncount it.
-        local prev = redis.call('HGET', KEYS[4], id)
-        if prev then
-          local sep = string.find(prev, ':', 1, true)
-          local a = math.max(tonumber(string.sub(prev, 1, sep - 1)) - 1, 0)
-          redis.call('HSET', KEYS[4], id, a .. string.sub(prev, sep))
-        end
-      end
-      if op == 'r' or op == 'u' then
-        again[#again+1] = now + tonumber(ARGV[1])
-        again[#again+1] = id
-      else
+      if op == 'u' then attempt = math.max(attempt - 1, 0) end
+      claims[#claims+1] = id
+      claims[#claims+1] = attempt .. ':' .. due .. ':'
+      if op == 'd' then
         dead[#dead+1] = now
         dead[#dead+1] = id
-        deadIds[#deadIds+1] = id
+      else
+        again[#again+1] = now + tonumber(ARGV[1])
+        again[#again+1] = id
       end
     end
   end
 end
-if #settled > 0 then redis.call('ZREM', KEYS[2], unpack(settled)) end
+-- Adds first (errors, claims without token, the new place), removals last.
+if #errs > 0 then chunks('HSET', KEYS[6], errs) end
+if #claims > 0 then chunks('HSET', KEYS[4], claims) end
+if #again > 0 then chunks('ZADD', KEYS[1], again) end
+if #dead > 0 then chunks('ZADD', KEYS[5], dead) end
+if #settled > 0 then chunks('ZREM', KEYS[2], settled) end
 if #acked > 0 then
-  redis.call('ZREM', KEYS[1], unpack(acked))
-  redis.call('HDEL', KEYS[3], unpack(acked))
-  redis.call('HDEL', KEYS[4], unpack(acked))
-  redis.call('HDEL', KEYS[6], unpack(acked))
+  chunks('HDEL', KEYS[4], acked)
+  chunks('HDEL', KEYS[6], acked)
+  chunks('HDEL', KEYS[3], acked)
 end
-if #errs > 0 then redis.call('HSET', KEYS[6], unpack(errs)) end
-if #again > 0 then redis.call('ZADD', KEYS[1], unpack(again)) end
-if #dead > 0 then
-  redis.call('ZREM', KEYS[1], unpack(deadIds))
-  redis.call('ZADD', KEYS[5], unpack(dead))
-end
-return #settled
-`)
-
-// reapScript returns up to ARGV[1] envelopes whose lease expired (their
-// daemon died or stalled) to due at once. The attempt count stays, so the
-// scanner sends them to dead once they reach the limit. Returns the number.
-var reapScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('ZADD', KEYS[1], now, id)
-end
-return #ids
+return {now, #settled}
 `)
 
 // replayScript moves dead envelopes (ARGV: ids) back to due at once with a
-// fresh attempt count. Returns how many were dead.
-var replayScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local n = 0
+// fresh attempt count. Returns {now ms, how many were dead}.
+var replayScript = newScript("allow-oom", `
+local bad = checkKeys()
+if bad then return redis.error_reply(bad) end
+local now = nowMs()
+local ids = {}
 for _, id in ipairs(ARGV) do
-  if redis.call('ZREM', KEYS[5], id) == 1 then
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[6], id)
-    redis.call('ZADD', KEYS[1], now, id)
-    n = n + 1
-  end
+  if redis.call('ZSCORE', KEYS[5], id) and redis.call('HEXISTS', KEYS[3], id) == 1 then ids[#ids+1] = id end
 end
-return n
+local again = {}
+for _, id in ipairs(ids) do
+  again[#again+1] = now
+  again[#again+1] = id
+end
+if #ids > 0 then
+  chunks('ZADD', KEYS[1], again)
+  chunks('HDEL', KEYS[4], ids)
+  chunks('HDEL', KEYS[6], ids)
+  chunks('ZREM', KEYS[5], ids)
+end
+return {now, #ids}
 `)
 
-var allScripts = []*redis.Script{scheduleScript, cancelScript, claimScript, ackScript, reapScript, replayScript, heartbeatScript, ownScript}
+var allScripts = []*script{scheduleScript, cancelScript, claimScript, ackScript, replayScript, checkScript,
+	heartbeatScript, ownScript}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -25,6 +26,8 @@ type Store struct {
 	cluster bool
 	// lastReload throttles cluster topology reloads (unix nanos).
 	lastReload atomic.Int64
+	// noFlags: the server does not know Lua script flags (see script).
+	noFlags atomic.Bool
 }
 
 // failed reacts to a failed call. Under Cluster, go-redis refreshes its
@@ -62,6 +65,9 @@ type Options struct {
 	Cluster bool
 	// MasterName selects Sentinel; Addrs are then the sentinels.
 	MasterName string
+	// OnConnect, if set, runs on every new connection (to every node):
+	// delayd checks there that Redis does not evict keys.
+	OnConnect func(ctx context.Context, cn *redis.Conn) error
 }
 
 // NewClient builds a go-redis client for the options. A single address
@@ -104,7 +110,11 @@ func NewClient(o Options) redis.UniversalClient {
 		DialerRetryTimeout: 10 * time.Millisecond,
 		ReadTimeout:        3 * time.Second,
 		WriteTimeout:       3 * time.Second,
-		MaxRetries:         1,
+		// No silent retries: a retry after a timeout would hide that the
+		// first try may have written, and the intake must know whether
+		// "nothing stored" is true. The callers retry.
+		MaxRetries: -1,
+		OnConnect:  o.OnConnect,
 	})
 }
 
@@ -134,7 +144,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("store: ping: %w", err)
 	}
 	for _, sc := range allScripts {
-		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+		if err := s.load(ctx, sc); err != nil {
 			return fmt.Errorf("store: load scripts: %w", err)
 		}
 	}
@@ -153,11 +163,12 @@ type Item struct {
 }
 
 // Schedule upserts items and returns each one's due time in ms since the
-// epoch, or -1 for items not stored (with an error: under Cluster, the
-// shards on a failed node fail while the others are stored). On a single Redis the whole batch is one script call; under
-// Cluster it is one call per shard (a script must stay in one slot), all in
-// one pipeline.
-func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, error) {
+// epoch, and per item the error that kept it from being stored (nil when
+// stored). An error wraps ErrNotWritten when the item is certainly not
+// stored, else ErrOutcomeUnknown. On a single Redis the whole batch is one
+// script call; under Cluster it is one call per shard (a script must stay
+// in one slot), all in one pipeline, and a failed node fails only its shards.
+func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 	type call struct {
 		idx   []int
 		keys  []string
@@ -191,28 +202,27 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, error) {
 		c.idx = append(c.idx, i)
 		c.args = append(c.args, off, it.ID, mode, us, it.Data)
 	}
-	cmds, perr := s.pipelined(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
+	cmds, _ := s.pipelined(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
 		return calls[i].keys, calls[i].args
 	})
 	due := make([]int64, len(items))
+	errs := make([]error, len(items))
 	for ci, cmd := range cmds {
 		vals, err := cmd.Int64Slice()
 		if err == nil && len(vals) != len(calls[ci].idx) {
 			err = fmt.Errorf("bad reply %v", vals)
 		}
+		if err != nil {
+			err = fmt.Errorf("store: schedule: %w", classify(err, s.cluster))
+		}
 		for j, i := range calls[ci].idx {
-			due[i] = -1
+			due[i], errs[i] = -1, err
 			if err == nil {
 				due[i] = vals[j]
-			} else if perr == nil {
-				perr = err
 			}
 		}
 	}
-	if perr != nil {
-		return due, fmt.Errorf("store: schedule: %w", perr)
-	}
-	return due, nil
+	return due, errs
 }
 
 // pipelined runs n calls of one script in a pipeline with EVALSHA. If Redis
@@ -221,16 +231,17 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, error) {
 // while the others did and must not run twice. On error the commands are
 // returned too, each with its own result: under Cluster one node can fail
 // while the others answer.
-func (s *Store) pipelined(ctx context.Context, sc *redis.Script, n int, call func(i int) ([]string, []any)) ([]*redis.Cmd, error) {
+func (s *Store) pipelined(ctx context.Context, sc *script, n int, call func(i int) ([]string, []any)) ([]*redis.Cmd, error) {
 	return s.pipelinedOnce(ctx, sc, n, call, true)
 }
 
-func (s *Store) pipelinedOnce(ctx context.Context, sc *redis.Script, n int, call func(i int) ([]string, []any), reload bool) ([]*redis.Cmd, error) {
+func (s *Store) pipelinedOnce(ctx context.Context, sc *script, n int, call func(i int) ([]string, []any), reload bool) ([]*redis.Cmd, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, n)
+	rs := s.pick(sc)
 	for i := range n {
 		keys, args := call(i)
-		cmds[i] = sc.EvalSha(ctx, pipe, keys, args...)
+		cmds[i] = rs.EvalSha(ctx, pipe, keys, args...)
 	}
 	if _, err := pipe.Exec(ctx); err == nil {
 		return cmds, nil
@@ -241,7 +252,7 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *redis.Script, n int, call
 			redo = append(redo, i)
 		}
 	}
-	if len(redo) > 0 && sc.Load(ctx, s.rdb).Err() == nil {
+	if len(redo) > 0 && s.load(ctx, sc) == nil {
 		again, _ := s.pipelinedOnce(ctx, sc, len(redo), func(j int) ([]string, []any) { return call(redo[j]) }, false)
 		for j, i := range redo {
 			cmds[i] = again[j]
@@ -256,30 +267,72 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *redis.Script, n int, call
 	return cmds, nil
 }
 
-// Cancel removes the envelope with id. It reports whether it existed.
-func (s *Store) Cancel(ctx context.Context, id string) (bool, error) {
-	n, err := cancelScript.Run(ctx, s.rdb, s.keys[s.Shard(id)].list(), id).Int()
-	if err != nil {
-		return false, fmt.Errorf("store: cancel: %w", err)
+// run is one call of sc.
+func (s *Store) run(ctx context.Context, sc *script, keys []string, args ...any) *redis.Cmd {
+	cmds, _ := s.pipelined(ctx, sc, 1, func(int) ([]string, []any) { return keys, args })
+	return cmds[0]
+}
+
+// Cancelled is the outcome of a cancel.
+type Cancelled struct {
+	// Existed: the envelope was stored, and is removed now.
+	Existed bool
+	// InFlight: it was claimed for delivery when cancelled, so a delivery
+	// may already be out.
+	InFlight bool
+}
+
+// Cancel removes the envelope with id, wherever it is. An error wraps
+// ErrNotWritten or ErrOutcomeUnknown.
+func (s *Store) Cancel(ctx context.Context, id string) (Cancelled, error) {
+	codes, err := s.run(ctx, cancelScript, s.keys[s.Shard(id)].list(), id).Int64Slice()
+	if err == nil && len(codes) != 1 {
+		err = fmt.Errorf("bad reply %v", codes)
 	}
-	return n == 1, nil
+	if err != nil {
+		return Cancelled{}, fmt.Errorf("store: cancel: %w", classify(err, s.cluster))
+	}
+	return Cancelled{Existed: codes[0] > 0, InFlight: codes[0] == 2}, nil
 }
 
 // Purge deletes the given ids if they are in the dead set, and returns how
 // many were.
 func (s *Store) Purge(ctx context.Context, ids []string) (int, error) {
-	return s.perShard(ctx, cancelScript, ids, "")
+	cmds, err := s.perShard(ctx, cancelScript, ids, "")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, c := range cmds {
+		codes, _ := c.Int64Slice()
+		for _, v := range codes {
+			if v > 0 {
+				n++
+			}
+		}
+	}
+	return n, nil
 }
 
 // Replay moves the given dead ids back to due at once with a fresh attempt
 // count, and returns how many were dead.
 func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
-	return s.perShard(ctx, replayScript, ids)
+	cmds, err := s.perShard(ctx, replayScript, ids)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, c := range cmds {
+		if v, _ := c.Int64Slice(); len(v) == 2 {
+			n += int(v[1])
+		}
+	}
+	return n, nil
 }
 
 // perShard runs sc once per shard over the ids of that shard, in one
-// pipeline, with lead prepended to each call's ARGV, and sums the replies.
-func (s *Store) perShard(ctx context.Context, sc *redis.Script, ids []string, lead ...any) (int, error) {
+// pipeline, with lead prepended to each call's ARGV.
+func (s *Store) perShard(ctx context.Context, sc *script, ids []string, lead ...any) ([]*redis.Cmd, error) {
 	byShard := map[int][]any{}
 	for _, id := range ids {
 		sh := s.Shard(id)
@@ -296,9 +349,9 @@ func (s *Store) perShard(ctx context.Context, sc *redis.Script, ids []string, le
 		return s.keys[shards[i]].list(), byShard[shards[i]]
 	})
 	if err != nil {
-		return 0, fmt.Errorf("store: %w", err)
+		return nil, fmt.Errorf("store: %w", err)
 	}
-	return sum(cmds), nil
+	return cmds, nil
 }
 
 // Claimed is one envelope handed out for delivery.
@@ -307,6 +360,8 @@ type Claimed struct {
 	DueMs   int64 // the original due time, stable across redeliveries
 	Attempt int
 	Data    []byte
+	// Token names the claim: only a settle with it changes the envelope.
+	Token string
 }
 
 // ClaimResult is what one shard's claim returns, in Redis time.
@@ -330,14 +385,16 @@ type ClaimOptions struct {
 	Lease time.Duration
 }
 
-// Claim atomically takes up to Batch due envelopes from each of shards, with
-// a lease, in one pipeline: one round trip however many shards are due.
-// Concurrent claims from many daemons never hand out one envelope twice.
+// Claim atomically takes up to Batch envelopes from each of shards, with a
+// lease, in one pipeline: one round trip however many shards are due.
+// Envelopes whose lease expired come first, then due ones. Concurrent
+// claims from many daemons never hand out one envelope twice.
 // If some shards' Redis nodes fail (a Cluster master down), it returns the
 // results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
+	token := newToken()
 	cmds, perr := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
-		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds()}
+		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), token}
 	})
 	if perr != nil {
 		perr = fmt.Errorf("store: claim: %w", perr)
@@ -359,11 +416,17 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		for j := head; j < len(raw); j += 4 {
 			id, _ := raw[j].(string)
 			data, _ := raw[j+3].(string)
-			r.Items = append(r.Items, Claimed{ID: id, DueMs: asInt(raw[j+1]), Attempt: int(asInt(raw[j+2])), Data: []byte(data)})
+			r.Items = append(r.Items, Claimed{ID: id, DueMs: asInt(raw[j+1]), Attempt: int(asInt(raw[j+2])),
+				Data: []byte(data), Token: token})
 		}
 		out = append(out, r)
 	}
 	return out, perr
+}
+
+// newToken returns a claim token: random, so two claims never share one.
+func newToken() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
 }
 
 // Outcome is what becomes of a claimed envelope.
@@ -373,26 +436,25 @@ type Outcome byte
 const (
 	Delivered Outcome = 'a' // published: delete it
 	Retry     Outcome = 'r' // failed: due again after the retry delay
-	Postpone  Outcome = 'u' // target unreachable: like Retry, attempt not counted
+	Postpone  Outcome = 'u' // never sent: like Retry, the attempt given back
 	Bury      Outcome = 'd' // failed for the last time: to the dead set
 )
 
 // Settle is the outcome of one delivery.
 type Settle struct {
 	ID      string
-	Version []byte
+	Token   string // of the claim being settled
 	Outcome Outcome
 	Error   string // why it failed, kept for inspection (Retry, Bury)
 }
 
 // Ack settles deliveries, one script call per shard, all in one pipeline.
 // On error, byShard is left holding only the shards that were not settled.
-// Released envelopes are due again after retry. An entry whose version no
-// longer matches (it was replaced meanwhile) is left alone. It returns how
-// many were settled.
-func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (int, error) {
-	// Calls of at most ackChunk envelopes: the script unpacks its ids into
-	// single commands, and Lua bounds how many values one unpack may yield.
+// Released envelopes are due again after retry. A settle whose token is no
+// longer the envelope's claim (replaced, cancelled or re-claimed meanwhile)
+// is ignored. It returns how many were settled and Redis' time in ms.
+func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (int, int64, error) {
+	// Calls of at most ackChunk envelopes keep one script call short.
 	type call struct {
 		shard int
 		items []Settle
@@ -414,7 +476,7 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 			if op == 0 {
 				op = Delivered
 			}
-			args = append(args, it.ID, it.Version, string(op), it.Error)
+			args = append(args, it.ID, it.Token, string(op), it.Error)
 		}
 		return s.keys[calls[i].shard].list(), args
 	})
@@ -428,39 +490,25 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 				byShard[calls[i].shard] = append(byShard[calls[i].shard], calls[i].items...)
 			}
 		}
-		return 0, fmt.Errorf("store: ack: %w", err)
+		return 0, 0, fmt.Errorf("store: ack: %w", err)
 	}
-	return sum(cmds), nil
+	n, now := 0, int64(0)
+	for _, c := range cmds {
+		v, _ := c.Int64Slice()
+		if len(v) == 2 {
+			now = max(now, v[0])
+			n += int(v[1])
+		}
+	}
+	return n, now, nil
 }
 
 // ackChunk bounds the envelopes of one ack script call.
 const ackChunk = 1000
 
-// Reap returns up to limit envelopes per shard whose lease expired (their
-// daemon died or stalled) to due, in one pipeline.
-func (s *Store) Reap(ctx context.Context, shards []int, limit int) (int, error) {
-	cmds, err := s.pipelined(ctx, reapScript, len(shards), func(i int) ([]string, []any) {
-		return s.keys[shards[i]].list(), []any{limit}
-	})
-	if err != nil {
-		return 0, fmt.Errorf("store: reap: %w", err)
-	}
-	return sum(cmds), nil
-}
-
 // Counts are the sizes of one shard's sets.
 type Counts struct {
 	Pending, Inflight, Dead int64
-}
-
-// sum adds the integer replies of cmds.
-func sum(cmds []*redis.Cmd) int {
-	n := 0
-	for _, c := range cmds {
-		v, _ := c.Int()
-		n += v
-	}
-	return n
 }
 
 func asInt(v any) int64 {

@@ -2,6 +2,9 @@ package store
 
 import (
 	"context"
+	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,6 +31,42 @@ func count(t *testing.T, s *Store, shard int) Counts {
 		t.Fatal(err)
 	}
 	return st[0].Counts
+}
+
+// schedule stores items and fails the test on any error.
+func schedule(t testing.TB, s *Store, items ...Item) []int64 {
+	t.Helper()
+	due, errs := s.Schedule(context.Background(), items)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return due
+}
+
+// settle acks or releases one claimed envelope; it returns how many settled.
+func settle(t testing.TB, s *Store, c Claimed, op Outcome, retry time.Duration) int {
+	t.Helper()
+	n, _, err := s.Ack(context.Background(), map[int][]Settle{s.Shard(c.ID): {{ID: c.ID, Token: c.Token, Outcome: op}}}, retry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// mustBeConsistent runs the read-only check on every shard.
+func mustBeConsistent(t testing.TB, s *Store) {
+	t.Helper()
+	for sh := range s.Shards() {
+		found, err := s.Check(context.Background(), sh, CheckOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(found) > 0 {
+			t.Fatalf("shard %d inconsistent: %v", sh, found)
+		}
+	}
 }
 
 func enc(payload string) []byte {
@@ -59,15 +98,11 @@ func claimAll(t *testing.T, s *Store, lease time.Duration) map[string]Claimed {
 
 func TestScheduleClaimAck(t *testing.T) {
 	s, _ := newStore(t)
-	ctx := context.Background()
-	due, err := s.Schedule(ctx, []Item{
-		{ID: "now", Data: enc("a")},
-		{ID: "later", DelayMicros: int64(time.Hour / time.Microsecond), Data: enc("b")},
-		{ID: "past", Absolute: true, AtMicros: time.Now().Add(-time.Minute).UnixMicro(), Data: enc("c")},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	due := schedule(t, s,
+		Item{ID: "now", Data: enc("a")},
+		Item{ID: "later", DelayMicros: int64(time.Hour / time.Microsecond), Data: enc("b")},
+		Item{ID: "past", Absolute: true, AtMicros: time.Now().Add(-time.Minute).UnixMicro(), Data: enc("c")},
+	)
 	if due[1]-due[0] < 3599_000 {
 		t.Fatalf("delay not applied: %v", due)
 	}
@@ -78,31 +113,27 @@ func TestScheduleClaimAck(t *testing.T) {
 	if again := claimAll(t, s, time.Minute); len(again) != 0 {
 		t.Fatalf("claimed twice: %+v", again)
 	}
-	c := got["now"]
-	n, err := s.Ack(ctx, map[int][]Settle{s.Shard("now"): {{ID: "now", Version: envelope.Version(c.Data)}}}, 0)
-	if err != nil || n != 1 {
-		t.Fatalf("ack: %d %v", n, err)
+	if n := settle(t, s, got["now"], Delivered, 0); n != 1 {
+		t.Fatalf("ack settled %d", n)
+	}
+	if n := settle(t, s, got["now"], Delivered, 0); n != 0 {
+		t.Fatalf("a resent ack settled %d", n)
 	}
 	counts := count(t, s, s.Shard("later"))
 	if counts.Pending != 1 {
 		t.Fatalf("pending %+v", counts)
 	}
+	mustBeConsistent(t, s)
 }
 
 func TestAckNeverDeletesNewerVersion(t *testing.T) {
 	s, _ := newStore(t)
-	ctx := context.Background()
-	if _, err := s.Schedule(ctx, []Item{{ID: "o1", Data: enc("v1")}}); err != nil {
-		t.Fatal(err)
-	}
+	schedule(t, s, Item{ID: "o1", Data: enc("v1")})
 	old := claimAll(t, s, time.Minute)["o1"]
 	// Replaced while the old version is in flight.
-	if _, err := s.Schedule(ctx, []Item{{ID: "o1", DelayMicros: 3600e6, Data: enc("v2")}}); err != nil {
-		t.Fatal(err)
-	}
-	n, err := s.Ack(ctx, map[int][]Settle{s.Shard("o1"): {{ID: "o1", Version: envelope.Version(old.Data)}}}, 0)
-	if err != nil || n != 0 {
-		t.Fatalf("stale ack settled %d (%v)", n, err)
+	schedule(t, s, Item{ID: "o1", DelayMicros: 3600e6, Data: enc("v2")})
+	if n := settle(t, s, old, Delivered, 0); n != 0 {
+		t.Fatalf("stale ack settled %d", n)
 	}
 	counts := count(t, s, s.Shard("o1"))
 	if counts.Pending != 1 || counts.Inflight != 0 {
@@ -113,46 +144,146 @@ func TestAckNeverDeletesNewerVersion(t *testing.T) {
 func TestCancel(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
-	_, _ = s.Schedule(ctx, []Item{{ID: "c", DelayMicros: 3600e6, Data: enc("x")}})
-	if ok, err := s.Cancel(ctx, "c"); !ok || err != nil {
-		t.Fatalf("cancel: %v %v", ok, err)
+	schedule(t, s, Item{ID: "c", DelayMicros: 3600e6, Data: enc("x")}, Item{ID: "f", Data: enc("y")})
+	if c, err := s.Cancel(ctx, "c"); !c.Existed || c.InFlight || err != nil {
+		t.Fatalf("cancel: %+v %v", c, err)
 	}
-	if ok, _ := s.Cancel(ctx, "c"); ok {
+	if c, _ := s.Cancel(ctx, "c"); c.Existed {
 		t.Fatal("second cancel reported true")
 	}
+	// Claimed, so a delivery may be out: the reply must say so.
+	claimAll(t, s, time.Minute)
+	if c, err := s.Cancel(ctx, "f"); !c.Existed || !c.InFlight || err != nil {
+		t.Fatalf("cancel in flight: %+v %v", c, err)
+	}
+	mustBeConsistent(t, s)
 }
 
-func TestReapKeepsAttemptsAndDue(t *testing.T) {
+func TestExpiredLeaseReclaimedWithHigherAttempt(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
-	_, _ = s.Schedule(ctx, []Item{{ID: "r", Data: enc("x")}})
+	schedule(t, s, Item{ID: "r", Data: enc("x")})
 	sh := s.Shard("r")
 	first := claimAll(t, s, time.Millisecond)["r"]
+	prev := first
 	for attempt := 2; attempt <= 4; attempt++ {
 		time.Sleep(5 * time.Millisecond) // let the 1 ms lease expire in Redis time
-		if n, err := s.Reap(ctx, []int{sh}, 10); err != nil || n != 1 {
-			t.Fatalf("reap: %d %v", n, err)
-		}
 		rs, err := s.Claim(ctx, []int{sh}, ClaimOptions{Batch: 10, Lease: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res := rs[0]; len(res.Items) != 1 || res.Items[0].Attempt != attempt || res.Items[0].DueMs != first.DueMs {
+		res := rs[0]
+		if len(res.Items) != 1 || res.Items[0].Attempt != attempt || res.Items[0].DueMs != first.DueMs {
 			t.Fatalf("attempt %d: %+v", attempt, res)
 		}
+		// The stale claim cannot settle, postpone or release the new one.
+		for _, op := range []Outcome{Postpone, Retry, Bury, Delivered} {
+			if n := settle(t, s, prev, op, 0); n != 0 {
+				t.Fatalf("stale %c settled the newer claim", op)
+			}
+		}
+		prev = res.Items[0]
 	}
+	mustBeConsistent(t, s)
+}
+
+// Under a backlog that fills every claim, expired leases must still come
+// back (before, they were reaped only when a claim returned a short batch).
+func TestExpiredLeasesNotStarvedByBacklog(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	s1 := New(s.rdb, "t", 1) // one shard: every id in it
+	schedule(t, s1, Item{ID: "stuck", Absolute: true, AtMicros: 1, Data: enc("x")})
+	rs, _ := s1.Claim(ctx, []int{0}, ClaimOptions{Batch: 1, Lease: time.Millisecond})
+	if len(rs[0].Items) != 1 {
+		t.Fatal("first claim")
+	}
+	var backlog []Item
+	for i := range 50 {
+		backlog = append(backlog, Item{ID: "b" + strconv.Itoa(i), Absolute: true, AtMicros: 1000, Data: enc("y")})
+	}
+	schedule(t, s1, backlog...)
+	time.Sleep(5 * time.Millisecond)
+	rs, err := s1.Claim(ctx, []int{0}, ClaimOptions{Batch: 10, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs[0].Items[0].ID != "stuck" || rs[0].Items[0].Attempt != 2 || len(rs[0].Items) != 10 {
+		t.Fatalf("expired lease not claimed first: %+v", rs[0].Items[0])
+	}
+}
+
+// Defect: a claim batch near Lua's unpack limit failed after it had removed
+// the ids from due, stranding them. Every unpack is chunked now, and the
+// removal comes last.
+func TestClaimLargeBatchStrandsNothing(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	s1 := New(s.rdb, "t", 1)
+	const n = 5000
+	items := make([]Item, n)
+	for i := range items {
+		items[i] = Item{ID: "big" + strconv.Itoa(i), Absolute: true, AtMicros: 1, Data: enc("x")}
+	}
+	schedule(t, s1, items...)
+	rs, err := s1.Claim(ctx, []int{0}, ClaimOptions{Batch: 4096, Lease: time.Minute})
+	if err != nil {
+		t.Fatalf("claim of 4096: %v", err)
+	}
+	if got := len(rs[0].Items); got != 4096 {
+		t.Fatalf("claimed %d of 4096", got)
+	}
+	c := count(t, s1, 0)
+	if c.Pending != n-4096 || c.Inflight != 4096 {
+		t.Fatalf("counts after a big claim: %+v", c)
+	}
+	acks := map[int][]Settle{}
+	for _, it := range rs[0].Items {
+		acks[0] = append(acks[0], Settle{ID: it.ID, Token: it.Token, Outcome: Retry})
+	}
+	if settled, _, err := s1.Ack(ctx, acks, 0); err != nil || settled != 4096 {
+		t.Fatalf("big release: %d %v", settled, err)
+	}
+	mustBeConsistent(t, s1)
+}
+
+// A key of the wrong type (changed behind delayd's back) fails every script
+// before it writes anything, rather than half-way.
+func TestWrongTypeFailsBeforeAnyWrite(t *testing.T) {
+	s, r := newStore(t)
+	ctx := context.Background()
+	s1 := New(s.rdb, "t", 1)
+	schedule(t, s1, Item{ID: "w", Absolute: true, AtMicros: 1, Data: enc("x")})
+	k := s1.keys[0]
+	rc := r.Client()
+	if err := rc.Set(ctx, k.errors, "oops", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := count(t, s1, 0)
+	if _, err := s1.Claim(ctx, []int{0}, ClaimOptions{Batch: 10, Lease: time.Minute}); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Fatalf("claim with a bad key: %v", err)
+	}
+	_, errs := s1.Schedule(ctx, []Item{{ID: "w2", Data: enc("y")}})
+	if !errors.Is(errs[0], ErrNotWritten) {
+		t.Fatalf("schedule with a bad key must be refused as not written: %v", errs[0])
+	}
+	if after := count(t, s1, 0); after != before {
+		t.Fatalf("a failed script wrote: %+v -> %+v", before, after)
+	}
+	rc.Del(ctx, k.errors)
+	mustBeConsistent(t, s1)
 }
 
 func TestBuryReplayPurge(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
-	_, _ = s.Schedule(ctx, []Item{{ID: "d1", Data: enc("x")}, {ID: "d2", Data: enc("y")}})
+	schedule(t, s, Item{ID: "d1", Data: enc("x")}, Item{ID: "d2", Data: enc("y")})
 	got := claimAll(t, s, time.Minute)
 	bury := map[int][]Settle{}
 	for _, id := range []string{"d1", "d2"} {
-		bury[s.Shard(id)] = append(bury[s.Shard(id)], Settle{ID: id, Version: envelope.Version(got[id].Data), Outcome: Bury, Error: "no stream"})
+		bury[s.Shard(id)] = append(bury[s.Shard(id)], Settle{ID: id, Token: got[id].Token, Outcome: Bury, Error: "no stream"})
 	}
-	if n, err := s.Ack(ctx, bury, time.Second); err != nil || n != 2 {
+	if n, _, err := s.Ack(ctx, bury, time.Second); err != nil || n != 2 {
 		t.Fatalf("bury: %d %v", n, err)
 	}
 	e, err := s.Get(ctx, "d1")
@@ -175,14 +306,15 @@ func TestBuryReplayPurge(t *testing.T) {
 	if _, err := s.Get(ctx, "d1"); err != nil {
 		t.Fatalf("purge removed a live envelope: %v", err)
 	}
+	mustBeConsistent(t, s)
 }
 
 func TestRelease(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
-	_, _ = s.Schedule(ctx, []Item{{ID: "rel", Data: enc("x")}})
+	schedule(t, s, Item{ID: "rel", Data: enc("x")})
 	c := claimAll(t, s, time.Minute)["rel"]
-	n, err := s.Ack(ctx, map[int][]Settle{s.Shard("rel"): {{ID: "rel", Version: envelope.Version(c.Data), Outcome: Retry, Error: "boom"}}}, time.Hour)
+	n, _, err := s.Ack(ctx, map[int][]Settle{s.Shard("rel"): {{ID: "rel", Token: c.Token, Outcome: Retry, Error: "boom"}}}, time.Hour)
 	if err != nil || n != 1 {
 		t.Fatalf("release: %d %v", n, err)
 	}
@@ -198,9 +330,7 @@ func TestNoScriptReload(t *testing.T) {
 	if err := r.Client().ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Schedule(ctx, []Item{{ID: "a", Data: enc("x")}, {ID: "b", Data: enc("y")}}); err != nil {
-		t.Fatalf("schedule after SCRIPT FLUSH: %v", err)
-	}
+	schedule(t, s, Item{ID: "a", Data: enc("x")}, Item{ID: "b", Data: enc("y")})
 	_ = r.Client().ScriptFlush(ctx).Err()
 	if got := claimAll(t, s, time.Minute); len(got) != 2 {
 		t.Fatalf("claim after SCRIPT FLUSH: %+v", got)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,6 +105,21 @@ func (r *Redis) Kill() {
 		_ = r.cmd.Process.Kill()
 		_ = r.cmd.Wait()
 		r.cmd = nil
+	}
+}
+
+// Pause stops the process with SIGSTOP: connections stay open and requests
+// are taken by the kernel, but nothing is answered until Resume.
+func (r *Redis) Pause() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		_ = r.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused process with SIGCONT.
+func (r *Redis) Resume() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		_ = r.cmd.Process.Signal(syscall.SIGCONT)
 	}
 }
 
