@@ -241,7 +241,7 @@ func TestFaultRedisRestart(t *testing.T) {
 	b, _ := metric(before, "delayd_redis_errors_total")
 	a, _ := metric(during, "delayd_redis_errors_total")
 	t.Logf("Redis errors during a 3 s outage: %v", a-b)
-	if a-b > 40 {
+	if a-b > 100 { // a hot loop makes thousands; per-shard backoff makes a few dozen
 		t.Errorf("%v Redis errors in 3 s: the scanner is not backing off", a-b)
 	}
 	f.verify(t, 20*time.Second)

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,8 +37,8 @@ func uiServer(t *testing.T, opt UIOptions) (*httptest.Server, *store.Store) {
 		items = append(items, store.Item{ID: fmt.Sprintf("id-%02d", i), DelayMicros: int64(time.Duration(i+1) * time.Minute / time.Microsecond),
 			Data: envelope.Encode(envelope.Envelope{Target: "orders.cancel", Payload: []byte("hello")})})
 	}
-	if _, err := st.Schedule(context.Background(), items); err != nil {
-		t.Fatal(err)
+	if _, errs := st.Schedule(context.Background(), items); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
 	}
 	return srv, st
 }
