@@ -37,6 +37,7 @@ Usage:
   delayd list [flags]             list scheduled (or --dead) messages, a page at a time
   delayd stats                    pending, inflight and dead counts per shard
   delayd dead list|replay|purge   manage envelopes whose delivery kept failing
+  delayd doctor [--repair]        check the data in Redis for consistency (reads Redis directly)
   delayd bench [flags]            measure intake rate, lateness and loss
   delayd config [flags]           print the effective configuration, secrets redacted
   delayd version                  print the version
@@ -79,6 +80,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return deadCmd(ctx, rest, getenv, stdout, stderr)
 	case "bench":
 		return benchCmd(ctx, rest, getenv, stdout, stderr)
+	case "doctor":
+		return doctorCmd(ctx, rest, getenv, stdout, stderr)
 	case "config":
 		return configCmd(ctx, rest, getenv, stdout, stderr)
 	case "version":

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+)
+
+func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
+
+// TestDoctor breaks the data behind delayd's back, as a bug or an operator
+// could, and checks that doctor reports each kind read-only, repairs it with
+// --repair, and that a repaired envelope is then delivered.
+func TestDoctor(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Shards = 2
+	ctx := context.Background()
+	doctor := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		args = append([]string{"delayd", "doctor", "--redis-addrs", e.redis.Addr, "--set", "shards=2"}, args...)
+		err := run(ctx, args, func(string) string { return "" }, &out, &out)
+		return out.String(), err
+	}
+	if out, err := doctor(); err != nil || !strings.Contains(out, "consistent") {
+		t.Fatalf("empty store: %v\n%s", err, out)
+	}
+	stop := e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "doc.>")
+	for i := range 4 {
+		scheduleServed(t, nc, hdr("Delayd-Target", "doc.t", "Delayd-Delay", "1h", "Delayd-Id", fmt.Sprintf("d%d", i)))
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	st := e.inspectStore(c)
+	rc := e.redis.Client()
+	k := func(id, name string) string { return fmt.Sprintf("{delayd:%d}:%s", st.Shard(id), name) }
+	rc.ZRem(ctx, k("d0", "due"), "d0")                  // data without an index: would never be delivered
+	rc.ZAdd(ctx, k("d1", "dead"), redisZ(1, "d1"))      // in two indexes
+	rc.HDel(ctx, k("d2", "data"), "d2")                 // an index entry without data
+	rc.HSet(ctx, k("d3", "errors"), "ghost", "old err") // an error without data
+	out, err := doctor()
+	if err == nil {
+		t.Fatalf("doctor found nothing:\n%s", out)
+	}
+	for _, kind := range []string{"unindexed_data", "multiply_indexed", "due_without_data", "error_without_data"} {
+		if !strings.Contains(out, kind) {
+			t.Errorf("doctor did not report %s:\n%s", kind, out)
+		}
+	}
+	if again, _ := doctor(); again != out {
+		t.Fatalf("read-only doctor changed something:\n%s\nthen\n%s", out, again)
+	}
+	if out, err := doctor("--repair"); err != nil || !strings.Contains(out, "repaired") {
+		t.Fatalf("repair: %v\n%s", err, out)
+	}
+	if out, err := doctor("--json"); err != nil || !strings.Contains(out, `"found": {}`) {
+		t.Fatalf("after repair: %v\n%s", err, out)
+	}
+	// The unindexed envelope was made due now: a daemon delivers it.
+	e.startDaemon(c)
+	if got.waitCount(1, 10*time.Second) != 1 || len(got.get("d0")) != 1 {
+		t.Fatal("repaired envelope not delivered")
+	}
+}
+
+// TestDoctorWhileDelivering runs the check over and over while a daemon
+// delivers: an atomic page never sees a half-moved envelope, so nothing may
+// be found.
+func TestDoctorWhileDelivering(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Shards = 4
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "busy.>")
+	ids := scheduleMany(t, nc, 3000, 16, "busy", func(i int, h nats.Header) {
+		h.Set("Delayd-Target", "busy.t")
+		h.Set("Delayd-Delay", fmt.Sprintf("%dms", 200+i%1500))
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for got.count() < len(ids) {
+			var out bytes.Buffer
+			args := []string{"delayd", "doctor", "--redis-addrs", e.redis.Addr, "--set", "shards=4", "--json"}
+			if err := run(context.Background(), args, func(string) string { return "" }, &out, &out); err != nil {
+				t.Errorf("doctor during delivery: %v\n%s", err, out.String())
+				return
+			}
+		}
+	}()
+	got.waitCount(len(ids), 20*time.Second)
+	<-done
+	got.check(t, ids)
+}

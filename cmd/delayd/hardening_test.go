@@ -1,0 +1,327 @@
+package main
+
+// Regression tests for the defects the hardening review confirmed: each
+// failed on the code before the fix.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// runDaemon runs a daemon in-process with its log captured; it returns
+// the log, a channel with its result, and a stop function.
+func runDaemon(t *testing.T, c config.Config) (*syncBuffer, <-chan error, context.CancelFunc) {
+	t.Helper()
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon(ctx, c, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+		}
+	})
+	return logs, done, cancel
+}
+
+// inspectStore opens the config's delay set for direct inspection.
+func (e *env) inspectStore(c config.Config) *store.Store {
+	e.t.Helper()
+	st := store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), c.Namespace, c.Shards)
+	e.t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// waitState polls until the envelope id is in state, or fails the test.
+func waitState(t *testing.T, st *store.Store, id string, state store.State, d time.Duration) store.Entry {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		e, err := st.Get(context.Background(), id)
+		if err == nil && e.State == state {
+			return e
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: want state %s, have %+v (%v)", id, state, e, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Defect 2: with several refused targets in one flush window, only the last
+// -ERR was seen; the others were acked as delivered and deleted.
+func TestSeveralRefusedTargetsInOneBatch(t *testing.T) {
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+		o.Users = []*server.User{
+			{Username: "delayd", Password: "d", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{"orders.>", "$SRV.>", "delayd.>", "_INBOX.>"}},
+			}},
+			{Username: "app", Password: "a"},
+		}
+	})}
+	c := e.cfg()
+	c.NATS.User, c.NATS.Password = "delayd", "d"
+	c.Scanner.MaxAttempts = 2
+	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	logs, _, _ := runDaemon(t, c)
+	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	paid := e.sink(app, "payments.>")
+	orders := e.sink(app, "orders.>")
+	at := time.Now().Add(1500 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	var refused []string
+	for i := range 10 {
+		id := fmt.Sprintf("refused-%d", i)
+		refused = append(refused, id)
+		scheduleServed(t, app, hdr("Delayd-Target", fmt.Sprintf("payments.p%d", i), "Delayd-At", at, "Delayd-Id", id))
+		scheduleServed(t, app, hdr("Delayd-Target", "orders.o", "Delayd-At", at, "Delayd-Id", fmt.Sprintf("ok-%d", i)))
+	}
+	if got := orders.waitCount(10, 10*time.Second); got != 10 {
+		t.Fatalf("allowed targets: %d of 10 delivered\n%s", got, logs.String())
+	}
+	st := e.inspectStore(c)
+	for _, id := range refused {
+		d := waitState(t, st, id, store.StateDead, 10*time.Second)
+		if !strings.Contains(d.Error, "ermissions") || d.Attempts != 2 {
+			t.Errorf("%s dead with %d attempts and error %q; want 2 and a permissions violation", id, d.Attempts, d.Error)
+		}
+	}
+	if paid.count() != 0 {
+		t.Fatal("a refused publish was delivered")
+	}
+}
+
+// Defect 3: a flush confirmation slower than the publish deadline was taken
+// for "unreachable": the attempt was given back and the envelope went out
+// again and again as attempt 1, never dead.
+func TestSlowFlushIsAnAttempt(t *testing.T) {
+	e := newEnv(t)
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	c := e.cfg()
+	c.NATS.URL = "nats://" + proxy.Addr()
+	c.Scanner.Lease = time.Second
+	c.Scanner.MaxAttempts = 3
+	c.Scanner.RetryBackoff = 100 * time.Millisecond
+	e.startDaemon(c)
+	nc := e.conn() // direct, not through the proxy
+	defer nc.Close()
+	got := e.sink(nc, "slow.flush")
+	scheduleServed(t, nc, hdr("Delayd-Target", "slow.flush", "Delayd-Delay", "1s", "Delayd-Id", "slow"))
+	// Every PONG (and everything else) from the server to delayd now
+	// takes 2 s: no flush is confirmed within half the 1 s lease.
+	proxy.Set(testutil.Down, testutil.Fault{Latency: 2 * time.Second})
+	st := e.inspectStore(c)
+	dead := waitState(t, st, "slow", store.StateDead, 30*time.Second)
+	proxy.Clear()
+	ds := got.get("slow")
+	seen := map[int]bool{}
+	for _, d := range ds {
+		if seen[d.attempt] {
+			t.Errorf("attempt %d delivered twice: a duplicate without a higher attempt", d.attempt)
+		}
+		seen[d.attempt] = true
+	}
+	if len(ds) == 0 || len(ds) > c.Scanner.MaxAttempts || dead.Attempts != c.Scanner.MaxAttempts {
+		t.Fatalf("%d deliveries, dead after %d attempts; want 1..%d deliveries and dead after %d",
+			len(ds), dead.Attempts, c.Scanner.MaxAttempts, c.Scanner.MaxAttempts)
+	}
+}
+
+// Defect 4: a request whose write timed out after it was sent got 503
+// "nothing stored", yet it was stored and delivered. Now: 504 with the id,
+// and a retry with that id replaces it.
+func TestStoreTimeoutAnswers504WithID(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "unknown.outcome")
+	e.redis.Pause()
+	resumed := make(chan struct{})
+	go func() {
+		defer close(resumed)
+		time.Sleep(6 * time.Second)
+		e.redis.Resume()
+	}()
+	m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "unknown.outcome", "Delayd-Delay", "500ms"), Data: []byte("x")}
+	rep, err := nc.RequestMsg(m, 10*time.Second)
+	<-resumed
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := rep.Header.Get(micro.ErrorCodeHeader); code != "504" {
+		t.Fatalf("want 504 for an unknown outcome, got %q %q", code, rep.Header.Get(micro.ErrorHeader))
+	}
+	var body struct{ ID string }
+	if err := json.Unmarshal(rep.Data, &body); err != nil || body.ID == "" {
+		t.Fatalf("504 without the id: %q %v", rep.Data, err)
+	}
+	// The retry with that id is an upsert: one envelope, one delivery.
+	scheduleServed(t, nc, hdr("Delayd-Target", "unknown.outcome", "Delayd-Delay", "500ms", "Delayd-Id", body.ID))
+	got.waitCount(1, 10*time.Second)
+	time.Sleep(2 * time.Second)
+	if n := len(got.get(body.ID)); n != 1 {
+		t.Fatalf("id %s delivered %d times; want once", body.ID, n)
+	}
+}
+
+// Defect 5: over maxmemory with noeviction, heartbeats and ownership were
+// refused (OOM), so no shard was ever owned and nothing due was delivered,
+// while delivering is what frees memory. Schedules are refused whole (503).
+func TestOverMaxmemoryStillDelivers(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "oom.>")
+	// The first daemon stores, then Redis goes over maxmemory.
+	stop := e.startDaemon(c)
+	for i := range 20 {
+		scheduleServed(t, nc, hdr("Delayd-Target", "oom.t", "Delayd-Delay", "3s", "Delayd-Id", fmt.Sprintf("oom-%d", i)))
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	rc := e.redis.Client()
+	if err := rc.ConfigSet(context.Background(), "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A new daemon must still take the shards and deliver.
+	e.startDaemon(c)
+	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "oom.t", "Delayd-Delay", "1s", "Delayd-Id", "refused"), "x")
+	if err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "503" {
+		t.Errorf("schedule over maxmemory: want 503, got %v %v", err, rep.Header)
+	}
+	if n := got.waitCount(20, 15*time.Second); n != 20 {
+		t.Fatalf("over maxmemory, %d of 20 due envelopes delivered", n)
+	}
+	code, body := httpGet(t, "http://"+c.HTTP.Addr+"/readyz")
+	if code != 200 {
+		t.Fatalf("readyz over maxmemory with shards owned: %d %s", code, body)
+	}
+	if got.get("refused") != nil {
+		t.Fatal("a refused schedule was delivered")
+	}
+}
+
+// Defect 6: an evicting maxmemory-policy lost acknowledged envelopes
+// silently. delayd refuses to start on one, and stops when a reconnect
+// finds one, unless redis.allow_eviction says otherwise.
+func TestEvictingRedisRefused(t *testing.T) {
+	e := newEnv(t, "--maxmemory-policy", "allkeys-lru")
+	c := e.cfg()
+	logs, done, _ := runDaemon(t, c)
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "maxmemory-policy") || !strings.Contains(err.Error(), "allkeys-lru") {
+			t.Fatalf("want an error naming maxmemory-policy allkeys-lru, got %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("daemon started on an evicting Redis\n%s", logs.String())
+	}
+	c.Redis.AllowEviction = true
+	logs, done, cancel := runDaemon(t, c)
+	e.waitService(c.Subject)
+	if !strings.Contains(logs.String(), "REDIS MAY EVICT KEYS") {
+		t.Errorf("allowed eviction without a loud warning:\n%s", logs.String())
+	}
+	cancel()
+	<-done
+
+	// On a good Redis that turns bad, the next connection finds out.
+	e2 := newEnv(t)
+	c2 := e2.cfg()
+	_, done, _ = runDaemon(t, c2)
+	e2.waitService(c2.Subject)
+	rc := e2.redis.Client()
+	_ = rc.ConfigSet(context.Background(), "maxmemory-policy", "volatile-lru").Err()
+	_ = rc.Do(context.Background(), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "volatile-lru") {
+			t.Fatalf("want an error naming volatile-lru, got %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("daemon kept running after Redis began to evict")
+	}
+}
+
+// Defect 7: payloads close to the server's max_payload were accepted, then
+// every delivery failed, because the delivery carries more headers.
+func TestDeliveryMustFitMaxPayload(t *testing.T) {
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.MaxPayload = 4096 })}
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "big.>")
+	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "big.t", "Delayd-Delay", "10ms", "Delayd-Id", "too-big"), strings.Repeat("x", 4010)) // the request fits, the delivery (more headers) does not
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := rep.Header.Get(micro.ErrorCodeHeader); code != "413" || !strings.Contains(rep.Header.Get(micro.ErrorHeader), "max_payload") {
+		t.Fatalf("want 413 naming max_payload, got %q %q", code, rep.Header.Get(micro.ErrorHeader))
+	}
+	scheduleServed(t, nc, hdr("Delayd-Target", "big.t", "Delayd-Delay", "10ms", "Delayd-Id", "fits"))
+	if got.waitCount(1, 5*time.Second) != 1 || got.get("too-big") != nil {
+		t.Fatal("want the small one delivered and the big one never")
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes stored; the refused one must not be", n)
+	}
+}
+
+// Defect 10: retries waited for the idle interval instead of the retry
+// backoff, and a replayed envelope for the next idle tick.
+func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.IdleInterval = time.Hour // only wake-ups can deliver in time
+	c.Scanner.RetryBackoff = 100 * time.Millisecond
+	c.Scanner.MaxAttempts = 3
+	c.Targets.JetStream = []string{"nostream.>"} // no stream: every publish fails
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	scheduleServed(t, nc, hdr("Delayd-Target", "nostream.t", "Delayd-Delay", "10ms", "Delayd-Id", "r"))
+	st := e.inspectStore(c)
+	first := waitState(t, st, "r", store.StateDead, 10*time.Second)
+	req := nats.NewMsg("delayd.replay")
+	req.Data = []byte(`{"ids":["r"]}`)
+	if _, err := nc.RequestMsg(req, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Dead again after three fresh attempts: the replay woke the clock.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		en, err := st.Get(context.Background(), "r")
+		if err == nil && en.State == store.StateDead && en.Attempts == 3 && en.DueMs > first.DueMs {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replayed envelope not retried promptly: %+v %v", en, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
