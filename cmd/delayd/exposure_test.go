@@ -1,0 +1,183 @@
+package main
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// The tests in this file are the cases of issue 11's "Why", each found by
+// trying the defaults as an attacker would. They use only the wire
+// protocol and HTTP, so each one failed on the code before the fix.
+
+// TestProbeListenerServesNoConsole: the pod-facing listener (http.addr)
+// serves probes and metrics only; a stored Authorization header and a card
+// number in a payload are not reachable through it.
+func TestProbeListenerServesNoConsole(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	h := hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "secret-1", "Authorization", "Bearer s3cret-token")
+	rep, err := schedule(nc, "delayd", h, "card 4111111111111111")
+	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+		t.Fatalf("schedule: %v %v", err, rep.Header)
+	}
+	base := "http://" + c.HTTP.Addr
+	for _, path := range []string{"/ui/api/envelope?id=secret-1", "/ui/", "/ui/api/list", "/ui/api/overview"} {
+		code, body := httpGet(t, base+path)
+		if code != 404 {
+			t.Errorf("GET %s on http.addr: %d, want 404", path, code)
+		}
+		if strings.Contains(body, "s3cret") || strings.Contains(body, "4111") {
+			t.Errorf("GET %s on http.addr leaks a secret: %s", path, body)
+		}
+	}
+	for _, path := range []string{"/livez", "/readyz", "/metrics"} {
+		if code, _ := httpGet(t, base+path); code != 200 {
+			t.Errorf("GET %s on http.addr: %d, want 200", path, code)
+		}
+	}
+}
+
+// TestMQTTRetainedMessageRefused: with MQTT enabled, a delayed message to
+// $MQTT.rmsgs would plant a forged retained message for every new MQTT
+// subscriber. It is refused with 403 and never stored.
+func TestMQTTRetainedMessageRefused(t *testing.T) {
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+		o.ServerName = "mqtt-test" // MQTT requires a server name
+		o.MQTT.Host, o.MQTT.Port = "127.0.0.1", testutil.FreePort(t)
+	})}
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	for _, target := range []string{"$MQTT.rmsgs", "$MQTT.rmsgs.forged", "$MQTT.sess.abc", "$MQTT.JSA.x.RM.y"} {
+		rep, err := schedule(nc, "delayd", hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), `{"topic":"a","msg":"forged"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "403" {
+			t.Errorf("target %s: code %q, want 403", target, code)
+		}
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes to $MQTT stored", n)
+	}
+}
+
+// TestSystemNamespacesRefused: every $-prefixed subject space and the
+// request-reply spaces are refused, not only the ones a list named.
+func TestSystemNamespacesRefused(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	for _, target := range []string{"$JSC.CI.X.Y", "$NRG.AE.x", "$G.anything", "$FUTURE.api", "_R_.abc.def", "_R_.x"} {
+		rep, err := schedule(nc, "delayd", hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "403" {
+			t.Errorf("target %s: code %q, want 403", target, code)
+		}
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes stored", n)
+	}
+}
+
+// TestNATSHeadersFromPublishersRefused: Nats-* headers would be published
+// into a stream with delayd's rights (a purge by rollup, a forged dedup id).
+func TestNATSHeadersFromPublishersRefused(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	for _, k := range []string{"Nats-Rollup", "Nats-Expected-Last-Sequence", "Nats-Expected-Stream", "Nats-Msg-Id", "Nats-TTL", "nats-rollup", "NATS-MSG-ID"} {
+		h := hdr("Delayd-Target", "orders.x", "Delayd-Delay", "1h")
+		h[k] = []string{"all"} // as spelled: the wire keeps the case
+		rep, err := schedule(nc, "delayd", h, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "400" {
+			t.Errorf("header %s: code %q, want 400", k, code)
+		}
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes with Nats-* headers stored", n)
+	}
+}
+
+// TestOperatorEndpointsLeftThePublisherSpace: get, list, stats, replay and
+// purge no longer answer next to schedule and cancel, and wake-ups are not
+// under the publisher prefix either, so a publisher's permissions on
+// delayd.schedule/delayd.cancel (or, carelessly, delayd.>) reach neither.
+func TestOperatorEndpointsLeftThePublisherSpace(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	for _, verb := range []string{"get", "list", "stats", "replay", "purge"} {
+		m := nats.NewMsg("delayd." + verb)
+		m.Header.Set("Delayd-Id", "x")
+		m.Data = []byte(`{"all":true}`)
+		if _, err := nc.RequestMsg(m, 5*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+			t.Errorf("delayd.%s: %v, want no responders", verb, err)
+		}
+	}
+	subs, err := e.nats.Srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: "delayd.wake.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if subs.Total != 0 {
+		t.Errorf("%d subscriptions listen for wake-ups on delayd.wake.1", subs.Total)
+	}
+}
+
+// TestDeadLetterCarriesNoMsgID: the dead-letter copy of an envelope whose
+// JetStream delivery failed must not carry delayd's Nats-Msg-Id (it would
+// be dropped as a duplicate, or forge one, in a stream on the dead subject).
+func TestDeadLetterCarriesNoMsgID(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Targets.JetStream = []string{"nostream.>"}
+	c.Scanner.MaxAttempts = 1
+	c.Dead.Publish = true
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := make(chan *nats.Msg, 1)
+	if _, err := nc.Subscribe("delayd.dead.>", func(m *nats.Msg) { got <- m }); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "nostream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "dl-1", "traceparent", "00-abc-01"), "x")
+	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+		t.Fatalf("schedule: %v %v", err, rep.Header)
+	}
+	var m *nats.Msg
+	select {
+	case m = <-got:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no dead letter published")
+	}
+	if id := m.Header.Get("Nats-Msg-Id"); id != "" {
+		t.Errorf("dead letter carries Nats-Msg-Id %q", id)
+	}
+	if m.Header.Get("traceparent") != "00-abc-01" || m.Header.Get("Delayd-Error") == "" {
+		t.Errorf("dead letter headers: %v", m.Header)
+	}
+}
