@@ -135,11 +135,13 @@ func MsgID(d envelope.Delivery) string {
 
 // DeliveryMsg builds the delivered message: the payload unchanged, the
 // publisher's headers minus the control ones (already removed at intake),
-// plus the delivery headers.
+// plus the delivery headers. The headers are a copy: the JetStream client
+// adds Nats-Msg-Id to the message it publishes, and that must not leak
+// into the envelope (a dead letter is built from it).
 func DeliveryMsg(d envelope.Delivery) *nats.Msg {
-	h := nats.Header(d.Header)
-	if h == nil {
-		h = nats.Header{}
+	h := make(nats.Header, len(d.Header)+4)
+	for k, v := range d.Header {
+		h[k] = v
 	}
 	h[envelope.HeaderID] = []string{d.ID}
 	h[envelope.HeaderDue] = []string{envelope.FormatMs(d.Due.UnixMilli())}
