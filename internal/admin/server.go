@@ -77,13 +77,13 @@ func (s *Server) URL() string { return "http://" + s.Addr() }
 
 // Run serves until ctx is done, then shuts down gracefully.
 func (s *Server) Run(ctx context.Context) error {
-	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
 	if s.what == "console" {
 		s.log.Info("console at "+s.URL()+"/ui/", "addr", s.Addr())
 	} else {
 		s.log.Info("admin HTTP serving", "serves", s.what, "addr", s.Addr())
 	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("admin: %w", err)
