@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -72,8 +73,16 @@ func listen(addr string, mux *http.ServeMux, what string, log hclog.Logger) (*Se
 // Addr is the bound address.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// URL is the base URL of the bound address.
-func (s *Server) URL() string { return "http://" + s.Addr() }
+// URL is the base URL of the bound address; an address listening on every
+// interface is shown as localhost, which reaches it from this machine.
+func (s *Server) URL() string {
+	a := s.ln.Addr().(*net.TCPAddr)
+	host := a.IP.String()
+	if a.IP.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(a.Port))
+}
 
 // Run serves until ctx is done, then shuts down gracefully.
 func (s *Server) Run(ctx context.Context) error {
