@@ -115,7 +115,7 @@ func startChild(natsURL string, redisAddrs []string, embedded bool, stderr io.Wr
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"run", "--nats-url", natsURL, "--log-level", "warn", "--set", "http.addr=127.0.0.1:0",
+	args := []string{"run", "--nats-url", natsURL, "--log-level", "warn", "--set", "http.addr=127.0.0.1:0", "--set", "ui.enabled=false",
 		"--set", "namespace=bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
 	if embedded {
 		args = append(args, "--embedded")

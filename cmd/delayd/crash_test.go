@@ -40,6 +40,7 @@ func (e *env) startProcEnv(bin string, c config.Config, extra ...string) *proc {
 		"DELAYD_SCANNER_LEASE="+c.Scanner.Lease.String(),
 		"DELAYD_SCANNER_IDLE_INTERVAL="+c.Scanner.IdleInterval.String(),
 		"DELAYD_HTTP_ADDR=127.0.0.1:0",
+		"DELAYD_UI_ADDR=127.0.0.1:0",
 		"DELAYD_OWNERSHIP_TTL="+c.Ownership.TTL.String(),
 	)
 	logPath := filepath.Join(e.t.TempDir(), "delayd.log")

@@ -136,7 +136,8 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	insp := inspector{Store: st, wake: sc.Wake}
 	intake := bridge.NewIntake(in, st, insp, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
-		Limits: c.EnvelopeLimits(), Policy: c.Policy(), Now: o.now, JetStream: c.Targets.JetStream,
+		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: o.now,
+		JetStream: c.Targets.JetStream,
 	}, log.Named("intake"))
 	id := c.NATS.Name + "-" + nuid.Next()
 	own := scanner.NewOwnership(st, sc, id, c.Ownership.TTL, log.Named("ownership"))
@@ -171,13 +172,6 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 			return nil
 		}})
 	if c.HTTP.Addr != "" {
-		var ui *admin.UI
-		if c.UI.Enabled {
-			ui = admin.NewUI(insp, metrics, admin.UIOptions{
-				AllowActions: c.UI.AllowActions, BasicUser: c.UI.BasicAuthUser, BasicPass: c.UI.BasicAuthPassword,
-				BearerToken: c.UI.BearerToken, Policy: c.Policy(), JetStream: c.Targets.JetStream,
-			}, log.Named("ui"))
-		}
 		checks := []admin.Check{
 			{Name: "nats", Fn: func(context.Context) error {
 				if (c.Mode != "scanner" && !in.IsConnected()) || !out.IsConnected() {
@@ -190,11 +184,27 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		if c.Mode != "intake" {
 			checks = append(checks, admin.Check{Name: "shards", Fn: own.Ready})
 		}
-		srv, err := admin.Listen(c.HTTP.Addr, metrics, checks, ui, log.Named("admin"))
+		srv, err := admin.Listen(c.HTTP.Addr, metrics, checks, log.Named("admin"))
 		if err != nil {
 			return err
 		}
 		comps = append(comps, component{"admin", srv.Run})
+	}
+	if c.UI.Enabled && c.UI.Addr != "" {
+		ui := admin.NewUI(insp, metrics, admin.UIOptions{
+			AllowActions: c.UI.AllowActions, ShowPayloads: c.UI.ShowPayloads, RedactHeaders: c.UI.RedactHeaders,
+			BasicUser: c.UI.BasicAuthUser, BasicPass: c.UI.BasicAuthPassword, BearerToken: c.UI.BearerToken,
+			Policy: c.Policy(), JetStream: c.Targets.JetStream,
+		}, log.Named("ui"))
+		srv, err := admin.ListenUI(c.UI.Addr, ui, log.Named("ui"))
+		if err != nil {
+			return err
+		}
+		if !config.Loopback(c.UI.Addr) {
+			log.Warn("the console is reachable from the network", "addr", c.UI.Addr,
+				"auth", c.UI.BasicAuthUser != "" || c.UI.BearerToken != "", "insecure", c.UI.Insecure)
+		}
+		comps = append(comps, component{"console", srv.Run})
 	}
 	err = runOrdered(ctx, comps, c.Shutdown.Timeout, log)
 	drainCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -40,7 +40,7 @@ func TestEmbeddedRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", url, "--set", "http.addr=127.0.0.1:0"}, func(string) string { return "" }, &logs, &logs)
+		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", url, "--set", "http.addr=127.0.0.1:0", "--set", "ui.addr=127.0.0.1:0"}, func(string) string { return "" }, &logs, &logs)
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(logs.String(), "delayd: ready") {

@@ -20,7 +20,7 @@ func startForFootprint(b *testing.B, bin string, e *env) (*exec.Cmd, string) {
 	port := testutil.FreePort(b)
 	cmd := exec.Command(bin, "run")
 	cmd.Env = append(os.Environ(), "DELAYD_NATS_URL="+e.nats.URL(), "DELAYD_REDIS_ADDRS="+e.redis.Addr,
-		"DELAYD_SHARDS=16", "DELAYD_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "DELAYD_LOG_LEVEL=warn")
+		"DELAYD_SHARDS=16", "DELAYD_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "DELAYD_UI_ADDR=127.0.0.1:0", "DELAYD_LOG_LEVEL=warn")
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}

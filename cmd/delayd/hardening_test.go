@@ -307,7 +307,7 @@ func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
 	scheduleServed(t, nc, hdr("Delayd-Target", "nostream.t", "Delayd-Delay", "10ms", "Delayd-Id", "r"))
 	st := e.inspectStore(c)
 	first := waitState(t, st, "r", store.StateDead, 10*time.Second)
-	req := nats.NewMsg("delayd.replay")
+	req := nats.NewMsg("delayd.admin.replay")
 	req.Data = []byte(`{"ids":["r"]}`)
 	if _, err := nc.RequestMsg(req, 5*time.Second); err != nil {
 		t.Fatal(err)

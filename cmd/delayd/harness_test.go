@@ -44,6 +44,7 @@ func (e *env) cfg() config.Config {
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
 	c.Ownership.TTL = time.Second
 	c.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(e.t))
+	c.UI.Addr = "127.0.0.1:0" // copies of this config run side by side
 	return c
 }
 

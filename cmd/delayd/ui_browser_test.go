@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // chromium finds Debian's chromium, or skips; under CI=true a missing
@@ -40,6 +42,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	e := newEnv(t)
 	c := e.cfg()
 	c.UI.AllowActions = true
+	c.UI.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	c.Targets.JetStream = []string{"uistream.>"}
 	c.Scanner.MaxAttempts = 2
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
@@ -100,7 +103,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
 		}
 	}()
-	base := "http://" + c.HTTP.Addr + "/ui/"
+	base := "http://" + c.UI.Addr + "/ui/"
 	shot := func(name string) {
 		t.Helper()
 		buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
@@ -150,7 +153,8 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.WaitVisible(`#find-id-input`),
 		chromedp.SendKeys(`#find-id-input`, "ui-cancel-me"),
 		chromedp.Click(`#find-id button`),
-		chromedp.WaitVisible(`#cancel-btn`))
+		chromedp.WaitVisible(`#cancel-btn`),
+		chromedp.WaitVisible(`#payload-hidden`)) // ui.show_payloads is off by default
 	shot("find")
 	step("cancel", chromedp.Click(`#cancel-btn`), chromedp.WaitVisible(`#cancelled`))
 	if _, err := st.Get(context.Background(), "ui-cancel-me"); err != store.ErrNotFound {

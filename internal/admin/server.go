@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -18,20 +19,20 @@ type Check struct {
 	Fn   func(ctx context.Context) error
 }
 
-// Server serves /livez, /readyz, /metrics and the console at /ui.
+// Server is one HTTP listener: the probes and metrics (Listen), or the
+// console (ListenUI). They are separate so that the probes can face the
+// pod network for the kubelet and Prometheus while the console, which
+// shows stored messages, stays on loopback.
 type Server struct {
-	srv *http.Server
-	ln  net.Listener
-	log hclog.Logger
+	srv  *http.Server
+	ln   net.Listener
+	log  hclog.Logger
+	what string // logged at start
 }
 
-// Listen binds addr, so a port conflict fails the start, not later.
-// A nil ui leaves the console out.
-func Listen(addr string, m *Metrics, checks []Check, ui *UI, log hclog.Logger) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("admin: listen %s: %w", addr, err)
-	}
+// Listen binds addr for /livez, /readyz and /metrics, so a port conflict
+// fails the start, not later.
+func Listen(addr string, m *Metrics, checks []Check, log hclog.Logger) (*Server, error) {
 	mux := http.NewServeMux()
 	// Liveness never looks at Redis or NATS: an outage of either must not
 	// make Kubernetes restart every sidecar at once.
@@ -51,20 +52,47 @@ func Listen(addr string, m *Metrics, checks []Check, ui *UI, log hclog.Logger) (
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
-	if ui != nil {
-		ui.register(mux)
+	return listen(addr, mux, "probes and metrics", log)
+}
+
+// ListenUI binds addr for the console and its API at /ui.
+func ListenUI(addr string, ui *UI, log hclog.Logger) (*Server, error) {
+	mux := http.NewServeMux()
+	ui.register(mux)
+	return listen(addr, mux, "console", log)
+}
+
+func listen(addr string, mux *http.ServeMux, what string, log hclog.Logger) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin: listen %s for the %s: %w", addr, what, err)
 	}
-	return &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, log: log}, nil
+	return &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln, log: log, what: what}, nil
 }
 
 // Addr is the bound address.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
+// URL is the base URL of the bound address; an address listening on every
+// interface is shown as localhost, which reaches it from this machine.
+func (s *Server) URL() string {
+	a := s.ln.Addr().(*net.TCPAddr)
+	host := a.IP.String()
+	if a.IP.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(a.Port))
+}
+
 // Run serves until ctx is done, then shuts down gracefully.
 func (s *Server) Run(ctx context.Context) error {
+	if s.what == "console" {
+		s.log.Info("console at "+s.URL()+"/ui/", "addr", s.Addr())
+	} else {
+		s.log.Info("admin HTTP serving", "serves", s.what, "addr", s.Addr())
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- s.srv.Serve(s.ln) }()
-	s.log.Info("admin HTTP serving", "addr", s.Addr())
 	select {
 	case err := <-errc:
 		return fmt.Errorf("admin: %w", err)

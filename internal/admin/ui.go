@@ -40,11 +40,17 @@ type UIStore interface {
 // UIOptions configure the console.
 type UIOptions struct {
 	AllowActions bool // cancel, replay and purge; read-only otherwise
-	BasicUser    string
-	BasicPass    string
-	BearerToken  string
-	Policy       envelope.Policy
-	JetStream    []string
+	// ShowPayloads shows payload previews and header values; otherwise
+	// only sizes and header names leave the daemon.
+	ShowPayloads bool
+	// RedactHeaders are never shown with their values, even with
+	// ShowPayloads: they carry credentials.
+	RedactHeaders []string
+	BasicUser     string
+	BasicPass     string
+	BearerToken   string
+	Policy        envelope.Policy
+	JetStream     []string
 }
 
 // UI is the web console at /ui.
@@ -212,9 +218,33 @@ type entryView struct {
 	Header   map[string][]string `json:"headers,omitempty"`
 	Preview  string              `json:"preview,omitempty"`
 	Hex      bool                `json:"hex,omitempty"`
+	// Hidden says payload and header values were withheld
+	// (ui.show_payloads is false).
+	Hidden bool `json:"hidden,omitempty"`
 }
 
 const previewBytes = 512
+
+// hiddenValue stands for a header value withheld by ui.show_payloads.
+const hiddenValue = "(hidden)"
+
+// detail adds the envelope's headers and payload preview to v, as much of
+// them as the options allow.
+func (u *UI) detail(e store.Entry) entryView {
+	v := view(e, true)
+	v.Header = envelope.RedactHeaders(v.Header, u.opt.RedactHeaders)
+	if !u.opt.ShowPayloads {
+		for k, vs := range v.Header {
+			hidden := make([]string, len(vs))
+			for i := range hidden {
+				hidden[i] = hiddenValue
+			}
+			v.Header[k] = hidden
+		}
+		v.Preview, v.Hex, v.Hidden = "", false, true
+	}
+	return v
+}
 
 func view(e store.Entry, detail bool) entryView {
 	v := entryView{ID: e.ID, State: string(e.State), Due: envelope.FormatMs(e.DueMs), Attempts: e.Attempts, Error: e.Error}
@@ -251,7 +281,7 @@ func (u *UI) envelope(w http.ResponseWriter, r *http.Request) {
 		u.unavailable(w, err)
 		return
 	}
-	writeJSON(w, view(e, true))
+	writeJSON(w, u.detail(e))
 }
 
 func (u *UI) list(w http.ResponseWriter, r *http.Request) {
@@ -340,8 +370,17 @@ func (u *UI) targets(w http.ResponseWriter, r *http.Request) {
 	sort.Slice(list, func(i, j int) bool { return list[i].Pending+list[i].Delivered > list[j].Pending+list[j].Delivered })
 	writeJSON(w, map[string]any{
 		"targets": list, "sampled": !done, "sample_size": len(entries),
-		"allow": u.opt.Policy.Allow, "deny": u.opt.Policy.Deny, "jetstream": u.opt.JetStream,
+		"builtin_deny": builtinDeny(u.opt.Policy.Prefix), "allow": u.opt.Policy.Allow, "deny": u.opt.Policy.Deny,
+		"jetstream": u.opt.JetStream,
 	})
+}
+
+func builtinDeny(prefix string) []string {
+	var out []string
+	for _, r := range envelope.BuiltinDeny(prefix) {
+		out = append(out, r.Name+" ("+r.Why+")")
+	}
+	return out
 }
 
 func (u *UI) cancel(w http.ResponseWriter, r *http.Request) {

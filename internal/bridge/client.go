@@ -109,7 +109,7 @@ func (c *Client) request(ctx context.Context, verb string, m *nats.Msg, out any)
 // Get returns what is stored under id.
 func (c *Client) Get(ctx context.Context, id string) (EntryInfo, error) {
 	var out EntryInfo
-	err := c.request(ctx, "get", &nats.Msg{Header: nats.Header{envelope.HeaderID: []string{id}}}, &out)
+	err := c.request(ctx, "admin.get", &nats.Msg{Header: nats.Header{envelope.HeaderID: []string{id}}}, &out)
 	return out, err
 }
 
@@ -120,14 +120,14 @@ func (c *Client) List(ctx context.Context, r ListRequest) (ListReply, error) {
 		return ListReply{}, err
 	}
 	var out ListReply
-	err = c.request(ctx, "list", &nats.Msg{Data: body}, &out)
+	err = c.request(ctx, "admin.list", &nats.Msg{Data: body}, &out)
 	return out, err
 }
 
 // Stats returns the sizes of the delay set.
 func (c *Client) Stats(ctx context.Context) (StatsReply, error) {
 	var out StatsReply
-	err := c.request(ctx, "stats", &nats.Msg{}, &out)
+	err := c.request(ctx, "admin.stats", &nats.Msg{}, &out)
 	return out, err
 }
 
@@ -138,6 +138,6 @@ func (c *Client) Dead(ctx context.Context, verb string, r DeadRequest) (DeadRepl
 		return DeadReply{}, err
 	}
 	var out DeadReply
-	err = c.request(ctx, verb, &nats.Msg{Data: body}, &out)
+	err = c.request(ctx, "admin."+verb, &nats.Msg{Data: body}, &out)
 	return out, err
 }

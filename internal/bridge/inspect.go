@@ -112,7 +112,9 @@ func (in *Intake) handleGet(req micro.Request) {
 		in.log.Error("get failed", "id", id, "error", err)
 		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
 	default:
-		in.respond(req.Reply(), entryInfo(e, true))
+		info := entryInfo(e, true)
+		info.Header = envelope.RedactHeaders(info.Header, in.opt.RedactHeaders)
+		in.respond(req.Reply(), info)
 	}
 }
 

@@ -39,12 +39,16 @@ type IntakeObserver interface {
 
 // IntakeOptions configure the service.
 type IntakeOptions struct {
-	Subject string // endpoint prefix: <Subject>.schedule, <Subject>.cancel
+	// Subject is the prefix of the endpoints: publishers use
+	// <Subject>.schedule and <Subject>.cancel, operators <Subject>.admin.*.
+	Subject string
 	Version string
 	Batch   int
 	Linger  time.Duration
 	Limits  envelope.Limits
 	Policy  envelope.Policy
+	// RedactHeaders are headers whose values the get endpoint never returns.
+	RedactHeaders []string
 	// StoreTimeout bounds one Redis pipeline; past it callers get 504.
 	StoreTimeout time.Duration
 	// JetStream are the target patterns delivered with JetStream (their
@@ -113,6 +117,10 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 		queue: make(chan pending, 4*opt.Batch)}
 }
 
+// AdminSubject is the prefix of the operator endpoints (get, list, stats,
+// replay, purge): <prefix>.admin.
+func AdminSubject(prefix string) string { return prefix + ".admin" }
+
 // flushers is how many pipelines may be in flight at once, so that one
 // batch's Redis round trip overlaps the collection of the next.
 const flushers = 4
@@ -136,10 +144,13 @@ func (in *Intake) Run(ctx context.Context) error {
 	if err := g.AddEndpoint("cancel", micro.HandlerFunc(in.handleCancel)); err != nil {
 		return fmt.Errorf("bridge: add cancel endpoint: %w", err)
 	}
-	if err := in.addInspect(g); err != nil {
+	// Operator endpoints live apart from the publisher's, so that NATS
+	// permissions tell the two roles apart.
+	if err := in.addInspect(svc.AddGroup(AdminSubject(in.opt.Subject))); err != nil {
 		return fmt.Errorf("bridge: add inspection endpoints: %w", err)
 	}
-	in.log.Info("intake serving", "schedule", in.opt.Subject+".schedule", "cancel", in.opt.Subject+".cancel")
+	in.log.Info("intake serving", "schedule", in.opt.Subject+".schedule", "cancel", in.opt.Subject+".cancel",
+		"admin", AdminSubject(in.opt.Subject)+".>")
 
 	batches := make(chan []pending)
 	var wg sync.WaitGroup

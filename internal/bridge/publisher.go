@@ -154,10 +154,10 @@ func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
 
 // DeliveryMsg builds the delivered message: the payload unchanged, the
 // publisher's headers minus the control ones (already removed at intake),
-// plus the delivery headers.
+// plus the delivery headers. The headers are a copy: the JetStream client
+// adds Nats-Msg-Id to the message it publishes, and that must not leak
+// into the envelope (a dead letter is built from it).
 func DeliveryMsg(d envelope.Delivery) *nats.Msg {
-	// A copy: the delivery headers (and JetStream's Nats-Msg-Id) must not
-	// leak into d, which a dead letter is built from.
 	h := make(nats.Header, len(d.Header)+4)
 	for k, v := range d.Header {
 		h[k] = v

@@ -12,8 +12,10 @@ import (
 
 // WakeRelay carries cross-daemon wake-ups: when a daemon stores an envelope
 // in a shard another daemon owns, due before that owner would look again,
-// it publishes a tiny message on <subject>.wake.<shard> carrying the due
-// time; every scanning daemon listens and wakes if it owns the shard.
+// it publishes a tiny message on <subject>.internal.wake.<shard> carrying
+// the due time; every scanning daemon listens and wakes if it owns the
+// shard. Wake-ups are under <subject>.internal, a space only daemons need
+// rights on: a publisher who could send them could keep scanners busy.
 type WakeRelay struct {
 	nc     *nats.Conn
 	prefix string
@@ -21,10 +23,13 @@ type WakeRelay struct {
 	log    hclog.Logger
 }
 
-// NewWakeRelay relays on nc under <subject>.wake; local is called for
+// InternalSubject is the prefix of daemon-to-daemon subjects.
+func InternalSubject(prefix string) string { return prefix + ".internal" }
+
+// NewWakeRelay relays on nc under <subject>.internal.wake; local is called for
 // wake-ups received (it ignores shards this daemon does not own).
 func NewWakeRelay(nc *nats.Conn, subject string, local func(shard int, dueMs int64), log hclog.Logger) *WakeRelay {
-	return &WakeRelay{nc: nc, prefix: subject + ".wake", local: local, log: log}
+	return &WakeRelay{nc: nc, prefix: InternalSubject(subject) + ".wake", local: local, log: log}
 }
 
 // Announce publishes a wake-up for shard. It is best effort: a lost one

@@ -5,6 +5,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -41,11 +42,24 @@ type Config struct {
 	Shutdown Shutdown `koanf:"shutdown"`
 	HTTP     HTTP     `koanf:"http"`
 	UI       UI       `koanf:"ui"`
+	Headers  Headers  `koanf:"headers"`
 }
 
-// UI is the web console served by the admin server at /ui.
+// UI is the web console and its API at /ui, on a listener of its own so
+// that it can stay on loopback while probes and metrics face the network.
 type UI struct {
 	Enabled bool `koanf:"enabled"`
+	// Addr is host:port of the console; loopback by default, reachable
+	// through kubectl port-forward or an SSH tunnel. Empty turns it off.
+	Addr string `koanf:"addr"`
+	// Insecure allows a non-loopback Addr without authentication.
+	Insecure bool `koanf:"insecure"`
+	// ShowPayloads shows payloads and header values; off, the console shows
+	// sizes and header names only.
+	ShowPayloads bool `koanf:"show_payloads"`
+	// RedactHeaders are headers whose values are never shown, in the
+	// console, by delayd get or in logs, even with ShowPayloads.
+	RedactHeaders []string `koanf:"redact_headers"`
 	// AllowActions enables cancel, replay and purge; read-only otherwise.
 	AllowActions      bool   `koanf:"allow_actions"`
 	BasicAuthUser     string `koanf:"basic_auth_user"`
@@ -53,7 +67,14 @@ type UI struct {
 	BearerToken       string `koanf:"bearer_token"`
 }
 
-// HTTP is the admin server: /livez, /readyz, /metrics.
+// Headers is the policy on the headers publishers send.
+type Headers struct {
+	// AllowNATS lists Nats-* headers a publisher may pass through to the
+	// target on purpose; every other Nats-* header is refused with 400.
+	AllowNATS []string `koanf:"allow_nats"`
+}
+
+// HTTP is the probe and metrics server: /livez, /readyz, /metrics.
 type HTTP struct {
 	// Addr is host:port to listen on; empty turns the server off.
 	Addr string `koanf:"addr"`
@@ -204,9 +225,10 @@ func Default() Config {
 			MaxDelay:       366 * 24 * time.Hour,
 			MaxPast:        24 * time.Hour,
 		},
-		Log:      Log{Level: "info"},
-		HTTP:     HTTP{Addr: ":9479", SampleInterval: 5 * time.Second},
-		UI:       UI{Enabled: true},
+		Log:  Log{Level: "info"},
+		HTTP: HTTP{Addr: ":9479", SampleInterval: 5 * time.Second},
+		UI: UI{Enabled: true, Addr: "127.0.0.1:9480",
+			RedactHeaders: []string{"Authorization", "Cookie", "Set-Cookie", "Proxy-Authorization", "X-Api-Key"}},
 		Shutdown: Shutdown{Timeout: 10 * time.Second},
 	}
 }
@@ -295,6 +317,21 @@ func (c Config) Validate() error {
 	if c.HTTP.Addr != "" && !strings.Contains(c.HTTP.Addr, ":") {
 		bad("http.addr", "must be host:port or :port, got %q", c.HTTP.Addr)
 	}
+	if c.UI.Enabled && c.UI.Addr != "" {
+		switch {
+		case !strings.Contains(c.UI.Addr, ":"):
+			bad("ui.addr", "must be host:port or :port, got %q", c.UI.Addr)
+		case !Loopback(c.UI.Addr) && c.UI.BasicAuthUser == "" && c.UI.BearerToken == "" && !c.UI.Insecure:
+			bad("ui.addr", "%q is reachable from the network and the console has no authentication: "+
+				"set ui.basic_auth_user/ui.basic_auth_password or ui.bearer_token, keep ui.addr on loopback, "+
+				"or set ui.insecure: true to expose it anyway", c.UI.Addr)
+		}
+	}
+	for _, h := range c.Headers.AllowNATS {
+		if len(h) <= len("Nats-") || !strings.EqualFold(h[:len("Nats-")], "Nats-") {
+			bad("headers.allow_nats", "%q is not a Nats-* header", h)
+		}
+	}
 	if c.Limits.MaxIDLen < 1 || c.Limits.MaxIDLen > 256 {
 		bad("limits.max_id_len", "must be 1..256, got %d", c.Limits.MaxIDLen)
 	}
@@ -329,11 +366,26 @@ func (c Config) EnvelopeLimits() envelope.Limits {
 	}
 }
 
-// Policy returns the target policy: the configured lists plus the built-in
-// deny list, which cannot be switched off.
+// Policy returns what delayd may do for a publisher: the target lists (on
+// top of the built-in deny list, which cannot be switched off) and the
+// Nats-* headers allowed through.
 func (c Config) Policy() envelope.Policy {
-	deny := append(envelope.DefaultDeny(c.Subject), c.Targets.Deny...)
-	return envelope.Policy{Allow: c.Targets.Allow, Deny: deny}
+	return envelope.Policy{Prefix: c.Subject, Allow: c.Targets.Allow, Deny: c.Targets.Deny, AllowNATS: c.Headers.AllowNATS}
+}
+
+// Loopback reports whether the host of addr (host:port) can only be reached
+// from this machine: a loopback IP or "localhost". An empty host listens on
+// every interface; a host name is assumed to be reachable.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Redacted returns a copy safe to log or print: passwords and tokens

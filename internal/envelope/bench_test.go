@@ -39,7 +39,7 @@ func BenchmarkParseSchedule(b *testing.B) {
 		"traceparent":   {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
 	}
 	lim := Limits{MaxPayload: 1 << 20, MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: 24 * time.Hour}
-	pol := Policy{Deny: DefaultDeny("delayd")}
+	pol := Policy{Prefix: "delayd"}
 	payload := make([]byte, 128)
 	now := time.Now()
 	b.ReportAllocs()

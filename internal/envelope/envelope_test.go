@@ -10,7 +10,7 @@ import (
 
 var lim = Limits{MaxPayload: 100, MaxIDLen: 16, MaxHeaders: 4, MaxHeaderBytes: 200, MaxDelay: time.Hour, MaxPast: time.Minute}
 
-var pol = Policy{Deny: DefaultDeny("delayd")}
+var pol = Policy{Prefix: "delayd"}
 
 func TestParseSchedule(t *testing.T) {
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)

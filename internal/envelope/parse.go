@@ -21,6 +21,9 @@ const (
 	HeaderAttempt = "Delayd-Attempt"
 	HeaderError   = "Delayd-Error" // on dead letters: the last delivery error
 	controlPrefix = "delayd-"
+	// natsPrefix starts the headers the NATS server and JetStream act on
+	// (Nats-Msg-Id, Nats-Rollup, Nats-Expected-*, Nats-TTL, ...).
+	natsPrefix = "nats-"
 )
 
 // Codes follow the HTTP-like convention of NATS micro errors.
@@ -109,8 +112,12 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 		return r, reject(CodeBadRequest, "missing header %s", HeaderTarget)
 	case !ValidTarget(r.Target):
 		return r, reject(CodeBadRequest, "%s %q is not a literal subject (no wildcards, empty tokens or spaces)", HeaderTarget, r.Target)
-	case !pol.Allowed(r.Target):
-		return r, reject(CodeForbidden, "target %q is not allowed", r.Target)
+	}
+	if err := pol.Check(r.Target); err != nil {
+		return r, err
+	}
+	if err := pol.checkNATSHeaders(pass); err != nil {
+		return r, err
 	}
 
 	if id, ok := ctl.get(slotID); ok {
@@ -171,6 +178,33 @@ func ParseID(h map[string][]string, lim Limits) (string, error) {
 	return id, validID(id, lim.MaxIDLen)
 }
 
+// checkNATSHeaders refuses Nats-* pass-through headers not listed in
+// AllowNATS. delayd publishes with its own NATS rights, so such a header
+// from a publisher would make a stream act on delayd's authority: roll up
+// (purge) a subject, forge a deduplication id, set a TTL. If delayd comes to
+// interpret the Nats-Schedule family (ADR-51) as an alias of its control
+// headers, splitHeaders takes those out as control headers before this
+// check sees them.
+func (p Policy) checkNATSHeaders(pass map[string][]string) error {
+next:
+	for k := range pass {
+		if !hasPrefixFold(k, natsPrefix) {
+			continue
+		}
+		for _, a := range p.AllowNATS {
+			if strings.EqualFold(k, a) {
+				continue next
+			}
+		}
+		return reject(CodeBadRequest, "header %q is refused: Nats-* headers are set by delayd or by the operator (headers.allow_nats), not by publishers", k)
+	}
+	return nil
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
 func validID(id string, max int) error {
 	switch {
 	case id == "":
@@ -225,7 +259,7 @@ func splitHeaders(h map[string][]string, lim Limits) (control, map[string][]stri
 		if size > lim.MaxHeaderBytes {
 			return ctl, nil, reject(CodeTooLarge, "headers exceed %d bytes", lim.MaxHeaderBytes)
 		}
-		if len(k) >= len(controlPrefix) && strings.EqualFold(k[:len(controlPrefix)], controlPrefix) {
+		if hasPrefixFold(k, controlPrefix) {
 			slot := -1
 			for i, name := range controlNames {
 				if strings.EqualFold(k, name) {
@@ -247,4 +281,33 @@ func splitHeaders(h map[string][]string, lim Limits) (control, map[string][]stri
 		pass[k] = vs
 	}
 	return ctl, pass, nil
+}
+
+// Redacted is what a redacted header value is shown as.
+const Redacted = "REDACTED"
+
+// RedactHeaders returns a copy of h in which the values of the headers
+// named in names (matched case-insensitively) are replaced by Redacted.
+// Everything that shows a stored envelope's headers to a person (the
+// console, delayd get, logs) goes through it: those headers carry
+// credentials.
+func RedactHeaders(h map[string][]string, names []string) map[string][]string {
+	if h == nil {
+		return nil
+	}
+	out := make(map[string][]string, len(h))
+	for k, vs := range h {
+		out[k] = vs
+		for _, n := range names {
+			if strings.EqualFold(k, n) {
+				red := make([]string, len(vs))
+				for i := range red {
+					red[i] = Redacted
+				}
+				out[k] = red
+				break
+			}
+		}
+	}
+	return out
 }

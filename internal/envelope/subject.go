@@ -69,32 +69,98 @@ func Match(pattern, subject string) bool {
 	}
 }
 
-// Policy decides which targets delayd may publish to on a caller's behalf.
-// Deny wins over allow; an empty allow list allows everything not denied.
+// Policy decides what delayd may do on a publisher's behalf: which targets
+// it publishes to, and which NATS control headers it passes through.
+//
+// A target is checked in this order:
+//  1. the built-in deny (BuiltinDeny): system subjects, reply spaces and
+//     delayd's own; it cannot be switched off, but a $-subject may be
+//     opened by an explicit allow (below);
+//  2. the allow list, if not empty: the target must match one pattern. An
+//     allow pattern opens a $-subject only when it names that subject's
+//     first token literally ("$KV.orders.>" opens $KV.orders.x; ">" or
+//     "*.>" never opens a $-subject);
+//  3. the user's deny list, which wins over the allow list.
 type Policy struct {
-	Allow []string
-	Deny  []string
+	// Prefix is delayd's own subject prefix, denied so that a delayed
+	// message to <prefix>.schedule cannot loop.
+	Prefix string
+	Allow  []string
+	Deny   []string
+	// AllowNATS lists the Nats-* headers a publisher may pass through
+	// (matched case-insensitively); every other Nats-* header is refused.
+	AllowNATS []string
 }
 
-// DefaultDeny lists the subject spaces delayd never publishes to: the
-// server's and JetStream's APIs, reply inboxes, and delayd's own subjects
-// (a delayed message to delayd.schedule would loop forever).
-func DefaultDeny(prefix string) []string {
-	return []string{"$SYS.>", "$JS.>", "$KV.>", "$O.>", "$SRV.>", "_INBOX.>", prefix + ".>"}
+// Rule is one built-in deny rule, named in the 403 that it causes.
+type Rule struct {
+	Name string // as shown to users: "$*", "_INBOX.>", ...
+	Why  string
+	// openable: an explicit targets.allow pattern may lift it.
+	openable bool
+	match    func(first, subject string) bool
+}
+
+// BuiltinDeny lists the subject spaces delayd never publishes to on its
+// own: anything whose first token starts with "$" (the server's and its
+// subsystems' APIs and state: $SYS, $JS, $JSC, $KV, $O, $SRV, $MQTT, $NRG,
+// $G, and whatever NATS adds next), reply inboxes, service-import replies,
+// and delayd's own subjects. Tokens are compared case-insensitively: the
+// rules cover spellings a client library might normalise.
+func BuiltinDeny(prefix string) []Rule {
+	return []Rule{
+		{Name: "$*", Why: "NATS system subjects", openable: true,
+			match: func(first, _ string) bool { return strings.HasPrefix(first, "$") }},
+		{Name: "_INBOX.>", Why: "reply inboxes",
+			match: func(first, _ string) bool { return strings.EqualFold(first, "_INBOX") }},
+		{Name: "_R_.>", Why: "service-import replies",
+			match: func(first, _ string) bool { return strings.EqualFold(first, "_R_") }},
+		{Name: prefix + ".>", Why: "delayd's own subjects",
+			match: func(_, s string) bool {
+				return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) &&
+					(len(s) == len(prefix) || s[len(prefix)] == '.')
+			}},
+	}
+}
+
+// Check returns nil if target may be published to under the policy, else
+// a 403 *Error naming the rule that refused it.
+func (p Policy) Check(target string) error {
+	first, _, _ := strings.Cut(target, ".")
+	for _, r := range BuiltinDeny(p.Prefix) {
+		if r.match(first, target) && !(r.openable && p.opens(first, target)) {
+			return reject(CodeForbidden, "target %q is refused by the built-in rule %s (%s)", target, r.Name, r.Why)
+		}
+	}
+	if len(p.Allow) > 0 && !p.allowed(target) {
+		return reject(CodeForbidden, "target %q matches no targets.allow pattern", target)
+	}
+	for _, d := range p.Deny {
+		if Match(d, target) {
+			return reject(CodeForbidden, "target %q is refused by targets.deny %q", target, d)
+		}
+	}
+	return nil
 }
 
 // Allowed reports whether target may be published to under the policy.
-func (p Policy) Allowed(target string) bool {
-	for _, d := range p.Deny {
-		if Match(d, target) {
-			return false
-		}
-	}
-	if len(p.Allow) == 0 {
-		return true
-	}
+func (p Policy) Allowed(target string) bool { return p.Check(target) == nil }
+
+func (p Policy) allowed(target string) bool {
 	for _, a := range p.Allow {
 		if Match(a, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// opens reports whether an allow pattern names target's first token
+// literally and matches it: only such an explicit pattern lifts a
+// built-in rule.
+func (p Policy) opens(first, target string) bool {
+	for _, a := range p.Allow {
+		if af, _, _ := strings.Cut(a, "."); af == first && Match(a, target) {
 			return true
 		}
 	}

@@ -83,8 +83,10 @@ function renderDetail(e) {
       ${e.error ? `<dt>Last error</dt><dd>${esc(e.error)}</dd>` : ""}
       ${headers}
     </dl>
-    <div class="note">Payload${e.hex ? " (hex)" : ""}${e.size > 512 ? ", first 512 bytes" : ""}:</div>
-    <pre>${esc(e.preview)}</pre>
+    ${e.hidden
+      ? `<div class="note" id="payload-hidden">Payload and header values are hidden (ui.show_payloads is false).</div>`
+      : `<div class="note">Payload${e.hex ? " (hex)" : ""}${e.size > 512 ? ", first 512 bytes" : ""}:</div>
+    <pre>${esc(e.preview)}</pre>`}
     <button id="cancel-btn" class="danger" ${state.actions ? "" : "disabled title='read-only console'"}>Cancel</button>`;
   d.hidden = false;
   $("#cancel-btn").onclick = async () => {
@@ -186,7 +188,7 @@ $("#dead-table").onclick = (ev) => {
 async function loadTargets() {
   const t = await api("targets");
   const list = (xs) => (xs && xs.length ? xs.map(esc).join(", ") : "–");
-  $("#policy").innerHTML = `<dt>Allow</dt><dd>${t.allow && t.allow.length ? list(t.allow) : "everything not denied"}</dd><dt>Deny</dt><dd>${list(t.deny)}</dd><dt>JetStream</dt><dd>${list(t.jetstream)}</dd>`;
+  $("#policy").innerHTML = `<dt>Built-in deny</dt><dd>${list(t.builtin_deny)}</dd><dt>Allow</dt><dd>${t.allow && t.allow.length ? list(t.allow) : "everything not denied"}</dd><dt>Deny</dt><dd>${list(t.deny)}</dd><dt>Order</dt><dd>built-in deny (a $-subject opens only by an allow naming it), then allow, then deny</dd><dt>JetStream</dt><dd>${list(t.jetstream)}</dd>`;
   $("#targets-note").textContent = t.sampled ? `Pending counts over a sample of the ${t.sample_size} earliest pending envelopes (no full scan).` : "Pending counts over every pending envelope.";
   $("#targets-table tbody").innerHTML = t.targets.map((r) => `<tr><td>${esc(r.target)}</td><td class="num">${r.pending}</td><td class="num">${r.delivered_5m}</td></tr>`).join("");
 }

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// The tests in this file are the cases of issue 11's "Why", each found by
+// trying the defaults as an attacker would. They use only the wire
+// protocol and HTTP, so each one failed on the code before the fix.
+
+// TestProbeListenerServesNoConsole: the pod-facing listener (http.addr)
+// serves probes and metrics only; a stored Authorization header and a card
+// number in a payload are not reachable through it.
+func TestProbeListenerServesNoConsole(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.UI.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	h := hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "secret-1", "Authorization", "Bearer s3cret-token")
+	rep, err := schedule(nc, "delayd", h, "card 4111111111111111")
+	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+		t.Fatalf("schedule: %v %v", err, rep.Header)
+	}
+	base := "http://" + c.HTTP.Addr
+	for _, path := range []string{"/ui/api/envelope?id=secret-1", "/ui/", "/ui/api/list", "/ui/api/overview"} {
+		code, body := httpGet(t, base+path)
+		if code != 404 {
+			t.Errorf("GET %s on http.addr: %d, want 404", path, code)
+		}
+		if strings.Contains(body, "s3cret") || strings.Contains(body, "4111") {
+			t.Errorf("GET %s on http.addr leaks a secret: %s", path, body)
+		}
+	}
+	for _, path := range []string{"/livez", "/readyz", "/metrics"} {
+		if code, _ := httpGet(t, base+path); code != 200 {
+			t.Errorf("GET %s on http.addr: %d, want 200", path, code)
+		}
+	}
+	// The console is on ui.addr, loopback, and even there shows neither
+	// the payload nor the credentials by default.
+	code, body := httpGet(t, "http://"+c.UI.Addr+"/ui/api/envelope?id=secret-1")
+	if code != 200 || !strings.Contains(body, "Authorization") || strings.Contains(body, "s3cret") || strings.Contains(body, "4111") {
+		t.Errorf("GET /ui/api/envelope on ui.addr: %d %s", code, body)
+	}
+}
+
+// TestConsoleOnNetworkNeedsAuth: delayd refuses to start (exit 1) with the
+// console on a non-loopback address and no authentication; ui.insecure
+// starts it anyway, with a warning.
+func TestConsoleOnNetworkNeedsAuth(t *testing.T) {
+	port := testutil.FreePort(t)
+	addr := fmt.Sprintf("0.0.0.0:%d", port)
+	var out syncBuffer
+	err := run(context.Background(), []string{"delayd", "run", "--embedded", "--set", "ui.addr=" + addr}, func(string) string { return "" }, &out, &out)
+	if code := exitCode(err, &out); code != 1 || !strings.Contains(out.String(), "ui.addr:") {
+		t.Fatalf("exit %d, want 1 naming ui.addr:\n%s", code, out.String())
+	}
+	if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+		conn.Close()
+		t.Fatal("something listens on the refused console address")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var logs syncBuffer
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
+	go func() {
+		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", natsURL, "--set", "http.addr=127.0.0.1:0",
+			"--set", "ui.addr=" + addr, "--set", "ui.insecure=true"}, func(string) string { return "" }, &logs, &logs)
+	}()
+	for !strings.Contains(logs.String(), "delayd: ready") {
+		select {
+		case err := <-done:
+			t.Fatalf("insecure console did not start: %v\n%s", err, logs.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if !strings.Contains(logs.String(), "console is reachable from the network") ||
+		!strings.Contains(logs.String(), fmt.Sprintf("console at http://localhost:%d/ui/", port)) {
+		t.Errorf("no warning or console URL in the log:\n%s", logs.String())
+	}
+	if code, _ := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/ui/", port)); code != 200 {
+		t.Errorf("insecure console: %d", code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMQTTRetainedMessageRefused: with MQTT enabled, a delayed message to
+// $MQTT.rmsgs would plant a forged retained message for every new MQTT
+// subscriber. It is refused with 403 and never stored.
+func TestMQTTRetainedMessageRefused(t *testing.T) {
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+		o.ServerName = "mqtt-test" // MQTT requires a server name
+		o.MQTT.Host, o.MQTT.Port = "127.0.0.1", testutil.FreePort(t)
+	})}
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	for _, target := range []string{"$MQTT.rmsgs", "$MQTT.rmsgs.forged", "$MQTT.sess.abc", "$MQTT.JSA.x.RM.y"} {
+		rep, err := schedule(nc, "delayd", hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), `{"topic":"a","msg":"forged"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "403" {
+			t.Errorf("target %s: code %q, want 403", target, code)
+		}
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes to $MQTT stored", n)
+	}
+}
+
+// TestSystemNamespacesRefused: every $-prefixed subject space and the
+// request-reply spaces are refused, not only the ones a list named.
+func TestSystemNamespacesRefused(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	for _, target := range []string{"$JSC.CI.X.Y", "$NRG.AE.x", "$G.anything", "$FUTURE.api", "_R_.abc.def", "_R_.x"} {
+		rep, err := schedule(nc, "delayd", hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "403" {
+			t.Errorf("target %s: code %q, want 403", target, code)
+		}
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes stored", n)
+	}
+}
+
+// TestNATSHeadersFromPublishersRefused: Nats-* headers would be published
+// into a stream with delayd's rights (a purge by rollup, a forged dedup id).
+func TestNATSHeadersFromPublishersRefused(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	for _, k := range []string{"Nats-Rollup", "Nats-Expected-Last-Sequence", "Nats-Expected-Stream", "Nats-Msg-Id", "Nats-TTL", "nats-rollup", "NATS-MSG-ID"} {
+		h := hdr("Delayd-Target", "orders.x", "Delayd-Delay", "1h")
+		h[k] = []string{"all"} // as spelled: the wire keeps the case
+		rep, err := schedule(nc, "delayd", h, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "400" {
+			t.Errorf("header %s: code %q, want 400", k, code)
+		}
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("%d envelopes with Nats-* headers stored", n)
+	}
+}
+
+// TestOperatorEndpointsLeftThePublisherSpace: get, list, stats, replay and
+// purge no longer answer next to schedule and cancel, and wake-ups are not
+// under the publisher prefix either, so a publisher's permissions on
+// delayd.schedule/delayd.cancel (or, carelessly, delayd.>) reach neither.
+func TestOperatorEndpointsLeftThePublisherSpace(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	for _, verb := range []string{"get", "list", "stats", "replay", "purge"} {
+		m := nats.NewMsg("delayd." + verb)
+		m.Header.Set("Delayd-Id", "x")
+		m.Data = []byte(`{"all":true}`)
+		if _, err := nc.RequestMsg(m, 5*time.Second); !errors.Is(err, nats.ErrNoResponders) {
+			t.Errorf("delayd.%s: %v, want no responders", verb, err)
+		}
+	}
+	subs, err := e.nats.Srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: "delayd.wake.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if subs.Total != 0 {
+		t.Errorf("%d subscriptions listen for wake-ups on delayd.wake.1", subs.Total)
+	}
+}
+
+// TestDeadLetterCarriesNoMsgID: the dead-letter copy of an envelope whose
+// JetStream delivery failed must not carry delayd's Nats-Msg-Id (it would
+// be dropped as a duplicate, or forge one, in a stream on the dead subject).
+func TestDeadLetterCarriesNoMsgID(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Targets.JetStream = []string{"nostream.>"}
+	c.Scanner.MaxAttempts = 1
+	c.Dead.Publish = true
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := make(chan *nats.Msg, 1)
+	if _, err := nc.Subscribe("delayd.dead.>", func(m *nats.Msg) { got <- m }); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "nostream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "dl-1", "traceparent", "00-abc-01"), "x")
+	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+		t.Fatalf("schedule: %v %v", err, rep.Header)
+	}
+	var m *nats.Msg
+	select {
+	case m = <-got:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no dead letter published")
+	}
+	if id := m.Header.Get("Nats-Msg-Id"); id != "" {
+		t.Errorf("dead letter carries Nats-Msg-Id %q", id)
+	}
+	if m.Header.Get("traceparent") != "00-abc-01" || m.Header.Get("Delayd-Error") == "" {
+		t.Errorf("dead letter headers: %v", m.Header)
+	}
+}
