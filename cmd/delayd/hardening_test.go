@@ -298,6 +298,7 @@ func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
 	e := newEnv(t)
 	c := e.cfg()
 	c.Scanner.IdleInterval = time.Hour // only wake-ups can deliver in time
+	c.Scanner.Lease = time.Minute      // and no lease expiry either
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
 	c.Scanner.MaxAttempts = 3
 	c.Targets.JetStream = []string{"nostream.>"} // no stream: every publish fails

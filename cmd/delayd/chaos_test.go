@@ -1,0 +1,346 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// TestChaosSoak runs schedules, replaces and cancels through three daemon
+// processes while a seeded nemesis kills (-9) and pauses daemons, restarts
+// and pauses Redis (AOF, appendfsync always), restarts NATS, and slows or
+// cuts daemons' Redis links. Deliveries go to a JetStream stream, which
+// keeps every one across the faults. Then it checks:
+//   - every acknowledged, uncancelled envelope was delivered at least once;
+//   - nothing was early;
+//   - everything delivered had been acknowledged (or answered 504);
+//   - every duplicate carries a higher Delayd-Attempt, or its request was
+//     resent after a failure (a documented upsert).
+//
+// CI runs 60 s; DELAYD_CHAOS_DURATION runs longer, DELAYD_CHAOS_SEED
+// repeats a run's nemesis.
+func TestChaosSoak(t *testing.T) {
+	skipShort(t, "chaos soak")
+	dur := 60 * time.Second
+	if v := os.Getenv("DELAYD_CHAOS_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dur = d
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("DELAYD_CHAOS_SEED"); v != "" {
+		seed, _ = strconv.ParseUint(v, 10, 64)
+	}
+	t.Logf("chaos seed %d (DELAYD_CHAOS_SEED=%d reruns this nemesis), duration %s", seed, seed, dur)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+
+	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
+	stream := chaosStream(t, e)
+	bin := testutil.BuildBinary(t)
+	const daemons = 3
+	c := e.cfg()
+	c.Scanner.Lease = time.Second
+	extra := []string{"DELAYD_TARGETS_JETSTREAM=chaos.>", "DELAYD_SCANNER_MAX_ATTEMPTS=1000",
+		"DELAYD_SCANNER_RETRY_BACKOFF=100ms", "DELAYD_UI_ENABLED=false"}
+	proxies := make([]*testutil.Proxy, daemons)
+	procs := make([]*proc, daemons)
+	start := func(i int) {
+		ci := c
+		ci.Redis.Addrs = []string{proxies[i].Addr()}
+		procs[i] = e.startProcEnv(bin, ci, extra...)
+	}
+	for i := range daemons {
+		proxies[i] = testutil.StartProxy(t, e.redis.Addr)
+		start(i)
+	}
+
+	w := &chaosWorkload{acked: map[string]time.Time{}, unknown: map[string]bool{}, cancelled: map[string]time.Time{},
+		uncertain: map[string]bool{}, resent: map[string]bool{}}
+	nc := e.conn()
+	defer nc.Close()
+	ctx, stop := context.WithTimeout(context.Background(), dur)
+	defer stop()
+	var wg sync.WaitGroup
+	for worker := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(ctx, nc, rand.New(rand.NewPCG(seed+uint64(worker)+1, 7)), worker)
+		}()
+	}
+
+	// The nemesis: one fault at a time, every 2-5 s, healed before the next.
+	faults := map[string]int{}
+	for ctx.Err() == nil {
+		if !sleepCtxT(ctx, time.Duration(2000+rng.IntN(3000))*time.Millisecond) {
+			break
+		}
+		hold := time.Duration(300+rng.IntN(1700)) * time.Millisecond
+		i := rng.IntN(daemons)
+		switch k := rng.IntN(7); k {
+		case 0:
+			faults["kill -9 daemon"]++
+			procs[i].kill()
+			time.Sleep(hold)
+			start(i)
+		case 1:
+			faults["pause daemon"]++
+			_ = procs[i].cmd.Process.Signal(syscall.SIGSTOP)
+			time.Sleep(hold)
+			_ = procs[i].cmd.Process.Signal(syscall.SIGCONT)
+		case 2:
+			faults["restart Redis"]++
+			e.redis.Kill()
+			time.Sleep(hold)
+			e.redis.Start()
+		case 3:
+			faults["pause Redis"]++
+			e.redis.Pause()
+			time.Sleep(hold)
+			e.redis.Resume()
+		case 4:
+			faults["restart NATS"]++
+			e.nats.Stop()
+			time.Sleep(hold)
+			e.nats.Start()
+		case 5:
+			faults["slow Redis link"]++
+			proxies[i].Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
+			time.Sleep(hold)
+			proxies[i].Clear()
+		case 6:
+			faults["cut Redis link"]++
+			proxies[i].Set(testutil.Up, testutil.Fault{CutAfter: 1 + rng.IntN(2000)})
+			time.Sleep(hold)
+			proxies[i].Clear()
+		}
+	}
+	wg.Wait()
+	// Everything acknowledged is due within 5 s of the end: give the fleet
+	// time to deliver it, then check.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		info, err := stream.Info(context.Background())
+		if err == nil && info.State.Msgs >= uint64(len(w.acked)) && time.Now().After(w.lastDue.Add(3*time.Second)) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	w.check(t, stream, faults)
+}
+
+// chaosStream is the stream deliveries land in. Its duplicate window is
+// the server's minimum, so the check sees redeliveries instead of JetStream
+// dropping them.
+func chaosStream(t *testing.T, e *env) jetstream.Stream {
+	t.Helper()
+	nc := e.conn()
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CHAOS", Subjects: []string{"chaos.>"},
+		Duplicates: 100 * time.Millisecond, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+type chaosWorkload struct {
+	mu        sync.Mutex
+	n         int
+	acked     map[string]time.Time // id → requested due of its last acknowledged version
+	unknown   map[string]bool      // answered 504 or timed out, and never acknowledged since
+	cancelled map[string]time.Time // cancel confirmed (not in flight, well before due) at
+
+	uncertain map[string]bool // a replace or cancel whose outcome is unknown
+	resent    map[string]bool // sent again after a failed request
+	lastDue   time.Time
+	replaced  int
+}
+
+// run sends schedules (new and replacing) and cancels until ctx ends.
+func (w *chaosWorkload) run(ctx context.Context, nc *nats.Conn, rng *rand.Rand, worker int) {
+	for ctx.Err() == nil {
+		time.Sleep(time.Duration(2+rng.IntN(6)) * time.Millisecond)
+		w.mu.Lock()
+		var victim string
+		if r := rng.IntN(10); r < 3 {
+			// A replace or cancel of an envelope due more than 2 s ahead:
+			// it cannot be in flight yet.
+			for id, at := range w.acked {
+				if _, gone := w.cancelled[id]; !gone && !w.uncertain[id] && time.Until(at) > 2*time.Second {
+					victim = id
+					break
+				}
+			}
+		}
+		w.n++
+		id := fmt.Sprintf("c%d-%d", worker, w.n)
+		w.mu.Unlock()
+		at := time.Now().Add(time.Duration(500+rng.IntN(4500)) * time.Millisecond)
+		switch {
+		case victim != "" && rng.IntN(2) == 0:
+			w.cancel(nc, victim)
+		case victim != "":
+			w.schedule(ctx, nc, victim, at, true)
+		default:
+			w.schedule(ctx, nc, id, at, false)
+		}
+	}
+}
+
+func (w *chaosWorkload) schedule(ctx context.Context, nc *nats.Conn, id string, at time.Time, replace bool) {
+	for try := 0; ; try++ {
+		if try > 0 && (ctx.Err() != nil || time.Now().After(at)) {
+			// Gave up: whether it is stored is unknown.
+			w.mu.Lock()
+			if replace {
+				w.uncertain[id] = true
+			} else {
+				w.unknown[id] = true
+			}
+			w.mu.Unlock()
+			return
+		}
+		m := &nats.Msg{Subject: "delayd.schedule", Data: []byte(id),
+			Header: hdr("Delayd-Target", "chaos.t", "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
+		rep, err := nc.RequestMsg(m, 2*time.Second)
+		if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
+			w.mu.Lock()
+			w.acked[id] = at
+			delete(w.unknown, id)
+			if try > 0 {
+				w.resent[id] = true
+			}
+			if replace {
+				w.replaced++
+			}
+			if at.After(w.lastDue) {
+				w.lastDue = at
+			}
+			w.mu.Unlock()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (w *chaosWorkload) cancel(nc *nats.Conn, id string) {
+	m := &nats.Msg{Subject: "delayd.cancel", Header: hdr("Delayd-Id", id)}
+	sent := time.Now()
+	rep, err := nc.RequestMsg(m, 2*time.Second)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var r struct {
+		Cancelled bool `json:"cancelled"`
+		InFlight  bool `json:"in_flight"`
+	}
+	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" || json.Unmarshal(rep.Data, &r) != nil || !r.Cancelled || r.InFlight {
+		w.uncertain[id] = true
+		return
+	}
+	w.cancelled[id] = sent
+}
+
+// check reads every delivery from the stream and verifies the guarantees.
+func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, faults map[string]int) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	info, err := stream.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	type seen struct {
+		attempts []int
+	}
+	got := map[string]*seen{}
+	dupRedelivery, dupResent := 0, 0
+	var lateness []time.Duration
+	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+		m, err := stream.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatalf("get msg %d: %v", seq, err)
+		}
+		id := m.Header.Get("Delayd-Id")
+		due, _ := time.Parse(time.RFC3339Nano, m.Header.Get("Delayd-Due"))
+		attempt, _ := strconv.Atoi(m.Header.Get("Delayd-Attempt"))
+		if m.Time.Before(due) {
+			t.Errorf("%s stored %s before its due time", id, due.Sub(m.Time))
+		}
+		if _, ok := w.acked[id]; !ok && !w.unknown[id] {
+			t.Errorf("%s delivered but never acknowledged", id)
+		}
+		// An earlier version may have been delivered before a replace and
+		// the cancel; nothing may arrive after the cancel was sent.
+		if at, ok := w.cancelled[id]; ok && m.Time.After(at) {
+			t.Errorf("%s delivered %s after a confirmed cancel", id, m.Time.Sub(at))
+		}
+		s := got[id]
+		if s == nil {
+			s = &seen{}
+			got[id] = s
+			lateness = append(lateness, m.Time.Sub(due))
+		} else {
+			switch {
+			case attempt > slices.Max(s.attempts):
+				dupRedelivery++
+			case w.resent[id] || w.uncertain[id] || w.unknown[id]:
+				dupResent++
+			default:
+				t.Errorf("%s: duplicate with attempt %d after attempts %v", id, attempt, s.attempts)
+			}
+		}
+		s.attempts = append(s.attempts, attempt)
+	}
+	lost := 0
+	for id := range w.acked {
+		if _, gone := w.cancelled[id]; !gone && !w.uncertain[id] && got[id] == nil {
+			lost++
+			t.Errorf("%s acknowledged and never delivered", id)
+		}
+	}
+	slices.Sort(lateness)
+	p50, p99 := time.Duration(0), time.Duration(0)
+	if len(lateness) > 0 {
+		p50, p99 = lateness[len(lateness)/2], lateness[len(lateness)*99/100]
+	}
+	total := 0
+	for _, n := range faults {
+		total += n
+	}
+	t.Logf("chaos: %d acknowledged (%d replaced, %d cancelled, %d unknown outcomes, %d uncertain), %d delivered; "+
+		"faults %d %v; lost %d; duplicates: %d redeliveries with a higher attempt, %d after a resent request; lateness p50 %s p99 %s",
+		len(w.acked), w.replaced, len(w.cancelled), len(w.unknown), len(w.uncertain), len(got), total, faults, lost,
+		dupRedelivery, dupResent, p50, p99)
+}
+
+func sleepCtxT(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
