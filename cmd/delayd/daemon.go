@@ -101,6 +101,8 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	}
 	defer out.Close()
 
+	metrics.WatchNATS(func() bool { return out.IsConnected() && (c.Mode == "scanner" || in.IsConnected()) })
+
 	pub, err := bridge.NewPublisher(out, c.Targets.JetStream)
 	if err != nil {
 		return err

@@ -31,8 +31,17 @@ type Waker interface {
 
 // IntakeObserver counts intake outcomes for metrics.
 type IntakeObserver interface {
+	// Received counts a schedule request by its code (0 = stored).
 	Received(code int)
-	RedisError()
+	// Replied observes a schedule request that reached Redis, from
+	// receipt to reply.
+	Replied(took time.Duration)
+	// Cancelled counts a cancel request: cancelled, not_found,
+	// bad_request or unavailable.
+	Cancelled(result string)
+	// Redelivered counts envelopes replayed from the dead set.
+	Redelivered(cause string, n int)
+	RedisError(op string)
 }
 
 // IntakeOptions configure the service.
@@ -81,6 +90,7 @@ type Intake struct {
 type pending struct {
 	item  store.Item
 	reply string
+	start time.Time // when the request was received
 }
 
 // NewIntake builds the service on its own connection nc, which it closes
@@ -219,22 +229,27 @@ func (in *Intake) flush(batch []pending) {
 	cancel()
 	if err != nil {
 		in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
-		in.redisError()
+		in.redisError("schedule")
 	}
 	for i, p := range batch {
 		if err != nil && (len(due) != len(batch) || due[i] < 0) {
+			in.count(envelope.CodeUnavailable)
 			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable")
+			in.replied(p.start)
 			continue
 		}
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
 		in.count(0)
 		in.respond(p.reply, ScheduleReply{ID: p.item.ID, DeliverAt: envelope.FormatMs(due[i])})
+		in.replied(p.start)
 	}
 }
 
 func (in *Intake) handleSchedule(req micro.Request) {
+	start := time.Now()
 	r, err := envelope.ParseSchedule(req.Headers(), req.Data(), in.opt.Limits, in.opt.Policy, in.opt.Now())
 	if err != nil {
+		in.count(envelope.CodeOf(err))
 		in.reject(req.Reply(), err)
 		return
 	}
@@ -248,12 +263,13 @@ func (in *Intake) handleSchedule(req micro.Request) {
 	} else {
 		it.DelayMicros = int64((r.Delay + time.Microsecond - 1) / time.Microsecond)
 	}
-	in.queue <- pending{item: it, reply: req.Reply()}
+	in.queue <- pending{item: it, reply: req.Reply(), start: start}
 }
 
 func (in *Intake) handleCancel(req micro.Request) {
 	id, err := envelope.ParseID(req.Headers(), in.opt.Limits)
 	if err != nil {
+		in.cancelled("bad_request")
 		in.reject(req.Reply(), err)
 		return
 	}
@@ -262,9 +278,15 @@ func (in *Intake) handleCancel(req micro.Request) {
 	cancel()
 	if err != nil {
 		in.log.Error("cancel failed", "id", id, "error", err)
-		in.redisError()
+		in.redisError("cancel")
+		in.cancelled("unavailable")
 		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
 		return
+	}
+	if ok {
+		in.cancelled("cancelled")
+	} else {
+		in.cancelled("not_found")
 	}
 	in.respond(req.Reply(), CancelReply{ID: id, Cancelled: ok})
 }
@@ -277,9 +299,9 @@ func (in *Intake) reject(reply string, err error) {
 	in.fail(reply, code, err.Error())
 }
 
-// fail answers with the NATS micro error convention.
+// fail answers with the NATS micro error convention. It counts nothing:
+// each endpoint counts its own outcomes.
 func (in *Intake) fail(reply string, code int, msg string) {
-	in.count(code)
 	if reply == "" {
 		return
 	}
@@ -292,9 +314,21 @@ func (in *Intake) fail(reply string, code int, msg string) {
 	}
 }
 
-func (in *Intake) redisError() {
+func (in *Intake) redisError(op string) {
 	if in.obs != nil {
-		in.obs.RedisError()
+		in.obs.RedisError(op)
+	}
+}
+
+func (in *Intake) replied(start time.Time) {
+	if in.obs != nil {
+		in.obs.Replied(time.Since(start))
+	}
+}
+
+func (in *Intake) cancelled(result string) {
+	if in.obs != nil {
+		in.obs.Cancelled(result)
 	}
 }
 

@@ -52,8 +52,11 @@ type Observer interface {
 	Delivered(d envelope.Delivery, err error)
 	Claimed(shards int, took time.Duration)
 	Dead(shard, n int)
-	RedisError()
+	RedisError(op string)
 	ShardsOwned(n int)
+	// Redelivered counts n envelopes set to go out again, by cause
+	// (lease_expiry, retry).
+	Redelivered(cause string, n int)
 }
 
 // Options tune the scanner; see config.Scanner.
@@ -294,7 +297,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		s.log.Debug("slow claim", "took", took, "shards", len(shards), "ok", len(res), "error", err)
 	}
 	if err != nil {
-		s.redisError()
+		s.redisError("claim")
 		if now := time.Now(); now.Sub(s.lastFailLog) > failLogEvery {
 			s.log.Warn("claim failed, retrying the failed shards with backoff", "failed", len(shards)-len(res),
 				"of", len(shards), "error", err)
@@ -372,9 +375,10 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	}
 	if len(reap) > 0 {
 		if n, err := s.store.Reap(ctx, reap, s.opt.ClaimBatch); err != nil {
-			s.redisError()
+			s.redisError("reap")
 			s.log.Warn("reap failed", "error", err)
 		} else if n > 0 {
+			s.redelivered("lease_expiry", n)
 			s.log.Info("returned envelopes with expired leases", "count", n)
 		}
 	}
@@ -439,6 +443,7 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 					s.obs.Dead(c.shard, 1)
 				}
 			} else {
+				s.redelivered("retry", 1)
 				s.log.Warn("delivery failed, will retry", "id", c.ID, "attempt", c.Attempt, "error", fail)
 			}
 		}
@@ -515,9 +520,15 @@ func (s *Scanner) ackStage(ctx context.Context, in <-chan map[int][]store.Settle
 	}
 }
 
-func (s *Scanner) redisError() {
+func (s *Scanner) redisError(op string) {
 	if s.obs != nil {
-		s.obs.RedisError()
+		s.obs.RedisError(op)
+	}
+}
+
+func (s *Scanner) redelivered(cause string, n int) {
+	if s.obs != nil {
+		s.obs.Redelivered(cause, n)
 	}
 }
 
@@ -545,7 +556,7 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 		if err == nil {
 			return
 		}
-		s.redisError()
+		s.redisError("ack")
 		if try == 1 || actx.Err() != nil {
 			// The leases expire and the envelopes are delivered again:
 			// a duplicate, never a loss.
