@@ -141,11 +141,21 @@ func TestReadyzFollowsRedis(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	healthcheck := func() error {
+		noEnv := func(string) string { return "" }
+		return run(context.Background(), []string{"delayd", "healthcheck", "--set", "http.addr=" + c.HTTP.Addr}, noEnv, io.Discard, io.Discard)
+	}
 	waitStatus("/readyz", 200)
+	if err := healthcheck(); err != nil {
+		t.Errorf("healthcheck of a ready daemon: %v", err)
+	}
 	e.redis.Kill()
 	body := waitStatus("/readyz", 503)
 	if !strings.Contains(body, "redis") {
 		t.Errorf("readyz body gives no reason: %q", body)
+	}
+	if err := healthcheck(); exitCode(err, io.Discard) != 1 {
+		t.Errorf("healthcheck while Redis is down: %v, want exit 1", err)
 	}
 	if code, _ := httpGet(t, base+"/livez"); code != 200 {
 		t.Errorf("livez %d while Redis is down", code)
