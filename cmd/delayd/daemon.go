@@ -65,6 +65,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		f(&o)
 	}
 	log.Info("starting", "version", buildVersion(), "shards", c.Shards, "namespace", c.Namespace)
+	setMemoryLimit(log)
 	if c.Embedded {
 		srv, err := embedded.Start(c.NATS.URL)
 		if err != nil {
