@@ -42,17 +42,20 @@ func dig(m any, path ...string) any {
 	return m
 }
 
-func checkContainer(t *testing.T, where string, c map[string]any) {
+// checkContainer checks probes and hardening; ready is the path of the
+// startup and readiness probes.
+func checkContainer(t *testing.T, where, ready string, c map[string]any) {
 	t.Helper()
 	for _, probe := range []struct{ name, path string }{
-		{"startupProbe", "/readyz"}, {"readinessProbe", "/readyz"}, {"livenessProbe", "/livez"},
+		{"startupProbe", ready}, {"readinessProbe", ready}, {"livenessProbe", "/livez"},
 	} {
 		if got := dig(c, probe.name, "httpGet", "path"); got != probe.path {
 			t.Errorf("%s: %s path %v, want %s", where, probe.name, got, probe.path)
 		}
 	}
 	sc := dig(c, "securityContext")
-	if dig(sc, "runAsNonRoot") != true || dig(sc, "readOnlyRootFilesystem") != true || dig(sc, "allowPrivilegeEscalation") != false {
+	if dig(sc, "runAsNonRoot") != true || dig(sc, "readOnlyRootFilesystem") != true || dig(sc, "allowPrivilegeEscalation") != false ||
+		dig(sc, "seccompProfile", "type") != "RuntimeDefault" {
 		t.Errorf("%s: securityContext not hardened: %v", where, sc)
 	}
 	if dig(c, "resources", "limits", "memory") == nil {
@@ -70,7 +73,9 @@ func TestSidecarManifest(t *testing.T) {
 	if c["restartPolicy"] != "Always" {
 		t.Error("native sidecar needs restartPolicy: Always")
 	}
-	checkContainer(t, "sidecar", c)
+	// A native sidecar's readiness is part of the app pod's Ready
+	// condition: it must never follow Redis or NATS (/readyz).
+	checkContainer(t, "sidecar", "/livez", c)
 	if g, _ := dig(d, "spec", "template", "spec", "terminationGracePeriodSeconds").(int); g < 15 {
 		t.Errorf("termination grace %d is shorter than drain deadline plus margin", g)
 	}
@@ -82,7 +87,7 @@ func TestFleetManifest(t *testing.T) {
 	if len(cs) != 1 {
 		t.Fatal("no delayd container")
 	}
-	checkContainer(t, "fleet", cs[0].(map[string]any))
+	checkContainer(t, "fleet", "/readyz", cs[0].(map[string]any))
 }
 
 func TestHelmValuesParse(t *testing.T) {
@@ -93,5 +98,19 @@ func TestHelmValuesParse(t *testing.T) {
 	b, _ := os.ReadFile("helm/delayd/templates/_helpers.tpl")
 	if !strings.Contains(string(b), "restartPolicy: Always") {
 		t.Error("helm sidecar mode must render a native sidecar")
+	}
+}
+
+// TestManifestsStrict decodes the plain manifests strictly into their
+// k8s.io/api types, like the chart's.
+func TestManifestsStrict(t *testing.T) {
+	for _, f := range []string{"kubernetes/sidecar.yaml", "kubernetes/fleet.yaml"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := decodeDocs(string(b)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }

@@ -102,9 +102,17 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	} else {
+		bench.Print(stdout, r)
 	}
-	bench.Print(stdout, r)
+	// A run that lost, rejected or delivered early exits 1, so the bench
+	// doubles as a smoke test (the Helm chart's helm test runs it).
+	if r.Lost > 0 || r.Rejected > 0 || r.Early > 0 {
+		return fmt.Errorf("bench: %d lost, %d rejected, %d early", r.Lost, r.Rejected, r.Early)
+	}
 	return nil
 }
 

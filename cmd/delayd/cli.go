@@ -40,6 +40,7 @@ Usage:
   delayd doctor [--repair]        check the data in Redis for consistency (reads Redis directly)
   delayd bench [flags]            measure intake rate, lateness and loss
   delayd config [flags]           print the effective configuration, secrets redacted
+  delayd healthcheck [flags]      exit 0 when this daemon's /readyz answers 200
   delayd version                  print the version
   delayd help [COMMAND]           show help
 
@@ -84,6 +85,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return doctorCmd(ctx, rest, getenv, stdout, stderr)
 	case "config":
 		return configCmd(ctx, rest, getenv, stdout, stderr)
+	case "healthcheck":
+		return healthcheckCmd(ctx, rest, getenv, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "delayd", buildVersion())
 		return nil

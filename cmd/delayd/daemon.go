@@ -65,6 +65,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		f(&o)
 	}
 	log.Info("starting", "version", buildVersion(), "shards", c.Shards, "namespace", c.Namespace)
+	setMemoryLimit(log)
 	if c.Embedded {
 		srv, err := embedded.Start(c.NATS.URL)
 		if err != nil {
@@ -117,6 +118,8 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		return err
 	}
 	defer out.Close()
+
+	metrics.WatchNATS(func() bool { return out.IsConnected() && (c.Mode == "scanner" || in.IsConnected()) })
 
 	pub, err := bridge.NewPublisher(out, refusals, c.Targets.JetStream)
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/delayd/delayd/internal/bridge"
 )
 
@@ -52,7 +54,9 @@ func TestMetricsMove(t *testing.T) {
 	names := []string{"delayd_envelopes_received_total", "delayd_envelopes_delivered_total",
 		"delayd_delivery_lateness_seconds_bucket", "delayd_pending_envelopes", "delayd_inflight_envelopes",
 		"delayd_dead_envelopes", "delayd_oldest_overdue_seconds", "delayd_claim_duration_seconds_count",
-		"delayd_redis_errors_total", "delayd_nats_reconnects_total", "delayd_shards_owned", "delayd_build_info"}
+		"delayd_redis_errors_total", "delayd_nats_reconnects_total", "delayd_shards_owned", "delayd_build_info",
+		"delayd_shards_total", "delayd_nats_connected", "delayd_redis_connected", "delayd_cancels_total",
+		"delayd_redeliveries_total", "delayd_intake_duration_seconds_count"}
 	for _, n := range names {
 		if _, ok := metric(before, n); !ok {
 			t.Errorf("metric %s missing", n)
@@ -68,6 +72,13 @@ func TestMetricsMove(t *testing.T) {
 		}
 	}
 	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "$SYS.X", "Delayd-Delay", "1s"), "x")
+	// Cancel and get are not schedule requests: they must not be counted
+	// as received (they once minted a result="404" series).
+	for _, ep := range []string{"cancel", "get"} {
+		if _, err := nc.RequestMsg(&nats.Msg{Subject: "delayd." + ep, Header: hdr("Delayd-Id", "no-such-id")}, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s.waitCount(10, 5*time.Second)
 	time.Sleep(300 * time.Millisecond) // a sample interval
 	_, after := httpGet(t, base+"/metrics")
@@ -80,6 +91,13 @@ func TestMetricsMove(t *testing.T) {
 		{"delayd_delivery_lateness_seconds_count", 10},
 		{"delayd_pending_envelopes", 10},
 		{"delayd_shards_owned", float64(c.Shards)},
+		{"delayd_shards_total", float64(c.Shards)},
+		{"delayd_intake_duration_seconds_count", 20},
+		// This daemon owns shard 0, so it reports every shard.
+		{`delayd_backlog_envelopes{state="pending"}`, 10},
+		{"delayd_shards_unowned", 0},
+		{"delayd_nats_connected", 1},
+		{"delayd_redis_connected", 1},
 	} {
 		if v, _ := metric(after, tc.name); v != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, v, tc.want)
@@ -87,6 +105,17 @@ func TestMetricsMove(t *testing.T) {
 	}
 	if !strings.Contains(after, `delayd_envelopes_received_total{result="forbidden"} 1`) {
 		t.Error("forbidden request not counted by result")
+	}
+	// The harness probes readiness with a cancel too: count the difference.
+	b, _ := metric(before, `delayd_cancels_total{result="not_found"}`)
+	if a, _ := metric(after, `delayd_cancels_total{result="not_found"}`); a-b != 1 {
+		t.Errorf("cancels not found went from %v to %v, want one more", b, a)
+	}
+	if _, ok := metric(after, "delayd_shards_unowned"); !ok {
+		t.Error("the owner of shard 0 does not report delayd_shards_unowned")
+	}
+	if strings.Contains(after, `result="404"`) {
+		t.Error("a get or cancel minted a result=\"404\" series")
 	}
 	if v, _ := metric(after, "delayd_claim_duration_seconds_count"); v == 0 {
 		t.Error("claim duration did not move")
@@ -112,11 +141,21 @@ func TestReadyzFollowsRedis(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	healthcheck := func() error {
+		noEnv := func(string) string { return "" }
+		return run(context.Background(), []string{"delayd", "healthcheck", "--set", "http.addr=" + c.HTTP.Addr}, noEnv, io.Discard, io.Discard)
+	}
 	waitStatus("/readyz", 200)
+	if err := healthcheck(); err != nil {
+		t.Errorf("healthcheck of a ready daemon: %v", err)
+	}
 	e.redis.Kill()
 	body := waitStatus("/readyz", 503)
 	if !strings.Contains(body, "redis") {
 		t.Errorf("readyz body gives no reason: %q", body)
+	}
+	if err := healthcheck(); exitCode(err, io.Discard) != 1 {
+		t.Errorf("healthcheck while Redis is down: %v, want exit 1", err)
 	}
 	if code, _ := httpGet(t, base+"/livez"); code != 200 {
 		t.Errorf("livez %d while Redis is down", code)

@@ -3,17 +3,13 @@
 package admin
 
 import (
-	"context"
 	"runtime"
-	"strconv"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/delayd/delayd/internal/envelope"
-	"github.com/delayd/delayd/internal/store"
 )
 
 // Metrics are delayd's Prometheus metrics. They implement the observers
@@ -22,9 +18,12 @@ type Metrics struct {
 	Registry       *prometheus.Registry
 	received       *prometheus.CounterVec
 	delivered      *prometheus.CounterVec
+	cancels        *prometheus.CounterVec
+	redeliveries   *prometheus.CounterVec
 	lateness       prometheus.Histogram
 	claimDuration  prometheus.Histogram
-	redisErrors    prometheus.Counter
+	intakeDuration prometheus.Histogram
+	redisErrors    *prometheus.CounterVec
 	natsReconnects prometheus.Counter
 	deadTotal      prometheus.Counter
 	pending        prometheus.Gauge
@@ -33,59 +32,112 @@ type Metrics struct {
 	oldestOverdue  prometheus.Gauge
 	shardsOwned    prometheus.Gauge
 	inconsistent   *prometheus.CounterVec
+	shardsTotal    prometheus.Gauge
+	redisConnected prometheus.Gauge
+	// The fleet-wide gauges cover every shard and are exported only by
+	// the reporter (the daemon that owns shard 0), so Redis load stays flat
+	// as daemons are added and a query needs no de-duplication.
+	backlog        *prometheus.GaugeVec
+	backlogOverdue *prometheus.GaugeVec
+	shardsUnowned  *prometheus.GaugeVec
 	recent         recent
 }
+
+// Label values, created up front so every series exists from the start.
+var (
+	receivedResults  = []string{"stored", "bad_request", "forbidden", "too_large", "unavailable"}
+	cancelResults    = []string{"cancelled", "not_found", "bad_request", "unavailable"}
+	redeliveryCauses = []string{"lease_expiry", "retry", "replay"}
+	redisOps         = []string{"schedule", "cancel", "claim", "ack", "reap", "sample"}
+	backlogStates    = []string{"pending", "inflight", "dead"}
+	intakeBuckets    = []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 5}
+	latenessBucketsS = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 5, 30, 300}
+	claimBucketsS    = []float64{.0002, .0005, .001, .002, .005, .01, .05, .1, .5, 1}
+)
 
 // NewMetrics registers every metric, plus the Go and process collectors.
 func NewMetrics(version string) *Metrics {
 	reg := prometheus.NewRegistry()
-	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	counterVec := func(name, help string, label string, values []string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
+		for _, l := range values {
+			v.WithLabelValues(l)
+		}
+		return v
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	}
 	m := &Metrics{
 		Registry: reg,
-		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_envelopes_received_total",
-			Help: "Schedule requests by result: stored, bad_request, forbidden, too_large, unavailable."}, []string{"result"}),
-		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_envelopes_delivered_total",
-			Help: "Delivery attempts by result: ok (publish confirmed) or failed (will retry)."}, []string{"result"}),
+		received: counterVec("delayd_envelopes_received_total",
+			"Schedule requests by result: stored, bad_request, forbidden, too_large, unavailable.", "result", receivedResults),
+		delivered: counterVec("delayd_envelopes_delivered_total",
+			"Delivery attempts by result: ok (publish confirmed) or failed (will retry).", "result", []string{"ok", "failed"}),
+		cancels: counterVec("delayd_cancels_total",
+			"Cancel requests by result: cancelled, not_found, bad_request, unavailable.", "result", cancelResults),
+		redeliveries: counterVec("delayd_redeliveries_total",
+			"Envelopes set to be delivered again, by cause: lease_expiry (returned by the reaper), retry (publish failed), replay (from the dead set).",
+			"cause", redeliveryCauses),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_delivery_lateness_seconds",
-			Help:    "Time from due to confirmed publish, per delivery.",
-			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 5, 30, 300}}),
+			Help: "Time from due to confirmed publish, per delivery.", Buckets: latenessBucketsS}),
 		claimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_claim_duration_seconds",
-			Help:    "Duration of one claim round trip (all due shards in one pipeline).",
-			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .05, .1, .5, 1}}),
-		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_redis_errors_total",
-			Help: "Failed Redis calls (schedule, cancel, claim, ack, reap)."}),
+			Help: "Duration of one claim round trip (all due shards in one pipeline).", Buckets: claimBucketsS}),
+		intakeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_intake_duration_seconds",
+			Help:    "Schedule requests that reached Redis: time from request received to reply sent.",
+			Buckets: intakeBuckets}),
+		redisErrors: counterVec("delayd_redis_errors_total",
+			"Failed Redis calls by operation: schedule, cancel, claim, ack, reap, sample.", "op", redisOps),
 		natsReconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_nats_reconnects_total",
 			Help: "NATS reconnections."}),
 		deadTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_envelopes_dead_total",
 			Help: "Envelopes moved to the dead set after max attempts."}),
-		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_pending_envelopes",
-			Help: "Envelopes waiting to fall due in the shards this daemon owns (sampled; sum over daemons)."}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_inflight_envelopes",
-			Help: "Envelopes claimed and not yet acknowledged in the shards this daemon owns (sampled)."}),
-		dead: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_dead_envelopes",
-			Help: "Envelopes in the dead set of the shards this daemon owns (sampled)."}),
-		oldestOverdue: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_oldest_overdue_seconds",
-			Help: "How far past due the earliest pending envelope of the owned shards is; 0 when none is (sampled)."}),
-		shardsOwned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "delayd_shards_owned",
-			Help: "Shards this daemon scans."}),
+		pending: gauge("delayd_pending_envelopes",
+			"Envelopes waiting to fall due in the shards this daemon owns (sampled; sum over daemons)."),
+		inflight: gauge("delayd_inflight_envelopes",
+			"Envelopes claimed and not yet acknowledged in the shards this daemon owns (sampled)."),
+		dead: gauge("delayd_dead_envelopes",
+			"Envelopes in the dead set of the shards this daemon owns (sampled)."),
+		oldestOverdue: gauge("delayd_oldest_overdue_seconds",
+			"How far past due the earliest pending envelope of the owned shards is; 0 when none is (sampled)."),
+		shardsOwned: gauge("delayd_shards_owned", "Shards this daemon scans."),
+		shardsTotal: gauge("delayd_shards_total", "Shards of the delay set (config shards)."),
+		redisConnected: gauge("delayd_redis_connected",
+			"1 when the last sampling call to Redis succeeded, else 0."),
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_backlog_envelopes",
+			Help: "Envelopes in every shard, owned or not, by state (sampled; exported only by the owner of shard 0)."},
+			[]string{"state"}),
+		backlogOverdue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_backlog_oldest_overdue_seconds",
+			Help: "How far past due the earliest pending envelope of any shard is (sampled; exported only by the owner of shard 0)."},
+			nil),
+		shardsUnowned: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_shards_unowned",
+			Help: "Shards no daemon holds the lease of (sampled; exported only by the owner of shard 0)."}, nil),
 		inconsistent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_inconsistencies_found_total",
 			Help: "Entries breaking the store's invariants, found by the background check, by kind (should stay 0)."}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.received, m.delivered, m.lateness, m.claimDuration, m.redisErrors,
-		m.natsReconnects, m.deadTotal, m.pending, m.inflight, m.dead, m.oldestOverdue, m.shardsOwned, m.inconsistent,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
-		f(c)
+	for _, c := range []prometheus.Collector{m.received, m.delivered, m.cancels, m.redeliveries, m.lateness,
+		m.claimDuration, m.intakeDuration, m.redisErrors, m.natsReconnects, m.deadTotal, m.pending, m.inflight,
+		m.dead, m.oldestOverdue, m.shardsOwned, m.shardsTotal, m.redisConnected, m.backlog, m.backlogOverdue,
+		m.shardsUnowned, m.inconsistent, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		reg.MustRegister(c)
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "goversion"})
-	f(build)
+	reg.MustRegister(build)
 	build.WithLabelValues(version, runtime.Version()).Set(1)
-	for _, r := range []string{"stored", "bad_request", "forbidden", "too_large", "unavailable"} {
-		m.received.WithLabelValues(r)
-	}
-	m.delivered.WithLabelValues("ok")
-	m.delivered.WithLabelValues("failed")
 	return m
+}
+
+// WatchNATS exports delayd_nats_connected from connected, read at scrape
+// time.
+func (m *Metrics) WatchNATS(connected func() bool) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "delayd_nats_connected",
+		Help: "1 while every NATS connection this daemon needs is up, else 0."}, func() float64 {
+		if connected() {
+			return 1
+		}
+		return 0
+	}))
 }
 
 // Received counts one schedule request by its protocol code (0 = stored).
@@ -109,12 +161,26 @@ func resultOf(code int) string {
 		return "forbidden"
 	case envelope.CodeTooLarge:
 		return "too_large"
-	case envelope.CodeUnavailable:
-		return "unavailable"
 	case 504:
 		return "outcome_unknown"
 	}
-	return strconv.Itoa(code)
+	// Only the codes above and 503 exist for schedule requests; anything
+	// else is counted as unavailable rather than minting a new series.
+	return "unavailable"
+}
+
+// Cancelled counts one cancel request by result: cancelled, not_found,
+// bad_request or unavailable.
+func (m *Metrics) Cancelled(result string) { m.cancels.WithLabelValues(result).Inc() }
+
+// Replied observes the time from receiving a schedule request to sending
+// its reply.
+func (m *Metrics) Replied(took time.Duration) { m.intakeDuration.Observe(took.Seconds()) }
+
+// Redelivered counts n envelopes set to be delivered again for cause:
+// lease_expiry, retry or replay.
+func (m *Metrics) Redelivered(cause string, n int) {
+	m.redeliveries.WithLabelValues(cause).Add(float64(n))
 }
 
 // Delivered records one delivery attempt.
@@ -137,69 +203,11 @@ func (m *Metrics) Dead(_, n int) { m.deadTotal.Add(float64(n)) }
 // ShardsOwned sets how many shards this daemon scans.
 func (m *Metrics) ShardsOwned(n int) { m.shardsOwned.Set(float64(n)) }
 
-// RedisError counts a failed Redis call.
-func (m *Metrics) RedisError() { m.redisErrors.Inc() }
+// RedisError counts a failed Redis call of operation op.
+func (m *Metrics) RedisError(op string) { m.redisErrors.WithLabelValues(op).Inc() }
 
 // NATSReconnect counts a NATS reconnection.
 func (m *Metrics) NATSReconnect() { m.natsReconnects.Inc() }
-
-// StatsSource is where the sampled gauges come from.
-type StatsSource interface {
-	Stats(ctx context.Context, shards ...int) ([]store.ShardStats, int64, error)
-}
-
-// Sample refreshes the sampled gauges every interval until ctx is done,
-// for the shards owned() returns: each daemon reports the shards it scans,
-// so Redis load stays flat as daemons are added and the fleet's total is
-// the sum over daemons. One pipeline of ZCARDs and ZRANGE 0 0 per shard:
-// never a scan.
-func (m *Metrics) Sample(ctx context.Context, src StatsSource, owned func() []int, every time.Duration, log hclog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		m.sampleOnce(ctx, src, owned(), log)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (m *Metrics) sampleOnce(ctx context.Context, src StatsSource, owned []int, log hclog.Logger) {
-	if len(owned) == 0 {
-		m.pending.Set(0)
-		m.inflight.Set(0)
-		m.dead.Set(0)
-		m.oldestOverdue.Set(0)
-		return
-	}
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	shards, nowMs, err := src.Stats(sctx, owned...)
-	if err != nil {
-		if ctx.Err() == nil {
-			log.Debug("sampling gauges failed", "error", err)
-		}
-		return
-	}
-	var p, i, d int64
-	next := int64(-1)
-	for _, s := range shards {
-		p, i, d = p+s.Counts.Pending, i+s.Counts.Inflight, d+s.Counts.Dead
-		if s.NextDueMs >= 0 && (next < 0 || s.NextDueMs < next) {
-			next = s.NextDueMs
-		}
-	}
-	m.pending.Set(float64(p))
-	m.inflight.Set(float64(i))
-	m.dead.Set(float64(d))
-	overdue := 0.0
-	if next >= 0 && next < nowMs {
-		overdue = float64(nowMs-next) / 1000
-	}
-	m.oldestOverdue.Set(overdue)
-}
 
 // LatenessBucket is one (non-cumulative) bucket of the lateness histogram.
 type LatenessBucket struct {

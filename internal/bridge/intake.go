@@ -33,8 +33,17 @@ type Waker interface {
 
 // IntakeObserver counts intake outcomes for metrics.
 type IntakeObserver interface {
+	// Received counts a schedule request by its code (0 = stored).
 	Received(code int)
-	RedisError()
+	// Replied observes a schedule request that reached Redis, from
+	// receipt to reply.
+	Replied(took time.Duration)
+	// Cancelled counts a cancel request: cancelled, not_found,
+	// bad_request or unavailable.
+	Cancelled(result string)
+	// Redelivered counts envelopes replayed from the dead set.
+	Redelivered(cause string, n int)
+	RedisError(op string)
 }
 
 // IntakeOptions configure the service.
@@ -102,6 +111,7 @@ type Intake struct {
 type pending struct {
 	item  store.Item
 	reply string
+	start time.Time // when the request was received
 }
 
 // NewIntake builds the service on its own connection nc, which it closes
@@ -250,29 +260,31 @@ func (in *Intake) flush(batch []pending) {
 		if err := errs[i]; err != nil {
 			if !logged {
 				in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
-				in.redisError()
+				in.redisError("schedule")
 				logged = true
 			}
-			in.storeFailed(p.reply, p.item.ID, err)
+			in.count(in.storeFailed(p.reply, p.item.ID, err))
+			in.replied(p.start)
 			continue
 		}
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
 		in.count(0)
 		in.respond(p.reply, ScheduleReply{ID: p.item.ID, DeliverAt: envelope.FormatMs(due[i])})
+		in.replied(p.start)
 	}
 }
 
 // storeFailed answers a request whose write failed: 503 when nothing was
 // written, so a retry cannot duplicate; 504 with the id when the write may
 // have happened, so a retry with that id replaces it.
-func (in *Intake) storeFailed(reply, id string, err error) {
+// It returns the code it answered.
+func (in *Intake) storeFailed(reply, id string, err error) int {
 	if errors.Is(err, store.ErrNotWritten) {
 		in.fail(reply, envelope.CodeUnavailable, "store unavailable, nothing stored")
-		return
+		return envelope.CodeUnavailable
 	}
-	in.count(CodeOutcomeUnknown)
 	if reply == "" {
-		return
+		return CodeOutcomeUnknown
 	}
 	b, _ := json.Marshal(UnknownReply{ID: id})
 	m := &nats.Msg{Subject: reply, Data: b, Header: nats.Header{
@@ -282,9 +294,11 @@ func (in *Intake) storeFailed(reply, id string, err error) {
 	if err := in.nc.PublishMsg(m); err != nil {
 		in.log.Warn("error reply failed", "error", err)
 	}
+	return CodeOutcomeUnknown
 }
 
 func (in *Intake) handleSchedule(req micro.Request) {
+	start := time.Now()
 	lim := in.opt.Limits
 	srvMax := int(in.nc.MaxPayload())
 	if srvMax > 0 && (lim.MaxPayload == 0 || srvMax < lim.MaxPayload) {
@@ -292,6 +306,7 @@ func (in *Intake) handleSchedule(req micro.Request) {
 	}
 	r, err := envelope.ParseSchedule(req.Headers(), req.Data(), lim, in.opt.Policy, in.opt.Now())
 	if err != nil {
+		in.count(envelope.CodeOf(err))
 		in.reject(req.Reply(), err)
 		return
 	}
@@ -302,6 +317,7 @@ func (in *Intake) handleSchedule(req micro.Request) {
 		// The delivery carries more headers than the request: refuse now
 		// what could never be delivered.
 		if n := DeliverySize(r.Envelope, r.ID, in.isJetStream(r.Target)); n > srvMax {
+			in.count(envelope.CodeTooLarge)
 			in.reject(req.Reply(), &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
 				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)})
 			return
@@ -314,7 +330,7 @@ func (in *Intake) handleSchedule(req micro.Request) {
 	} else {
 		it.DelayMicros = ceilMicros(int64(r.Delay/time.Microsecond), int(r.Delay%time.Microsecond))
 	}
-	in.queue <- pending{item: it, reply: req.Reply()}
+	in.queue <- pending{item: it, reply: req.Reply(), start: start}
 }
 
 // ceilMicros rounds us up when the nanoseconds left over are positive,
@@ -338,6 +354,7 @@ func (in *Intake) isJetStream(target string) bool {
 func (in *Intake) handleCancel(req micro.Request) {
 	id, err := envelope.ParseID(req.Headers(), in.opt.Limits)
 	if err != nil {
+		in.cancelled("bad_request")
 		in.reject(req.Reply(), err)
 		return
 	}
@@ -346,9 +363,18 @@ func (in *Intake) handleCancel(req micro.Request) {
 	cancel()
 	if err != nil {
 		in.log.Error("cancel failed", "id", id, "error", err)
-		in.redisError()
-		in.storeFailed(req.Reply(), id, err)
+		in.redisError("cancel")
+		if in.storeFailed(req.Reply(), id, err) == CodeOutcomeUnknown {
+			in.cancelled("outcome_unknown")
+		} else {
+			in.cancelled("unavailable")
+		}
 		return
+	}
+	if c.Existed {
+		in.cancelled("cancelled")
+	} else {
+		in.cancelled("not_found")
 	}
 	in.respond(req.Reply(), CancelReply{ID: id, Cancelled: c.Existed, InFlight: c.InFlight})
 }
@@ -361,9 +387,9 @@ func (in *Intake) reject(reply string, err error) {
 	in.fail(reply, code, err.Error())
 }
 
-// fail answers with the NATS micro error convention.
+// fail answers with the NATS micro error convention. It counts nothing:
+// each endpoint counts its own outcomes.
 func (in *Intake) fail(reply string, code int, msg string) {
-	in.count(code)
 	if reply == "" {
 		return
 	}
@@ -376,9 +402,21 @@ func (in *Intake) fail(reply string, code int, msg string) {
 	}
 }
 
-func (in *Intake) redisError() {
+func (in *Intake) redisError(op string) {
 	if in.obs != nil {
-		in.obs.RedisError()
+		in.obs.RedisError(op)
+	}
+}
+
+func (in *Intake) replied(start time.Time) {
+	if in.obs != nil {
+		in.obs.Replied(time.Since(start))
+	}
+}
+
+func (in *Intake) cancelled(result string) {
+	if in.obs != nil {
+		in.obs.Cancelled(result)
 	}
 }
 

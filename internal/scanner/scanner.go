@@ -55,8 +55,11 @@ type Observer interface {
 	Delivered(d envelope.Delivery, err error)
 	Claimed(shards int, took time.Duration)
 	Dead(shard, n int)
-	RedisError()
+	RedisError(op string)
 	ShardsOwned(n int)
+	// Redelivered counts n envelopes set to go out again, by cause
+	// (lease_expiry, retry).
+	Redelivered(cause string, n int)
 }
 
 // Options tune the scanner; see config.Scanner.
@@ -297,7 +300,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		s.log.Debug("slow claim", "took", took, "shards", len(shards), "ok", len(res), "error", err)
 	}
 	if err != nil {
-		s.redisError()
+		s.redisError("claim")
 		if now := time.Now(); now.Sub(s.lastFailLog) > failLogEvery {
 			s.log.Warn("claim failed, retrying the failed shards with backoff", "failed", len(shards)-len(res),
 				"of", len(shards), "error", err)
@@ -349,6 +352,9 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	for _, r := range res {
 		for _, c := range r.Items {
 			items = append(items, claimed{shard: r.Shard, at: returned, Claimed: c})
+		}
+		if r.Expired > 0 {
+			s.redelivered("lease_expiry", r.Expired)
 		}
 		if r.Missing > 0 {
 			s.log.Error("due ids without stored data were dropped (data deleted outside delayd?)", "shard", r.Shard, "count", r.Missing)
@@ -442,6 +448,7 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 					s.obs.Dead(c.shard, 1)
 				}
 			} else {
+				s.redelivered("retry", 1)
 				s.log.Warn("delivery failed, will retry", "id", c.ID, "attempt", c.Attempt, "error", fail)
 			}
 		}
@@ -528,9 +535,15 @@ func (s *Scanner) ackStage(ctx context.Context, in <-chan map[int][]store.Settle
 	}
 }
 
-func (s *Scanner) redisError() {
+func (s *Scanner) redisError(op string) {
 	if s.obs != nil {
-		s.obs.RedisError()
+		s.obs.RedisError(op)
+	}
+}
+
+func (s *Scanner) redelivered(cause string, n int) {
+	if s.obs != nil {
+		s.obs.Redelivered(cause, n)
 	}
 }
 
@@ -572,7 +585,7 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 			}
 			return
 		}
-		s.redisError()
+		s.redisError("ack")
 		if try == 1 || actx.Err() != nil {
 			// The leases expire and the envelopes are delivered again:
 			// a duplicate, never a loss.

@@ -1,5 +1,3 @@
-//go:build modeltest
-
 package store
 
 // The model test drives the real Store against a throwaway redis-server
@@ -86,43 +84,53 @@ func runSeed(t *testing.T, seed uint64, steps int) {
 	s := New(s4.rdb, "t", modelShards)
 	rc := rs.Client()
 	ctx := context.Background()
-	g := newGen(seed)
-	r, err := newRunner(ctx, s, rc, 100, false)
+	g := newMGen(seed)
+	r, err := newMRunner(ctx, s, rc, 100, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("seed %d, %d steps, %d daemons", seed, steps, g.daemons)
-	ops := make([]op, 0, steps)
+	ops := make([]mOp, 0, steps)
 	for i := range steps {
 		o := g.next(r.m)
 		ops = append(ops, o)
 		if err := r.step(i, o); err != nil {
 			t.Errorf("seed %d: step %d (%v): %v", seed, i, o, err)
-			replay := func(ops []op, tracing bool) (int, error, []string) {
-				if err := rc.FlushAll(ctx).Err(); err != nil {
-					return -1, nil, nil
-				}
-				r, err := newRunner(ctx, s, rc, 1, tracing)
-				if err != nil {
-					return -1, nil, nil
-				}
-				for i, o := range ops {
-					if err := r.step(i, o); err != nil {
-						return i, err, r.trace
-					}
-				}
-				return -1, nil, r.trace
-			}
-			t.Fatal(failureReport(seed, ops, replay))
+			t.Fatal(failureReport(seed, ops, rerun(t, ctx, s, rc)))
 		}
 	}
 	t.Logf("seed %d covered %v", seed, r.seen)
 }
 
+// rerun returns a function that runs ops on an emptied Redis, with a full
+// Check after every step (short sequences can afford it, and it finds a
+// broken invariant at the step that broke it), and returns the index of
+// the failing step and why, or -1, and the trace when tracing.
+func rerun(t *testing.T, ctx context.Context, s *Store, rc *redis.Client) func([]mOp, bool) (int, error, []string) {
+	return func(ops []mOp, tracing bool) (int, error, []string) {
+		// Flushed first: the runner reads the empty keyspace as "before".
+		err := rc.FlushAll(ctx).Err()
+		var r *mRunner
+		if err == nil {
+			r, err = newMRunner(ctx, s, rc, 1, tracing)
+		}
+		if err != nil {
+			t.Logf("rerun: %v", err)
+			return -1, nil, nil
+		}
+		for i, o := range ops {
+			if err := r.step(i, o); err != nil {
+				return i, err, r.trace
+			}
+		}
+		return -1, nil, r.trace
+	}
+}
+
 // failureReport shrinks the failing ops and describes the shortest
 // sequence found, with the trace of its run.
-func failureReport(seed uint64, ops []op, replay func([]op, bool) (int, error, []string)) string {
-	short := shrink(ops, func(ops []op) (int, error) {
+func failureReport(seed uint64, ops []mOp, replay func([]mOp, bool) (int, error, []string)) string {
+	short := shrink(ops, func(ops []mOp) (int, error) {
 		i, err, _ := replay(ops, false)
 		return i, err
 	}, time.Now().Add(shrinkFor))
@@ -148,7 +156,7 @@ func failureReport(seed uint64, ops []op, replay func([]op, bool) (int, error, [
 // shrink removes steps while the sequence still fails (any failure counts):
 // chunks of half the steps, then ever smaller ones, down to single steps
 // until none can go. A failing try is cut after its failing step.
-func shrink(ops []op, fails func([]op) (int, error), deadline time.Time) []op {
+func shrink(ops []mOp, fails func([]mOp) (int, error), deadline time.Time) []mOp {
 	i, err := fails(ops)
 	if err == nil {
 		return ops // did not fail again: keep it all
@@ -186,7 +194,7 @@ func shrink(ops []op, fails func([]op) (int, error), deadline time.Time) []op {
 
 // parts is how many items or ids o has that the shrinker may drop, one
 // by one, while at least one stays.
-func (o op) parts() int {
+func (o mOp) parts() int {
 	switch o.kind {
 	case opSchedule:
 		return len(o.items)
@@ -197,7 +205,7 @@ func (o op) parts() int {
 }
 
 // without returns o without its j-th item or id.
-func (o op) without(j int) op {
+func (o mOp) without(j int) mOp {
 	if o.kind == opSchedule {
 		o.items = slices.Delete(slices.Clone(o.items), j, j+1)
 	} else {
@@ -208,10 +216,10 @@ func (o op) without(j int) op {
 
 // The steps.
 
-type opKind byte
+type mOpKind byte
 
 const (
-	opSchedule opKind = iota
+	opSchedule mOpKind = iota
 	opBulk
 	opCancel
 	opClaim
@@ -223,11 +231,11 @@ const (
 	opFault
 )
 
-// op is one step. It names what to do, never a value that only a run
+// mOp is one step. It names what to do, never a value that only a run
 // produces (a claim token): a settle names a daemon's n-th latest claim, so
 // the step still means something after the shrinker removed others.
-type op struct {
-	kind    opKind
+type mOp struct {
+	kind    mOpKind
 	items   []mItem  // schedule
 	ids     []string // cancel (one), replay, purge, ack ids
 	daemon  int      // claim, settle
@@ -242,7 +250,7 @@ type op struct {
 	shard   int      // bulk, fault
 	key     int      // fault: position of the key in shardKeys.list
 	seq     int      // bulk: names its ids
-	inner   *op      // fault: the step that must fail
+	inner   *mOp     // fault: the step that must fail
 }
 
 type mItem struct {
@@ -250,7 +258,7 @@ type mItem struct {
 	later    bool // due in an hour, else far in the past
 }
 
-func (o op) String() string {
+func (o mOp) String() string {
 	switch o.kind {
 	case opSchedule:
 		parts := make([]string, len(o.items))
@@ -277,7 +285,7 @@ func (o op) String() string {
 		if o.all {
 			how = "every item delivered"
 		}
-		return fmt.Sprintf("settle by d%d of its claim %d before the latest: %s, retry %dms", o.daemon, o.back, how, o.retry)
+		return fmt.Sprintf("settle by d%d of its claim %d back from the latest (wrapping): %s, retry %dms", o.daemon, o.back, how, o.retry)
 	case opAckIDs:
 		return fmt.Sprintf("settle %v with their current tokens: %c", o.ids, o.outcome)
 	case opReplay:
@@ -287,15 +295,15 @@ func (o op) String() string {
 	case opFlush:
 		return "SCRIPT FLUSH"
 	case opFault:
-		return fmt.Sprintf("fault: shard %d key %s is a string during: %v", o.shard, keyNames[o.key], *o.inner)
+		return fmt.Sprintf("fault: shard %d key %s is a string during: %v", o.shard, mKeyNames[o.key], *o.inner)
 	}
 	return fmt.Sprintf("op %d", o.kind)
 }
 
-var keyNames = []string{"due", "inflight", "data", "claims", "dead", "errors"}
+var mKeyNames = []string{"due", "inflight", "data", "claims", "dead", "errors"}
 
-// gen draws the steps of one seed.
-type gen struct {
+// mGen draws the steps of one seed.
+type mGen struct {
 	rng     *rand.Rand
 	daemons int
 	seq     int
@@ -303,8 +311,8 @@ type gen struct {
 	byShard [][]string
 }
 
-func newGen(seed uint64) *gen {
-	g := &gen{rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), byShard: make([][]string, modelShards)}
+func newMGen(seed uint64) *mGen {
+	g := &mGen{rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), byShard: make([][]string, modelShards)}
 	g.daemons = 2 + g.rng.IntN(2)
 	for i := range modelPool {
 		id := fmt.Sprintf("i%02d", i)
@@ -315,13 +323,13 @@ func newGen(seed uint64) *gen {
 	return g
 }
 
-func (g *gen) next(m *model) op {
+func (g *mGen) next(m *mModel) mOp {
 	if len(m.ids) > 200 && g.rng.IntN(5) > 0 {
 		return g.drain(m)
 	}
 	if g.rng.IntN(4000) == 0 {
 		g.seq++
-		return op{kind: opBulk, shard: g.rng.IntN(modelShards), seq: g.seq}
+		return mOp{kind: opBulk, shard: g.rng.IntN(modelShards), seq: g.seq}
 	}
 	switch w := g.rng.IntN(100); {
 	case w < 25:
@@ -331,7 +339,7 @@ func (g *gen) next(m *model) op {
 		if g.rng.IntN(2) == 0 {
 			lease = hourMs
 		}
-		return op{kind: opClaim, daemon: g.rng.IntN(g.daemons), batch: 1 + g.rng.IntN(8), lease: lease}
+		return mOp{kind: opClaim, daemon: g.rng.IntN(g.daemons), batch: 1 + g.rng.IntN(8), lease: lease}
 	case w < 75:
 		back := g.rng.IntN(3)
 		if g.rng.IntN(5) == 0 {
@@ -341,15 +349,15 @@ func (g *gen) next(m *model) op {
 		if g.rng.IntN(4) == 0 {
 			retry = hourMs
 		}
-		return op{kind: opSettle, daemon: g.rng.IntN(g.daemons), back: back, seed: g.rng.Uint64(), retry: retry}
+		return mOp{kind: opSettle, daemon: g.rng.IntN(g.daemons), back: back, seed: g.rng.Uint64(), retry: retry}
 	case w < 83:
-		return op{kind: opCancel, ids: g.pick(g.pool, 1)}
+		return mOp{kind: opCancel, ids: g.pick(g.pool, 1)}
 	case w < 89:
-		return op{kind: opReplay, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
+		return mOp{kind: opReplay, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
 	case w < 94:
-		return op{kind: opPurge, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
+		return mOp{kind: opPurge, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
 	case w < 96:
-		return op{kind: opFlush}
+		return mOp{kind: opFlush}
 	default:
 		return g.fault()
 	}
@@ -357,7 +365,7 @@ func (g *gen) next(m *model) op {
 
 // drain works off a bulk: daemon 0 claims big batches with a lease that
 // expires at once (so nothing can stay stuck) and delivers them.
-func (g *gen) drain(m *model) op {
+func (g *mGen) drain(m *mModel) mOp {
 	if cl := m.daemons[0]; len(cl) > 0 {
 		current := 0
 		for _, c := range cl[len(cl)-1] {
@@ -366,14 +374,14 @@ func (g *gen) drain(m *model) op {
 			}
 		}
 		if current > 100 {
-			return op{kind: opSettle, all: true}
+			return mOp{kind: opSettle, all: true}
 		}
 	}
-	return op{kind: opClaim, batch: bigBatch}
+	return mOp{kind: opClaim, batch: bigBatch}
 }
 
-func (g *gen) schedule(from []string, n int) op {
-	o := op{kind: opSchedule}
+func (g *mGen) schedule(from []string, n int) mOp {
+	o := mOp{kind: opSchedule}
 	for range n {
 		id := from[g.rng.IntN(len(from))]
 		g.seq++
@@ -383,7 +391,7 @@ func (g *gen) schedule(from []string, n int) op {
 }
 
 // pick returns n distinct ids of from.
-func (g *gen) pick(from []string, n int) []string {
+func (g *mGen) pick(from []string, n int) []string {
 	p := g.rng.Perm(len(from))[:min(n, len(from))]
 	out := make([]string, len(p))
 	for i, j := range p {
@@ -394,28 +402,28 @@ func (g *gen) pick(from []string, n int) []string {
 
 // fault is a step run while one of a shard's keys holds a string: the step
 // must fail and change nothing.
-func (g *gen) fault() op {
+func (g *mGen) fault() mOp {
 	sh := g.rng.IntN(modelShards)
 	ids := g.byShard[sh]
-	var inner op
+	var inner mOp
 	switch g.rng.IntN(6) {
 	case 0:
 		inner = g.schedule(ids, 1+g.rng.IntN(2))
 	case 1:
-		inner = op{kind: opCancel, ids: g.pick(ids, 1)}
+		inner = mOp{kind: opCancel, ids: g.pick(ids, 1)}
 	case 2:
-		inner = op{kind: opClaim, shards: []int{sh}, batch: 8}
+		inner = mOp{kind: opClaim, shards: []int{sh}, batch: 8}
 	case 3:
-		inner = op{kind: opAckIDs, ids: g.pick(ids, 2), outcome: outcomes[g.rng.IntN(len(outcomes))]}
+		inner = mOp{kind: opAckIDs, ids: g.pick(ids, 2), outcome: mOutcomes[g.rng.IntN(len(mOutcomes))]}
 	case 4:
-		inner = op{kind: opReplay, ids: g.pick(ids, 2)}
+		inner = mOp{kind: opReplay, ids: g.pick(ids, 2)}
 	default:
-		inner = op{kind: opPurge, ids: g.pick(ids, 2)}
+		inner = mOp{kind: opPurge, ids: g.pick(ids, 2)}
 	}
-	return op{kind: opFault, shard: sh, key: g.rng.IntN(len(keyNames)), inner: &inner}
+	return mOp{kind: opFault, shard: sh, key: g.rng.IntN(len(mKeyNames)), inner: &inner}
 }
 
-var outcomes = []Outcome{Delivered, Retry, Postpone, Bury}
+var mOutcomes = []Outcome{Delivered, Retry, Postpone, Bury}
 
 // bulkIDs names n ids of shard sh for bulk seq.
 func bulkIDs(seq, sh, n int) []string {
@@ -430,16 +438,16 @@ func bulkIDs(seq, sh, n int) []string {
 
 // The model.
 
-type place byte
+type mPlace byte
 
 const (
-	pending  place = 'p'
-	inflight place = 'i'
-	dead     place = 'x'
+	mDue      mPlace = 'p'
+	mInflight mPlace = 'i'
+	mDead     mPlace = 'x'
 )
 
-func (p place) String() string {
-	return map[place]string{pending: "due", inflight: "inflight", dead: "dead"}[p]
+func (p mPlace) String() string {
+	return map[mPlace]string{mDue: "due", mInflight: "inflight", mDead: "dead"}[p]
 }
 
 // mEntry is the model of one stored id: where it is, its score there, and
@@ -447,7 +455,7 @@ func (p place) String() string {
 type mEntry struct {
 	shard int
 	data  string
-	at    place
+	at    mPlace
 	// score is the due time, lease expiry or time of death, ms. Where a
 	// script sets it from Redis' clock and does not return it (a release, a
 	// death, a replay), exact is false: the score must lie in [lo, hi], and
@@ -461,35 +469,37 @@ type mEntry struct {
 	err           string // the errors entry, "" if none
 }
 
-type model struct {
+// mModel is the delay set as plain Go: every stored id, and what each
+// simulated daemon has claimed.
+type mModel struct {
 	ids     map[string]*mEntry
 	daemons [][][]Claimed // per daemon its latest claims, oldest first
 }
 
-// effects are what the model allows one step to do, for the invariant
+// mEffects are what the model allows one step to do, for the invariant
 // checks that compare the keyspace before and after it.
-type effects struct {
+type mEffects struct {
 	deleted  map[string]bool // by a matching ack, a cancel or a purge
 	reset    map[string]bool // attempts start over: a replace, a replay
 	giveBack map[string]bool // a postpone gives one attempt back
 }
 
 // put stores a new version of id, as a schedule does.
-func (m *model) put(id, data string, due int64, fx effects) {
+func (m *mModel) put(id, data string, due int64, fx mEffects) {
 	if m.ids[id] != nil {
 		fx.reset[id] = true // a replace forgets the old claim
 	}
-	m.ids[id] = &mEntry{shard: ShardOf(id, modelShards), data: data, at: pending, score: due, exact: true}
+	m.ids[id] = &mEntry{shard: ShardOf(id, modelShards), data: data, at: mDue, score: due, exact: true}
 }
 
-func (m *model) remove(id string, fx effects) {
+func (m *mModel) remove(id string, fx mEffects) {
 	delete(m.ids, id)
 	fx.deleted[id] = true
 }
 
 // claimable is what a claim of shard at now must hand out, in order: ids
 // whose lease expired, then due ids, each by score, then id, up to batch.
-func (m *model) claimable(shard int, now int64, batch int) ([]string, error) {
+func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 	var exp, due []string
 	for id, e := range m.ids {
 		if e.shard != shard {
@@ -502,9 +512,9 @@ func (m *model) claimable(shard int, now int64, batch int) ([]string, error) {
 			continue
 		}
 		switch e.at {
-		case inflight:
+		case mInflight:
 			exp = append(exp, id)
-		case pending:
+		case mDue:
 			due = append(due, id)
 		}
 	}
@@ -524,7 +534,7 @@ func (m *model) claimable(shard int, now int64, batch int) ([]string, error) {
 }
 
 // next returns the lowest score at p in shard, or -1.
-func (m *model) next(shard int, p place) int64 {
+func (m *mModel) next(shard int, p mPlace) int64 {
 	low := int64(-1)
 	for _, e := range m.ids {
 		if e.shard == shard && e.at == p && (low < 0 || e.score < low) {
@@ -536,13 +546,13 @@ func (m *model) next(shard int, p place) int64 {
 
 // The runner.
 
-type runner struct {
+type mRunner struct {
 	ctx        context.Context
 	s          *Store
 	rc         *redis.Client
-	m          *model
-	prev       []shardState
-	fx         effects
+	m          *mModel
+	prev       []mShard
+	fx         mEffects
 	now        int64 // the latest Redis time seen, ms: a lower bound for what follows
 	checkEvery int   // steps between full Checks: they cost 18 script calls
 	tracing    bool
@@ -552,15 +562,15 @@ type runner struct {
 	seen map[string]int
 }
 
-func newRunner(ctx context.Context, s *Store, rc *redis.Client, checkEvery int, tracing bool) (*runner, error) {
-	r := &runner{ctx: ctx, s: s, rc: rc, checkEvery: checkEvery, tracing: tracing, seen: map[string]int{},
-		m: &model{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3)}}
+func newMRunner(ctx context.Context, s *Store, rc *redis.Client, checkEvery int, tracing bool) (*mRunner, error) {
+	r := &mRunner{ctx: ctx, s: s, rc: rc, checkEvery: checkEvery, tracing: tracing, seen: map[string]int{},
+		m: &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3)}}
 	var err error
 	r.prev, _, err = readKeyspace(ctx, rc, s)
 	return r, err
 }
 
-func (r *runner) tracef(format string, a ...any) {
+func (r *mRunner) tracef(format string, a ...any) {
 	if r.tracing {
 		r.trace = append(r.trace, fmt.Sprintf(format, a...))
 	}
@@ -568,8 +578,8 @@ func (r *runner) tracef(format string, a ...any) {
 
 // step runs o, then checks the whole keyspace against the invariants and
 // the model.
-func (r *runner) step(i int, o op) error {
-	r.fx = effects{deleted: map[string]bool{}, reset: map[string]bool{}, giveBack: map[string]bool{}}
+func (r *mRunner) step(i int, o mOp) error {
+	r.fx = mEffects{deleted: map[string]bool{}, reset: map[string]bool{}, giveBack: map[string]bool{}}
 	r.tracef("%d: %v", i, o)
 	if err := r.apply(o); err != nil {
 		return err
@@ -599,7 +609,7 @@ func (r *runner) step(i int, o op) error {
 	return nil
 }
 
-func (r *runner) apply(o op) error {
+func (r *mRunner) apply(o mOp) error {
 	switch o.kind {
 	case opSchedule:
 		return r.schedule(o.items)
@@ -640,7 +650,7 @@ func storeItems(items []mItem) []Item {
 	return out
 }
 
-func (r *runner) schedule(items []mItem) error {
+func (r *mRunner) schedule(items []mItem) error {
 	due, errs := r.s.Schedule(r.ctx, storeItems(items))
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -660,7 +670,7 @@ func (r *runner) schedule(items []mItem) error {
 	return nil
 }
 
-func (r *runner) cancel(id string) error {
+func (r *mRunner) cancel(id string) error {
 	got, err := r.s.Cancel(r.ctx, id)
 	if err != nil {
 		return err
@@ -668,7 +678,7 @@ func (r *runner) cancel(id string) error {
 	var want Cancelled
 	if e := r.m.ids[id]; e != nil {
 		r.seen["cancelled "+e.at.String()]++
-		want = Cancelled{Existed: true, InFlight: e.at == inflight}
+		want = Cancelled{Existed: true, InFlight: e.at == mInflight}
 		r.m.remove(id, r.fx)
 	}
 	if got != want {
@@ -679,7 +689,7 @@ func (r *runner) cancel(id string) error {
 
 // claim checks every shard's claim item by item against the model, given
 // the Redis time the claim ran at.
-func (r *runner) claim(o op) error {
+func (r *mRunner) claim(o mOp) error {
 	shards := o.shards
 	if shards == nil {
 		shards = []int{0, 1, 2}
@@ -713,21 +723,21 @@ func (r *runner) claim(o op) error {
 				return fmt.Errorf("claim of shard %d at %d: item %d is %s attempt %d due %d data %q token %q, want %s attempt %d due %d data %q",
 					shards[i], now, j, c.ID, c.Attempt, c.DueMs, c.Data, c.Token, want[j], attempt, due, e.data)
 			}
-			if e.at == inflight {
+			if e.at == mInflight {
 				r.seen["expired lease re-claimed"]++
 			} else if e.claimed {
 				r.seen["retried id re-claimed"]++
 			} else {
 				r.seen["claimed"]++
 			}
-			*e = mEntry{shard: e.shard, data: e.data, at: inflight, score: now + o.lease, exact: true,
+			*e = mEntry{shard: e.shard, data: e.data, at: mInflight, score: now + o.lease, exact: true,
 				claimed: true, attempt: attempt, due: due, token: c.Token, err: e.err}
 		}
-		if nd, nl := r.m.next(shards[i], pending), r.m.next(shards[i], inflight); cr.NextDueMs != nd || cr.NextLeaseMs != nl {
+		if nd, nl := r.m.next(shards[i], mDue), r.m.next(shards[i], mInflight); cr.NextDueMs != nd || cr.NextLeaseMs != nl {
 			return fmt.Errorf("claim of shard %d: next due %d, next lease %d, want %d, %d", shards[i], cr.NextDueMs, cr.NextLeaseMs, nd, nl)
 		}
 		r.seen["largest shard claim"] = max(r.seen["largest shard claim"], len(cr.Items))
-		r.tracef("   shard %d at %d ms: %s", shards[i], now, describe(cr.Items))
+		r.tracef("   shard %d at %d ms: %s", shards[i], now, describeClaims(cr.Items))
 		got = append(got, cr.Items...)
 	}
 	if len(got) > 0 {
@@ -748,7 +758,7 @@ func claimedIDs(cs []Claimed) []string {
 	return out
 }
 
-func describe(cs []Claimed) string {
+func describeClaims(cs []Claimed) string {
 	parts := make([]string, 0, min(len(cs), 8))
 	for _, c := range cs[:min(len(cs), 8)] {
 		parts = append(parts, fmt.Sprintf("%s(attempt %d, token %s)", c.ID, c.Attempt, c.Token))
@@ -761,7 +771,7 @@ func describe(cs []Claimed) string {
 
 // settle settles items of one of a daemon's claims, perhaps stale: only
 // those whose token is still the id's claim may settle.
-func (r *runner) settle(o op) error {
+func (r *mRunner) settle(o mOp) error {
 	cl := r.m.daemons[o.daemon]
 	if len(cl) == 0 {
 		r.tracef("   no claim to settle")
@@ -777,7 +787,7 @@ func (r *runner) settle(o op) error {
 		}
 		st := Settle{ID: it.ID, Token: it.Token, Outcome: Delivered}
 		if !o.all {
-			st.Outcome = outcomes[rng.IntN(len(outcomes))]
+			st.Outcome = mOutcomes[rng.IntN(len(mOutcomes))]
 			if rng.IntN(2) == 0 {
 				st.Error = "e" + strconv.Itoa(rng.IntN(100))
 			}
@@ -792,7 +802,7 @@ func (r *runner) settle(o op) error {
 
 // ack sends sts in one Ack and checks how many settled: exactly those whose
 // token is the id's current claim.
-func (r *runner) ack(sts []Settle, retry int64) error {
+func (r *mRunner) ack(sts []Settle, retry int64) error {
 	byShard := map[int][]Settle{}
 	want := 0
 	for _, st := range sts {
@@ -829,13 +839,13 @@ func (r *runner) ack(sts []Settle, retry int64) error {
 		e.token, e.exact, e.lo, e.hi = "", false, lo, now
 		switch st.Outcome {
 		case Bury:
-			e.at = dead
+			e.at = mDead
 		case Postpone:
 			e.attempt = max(e.attempt-1, 0)
 			r.fx.giveBack[st.ID] = true
 			fallthrough
 		default:
-			e.at, e.lo, e.hi = pending, lo+retry, now+retry
+			e.at, e.lo, e.hi = mDue, lo+retry, now+retry
 		}
 	}
 	r.tracef("   %s: settled %d", strings.Join(desc, ", "), n)
@@ -845,7 +855,7 @@ func (r *runner) ack(sts []Settle, retry int64) error {
 	return nil
 }
 
-func (r *runner) replay(ids []string) error {
+func (r *mRunner) replay(ids []string) error {
 	lo := r.now
 	n, err := r.s.Replay(r.ctx, ids)
 	if err != nil {
@@ -859,9 +869,9 @@ func (r *runner) replay(ids []string) error {
 	r.now = max(r.now, hi)
 	want := 0
 	for _, id := range ids {
-		if e := r.m.ids[id]; e != nil && e.at == dead {
+		if e := r.m.ids[id]; e != nil && e.at == mDead {
 			want++
-			*e = mEntry{shard: e.shard, data: e.data, at: pending, lo: lo, hi: hi}
+			*e = mEntry{shard: e.shard, data: e.data, at: mDue, lo: lo, hi: hi}
 			r.fx.reset[id] = true
 		}
 	}
@@ -872,14 +882,14 @@ func (r *runner) replay(ids []string) error {
 	return nil
 }
 
-func (r *runner) purge(ids []string) error {
+func (r *mRunner) purge(ids []string) error {
 	n, err := r.s.Purge(r.ctx, ids)
 	if err != nil {
 		return err
 	}
 	want := 0
 	for _, id := range ids {
-		if e := r.m.ids[id]; e != nil && e.at == dead {
+		if e := r.m.ids[id]; e != nil && e.at == mDead {
 			want++
 			r.m.remove(id, r.fx)
 		}
@@ -894,7 +904,7 @@ func (r *runner) purge(ids []string) error {
 // fault puts a string where one of a shard's keys was, runs a step that
 // must fail on it, and checks that the step changed nothing: Redis does not
 // roll back a script that stops part-way.
-func (r *runner) fault(o op) error {
+func (r *mRunner) fault(o mOp) error {
 	k := r.s.keys[o.shard].list()[o.key]
 	moved := k + ":moved" // same hash tag
 	had, err := r.rc.Exists(r.ctx, k).Result()
@@ -906,7 +916,7 @@ func (r *runner) fault(o op) error {
 			return err
 		}
 	}
-	if err := r.rc.Set(r.ctx, k, "not a "+keyNames[o.key], 0).Err(); err != nil {
+	if err := r.rc.Set(r.ctx, k, "not a "+mKeyNames[o.key], 0).Err(); err != nil {
 		return err
 	}
 	ferr := r.failing(*o.inner)
@@ -935,7 +945,7 @@ func (r *runner) fault(o op) error {
 
 // failing runs o's store call only, and returns its error. Schedule and
 // cancel must say that nothing was written.
-func (r *runner) failing(o op) error {
+func (r *mRunner) failing(o mOp) error {
 	switch o.kind {
 	case opSchedule:
 		_, errs := r.s.Schedule(r.ctx, storeItems(o.items))
@@ -979,15 +989,15 @@ func (r *runner) failing(o op) error {
 
 // Reading Redis back.
 
-// shardState is one shard's keys as read directly from Redis.
-type shardState struct {
+// mShard is one shard's keys as read directly from Redis.
+type mShard struct {
 	due, inflight, dead map[string]int64
 	data, claims, errs  map[string]string
 }
 
 // readKeyspace reads every shard's keys and the names of all keys, in one
 // round trip.
-func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]shardState, []string, error) {
+func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []string, error) {
 	pipe := rc.Pipeline()
 	zs := make([][3]*redis.ZSliceCmd, s.shards)
 	hs := make([][3]*redis.MapStringStringCmd, s.shards)
@@ -1001,7 +1011,7 @@ func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]shardState
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, nil, fmt.Errorf("read keyspace: %w", err)
 	}
-	out := make([]shardState, s.shards)
+	out := make([]mShard, s.shards)
 	for sh := range out {
 		var z [3]map[string]int64
 		for i, c := range zs[sh] {
@@ -1010,16 +1020,16 @@ func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]shardState
 				z[i][m.Member.(string)] = int64(m.Score)
 			}
 		}
-		out[sh] = shardState{due: z[0], inflight: z[1], dead: z[2], data: hs[sh][0].Val(), claims: hs[sh][1].Val(), errs: hs[sh][2].Val()}
+		out[sh] = mShard{due: z[0], inflight: z[1], dead: z[2], data: hs[sh][0].Val(), claims: hs[sh][1].Val(), errs: hs[sh][2].Val()}
 	}
 	ks := keys.Val()
 	slices.Sort(ks)
 	return out, ks, nil
 }
 
-// parseClaim splits a claims value "attempt:due:token" as the scripts do;
+// splitClaim splits a claims value "attempt:due:token" as the scripts do;
 // "" (no entry) is attempt 0.
-func parseClaim(v string) (attempt int, due, token string) {
+func splitClaim(v string) (attempt int, due, token string) {
 	parts := strings.SplitN(v, ":", 3)
 	attempt, _ = strconv.Atoi(parts[0])
 	if len(parts) > 1 {
@@ -1036,7 +1046,7 @@ func parseClaim(v string) (attempt int, due, token string) {
 // what may change at all: data goes only by a matching ack, a cancel or a
 // purge, and an attempt count goes down only where the step may reset it
 // or give one back.
-func checkInvariants(prev, cur []shardState, fx effects) error {
+func checkInvariants(prev, cur []mShard, fx mEffects) error {
 	var errs []error
 	bad := func(sh int, format string, a ...any) {
 		if len(errs) < 10 {
@@ -1064,7 +1074,7 @@ func checkInvariants(prev, cur []shardState, fx effects) error {
 			}
 		}
 		for id := range st.inflight {
-			if _, _, tok := parseClaim(st.claims[id]); tok == "" {
+			if _, _, tok := splitClaim(st.claims[id]); tok == "" {
 				bad(sh, "inflight %q has no claim token (claims entry %q)", id, st.claims[id])
 			}
 		}
@@ -1081,8 +1091,8 @@ func checkInvariants(prev, cur []shardState, fx effects) error {
 			}
 		}
 		for id, v := range prev[sh].claims {
-			was, _, _ := parseClaim(v)
-			now, _, _ := parseClaim(st.claims[id])
+			was, _, _ := splitClaim(v)
+			now, _, _ := splitClaim(st.claims[id])
 			if now < was && !fx.reset[id] && !fx.deleted[id] && !(fx.giveBack[id] && now == was-1) {
 				bad(sh, "attempt of %q went down from %d to %d", id, was, now)
 			}
@@ -1093,7 +1103,7 @@ func checkInvariants(prev, cur []shardState, fx effects) error {
 
 // compare checks that Redis holds exactly what the model holds, and takes
 // from Redis the scores the model knows only within bounds.
-func (m *model) compare(cur []shardState, keys []string, s *Store) error {
+func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 	var errs []error
 	bad := func(format string, a ...any) {
 		if len(errs) < 10 {
@@ -1105,7 +1115,7 @@ func (m *model) compare(cur []shardState, keys []string, s *Store) error {
 		if d, ok := st.data[id]; !ok || d != e.data {
 			bad("%q: data %q, model %q", id, d, e.data)
 		}
-		z := map[place]map[string]int64{pending: st.due, inflight: st.inflight, dead: st.dead}[e.at]
+		z := map[mPlace]map[string]int64{mDue: st.due, mInflight: st.inflight, mDead: st.dead}[e.at]
 		switch score, ok := z[id]; {
 		case !ok:
 			bad("%q: not in %v, where the model has it", id, e.at)
@@ -1142,11 +1152,11 @@ func (m *model) compare(cur []shardState, keys []string, s *Store) error {
 				want = append(want, key) // Redis drops empty keys
 			}
 		}
-		at := func(p place) func(*mEntry) bool { return func(e *mEntry) bool { return e.at == p } }
+		at := func(p mPlace) func(*mEntry) bool { return func(e *mEntry) bool { return e.at == p } }
 		extra(names.data, slices.Collect(maps.Keys(st.data)), func(*mEntry) bool { return true })
-		extra(names.due, slices.Collect(maps.Keys(st.due)), at(pending))
-		extra(names.inflight, slices.Collect(maps.Keys(st.inflight)), at(inflight))
-		extra(names.dead, slices.Collect(maps.Keys(st.dead)), at(dead))
+		extra(names.due, slices.Collect(maps.Keys(st.due)), at(mDue))
+		extra(names.inflight, slices.Collect(maps.Keys(st.inflight)), at(mInflight))
+		extra(names.dead, slices.Collect(maps.Keys(st.dead)), at(mDead))
 		extra(names.attempts, slices.Collect(maps.Keys(st.claims)), func(e *mEntry) bool { return e.claimed })
 		extra(names.errors, slices.Collect(maps.Keys(st.errs)), func(e *mEntry) bool { return e.err != "" })
 	}

@@ -139,8 +139,8 @@ return out
 // backlog of due envelopes can never starve them), then due ones, which
 // move from due to inflight. Each claim counts an attempt.
 // Returns {now µs, next due ms or -1, next lease expiry ms or -1, number of
-// ids that had no data (removed behind delayd's back), then per envelope:
-// id, original due ms, attempt, data}. "now" is in µs so the scanner can
+// ids that had no data (removed behind delayd's back), number of expired
+// leases re-claimed, then per envelope: id, original due ms, attempt, data}. "now" is in µs so the scanner can
 // time its next wake-up to better than a millisecond.
 // Allowed over maxmemory: delivering is what frees memory.
 var claimScript = newScript("allow-oom", `
@@ -150,7 +150,7 @@ local now, nowus = nowMs()
 local max = tonumber(ARGV[1])
 local lease = now + tonumber(ARGV[2])
 local token = ARGV[3]
-local out = {nowus, -1, -1, 0}
+local out = {nowus, -1, -1, 0, 0}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, max)
 local expired = #ids
 local dueScore = {}
@@ -184,6 +184,7 @@ if #ids > 0 then
       out[#out+1] = due
       out[#out+1] = attempt
       out[#out+1] = data
+      if j <= expired then out[5] = out[5] + 1 end
     else
       out[4] = out[4] + 1
       if j <= expired then gone[#gone+1] = id end

@@ -373,6 +373,9 @@ type ClaimResult struct {
 	// Missing counts due ids whose data was gone (deleted outside delayd);
 	// they are dropped, and reported so nothing vanishes silently.
 	Missing int
+	// Expired counts the items re-claimed because their lease expired (a
+	// daemon died or stalled while delivering them).
+	Expired int
 	Items   []Claimed
 }
 
@@ -405,13 +408,13 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		if err != nil {
 			continue // this shard's node failed: perr says so
 		}
-		const head = 4
+		const head = 5
 		if len(raw) < head || (len(raw)-head)%4 != 0 {
 			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
 		}
 		r := ClaimResult{
 			Shard: shards[i], NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
-			Missing: int(asInt(raw[3])), Items: make([]Claimed, 0, (len(raw)-head)/4),
+			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Items: make([]Claimed, 0, (len(raw)-head)/4),
 		}
 		for j := head; j < len(raw); j += 4 {
 			id, _ := raw[j].(string)

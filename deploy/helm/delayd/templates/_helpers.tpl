@@ -1,15 +1,20 @@
-{{- define "delayd.name" -}}delayd{{- end -}}
+{{- define "delayd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 
 {{- define "delayd.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
 {{- printf "%s-%s" .Release.Name (include "delayd.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "delayd.labels" -}}
-app.kubernetes.io/name: {{ include "delayd.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "delayd.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "delayd.selectorLabels" -}}
@@ -21,47 +26,131 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (include "delayd.fullname" .) .Values.existingSecret -}}
 {{- end -}}
 
-{{/* The delayd container; in sidecar mode include it in initContainers. */}}
+{{- define "delayd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "delayd.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "delayd.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The admin port, from config.http.addr (":9479", "0.0.0.0:9479"). */}}
+{{- define "delayd.adminPort" -}}
+{{- $addr := toString (dig "http" "addr" "" .Values.config) -}}
+{{- $port := regexFind "[0-9]+$" $addr -}}
+{{- if not $port -}}
+{{- fail (printf "config.http.addr %q has no port: probes and metrics need the admin server" $addr) -}}
+{{- end -}}
+{{- $port -}}
+{{- end -}}
+
+{{/* Every secret key delayd reads, with its environment variable. */}}
+{{- define "delayd.secretEnv" -}}
+{{- range $key, $env := dict "nats-password" "DELAYD_NATS_PASSWORD" "nats-token" "DELAYD_NATS_TOKEN" "redis-password" "DELAYD_REDIS_PASSWORD" "ui-bearer-token" "DELAYD_UI_BEARER_TOKEN" "ui-basic-auth-password" "DELAYD_UI_BASIC_AUTH_PASSWORD" }}
+- name: {{ $env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "delayd.secretName" $ }}
+      key: {{ $key }}
+      optional: true
+{{- end }}
+{{- end -}}
+
+{{/* Container hardening every delayd container gets, whatever the values say. */}}
+{{- define "delayd.containerSecurityContext" -}}
+{{- $sc := deepCopy (default (dict) .Values.securityContext) -}}
+{{- $_ := set $sc "runAsNonRoot" true -}}
+{{- $_ = set $sc "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- if not (hasKey $sc "allowPrivilegeEscalation") }}{{ $_ = set $sc "allowPrivilegeEscalation" false }}{{ end -}}
+{{- toYaml $sc -}}
+{{- end -}}
+
+{{/*
+delayd.container renders the delayd container. Argument: a dict with
+"ctx" (the delayd chart's context) and "sidecar" (bool). A native sidecar
+always carries restartPolicy: Always, and its probes only ever ask /livez:
+its readiness is part of the application pod's Ready condition, and an
+outage of Redis or NATS must not pull every application pod out of its
+Service.
+*/}}
 {{- define "delayd.container" -}}
+{{- $ := .ctx -}}
+{{- $v := $.Values -}}
+{{- $ready := ternary "/livez" "/readyz" .sidecar -}}
 - name: delayd
-  image: "{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}"
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
-  {{- if eq .Values.mode "sidecar" }}
+  image: {{ include "delayd.image" $ | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- if .sidecar }}
   restartPolicy: Always
   {{- end }}
   args: ["run", "--config", "/etc/delayd/delayd.yaml"]
   env:
-    - name: DELAYD_REDIS_PASSWORD
-      valueFrom:
-        secretKeyRef:
-          name: {{ include "delayd.secretName" . }}
-          key: password
-          optional: true
+    {{- include "delayd.secretEnv" $ | trim | nindent 4 }}
+    {{- with $v.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $v.envFrom }}
+  envFrom: {{- toYaml . | nindent 4 }}
+  {{- end }}
   ports:
-    - {name: admin, containerPort: 9479}
+    - name: admin
+      containerPort: {{ include "delayd.adminPort" $ }}
+      protocol: TCP
   startupProbe:
-    httpGet: {path: /readyz, port: admin}
-    periodSeconds: 1
-    failureThreshold: 60
+    httpGet: {path: {{ $ready }}, port: admin}
+    {{- toYaml $v.probes.startup | nindent 4 }}
   readinessProbe:
-    httpGet: {path: /readyz, port: admin}
-    periodSeconds: 5
+    httpGet: {path: {{ $ready }}, port: admin}
+    {{- toYaml $v.probes.readiness | nindent 4 }}
   livenessProbe:
+    # /livez never depends on Redis or NATS: an outage of either must not
+    # restart every delayd at once.
     httpGet: {path: /livez, port: admin}
-    periodSeconds: 10
-  resources: {{- toYaml .Values.resources | nindent 4 }}
-  securityContext: {{- toYaml .Values.securityContext | nindent 4 }}
+    {{- toYaml $v.probes.liveness | nindent 4 }}
+  resources: {{- toYaml $v.resources | nindent 4 }}
+  securityContext: {{- include "delayd.containerSecurityContext" $ | nindent 4 }}
   volumeMounts:
     - {name: delayd-config, mountPath: /etc/delayd, readOnly: true}
+    {{- with $v.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}
 
-{{/* For sidecar mode: the init container plus the volume it needs. */}}
+{{/*
+delayd.sidecar is the native sidecar for a parent chart's pod template:
+  initContainers:
+    {{- include "delayd.sidecar" . | nindent 8 }}
+"." may be the parent's context (delayd a dependency of the parent) or
+delayd's own.
+*/}}
 {{- define "delayd.sidecar" -}}
-{{ include "delayd.container" . }}
+{{- $ctx := . -}}
+{{- if and .Subcharts (hasKey .Subcharts "delayd") }}{{ $ctx = .Subcharts.delayd }}{{ end -}}
+{{- include "delayd.container" (dict "ctx" $ctx "sidecar" true) -}}
 {{- end -}}
 
-{{- define "delayd.volume" -}}
+{{/* delayd.volumes: the volumes the delayd container mounts. Same "." as delayd.sidecar. */}}
+{{- define "delayd.volumes" -}}
+{{- $ := . -}}
+{{- if and .Subcharts (hasKey .Subcharts "delayd") }}{{ $ = .Subcharts.delayd }}{{ end -}}
 - name: delayd-config
   configMap:
-    name: {{ include "delayd.fullname" . }}
+    name: {{ include "delayd.fullname" $ }}
+{{- with $.Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Kept for charts written against 0.1: the same as delayd.volumes. */}}
+{{- define "delayd.volume" -}}
+{{ include "delayd.volumes" . }}
 {{- end -}}

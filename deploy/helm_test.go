@@ -1,0 +1,268 @@
+package deploy
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+)
+
+const (
+	chartDir    = "helm/delayd"
+	kubeVersion = "1.31.0"
+)
+
+// template renders a chart with helm template.
+func template(t *testing.T, chart string, args ...string) string {
+	t.Helper()
+	return run(t, helm(t), append([]string{"template", "rel", chart, "--kube-version", kubeVersion}, args...)...)
+}
+
+// parentChart lays out testdata/parent with this chart as its dependency,
+// as `helm dependency build` would.
+func parentChart(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "parent")
+	copyDir(t, "testdata/parent", dir)
+	copyDir(t, chartDir, filepath.Join(dir, "charts", "delayd"))
+	return dir
+}
+
+func TestHelmLint(t *testing.T) {
+	h := helm(t)
+	run(t, h, "lint", "--strict", chartDir, "--kube-version", kubeVersion)
+	run(t, h, "lint", "--strict", chartDir, "--kube-version", kubeVersion, "--set", "mode=sidecar")
+	run(t, h, "lint", "--strict", parentChart(t), "--kube-version", kubeVersion)
+}
+
+// everything turns on every optional object of fleet mode.
+var everything = []string{
+	"--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+	"--set", "networkPolicy.enabled=true", "--set", "networkPolicy.restrictEgress=true",
+	"--set", "secrets.natsToken=s3cret-nats", "--set", "secrets.redisPassword=s3cret-redis",
+	"--set", "secrets.uiBearerToken=s3cret-ui", "--set", "secrets.uiBasicAuthPassword=s3cret-basic",
+	"--set", "secrets.natsPassword=s3cret-natspw",
+}
+
+func TestHelmFleet(t *testing.T) {
+	objs := decodeStrict(t, template(t, chartDir, everything...))
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.Kind]++
+	}
+	for _, k := range []string{"Deployment", "Service", "ConfigMap", "Secret", "ServiceAccount", "PodDisruptionBudget",
+		"ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Pod"} {
+		if kinds[k] != 1 {
+			t.Errorf("%d %s, want 1 (rendered: %v)", kinds[k], k, kinds)
+		}
+	}
+
+	d := find[*appsv1.Deployment](objs)[0]
+	ps := d.Spec.Template.Spec
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Error("the service account token is automounted")
+	}
+	if sa := find[*corev1.ServiceAccount](objs)[0]; sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+		t.Error("ServiceAccount automounts its token")
+	}
+	if len(ps.TopologySpreadConstraints) == 0 {
+		t.Error("no topology spread by default")
+	}
+	c := ps.Containers[0]
+	checkHardened(t, "fleet", c)
+	if probePath(c.ReadinessProbe) != "/readyz" || probePath(c.LivenessProbe) != "/livez" {
+		t.Errorf("fleet probes: readiness %s, liveness %s", probePath(c.ReadinessProbe), probePath(c.LivenessProbe))
+	}
+	if c.Ports[0].ContainerPort != 9479 {
+		t.Errorf("admin port %d", c.Ports[0].ContainerPort)
+	}
+
+	// Secrets: in the Secret, never in the ConfigMap; each reaches the
+	// container as the DELAYD_* variable of its config key.
+	cm := find[*corev1.ConfigMap](objs)[0]
+	for _, s := range []string{"s3cret", "token", "password"} {
+		if strings.Contains(cm.Data["delayd.yaml"], s) {
+			t.Errorf("ConfigMap holds %q:\n%s", s, cm.Data["delayd.yaml"])
+		}
+	}
+	sec := find[*corev1.Secret](objs)[0]
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			env[e.Name] = e.ValueFrom.SecretKeyRef.Key
+			if e.ValueFrom.SecretKeyRef.Name != sec.Name {
+				t.Errorf("%s from secret %s, want %s", e.Name, e.ValueFrom.SecretKeyRef.Name, sec.Name)
+			}
+		}
+	}
+	for v, key := range map[string]string{"DELAYD_NATS_TOKEN": "nats-token", "DELAYD_NATS_PASSWORD": "nats-password",
+		"DELAYD_REDIS_PASSWORD": "redis-password", "DELAYD_UI_BEARER_TOKEN": "ui-bearer-token",
+		"DELAYD_UI_BASIC_AUTH_PASSWORD": "ui-basic-auth-password"} {
+		if env[v] != key {
+			t.Errorf("env %s from key %q, want %q", v, env[v], key)
+		}
+		if !strings.HasPrefix(sec.StringData[key], "s3cret") {
+			t.Errorf("Secret key %s = %q", key, sec.StringData[key])
+		}
+	}
+
+	pdb := find[*policyv1.PodDisruptionBudget](objs)[0]
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PDB maxUnavailable %v", pdb.Spec.MaxUnavailable)
+	}
+	np := find[*networkingv1.NetworkPolicy](objs)[0]
+	if len(np.Spec.Ingress) != 1 || len(np.Spec.Ingress[0].Ports) != 1 || np.Spec.Ingress[0].Ports[0].Port.String() != "admin" {
+		t.Errorf("NetworkPolicy ingress must allow the admin port only: %+v", np.Spec.Ingress)
+	}
+	svc := find[*corev1.Service](objs)[0]
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "admin" {
+		t.Errorf("Service exposes %+v, want the admin port only", svc.Spec.Ports)
+	}
+
+	// The helm test pod schedules and receives one message with the
+	// same config and secrets.
+	pod := find[*corev1.Pod](objs)[0]
+	if pod.Annotations["helm.sh/hook"] != "test" {
+		t.Error("test pod is not a helm test hook")
+	}
+	checkHardened(t, "helm test", pod.Spec.Containers[0])
+	if args := strings.Join(pod.Spec.Containers[0].Args, " "); !strings.HasPrefix(args, "bench ") || !strings.Contains(args, "--count 1") {
+		t.Errorf("helm test args: %s", args)
+	}
+
+	// The PrometheusRule carries the rules file of deploy/monitoring.
+	rule := find[*prometheusRule](objs)[0]
+	if len(rule.Spec.Groups) == 0 || len(rule.Spec.Groups[0].Rules) < 8 {
+		t.Errorf("PrometheusRule has %d groups", len(rule.Spec.Groups))
+	}
+}
+
+// TestHelmPortsFollowValues: moving http.addr moves the container port,
+// the probes (by name), the Service and nothing stays on 9479.
+func TestHelmPortsFollowValues(t *testing.T) {
+	out := template(t, chartDir, append(everything, "--set", "config.http.addr=0.0.0.0:9601")...)
+	if strings.Contains(out, "9479") {
+		t.Error("9479 is still rendered with http.addr :9601")
+	}
+	objs := decodeStrict(t, out)
+	c := find[*appsv1.Deployment](objs)[0].Spec.Template.Spec.Containers[0]
+	if c.Ports[0].ContainerPort != 9601 || c.ReadinessProbe.HTTPGet.Port.String() != "admin" {
+		t.Errorf("port %d, probe port %s", c.Ports[0].ContainerPort, c.ReadinessProbe.HTTPGet.Port.String())
+	}
+	if p := find[*corev1.Service](objs)[0].Spec.Ports[0].Port; p != 9601 {
+		t.Errorf("Service port %d", p)
+	}
+}
+
+func TestHelmExistingSecret(t *testing.T) {
+	objs := decodeStrict(t, template(t, chartDir, "--set", "existingSecret=mine", "--set", "secrets.redisPassword=ignored"))
+	if n := len(find[*corev1.Secret](objs)); n != 0 {
+		t.Errorf("%d Secrets rendered with existingSecret", n)
+	}
+	for _, e := range find[*appsv1.Deployment](objs)[0].Spec.Template.Spec.Containers[0].Env {
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name != "mine" {
+			t.Errorf("%s from %s, want existingSecret mine", e.Name, e.ValueFrom.SecretKeyRef.Name)
+		}
+	}
+}
+
+// TestHelmSidecarParent renders a parent chart that includes the sidecar
+// template, as users do, and checks the native sidecar.
+func TestHelmSidecarParent(t *testing.T) {
+	objs := decodeStrict(t, template(t, parentChart(t)))
+	var orders *appsv1.Deployment
+	for _, d := range find[*appsv1.Deployment](objs) {
+		if d.Name == "orders" {
+			orders = d
+		} else {
+			t.Errorf("sidecar mode rendered Deployment %s", d.Name)
+		}
+	}
+	if orders == nil {
+		t.Fatal("parent Deployment not rendered")
+	}
+	ps := orders.Spec.Template.Spec
+	if len(ps.InitContainers) != 1 {
+		t.Fatalf("%d init containers", len(ps.InitContainers))
+	}
+	c := ps.InitContainers[0]
+	if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("the sidecar lacks restartPolicy: Always: the pod would never start")
+	}
+	checkHardened(t, "sidecar", c)
+	// Probe coupling: a native sidecar's readiness (and startup) is part
+	// of the pod's Ready condition and gates the app's start. They must
+	// not ask /readyz, or a Redis or NATS outage would pull every
+	// application pod out of its Service.
+	for name, p := range map[string]string{"startup": probePath(c.StartupProbe), "readiness": probePath(c.ReadinessProbe),
+		"liveness": probePath(c.LivenessProbe)} {
+		if p != "/livez" {
+			t.Errorf("sidecar %s probe asks %q, want /livez", name, p)
+		}
+	}
+	if c.Ports[0].ContainerPort != 9555 {
+		t.Errorf("admin port %d, want 9555 from the parent's values", c.Ports[0].ContainerPort)
+	}
+	if !strings.HasSuffix(c.Image, ":0.1.0") {
+		t.Errorf("image %s: the tag must default to delayd's appVersion, not the parent's", c.Image)
+	}
+	vols := map[string]bool{}
+	for _, v := range ps.Volumes {
+		vols[v.Name] = true
+	}
+	mounts := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = true
+		if !vols[m.Name] {
+			t.Errorf("mount %s has no volume", m.Name)
+		}
+	}
+	if !mounts["nats-creds"] || !mounts["delayd-config"] {
+		t.Errorf("mounts %v", mounts)
+	}
+	var extra bool
+	for _, e := range c.Env {
+		extra = extra || e.Name == "DELAYD_LOG_LEVEL"
+	}
+	if !extra {
+		t.Error("extraEnv not rendered")
+	}
+	cm := find[*corev1.ConfigMap](objs)[0]
+	if strings.Contains(cm.Data["delayd.yaml"], "not-in-the-configmap") {
+		t.Error("the Redis password is in the ConfigMap")
+	}
+	if sec := find[*corev1.Secret](objs); len(sec) != 1 || sec[0].StringData["redis-password"] != "not-in-the-configmap" {
+		t.Error("the Redis password is not in the Secret")
+	}
+	if v := ps.Volumes[0].ConfigMap; v == nil || v.Name != cm.Name {
+		t.Errorf("config volume does not point at ConfigMap %s", cm.Name)
+	}
+}
+
+// TestHelmSchemaRejects: values.schema.json refuses what would render a
+// broken or unsafe release.
+func TestHelmSchemaRejects(t *testing.T) {
+	h := helm(t)
+	for _, tc := range []struct{ set, want string }{
+		{"mode=bogus", "mode"},
+		{"config.nats.token=x", "config/nats"},
+		{"config.nats.password=x", "config/nats"},
+		{"config.redis.password=x", "config/redis"},
+		{"config.ui.bearer_token=x", "config/ui"},
+		{"config.ui.basic_auth_password=x", "config/ui"},
+		{"config.http.addr=", "config/http/addr"},
+		{"secrets.redis=x", "secrets"},
+	} {
+		out, err := tryRun(h, "template", "rel", chartDir, "--kube-version", kubeVersion, "--set", tc.set)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--set %s: want a schema error naming %s, got %v\n%s", tc.set, tc.want, err, out)
+		}
+	}
+	if _, err := tryRun(h, "template", "rel", chartDir, "--kube-version", "1.28.0"); err == nil {
+		t.Error("Kubernetes 1.28 accepted: native sidecars need 1.29")
+	}
+}

@@ -1,0 +1,72 @@
+package deploy
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestSystemdUnit(t *testing.T) {
+	b, err := os.ReadFile("systemd/delayd.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := string(b)
+	for _, want := range []string{"LoadCredential=", "SystemCallErrorNumber=EPERM", "MemoryMax=", "Environment=GOMEMLIMIT=", "DynamicUser=yes"} {
+		if !strings.Contains(unit, "\n"+want) {
+			t.Errorf("unit lacks %s", want)
+		}
+	}
+	analyze := tool(t, "systemd-analyze", "apt-get install systemd")
+	// verify checks that ExecStart exists: point it at a fresh build.
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "delayd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/delayd").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	path := filepath.Join(dir, "delayd.service")
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(unit, "/usr/local/bin/delayd", bin)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := tryRun(analyze, "verify", path)
+	if err != nil || strings.Contains(out, "delayd.service") {
+		t.Errorf("systemd-analyze verify: %v %s", err, out)
+	}
+}
+
+var exactTag = regexp.MustCompile(`^[a-z0-9./-]+:[0-9]+\.[0-9]+\.[0-9]+(-[a-z0-9]+)?(@sha256:[a-f0-9]{64})?$`)
+
+func TestComposeAndImage(t *testing.T) {
+	c := docs(t, "docker-compose.yaml")[0]
+	services, _ := c["services"].(map[string]any)
+	for name, s := range services {
+		if dig(s, "healthcheck", "test") == nil {
+			t.Errorf("service %s has no healthcheck", name)
+		}
+		if img, ok := dig(s, "image").(string); ok && !exactTag.MatchString(img) {
+			t.Errorf("service %s: image %s is not an exact version", name, img)
+		}
+		ports, _ := dig(s, "ports").([]any)
+		for _, p := range ports {
+			if !strings.HasPrefix(p.(string), "127.0.0.1:") {
+				t.Errorf("service %s publishes %s beyond loopback", name, p)
+			}
+		}
+	}
+	deps, _ := dig(services["delayd"], "depends_on").(map[string]any)
+	for _, d := range []string{"redis", "nats"} {
+		if dig(deps[d], "condition") != "service_healthy" {
+			t.Errorf("delayd does not wait for %s to be healthy", d)
+		}
+	}
+	b, _ := os.ReadFile("Dockerfile")
+	if !strings.Contains(string(b), `HEALTHCHECK`) || !strings.Contains(string(b), `"healthcheck"]`) {
+		t.Error("Dockerfile has no HEALTHCHECK running delayd healthcheck")
+	}
+	if _, err := os.Stat("../.dockerignore"); err != nil {
+		t.Error("no .dockerignore")
+	}
+}
