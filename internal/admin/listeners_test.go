@@ -23,8 +23,8 @@ func secretEnvelope(t *testing.T, st *store.Store) {
 	env := envelope.Envelope{Target: "orders.cancel", Payload: []byte("card 4111111111111111"), Header: map[string][]string{
 		"Authorization": {"Bearer s3cret-token"}, "Cookie": {"session=c00kie"}, "x-api-key": {"k3y"}, "Traceparent": {"00-trace-01"},
 	}}
-	if _, err := st.Schedule(context.Background(), []store.Item{{ID: "secret", DelayMicros: 3.6e9, Data: envelope.Encode(env)}}); err != nil {
-		t.Fatal(err)
+	if _, errs := st.Schedule(context.Background(), []store.Item{{ID: "secret", DelayMicros: 3.6e9, Data: envelope.Encode(env)}}); errs[0] != nil {
+		t.Fatal(errs[0])
 	}
 }
 
