@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -580,7 +581,9 @@ func (r *mRunner) tracef(format string, a ...any) {
 // the model.
 func (r *mRunner) step(i int, o mOp) error {
 	r.fx = mEffects{deleted: map[string]bool{}, reset: map[string]bool{}, giveBack: map[string]bool{}}
-	r.tracef("%d: %v", i, o)
+	if r.tracing {
+		r.tracef("%d: %v", i, o)
+	}
 	if err := r.apply(o); err != nil {
 		return err
 	}
@@ -713,6 +716,7 @@ func (r *mRunner) claim(o mOp) error {
 			return fmt.Errorf("claim of shard %d at %d: got %d items %v (missing %d), want %v",
 				shards[i], now, len(cr.Items), claimedIDs(cr.Items), cr.Missing, want)
 		}
+		expired := 0
 		for j, c := range cr.Items {
 			e := r.m.ids[want[j]]
 			attempt, due := 1, e.score
@@ -724,6 +728,7 @@ func (r *mRunner) claim(o mOp) error {
 					shards[i], now, j, c.ID, c.Attempt, c.DueMs, c.Data, c.Token, want[j], attempt, due, e.data)
 			}
 			if e.at == mInflight {
+				expired++
 				r.seen["expired lease re-claimed"]++
 			} else if e.claimed {
 				r.seen["retried id re-claimed"]++
@@ -733,11 +738,16 @@ func (r *mRunner) claim(o mOp) error {
 			*e = mEntry{shard: e.shard, data: e.data, at: mInflight, score: now + o.lease, exact: true,
 				claimed: true, attempt: attempt, due: due, token: c.Token, err: e.err}
 		}
+		if cr.Expired != expired {
+			return fmt.Errorf("claim of shard %d: %d expired leases re-claimed, want %d", shards[i], cr.Expired, expired)
+		}
 		if nd, nl := r.m.next(shards[i], mDue), r.m.next(shards[i], mInflight); cr.NextDueMs != nd || cr.NextLeaseMs != nl {
 			return fmt.Errorf("claim of shard %d: next due %d, next lease %d, want %d, %d", shards[i], cr.NextDueMs, cr.NextLeaseMs, nd, nl)
 		}
 		r.seen["largest shard claim"] = max(r.seen["largest shard claim"], len(cr.Items))
-		r.tracef("   shard %d at %d ms: %s", shards[i], now, describeClaims(cr.Items))
+		if r.tracing {
+			r.tracef("   shard %d at %d ms: %s", shards[i], now, describeClaims(cr.Items))
+		}
 		got = append(got, cr.Items...)
 	}
 	if len(got) > 0 {
@@ -821,7 +831,7 @@ func (r *mRunner) ack(sts []Settle, retry int64) error {
 	for _, st := range sts {
 		e := r.m.ids[st.ID]
 		match := e != nil && e.token != "" && e.token == st.Token
-		if len(desc) < 8 {
+		if r.tracing && len(desc) < 8 {
 			desc = append(desc, fmt.Sprintf("%s %c %q token %s matches %v", st.ID, st.Outcome, st.Error, st.Token, match))
 		}
 		if !match {
@@ -1142,23 +1152,25 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 	var want []string
 	for sh, st := range cur {
 		names := s.keys[sh]
-		extra := func(key string, ids []string, has func(e *mEntry) bool) {
-			for _, id := range ids {
+		extra := func(key string, ids iter.Seq[string], has func(e *mEntry) bool) {
+			n := 0
+			for id := range ids {
+				n++
 				if e := m.ids[id]; e == nil || e.shard != sh || !has(e) {
 					bad("%s holds %q, the model does not", key, id)
 				}
 			}
-			if len(ids) > 0 {
+			if n > 0 {
 				want = append(want, key) // Redis drops empty keys
 			}
 		}
 		at := func(p mPlace) func(*mEntry) bool { return func(e *mEntry) bool { return e.at == p } }
-		extra(names.data, slices.Collect(maps.Keys(st.data)), func(*mEntry) bool { return true })
-		extra(names.due, slices.Collect(maps.Keys(st.due)), at(mDue))
-		extra(names.inflight, slices.Collect(maps.Keys(st.inflight)), at(mInflight))
-		extra(names.dead, slices.Collect(maps.Keys(st.dead)), at(mDead))
-		extra(names.attempts, slices.Collect(maps.Keys(st.claims)), func(e *mEntry) bool { return e.claimed })
-		extra(names.errors, slices.Collect(maps.Keys(st.errs)), func(e *mEntry) bool { return e.err != "" })
+		extra(names.data, maps.Keys(st.data), func(*mEntry) bool { return true })
+		extra(names.due, maps.Keys(st.due), at(mDue))
+		extra(names.inflight, maps.Keys(st.inflight), at(mInflight))
+		extra(names.dead, maps.Keys(st.dead), at(mDead))
+		extra(names.attempts, maps.Keys(st.claims), func(e *mEntry) bool { return e.claimed })
+		extra(names.errors, maps.Keys(st.errs), func(e *mEntry) bool { return e.err != "" })
 	}
 	slices.Sort(want)
 	if !slices.Equal(keys, want) {
