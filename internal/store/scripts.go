@@ -109,11 +109,12 @@ if bad then return redis.error_reply(bad) end
 local deadOnly = ARGV[1] == ''
 local first = 1
 if deadOnly then first = 2 end
-local out, gone = {}, {}
+local out, gone, seen = {}, {}, {}
 for i = first, #ARGV do
   local id = ARGV[i]
   local r = 0
-  if redis.call('HEXISTS', KEYS[3], id) == 1 and (not deadOnly or redis.call('ZSCORE', KEYS[5], id)) then
+  if not seen[id] and redis.call('HEXISTS', KEYS[3], id) == 1 and (not deadOnly or redis.call('ZSCORE', KEYS[5], id)) then
+    seen[id] = true
     r = 1
     if redis.call('ZSCORE', KEYS[2], id) then r = 2 end
     gone[#gone+1] = id
@@ -230,12 +231,16 @@ for i = 2, #ARGV, 4 do ids[#ids+1] = ARGV[i] end
 if #ids == 0 then return {now, 0} end
 local prevs = hmget(KEYS[4], ids)
 local settled, acked, errs, claims, again, dead = {}, {}, {}, {}, {}, {}
+-- The claims were read before any write: an id settled twice in one call
+-- must count once, as it would across two calls.
+local done = {}
 for j, id in ipairs(ids) do
   local k = 2 + (j - 1) * 4
   local prev = prevs[j]
   local attempt, due, tok = 0, '', ''
   if prev then attempt, due, tok = parseClaim(prev) end
-  if tok ~= '' and tok == ARGV[k+1] then
+  if not done[id] and tok ~= '' and tok == ARGV[k+1] then
+    done[id] = true
     local op = ARGV[k+2]
     settled[#settled+1] = id
     if op == 'a' then
@@ -278,9 +283,12 @@ var replayScript = newScript("allow-oom", `
 local bad = checkKeys()
 if bad then return redis.error_reply(bad) end
 local now = nowMs()
-local ids = {}
+local ids, seen = {}, {}
 for _, id in ipairs(ARGV) do
-  if redis.call('ZSCORE', KEYS[5], id) and redis.call('HEXISTS', KEYS[3], id) == 1 then ids[#ids+1] = id end
+  if not seen[id] and redis.call('ZSCORE', KEYS[5], id) and redis.call('HEXISTS', KEYS[3], id) == 1 then
+    seen[id] = true
+    ids[#ids+1] = id
+  end
 end
 local again = {}
 for _, id in ipairs(ids) do

@@ -336,3 +336,33 @@ func TestNoScriptReload(t *testing.T) {
 		t.Fatalf("claim after SCRIPT FLUSH: %+v", got)
 	}
 }
+
+// One Ack call that settles an id twice (or replay and purge naming an id
+// twice) counts it once and leaves the data consistent, as two calls would.
+func TestRepeatedIDsInOneCall(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	for _, pair := range [][2]Outcome{{Delivered, Retry}, {Retry, Delivered}, {Bury, Retry}, {Postpone, Postpone}} {
+		id := "x" + string(pair[0]) + string(pair[1])
+		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1, Data: enc("x")})
+		c := claimAll(t, s, time.Minute)[id]
+		n, _, err := s.Ack(ctx, map[int][]Settle{s.Shard(id): {
+			{ID: id, Token: c.Token, Outcome: pair[0]}, {ID: id, Token: c.Token, Outcome: pair[1]}}}, time.Hour)
+		if err != nil || n != 1 {
+			t.Fatalf("%c then %c: settled %d (%v), want 1", pair[0], pair[1], n, err)
+		}
+		mustBeConsistent(t, s)
+	}
+	schedule(t, s, Item{ID: "dd", Absolute: true, AtMicros: 1, Data: enc("x")})
+	c := claimAll(t, s, time.Minute)["dd"]
+	settle(t, s, c, Bury, 0)
+	if n, err := s.Replay(ctx, []string{"dd", "dd"}); err != nil || n != 1 {
+		t.Fatalf("replay of a repeated id: %d %v", n, err)
+	}
+	c = claimAll(t, s, time.Minute)["dd"]
+	settle(t, s, c, Bury, 0)
+	if n, err := s.Purge(ctx, []string{"dd", "dd"}); err != nil || n != 1 {
+		t.Fatalf("purge of a repeated id: %d %v", n, err)
+	}
+	mustBeConsistent(t, s)
+}
