@@ -71,7 +71,7 @@ func TestChaosSoak(t *testing.T) {
 	}
 
 	w := &chaosWorkload{acked: map[string]time.Time{}, unknown: map[string]bool{}, cancelled: map[string]time.Time{},
-		uncertain: map[string]bool{}, resent: map[string]bool{}}
+		uncertain: map[string]bool{}, resent: map[string]bool{}, busy: map[string]bool{}}
 	nc := e.conn()
 	defer nc.Close()
 	ctx, stop := context.WithTimeout(context.Background(), dur)
@@ -173,6 +173,7 @@ type chaosWorkload struct {
 
 	uncertain map[string]bool // a replace or cancel whose outcome is unknown
 	resent    map[string]bool // sent again after a failed request
+	busy      map[string]bool // a request for it is being sent or retried
 	lastDue   time.Time
 	replaced  int
 }
@@ -185,13 +186,19 @@ func (w *chaosWorkload) run(ctx context.Context, nc *nats.Conn, rng *rand.Rand, 
 		var victim string
 		if r := rng.IntN(10); r < 3 {
 			// A replace or cancel of an envelope due more than 2 s ahead:
-			// it cannot be in flight yet.
+			// it cannot be in flight yet. Not one with a request still
+			// being retried, nor one whose earlier request timed out (a
+			// timed-out request may still be applied later: documented).
 			for id, at := range w.acked {
-				if _, gone := w.cancelled[id]; !gone && !w.uncertain[id] && time.Until(at) > 2*time.Second {
+				if _, gone := w.cancelled[id]; !gone && !w.uncertain[id] && !w.busy[id] && !w.resent[id] &&
+					time.Until(at) > 2*time.Second {
 					victim = id
 					break
 				}
 			}
+		}
+		if victim != "" {
+			w.busy[victim] = true
 		}
 		w.n++
 		id := fmt.Sprintf("c%d-%d", worker, w.n)
@@ -204,6 +211,11 @@ func (w *chaosWorkload) run(ctx context.Context, nc *nats.Conn, rng *rand.Rand, 
 			w.schedule(ctx, nc, victim, at, true)
 		default:
 			w.schedule(ctx, nc, id, at, false)
+		}
+		if victim != "" {
+			w.mu.Lock()
+			delete(w.busy, victim)
+			w.mu.Unlock()
 		}
 	}
 }

@@ -74,7 +74,7 @@ func TestMetricsMove(t *testing.T) {
 	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "$SYS.X", "Delayd-Delay", "1s"), "x")
 	// Cancel and get are not schedule requests: they must not be counted
 	// as received (they once minted a result="404" series).
-	for _, ep := range []string{"cancel", "get"} {
+	for _, ep := range []string{"cancel", "admin.get"} {
 		if _, err := nc.RequestMsg(&nats.Msg{Subject: "delayd." + ep, Header: hdr("Delayd-Id", "no-such-id")}, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}

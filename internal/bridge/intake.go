@@ -248,6 +248,24 @@ func (in *Intake) collect(out chan<- []pending) {
 }
 
 func (in *Intake) flush(batch []pending) {
+	// A request that waited longer than the store timeout (Redis stalled
+	// and every pipeline was busy) is dropped unwritten with 503: its
+	// client has likely given up and may already have retried or
+	// cancelled, and a late write would overtake that.
+	fresh := batch[:0]
+	for _, p := range batch {
+		if time.Since(p.start) > in.opt.StoreTimeout {
+			in.count(envelope.CodeUnavailable)
+			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable: waited too long for Redis, nothing stored")
+			in.replied(p.start)
+			continue
+		}
+		fresh = append(fresh, p)
+	}
+	batch = fresh
+	if len(batch) == 0 {
+		return
+	}
 	items := make([]store.Item, len(batch))
 	for i, p := range batch {
 		items[i] = p.item
