@@ -326,3 +326,112 @@ func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A Redis that answers slower than the client's read timeout: the write
+// was sent, so the reply is 504 with the id, never 503; a retry with that
+// id replaces it, and it is delivered once.
+func TestSlowRedisReplyThroughProxy(t *testing.T) {
+	e := newEnv(t)
+	proxy := testutil.StartProxy(t, e.redis.Addr)
+	c := e.cfg()
+	c.Redis.Addrs = []string{proxy.Addr()}
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "slow.redis")
+	proxy.Set(testutil.Down, testutil.Fault{Latency: 4 * time.Second})
+	m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "100ms"), Data: []byte("x")}
+	rep, err := nc.RequestMsg(m, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := rep.Header.Get(micro.ErrorCodeHeader); code != "504" {
+		t.Fatalf("slow Redis reply: want 504, got %q %q", code, rep.Header.Get(micro.ErrorHeader))
+	}
+	var body struct{ ID string }
+	_ = json.Unmarshal(rep.Data, &body)
+	proxy.Clear()
+	scheduleServed(t, nc, hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "100ms", "Delayd-Id", body.ID))
+	got.waitCount(1, 10*time.Second)
+	time.Sleep(time.Second)
+	if n := len(got.get(body.ID)); n != 1 {
+		t.Fatalf("delivered %d times, want once", n)
+	}
+}
+
+// A Redis link cut in the middle of pipelines, over and over, while
+// schedules and deliveries flow: answers are 503 or 504, never a false
+// "stored"; everything acknowledged is delivered; the data stays consistent.
+func TestRedisLinkCutMidPipeline(t *testing.T) {
+	e := newEnv(t)
+	proxy := testutil.StartProxy(t, e.redis.Addr)
+	c := e.faultCfg()
+	c.Redis.Addrs = []string{proxy.Addr()}
+	f := e.faultRun("cut")
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	stopCuts := make(chan struct{})
+	cutsDone := make(chan int)
+	go func() {
+		cuts := 0
+		for {
+			select {
+			case <-stopCuts:
+				proxy.Clear()
+				cutsDone <- cuts
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			proxy.Set(testutil.Up, testutil.Fault{CutAfter: 200 + cuts*37%1500})
+			cuts++
+		}
+	}()
+	start := time.Now().Add(time.Second)
+	f.schedule(nc, 1500, start, 3*time.Second, time.Now().Add(20*time.Second))
+	time.Sleep(time.Until(start.Add(3 * time.Second)))
+	close(stopCuts)
+	t.Logf("%d cuts", <-cutsDone)
+	f.verify(t, 20*time.Second)
+	var out strings.Builder
+	if err := run(context.Background(), []string{"delayd", "doctor", "--redis-addrs", e.redis.Addr, "--set", "shards=8"},
+		func(string) string { return "" }, &out, &out); err != nil {
+		t.Fatalf("inconsistent after cuts: %v\n%s", err, out.String())
+	}
+}
+
+// A NATS link that takes delayd's publishes and then is cut before the
+// flush is confirmed: the message may be lost or delivered, so it is an
+// attempt; the envelope arrives, and any second copy has a higher attempt.
+func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
+	e := newEnv(t)
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	c := e.cfg()
+	c.NATS.URL = "nats://" + proxy.Addr()
+	c.Scanner.Lease = time.Second
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "cut.flush")
+	scheduleServed(t, nc, hdr("Delayd-Target", "cut.flush", "Delayd-Delay", "1s", "Delayd-Id", "cf"))
+	// Hold everything delayd sends (the publish and the flush's PING),
+	// then cut the connection with it all still held.
+	proxy.Set(testutil.Up, testutil.Fault{Stall: true})
+	time.Sleep(1800 * time.Millisecond)
+	proxy.Cut()
+	proxy.Clear()
+	if got.waitCount(1, 15*time.Second) < 1 {
+		t.Fatal("never delivered after the cut")
+	}
+	time.Sleep(time.Second)
+	seen := map[int]bool{}
+	for _, d := range got.get("cf") {
+		if seen[d.attempt] {
+			t.Fatalf("attempt %d delivered twice", d.attempt)
+		}
+		seen[d.attempt] = true
+		if d.attempt < 2 {
+			t.Errorf("the publish held at the cut counted no attempt: delivered as attempt %d", d.attempt)
+		}
+	}
+}
