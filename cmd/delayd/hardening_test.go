@@ -111,15 +111,22 @@ func TestSeveralRefusedTargetsInOneBatch(t *testing.T) {
 	}
 }
 
-// Defect 3: a flush confirmation slower than the publish deadline was taken
-// for "unreachable": the attempt was given back and the envelope went out
-// again and again as attempt 1, never dead.
-func TestSlowFlushIsAnAttempt(t *testing.T) {
+// natsBehindProxy is an env whose daemon config reaches NATS through a
+// fault proxy, with a 1 s lease.
+func natsBehindProxy(t *testing.T) (*env, *testutil.Proxy, config.Config) {
 	e := newEnv(t)
 	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
 	c := e.cfg()
 	c.NATS.URL = "nats://" + proxy.Addr()
 	c.Scanner.Lease = time.Second
+	return e, proxy, c
+}
+
+// Defect 3: a flush confirmation slower than the publish deadline was taken
+// for "unreachable": the attempt was given back and the envelope went out
+// again and again as attempt 1, never dead.
+func TestSlowFlushIsAnAttempt(t *testing.T) {
+	e, proxy, c := natsBehindProxy(t)
 	c.Scanner.MaxAttempts = 3
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
 	e.startDaemon(c)
@@ -404,11 +411,7 @@ func TestRedisLinkCutMidPipeline(t *testing.T) {
 // flush is confirmed: the message may be lost or delivered, so it is an
 // attempt; the envelope arrives, and any second copy has a higher attempt.
 func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
-	e := newEnv(t)
-	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
-	c := e.cfg()
-	c.NATS.URL = "nats://" + proxy.Addr()
-	c.Scanner.Lease = time.Second
+	e, proxy, c := natsBehindProxy(t)
 	e.startDaemon(c)
 	nc := e.conn()
 	defer nc.Close()
