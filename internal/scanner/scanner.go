@@ -486,7 +486,11 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 		}
 		settle(c, &ds[i], errs[i])
 	}
-	s.publishDead(dctx, dead)
+	// Dead letters get their own deadline: the batch's may be spent, and
+	// the envelopes are safely in the dead set whatever happens here.
+	lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease/2)
+	defer lcancel()
+	s.publishDead(lctx, dead)
 	return settles
 }
 
