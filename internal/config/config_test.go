@@ -77,3 +77,24 @@ func TestRedacted(t *testing.T) {
 		t.Fatal("Redacted must hide the password in the copy only")
 	}
 }
+
+// Limits that would let due times overflow, and the new hardening keys,
+// are checked at validation.
+func TestValidateBoundsTimeLimits(t *testing.T) {
+	c := Default()
+	c.Limits.MaxDelay = 2562047 * time.Hour
+	c.Limits.MaxPast = 200 * 365 * 24 * time.Hour
+	c.Limits.MaxPayload = -1
+	c.Scanner.CheckInterval = time.Millisecond
+	err := c.Validate()
+	for _, key := range []string{"limits.max_delay:", "limits.max_past:", "limits.max_payload:", "scanner.check_interval:"} {
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("error does not name %s: %v", key, err)
+		}
+	}
+	c = Default()
+	c.Limits.MaxPast, c.Scanner.CheckInterval = 0, 0 // no limit, check off
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -127,3 +127,28 @@ func TestValidTarget(t *testing.T) {
 		}
 	}
 }
+
+// Due times must fit Redis exactly whatever the limits: with no limit on
+// the past and a 100-year max delay, times outside 1970..2200 are 400,
+// never held for centuries or delivered at once after an overflow.
+func TestTimeBoundsWithLimitsRaised(t *testing.T) {
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	wide := lim
+	wide.MaxPast, wide.MaxDelay = 0, MaxDelayLimit
+	for _, at := range []string{"1000-01-01T00:00:00Z", "1969-12-31T23:59:59Z", "2300-01-01T00:00:00Z", "9999-12-31T23:59:59Z"} {
+		_, err := ParseSchedule(map[string][]string{"Delayd-Target": {"a.b"}, "Delayd-At": {at}}, nil, wide, pol, now)
+		if CodeOf(err) != CodeBadRequest || !strings.Contains(err.Error(), "out of range") {
+			t.Errorf("Delayd-At %s: want 400 out of range, got %v", at, err)
+		}
+	}
+	for _, d := range []string{"2562047h47m16.854775807s", "876001h"} {
+		_, err := ParseSchedule(map[string][]string{"Delayd-Target": {"a.b"}, "Delayd-Delay": {d}}, nil, wide, pol, now)
+		if CodeOf(err) != CodeBadRequest {
+			t.Errorf("Delayd-Delay %s: want 400, got %v", d, err)
+		}
+	}
+	r, err := ParseSchedule(map[string][]string{"Delayd-Target": {"a.b"}, "Delayd-At": {"1970-01-01T00:00:00Z"}}, nil, wide, pol, now)
+	if err != nil || !r.HasAt {
+		t.Fatalf("the epoch itself is in range: %v", err)
+	}
+}
