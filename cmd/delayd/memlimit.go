@@ -1,6 +1,8 @@
 package main
 
 import (
+	"math"
+
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/hashicorp/go-hclog"
 )
@@ -15,7 +17,9 @@ func setMemoryLimit(log hclog.Logger) {
 	switch {
 	case err != nil:
 		log.Debug("no memory limit from the cgroup", "error", err)
-	case limit > 0:
+	case limit > 0 && limit < math.MaxInt64:
 		log.Info("Go memory limit set from the cgroup", "GOMEMLIMIT", limit)
+	default:
+		log.Debug("the cgroup sets no memory limit; GOMEMLIMIT left unset")
 	}
 }
