@@ -23,6 +23,10 @@ var version = "0.1.0-dev"
 // stdin is where `delayd schedule` reads a payload given as "-" or omitted.
 var stdin io.Reader = os.Stdin
 
+// environ lists the process environment for the config's check of
+// DELAYD_* names (values are read through run's getenv).
+var environ = os.Environ
+
 // errUsage marks command-line mistakes, which exit with status 2.
 var errUsage = errors.New("usage")
 
@@ -185,7 +189,7 @@ func (cf *configFlags) load(getenv func(string) string) (config.Config, error) {
 	if path == "" {
 		path = getenv("DELAYD_CONFIG")
 	}
-	c, err := config.Load(path, getenv, cf.set)
+	c, err := config.Load(config.Sources{Path: path, Getenv: getenv, Environ: environ(), Flags: cf.set})
 	if err != nil {
 		return c, fmt.Errorf("invalid configuration:\n%w", err)
 	}
