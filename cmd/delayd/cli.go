@@ -36,7 +36,7 @@ var errUsage = errors.New("usage")
 // failure, but callers can tell it apart).
 var errNotFound = errors.New("not found")
 
-// io is what every command writes to and reads the environment from.
+// cliIO is what every command writes to and reads the environment from.
 type cliIO struct {
 	getenv         func(string) string
 	stdout, stderr io.Writer

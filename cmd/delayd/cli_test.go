@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -121,6 +122,16 @@ func TestCLIBehaves(t *testing.T) {
 	}
 	if _, err := cli("list", "--limit", "5000"); exitCode(err, io.Discard) != 2 {
 		t.Errorf("list --limit 5000: %v, want a usage error", err)
+	}
+	// The service refuses it too, rather than clamping it silently.
+	cl, err := bridge.Dial(e.nats.URL(), "delayd", bridge.Auth{}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var se *bridge.ServiceError
+	if _, err := cl.List(context.Background(), bridge.ListRequest{Limit: 5000}); !errors.As(err, &se) || se.Code != 400 {
+		t.Errorf("admin.list with limit 5000: %v, want a 400", err)
 	}
 }
 
