@@ -12,35 +12,51 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/urfave/cli/v3"
+
 	"github.com/delayd/delayd/internal/bench"
 	"github.com/delayd/delayd/internal/bridge"
 )
 
-func benchCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("bench", "bench [flags]", stderr)
-	cf := addConfigFlags(fs)
-	w := bench.Workload{}
-	fs.IntVar(&w.Count, "count", 20000, "envelopes to schedule")
-	fs.IntVar(&w.Concurrency, "concurrency", 64, "concurrent requesters")
-	fs.IntVar(&w.PayloadSize, "payload", 128, "payload bytes")
-	fs.DurationVar(&w.Lead, "lead", 2*time.Second, "time from start to the first due time")
-	fs.DurationVar(&w.Window, "window", 2*time.Second, "span the due times are spread over (due rate = count/window)")
-	fs.StringVar(&w.Target, "target", "delayd.bench.target", "subject to deliver to")
-	fs.DurationVar(&w.Timeout, "timeout", 10*time.Second, "per-request timeout")
-	fs.DurationVar(&w.Grace, "grace", 5*time.Second, "wait after the last due time before counting the rest as lost")
-	local := fs.Bool("local", false, "start a delayd child process against --nats-url and --redis-addrs and report its CPU and RSS")
-	embedded := fs.Bool("embedded", false, "like --local, but the child runs --embedded (in-process NATS and Redis emulation)")
-	fs.BoolVar(embedded, "embedded-redis", false, "same as --embedded")
-	baseline := fs.Bool("baseline", true, "measure the request/reply ceiling with a trivial responder first")
-	conns := fs.Int("conns", 4, "NATS connections the requesters share")
-	asJSON := fs.Bool("json", false, "print the result as JSON")
-	if err := parse(fs, args); err != nil {
-		return err
+func benchCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:  "bench",
+		Usage: "measure intake rate, lateness and loss; exit status 1 on any loss, rejection or early delivery",
+		Flags: append(configFlags(flagNATSURL, flagRedisAddrs, flagSubject),
+			&cli.IntFlag{Name: "count", Value: 20000, Usage: "envelopes to schedule"},
+			&cli.IntFlag{Name: "concurrency", Value: 64, Usage: "concurrent requesters"},
+			&cli.IntFlag{Name: "payload", Value: 128, Usage: "payload bytes"},
+			&cli.DurationFlag{Name: "lead", Value: 2 * time.Second, Usage: "time from start to the first due time"},
+			&cli.DurationFlag{Name: "window", Value: 2 * time.Second, Usage: "span the due times are spread over (due rate = count/window)"},
+			&cli.StringFlag{Name: "target", Value: "delayd.bench.target", Usage: "subject to deliver to"},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "per-request timeout"},
+			&cli.DurationFlag{Name: "grace", Value: 5 * time.Second, Usage: "wait after the last due time before counting the rest as lost"},
+			&cli.BoolFlag{Name: "local", Usage: "start a delayd child process against --nats-url and --redis-addrs and report its CPU and RSS"},
+			&cli.BoolFlag{Name: "embedded", Aliases: []string{"embedded-redis"}, Usage: "like --local, but the child runs --embedded (in-process NATS and Redis emulation)"},
+			&cli.BoolFlag{Name: "baseline", Value: true, Usage: "measure the request/reply ceiling with a trivial responder first"},
+			&cli.IntFlag{Name: "conns", Value: 4, Usage: "NATS connections the requesters share"},
+			jsonFlag("print the result as JSON")),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := noArgs(cmd); err != nil {
+				return err
+			}
+			return runBench(ctx, cmd, o)
+		},
 	}
-	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || *conns < 1 {
-		return fmt.Errorf("%w: --count, --concurrency, --conns and --window must be positive", errUsage)
+}
+
+func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
+	w := bench.Workload{
+		Count: int(cmd.Int("count")), Concurrency: int(cmd.Int("concurrency")), PayloadSize: int(cmd.Int("payload")),
+		Lead: cmd.Duration("lead"), Window: cmd.Duration("window"), Target: cmd.String("target"),
+		Timeout: cmd.Duration("timeout"), Grace: cmd.Duration("grace"),
 	}
-	c, err := cf.load(getenv)
+	local, embedded, baseline, conns, asJSON := cmd.Bool("local"), cmd.Bool("embedded"), cmd.Bool("baseline"), int(cmd.Int("conns")), cmd.Bool("json")
+	stdout, stderr := o.stdout, o.stderr
+	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || conns < 1 {
+		return usageErr(cmd, "--count, --concurrency, --conns and --window must be positive")
+	}
+	c, err := loadConfig(cmd, o.getenv)
 	if err != nil {
 		return err
 	}
@@ -50,8 +66,8 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 	}
 
 	var child *exec.Cmd
-	if *local || *embedded {
-		child, err = startChild(c.NATS.URL, c.Redis.Addrs, *embedded, stderr)
+	if local || embedded {
+		child, err = startChild(c.NATS.URL, c.Redis.Addrs, embedded, stderr)
 		if err != nil {
 			return err
 		}
@@ -63,7 +79,7 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 		}()
 	}
 
-	clients := make([]*bridge.Client, *conns)
+	clients := make([]*bridge.Client, conns)
 	for i := range clients {
 		auth, err := natsAuth(c)
 		if err != nil {
@@ -81,7 +97,7 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 	}
 
 	var base float64
-	if *baseline {
+	if baseline {
 		if base, err = bench.Baseline(ctx, clients, w); err != nil {
 			return fmt.Errorf("baseline: %w", err)
 		}
@@ -99,7 +115,7 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 			return err
 		}
 	}
-	if *asJSON {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(r); err != nil {

@@ -3,16 +3,18 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/urfave/cli/v3"
 
 	"github.com/delayd/delayd/internal/config"
 )
@@ -23,31 +25,22 @@ var version = "0.1.0-dev"
 // stdin is where `delayd schedule` reads a payload given as "-" or omitted.
 var stdin io.Reader = os.Stdin
 
+// environ lists the process environment for the config's check of
+// DELAYD_* names (values are read through run's getenv).
+var environ = os.Environ
+
 // errUsage marks command-line mistakes, which exit with status 2.
 var errUsage = errors.New("usage")
 
-const usage = `delayd — delayed delivery for NATS, backed by Redis.
+// errNotFound marks an id that is not stored (exit status 1, like any
+// failure, but callers can tell it apart).
+var errNotFound = errors.New("not found")
 
-Usage:
-  delayd [run] [flags]            run the daemon (the default command)
-  delayd schedule [flags] [PAYLOAD]
-                                  schedule a message; PAYLOAD or stdin
-  delayd cancel [flags] ID        cancel a scheduled message
-  delayd get ID                   show where a scheduled message is
-  delayd list [flags]             list scheduled (or --dead) messages, a page at a time
-  delayd stats                    pending, inflight and dead counts per shard
-  delayd dead list|replay|purge   manage envelopes whose delivery kept failing
-  delayd doctor [--repair]        check the data in Redis for consistency (reads Redis directly)
-  delayd bench [flags]            measure intake rate, lateness and loss
-  delayd config [flags]           print the effective configuration, secrets redacted
-  delayd healthcheck [flags]      exit 0 when this daemon's /readyz answers 200
-  delayd version                  print the version
-  delayd help [COMMAND]           show help
-
-Run "delayd COMMAND --help" for the flags of a command.
-Quick start without any servers installed:
-  delayd run --embedded
-`
+// cliIO is what every command writes to and reads the environment from.
+type cliIO struct {
+	getenv         func(string) string
+	stdout, stderr io.Writer
+}
 
 // run is the whole program; main only supplies the process environment.
 // Only run touches signals: SIGINT and SIGTERM cancel the context every
@@ -55,50 +48,80 @@ Quick start without any servers installed:
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	err := newApp(cliIO{getenv, stdout, stderr}).Run(ctx, args)
+	if err != nil && strings.HasPrefix(err.Error(), "No help topic") {
+		// The library's "help NAME" for an unknown NAME: a usage mistake.
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return err
+}
 
-	cmd, rest := "run", args[1:]
-	if len(rest) == 1 && (rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help") {
-		fmt.Fprint(stdout, usage)
-		return nil
+// newApp builds the command tree. Each command declares only the flags it
+// uses, so a client command never lists daemon-only flags; flags may
+// follow positional arguments ("delayd get ID --json").
+func newApp(o cliIO) *cli.Command {
+	app := &cli.Command{
+		Name:  "delayd",
+		Usage: "delayed delivery for NATS, backed by Redis",
+		Description: "Without a command, delayd runs the daemon (delayd run).\n" +
+			"Quick start without any servers installed: delayd run --embedded\n" +
+			"Exit status: 0 ok, 1 failed or not found, 2 usage.",
+		DefaultCommand:        "run",
+		EnableShellCompletion: true,
+		ConfigureShellCompletionCommand: func(c *cli.Command) {
+			c.Hidden = false
+			c.Usage = "print a shell completion script: delayd completion bash|zsh|fish|pwsh"
+		},
+		Writer:    o.stdout,
+		ErrWriter: o.stderr,
+		// Errors are returned to main, which prints them and picks the
+		// exit status; the library must never exit the process itself.
+		ExitErrHandler: func(context.Context, *cli.Command, error) {},
+		Commands: []*cli.Command{
+			runCommand(o), scheduleCommand(o), cancelCommand(o), getCommand(o), listCommand(o),
+			statsCommand(o), deadCommand(o), doctorCommand(o), benchCommand(o), configCommand(o),
+			healthcheckCommand(o),
+			{
+				Name:  "version",
+				Usage: "print the version",
+				Action: func(_ context.Context, cmd *cli.Command) error {
+					if cmd.Args().Present() {
+						return usageErr(cmd, "unexpected argument %q", cmd.Args().First())
+					}
+					fmt.Fprintln(o.stdout, "delayd", buildVersion())
+					return nil
+				},
+			},
+		},
 	}
-	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		cmd, rest = rest[0], rest[1:]
+	strict(app)
+	return app
+}
+
+// strict applies the settings every command shares: usage mistakes are
+// errUsage (exit 2), and list flags are not split at commas (--set
+// redis.addrs=a:1,b:2 is one value).
+func strict(c *cli.Command) {
+	c.OnUsageError = func(_ context.Context, cmd *cli.Command, err error, _ bool) error {
+		return usageErr(cmd, "%v", err)
 	}
-	switch cmd {
-	case "run":
-		return runCmd(ctx, rest, getenv, stdout, stderr)
-	case "schedule":
-		return scheduleCmd(ctx, rest, getenv, stdout, stderr)
-	case "cancel":
-		return cancelCmd(ctx, rest, getenv, stdout, stderr)
-	case "get":
-		return getCmd(ctx, rest, getenv, stdout, stderr)
-	case "list":
-		return listCmd(ctx, rest, getenv, stdout, stderr)
-	case "stats":
-		return statsCmd(ctx, rest, getenv, stdout, stderr)
-	case "dead":
-		return deadCmd(ctx, rest, getenv, stdout, stderr)
-	case "bench":
-		return benchCmd(ctx, rest, getenv, stdout, stderr)
-	case "doctor":
-		return doctorCmd(ctx, rest, getenv, stdout, stderr)
-	case "config":
-		return configCmd(ctx, rest, getenv, stdout, stderr)
-	case "healthcheck":
-		return healthcheckCmd(ctx, rest, getenv, stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "delayd", buildVersion())
-		return nil
-	case "help":
-		if len(rest) > 0 {
-			return run(ctx, []string{args[0], rest[0], "--help"}, getenv, stdout, stderr)
-		}
-		fmt.Fprint(stdout, usage)
-		return nil
+	c.DisableSliceFlagSeparator = true
+	for _, sub := range c.Commands {
+		strict(sub)
 	}
-	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}
+
+// usageErr is a command-line mistake, pointing at the command's help.
+func usageErr(cmd *cli.Command, format string, args ...any) error {
+	return fmt.Errorf("%w: %s (see %s --help)", errUsage, fmt.Sprintf(format, args...), cmd.FullName())
+}
+
+// noArgs refuses positional arguments.
+func noArgs(cmd *cli.Command) error {
+	if cmd.Args().Present() {
+		return usageErr(cmd, "unexpected argument %q", cmd.Args().First())
+	}
+	return nil
 }
 
 func buildVersion() string {
@@ -112,10 +135,10 @@ func buildVersion() string {
 }
 
 // exitCode prints err and maps it to a process status: 0 ok, 2 usage,
-// 1 anything else.
+// 1 anything else (a failure, or an id that is not stored).
 func exitCode(err error, stderr io.Writer) int {
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil:
 		return 0
 	case errors.Is(err, errUsage):
 		fmt.Fprintln(stderr, "delayd:", err)
@@ -125,67 +148,79 @@ func exitCode(err error, stderr io.Writer) int {
 	return 1
 }
 
-// newFlags returns a flag set that prints its help to stderr and reports
-// errors instead of exiting.
-func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: delayd %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
+// Config flags: each sets one config key, overriding the file and the
+// environment only when given. A command takes the ones it uses.
+const (
+	flagNATSURL    = "nats-url"
+	flagRedisAddrs = "redis-addrs"
+	flagLogLevel   = "log-level"
+	flagSubject    = "subject"
+	flagEmbedded   = "embedded"
+	flagLogJSON    = "log-json"
+)
+
+var configFlagKeys = map[string]string{
+	flagNATSURL: "nats.url", flagRedisAddrs: "redis.addrs", flagLogLevel: "log.level", flagSubject: "subject",
+	flagEmbedded: "embedded", flagLogJSON: "log.json",
+}
+
+// configFlags returns --config, --set and the named config flags.
+func configFlags(names ...string) []cli.Flag {
+	fs := []cli.Flag{
+		&cli.StringFlag{Name: "config", TakesFile: true, Usage: "YAML config file (env DELAYD_CONFIG)"},
+		&cli.StringSliceFlag{Name: "set", Usage: "set any config key, e.g. --set scanner.lease=5s (repeatable)"},
+	}
+	for _, n := range names {
+		key := configFlagKeys[n]
+		usage := fmt.Sprintf("sets %s (env %s)", key, config.EnvName(key))
+		switch n {
+		case flagEmbedded:
+			fs = append(fs, &cli.BoolFlag{Name: n, Usage: "start an in-process NATS server and Redis emulation (nothing durable); " + usage})
+		case flagLogJSON:
+			fs = append(fs, &cli.BoolFlag{Name: n, Usage: "log as JSON lines; " + usage})
+		default:
+			fs = append(fs, &cli.StringFlag{Name: n, Usage: usage})
+		}
 	}
 	return fs
 }
 
-// parse parses flags and wraps mistakes as usage errors.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+// connFlags are the flags of a command that talks to the service over
+// NATS: where and how to connect, and how long to wait.
+func connFlags(timeout time.Duration) []cli.Flag {
+	return append(configFlags(flagNATSURL, flagSubject),
+		&cli.DurationFlag{Name: "timeout", Value: timeout, Usage: "how long to wait for the reply"})
+}
+
+func jsonFlag(usage string) cli.Flag { return &cli.BoolFlag{Name: "json", Usage: usage} }
+
+// loadConfig layers the config file, the environment and the config flags
+// the command was given.
+func loadConfig(cmd *cli.Command, getenv func(string) string) (config.Config, error) {
+	set := map[string]string{}
+	for flag, key := range configFlagKeys {
+		if !cmd.IsSet(flag) {
+			continue
 		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+		switch flag {
+		case flagEmbedded, flagLogJSON:
+			set[key] = strconv.FormatBool(cmd.Bool(flag))
+		default:
+			set[key] = cmd.String(flag)
+		}
 	}
-	return nil
-}
-
-// configFlags are the flags every command shares; each maps to a config key
-// and only the ones given override the file and environment.
-type configFlags struct {
-	path string
-	set  map[string]string
-}
-
-func addConfigFlags(fs *flag.FlagSet) *configFlags {
-	cf := &configFlags{set: map[string]string{}}
-	fs.StringVar(&cf.path, "config", "", "YAML config file (env DELAYD_CONFIG)")
-	for flagName, key := range map[string]string{
-		"nats-url":    "nats.url",
-		"redis-addrs": "redis.addrs",
-		"log-level":   "log.level",
-		"subject":     "subject",
-	} {
-		fs.Func(flagName, fmt.Sprintf("sets %s (env %s)", key, config.EnvName(key)), func(v string) error {
-			cf.set[key] = v
-			return nil
-		})
-	}
-	fs.Func("set", "sets any config key: --set scanner.lease=5s (repeatable)", func(v string) error {
-		k, val, ok := strings.Cut(v, "=")
+	for _, kv := range cmd.StringSlice("set") {
+		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return fmt.Errorf("want key=value, got %q", v)
+			return config.Config{}, usageErr(cmd, "--set wants key=value, got %q", kv)
 		}
-		cf.set[k] = val
-		return nil
-	})
-	return cf
-}
-
-func (cf *configFlags) load(getenv func(string) string) (config.Config, error) {
-	path := cf.path
+		set[k] = v
+	}
+	path := cmd.String("config")
 	if path == "" {
 		path = getenv("DELAYD_CONFIG")
 	}
-	c, err := config.Load(path, getenv, cf.set)
+	c, err := config.Load(config.Sources{Path: path, Getenv: getenv, Environ: environ(), Flags: set})
 	if err != nil {
 		return c, fmt.Errorf("invalid configuration:\n%w", err)
 	}

@@ -8,87 +8,111 @@ import (
 	"strings"
 	"time"
 
+	"github.com/urfave/cli/v3"
+
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/config"
 )
 
-// headerFlags collects repeated -H Key:Value flags.
-type headerFlags map[string][]string
-
-func (h headerFlags) String() string { return "" }
-func (h headerFlags) Set(v string) error {
-	k, val, ok := strings.Cut(v, ":")
-	if !ok || strings.TrimSpace(k) == "" {
-		return fmt.Errorf("want Key:Value, got %q", v)
+// parseHeaders turns repeated -H Key:Value flags into a header.
+func parseHeaders(cmd *cli.Command, vs []string) (map[string][]string, error) {
+	h := map[string][]string{}
+	for _, v := range vs {
+		k, val, ok := strings.Cut(v, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, usageErr(cmd, "-H wants Key:Value, got %q", v)
+		}
+		k = strings.TrimSpace(k)
+		h[k] = append(h[k], strings.TrimSpace(val))
 	}
-	k = strings.TrimSpace(k)
-	h[k] = append(h[k], strings.TrimSpace(val))
-	return nil
+	return h, nil
 }
 
-func scheduleCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("schedule", "schedule --target SUBJ (--delay D | --at T) [--id ID] [-H K:V]... [PAYLOAD|-]", stderr)
-	cf := addConfigFlags(fs)
-	var r bridge.ScheduleRequest
-	hdr := headerFlags{}
-	fs.StringVar(&r.Target, "target", "", "subject to deliver to (required)")
-	fs.StringVar(&r.Delay, "delay", "", "deliver after this Go duration, e.g. 30m or 1500ms")
-	fs.StringVar(&r.At, "at", "", "deliver at this RFC 3339 time, e.g. 2026-11-30T10:00:00.250Z")
-	fs.StringVar(&r.ID, "id", "", "idempotency key; the same id again replaces the message")
-	fs.Var(hdr, "H", "header Key:Value to deliver with the payload (repeatable)")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the reply")
-	if err := parse(fs, args); err != nil {
-		return err
+func scheduleCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:      "schedule",
+		Usage:     "schedule a message; the payload is PAYLOAD, or stdin when omitted or -",
+		ArgsUsage: "[PAYLOAD|-]",
+		Flags: append(connFlags(5*time.Second),
+			&cli.StringFlag{Name: "target", Usage: "subject to deliver to (required)"},
+			&cli.StringFlag{Name: "delay", Usage: "deliver after this Go duration, e.g. 30m or 1500ms"},
+			&cli.StringFlag{Name: "at", Usage: "deliver at this RFC 3339 time, e.g. 2026-11-30T10:00:00.250Z"},
+			&cli.StringFlag{Name: "id", Usage: "idempotency key; the same id again replaces the message"},
+			&cli.StringSliceFlag{Name: "H", Usage: "header Key:Value to deliver with the payload (repeatable)"},
+		),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			r := bridge.ScheduleRequest{Target: cmd.String("target"), Delay: cmd.String("delay"), At: cmd.String("at"), ID: cmd.String("id")}
+			if r.Target == "" || (r.Delay == "") == (r.At == "") {
+				return usageErr(cmd, "--target and exactly one of --delay and --at are required")
+			}
+			var err error
+			if r.Header, err = parseHeaders(cmd, cmd.StringSlice("H")); err != nil {
+				return err
+			}
+			switch args := cmd.Args(); {
+			case args.Len() > 1:
+				return usageErr(cmd, "one payload argument at most (quote it)")
+			case args.Len() == 1 && args.First() != "-":
+				r.Payload = []byte(args.First())
+			default:
+				b, err := io.ReadAll(stdin)
+				if err != nil {
+					return fmt.Errorf("read payload from stdin: %w", err)
+				}
+				r.Payload = b
+			}
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
+				reply, err := c.Schedule(ctx, r)
+				if err != nil {
+					return err
+				}
+				return printJSON(o.stdout, reply)
+			})
+		},
 	}
-	if r.Target == "" || (r.Delay == "") == (r.At == "") {
-		fs.Usage()
-		return fmt.Errorf("%w: --target and exactly one of --delay and --at are required", errUsage)
-	}
-	switch {
-	case fs.NArg() > 1:
-		return fmt.Errorf("%w: one payload argument at most (quote it)", errUsage)
-	case fs.NArg() == 1 && fs.Arg(0) != "-":
-		r.Payload = []byte(fs.Arg(0))
-	default:
-		b, err := io.ReadAll(stdin)
-		if err != nil {
-			return fmt.Errorf("read payload from stdin: %w", err)
-		}
-		r.Payload = b
-	}
-	r.Header = hdr
-	return withClient(ctx, cf, getenv, *timeout, func(ctx context.Context, c *bridge.Client) error {
-		reply, err := c.Schedule(ctx, r)
-		if err != nil {
-			return err
-		}
-		return printJSON(stdout, reply)
-	})
 }
 
-func cancelCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("cancel", "cancel [flags] ID", stderr)
-	cf := addConfigFlags(fs)
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the reply")
-	if err := parse(fs, args); err != nil {
-		return err
+func cancelCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:      "cancel",
+		Usage:     "cancel a scheduled message; exit status 1 when no message has the id",
+		ArgsUsage: "ID",
+		Flags:     connFlags(5 * time.Second),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			id, err := oneID(cmd)
+			if err != nil {
+				return err
+			}
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
+				reply, err := c.Cancel(ctx, id)
+				if err != nil {
+					return err
+				}
+				if err := printJSON(o.stdout, reply); err != nil {
+					return err
+				}
+				if !reply.Cancelled {
+					// Like get: a missing id is a failure for a script.
+					return fmt.Errorf("cancel: no envelope with id %q (%w)", id, errNotFound)
+				}
+				return nil
+			})
+		},
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("%w: cancel takes exactly one ID", errUsage)
-	}
-	return withClient(ctx, cf, getenv, *timeout, func(ctx context.Context, c *bridge.Client) error {
-		reply, err := c.Cancel(ctx, fs.Arg(0))
-		if err != nil {
-			return err
-		}
-		return printJSON(stdout, reply)
-	})
 }
 
-// withClient runs f with a client connected per the config layers.
-func withClient(ctx context.Context, cf *configFlags, getenv func(string) string, timeout time.Duration, f func(context.Context, *bridge.Client) error) error {
-	c, err := cf.load(getenv)
+// oneID returns the single ID argument of a command.
+func oneID(cmd *cli.Command) (string, error) {
+	if cmd.Args().Len() != 1 {
+		return "", usageErr(cmd, "%s takes exactly one ID", cmd.Name)
+	}
+	return cmd.Args().First(), nil
+}
+
+// withClient runs f with a client connected per the config layers, under
+// the command's --timeout.
+func withClient(ctx context.Context, cmd *cli.Command, getenv func(string) string, f func(context.Context, *bridge.Client) error) error {
+	c, err := loadConfig(cmd, getenv)
 	if err != nil {
 		return err
 	}
@@ -96,6 +120,7 @@ func withClient(ctx context.Context, cf *configFlags, getenv func(string) string
 	if err != nil {
 		return err
 	}
+	timeout := cmd.Duration("timeout")
 	cl, err := bridge.Dial(c.NATS.URL, c.Subject, auth, timeout)
 	if err != nil {
 		return fmt.Errorf("%w (set --nats-url or %s)", err, config.EnvName("nats.url"))

@@ -2,29 +2,32 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
+
+	"github.com/urfave/cli/v3"
 )
 
-// configCmd prints the effective configuration after every layer, with
-// passwords, tokens and URL credentials redacted, so it is safe to paste.
-func configCmd(_ context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("config", "config [flags]", stderr)
-	cf := addConfigFlags(fs)
-	if err := parse(fs, args); err != nil {
-		return err
+// configCommand prints the effective configuration after every layer,
+// with passwords, tokens and URL credentials redacted, so it is safe to
+// paste; the output loads again as a config file.
+func configCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:  "config",
+		Usage: "print the effective configuration, secrets redacted",
+		Flags: configFlags(flagNATSURL, flagRedisAddrs, flagSubject, flagLogLevel, flagEmbedded, flagLogJSON),
+		Action: func(_ context.Context, cmd *cli.Command) error {
+			if err := noArgs(cmd); err != nil {
+				return err
+			}
+			c, err := loadConfig(cmd, o.getenv)
+			if err != nil {
+				return err
+			}
+			b, err := c.YAML()
+			if err != nil {
+				return err
+			}
+			_, err = o.stdout.Write(b)
+			return err
+		},
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
-	}
-	c, err := cf.load(getenv)
-	if err != nil {
-		return err
-	}
-	b, err := c.YAML()
-	if err != nil {
-		return err
-	}
-	_, err = stdout.Write(b)
-	return err
 }

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"runtime/pprof"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nuid"
+	"github.com/urfave/cli/v3"
 
 	"github.com/delayd/delayd/internal/admin"
 	"github.com/delayd/delayd/internal/bridge"
@@ -20,40 +20,35 @@ import (
 	"github.com/delayd/delayd/internal/store"
 )
 
-func runCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("run", "run [flags]", stderr)
-	cf := addConfigFlags(fs)
-	fs.BoolFunc("embedded", "start an in-process NATS server and Redis emulation (nothing durable)", func(v string) error {
-		cf.set["embedded"] = v
-		return nil
-	})
-	fs.BoolFunc("log-json", "log as JSON lines", func(v string) error {
-		cf.set["log.json"] = v
-		return nil
-	})
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile to this file until shutdown")
-	if err := parse(fs, args); err != nil {
-		return err
+func runCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:  "run",
+		Usage: "run the daemon (the default command)",
+		Flags: append(configFlags(flagNATSURL, flagRedisAddrs, flagSubject, flagLogLevel, flagEmbedded, flagLogJSON),
+			&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile to this file until shutdown", TakesFile: true}),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if cmd.Args().Present() {
+				// "delayd bogus" lands here too, as run is the default.
+				return usageErr(cmd.Root(), "unknown command or argument %q", cmd.Args().First())
+			}
+			if p := cmd.String("cpuprofile"); p != "" {
+				f, err := os.Create(p)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
+			c, err := loadConfig(cmd, o.getenv)
+			if err != nil {
+				return err
+			}
+			return daemon(ctx, c, newLogger(c, o.stderr))
+		},
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
-	}
-	c, err := cf.load(getenv)
-	if err != nil {
-		return err
-	}
-	return daemon(ctx, c, newLogger(c, stderr))
 }
 
 // daemon runs delayd until ctx is cancelled, then shuts down in order:

@@ -7,6 +7,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/urfave/cli/v3"
+
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -23,19 +25,26 @@ type doctorReport struct {
 // every stored envelope indexed exactly once (due, inflight or dead), no
 // index entry without data. Read-only unless --repair. Safe while daemons
 // deliver: every page is checked atomically.
-func doctorCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("doctor", "doctor [--repair] [flags]", stderr)
-	cf := addConfigFlags(fs)
-	repair := fs.Bool("repair", false, "fix what is found: unindexed data becomes due now, an id in several indexes keeps one, entries without data are dropped")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	pause := fs.Duration("pause", 0, "wait between pages of 200 entries, to go easy on a busy Redis")
-	if err := parse(fs, args); err != nil {
-		return err
+func doctorCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:  "doctor",
+		Usage: "check the data in Redis for consistency (reads Redis directly, not through the daemon)",
+		Flags: append(configFlags(flagRedisAddrs),
+			&cli.BoolFlag{Name: "repair", Usage: "fix what is found: unindexed data becomes due now, an id in several indexes keeps one, entries without data are dropped"},
+			jsonFlag("print the report as JSON"),
+			&cli.DurationFlag{Name: "pause", Usage: "wait between pages of 200 entries, to go easy on a busy Redis"}),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := noArgs(cmd); err != nil {
+				return err
+			}
+			return doctor(ctx, cmd, o)
+		},
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
-	}
-	c, err := cf.load(getenv)
+}
+
+func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
+	repair, asJSON, pause, stdout := cmd.Bool("repair"), cmd.Bool("json"), cmd.Duration("pause"), o.stdout
+	c, err := loadConfig(cmd, o.getenv)
 	if err != nil {
 		return err
 	}
@@ -46,14 +55,14 @@ func doctorCmd(ctx context.Context, args []string, getenv func(string) string, s
 	rdb := store.NewClient(ropts)
 	st := store.New(rdb, c.Namespace, c.Shards)
 	defer st.Close()
-	rep := doctorReport{Shards: c.Shards, Found: map[string]int{}, ByShard: map[int]map[string]int{}, Repaired: *repair}
+	rep := doctorReport{Shards: c.Shards, Found: map[string]int{}, ByShard: map[int]map[string]int{}, Repaired: repair}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	if p, err := store.ReadPersistence(pctx, rdb); err == nil {
 		rep.Persistence = &p
 	}
 	cancel()
 	for sh := range c.Shards {
-		found, err := st.Check(ctx, sh, store.CheckOptions{Repair: *repair, Pause: *pause})
+		found, err := st.Check(ctx, sh, store.CheckOptions{Repair: repair, Pause: pause})
 		if err != nil {
 			return err
 		}
@@ -64,7 +73,7 @@ func doctorCmd(ctx context.Context, args []string, getenv func(string) string, s
 			rep.Found[k] += n
 		}
 	}
-	if *asJSON {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
@@ -73,7 +82,7 @@ func doctorCmd(ctx context.Context, args []string, getenv func(string) string, s
 	} else {
 		printDoctor(stdout, rep)
 	}
-	if len(rep.Found) > 0 && !*repair {
+	if len(rep.Found) > 0 && !repair {
 		return fmt.Errorf("%d kinds of inconsistency found; run delayd doctor --repair", len(rep.Found))
 	}
 	return nil

@@ -7,36 +7,45 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/urfave/cli/v3"
 )
 
 // healthcheckCmd exits 0 when this host's daemon answers /readyz with 200.
 // It exists for the image's HEALTHCHECK: the distroless image has no
 // shell or curl. The address comes from http.addr (config, env, --set) or
 // --addr.
-func healthcheckCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("healthcheck", "healthcheck [--addr HOST:PORT] [--path /readyz]", stderr)
-	cf := addConfigFlags(fs)
-	addr := fs.String("addr", "", "admin address to check (default: http.addr)")
-	path := fs.String("path", "/readyz", "path that must answer 200 (/livez checks only that the process runs)")
-	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for the answer")
-	if err := parse(fs, args); err != nil {
-		return err
+func healthcheckCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:  "healthcheck",
+		Usage: "exit 0 when this host's daemon answers /readyz with 200 (for the image's HEALTHCHECK)",
+		Flags: append(configFlags(),
+			&cli.StringFlag{Name: "addr", Usage: "admin address to check (default: http.addr)"},
+			&cli.StringFlag{Name: "path", Value: "/readyz", Usage: "path that must answer 200 (/livez checks only that the process runs)"},
+			&cli.DurationFlag{Name: "timeout", Value: 3 * time.Second, Usage: "how long to wait for the answer"}),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := noArgs(cmd); err != nil {
+				return err
+			}
+			return healthcheck(ctx, cmd, o)
+		},
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
-	}
-	if *addr == "" {
-		c, err := cf.load(getenv)
+}
+
+func healthcheck(ctx context.Context, cmd *cli.Command, o cliIO) error {
+	addr, path, timeout, stdout := cmd.String("addr"), cmd.String("path"), cmd.Duration("timeout"), o.stdout
+	if addr == "" {
+		c, err := loadConfig(cmd, o.getenv)
 		if err != nil {
 			return err
 		}
 		if c.HTTP.Addr == "" {
 			return fmt.Errorf("healthcheck: http.addr is empty, the admin server is off")
 		}
-		*addr = c.HTTP.Addr
+		addr = c.HTTP.Addr
 	}
-	url := "http://" + dialable(*addr) + *path
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	url := "http://" + dialable(addr) + path
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {

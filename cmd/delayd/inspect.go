@@ -8,37 +8,43 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/urfave/cli/v3"
+
 	"github.com/delayd/delayd/internal/bridge"
 )
 
-func getCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("get", "get [flags] ID", stderr)
-	cf := addConfigFlags(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the reply")
-	if err := parse(fs, args); err != nil {
-		return err
+// maxListLimit is the largest page the service returns.
+const maxListLimit = 1000
+
+func getCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:      "get",
+		Usage:     "show where a scheduled message is; exit status 1 when no message has the id",
+		ArgsUsage: "ID",
+		Flags:     append(connFlags(5*time.Second), jsonFlag("print JSON")),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			id, err := oneID(cmd)
+			if err != nil {
+				return err
+			}
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
+				e, err := c.Get(ctx, id)
+				if err != nil {
+					return err
+				}
+				if cmd.Bool("json") {
+					return printJSON(o.stdout, e)
+				}
+				tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintf(tw, "id\t%s\nstate\t%s\n%s\t%s\ntarget\t%s\nsize\t%d bytes\nattempts\t%d\nshard\t%d\n",
+					e.ID, e.State, dueLabel(e.State), fixedTime(e.Due), e.Target, e.Size, e.Attempts, e.Shard)
+				for k, vs := range e.Header {
+					fmt.Fprintf(tw, "header\t%s: %s\n", k, strings.Join(vs, ", "))
+				}
+				return tw.Flush()
+			})
+		},
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("%w: get takes exactly one ID", errUsage)
-	}
-	return withClient(ctx, cf, getenv, *timeout, func(ctx context.Context, c *bridge.Client) error {
-		e, err := c.Get(ctx, fs.Arg(0))
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return printJSON(stdout, e)
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "id\t%s\nstate\t%s\n%s\t%s\ntarget\t%s\nsize\t%d bytes\nattempts\t%d\nshard\t%d\n",
-			e.ID, e.State, dueLabel(e.State), e.Due, e.Target, e.Size, e.Attempts, e.Shard)
-		for k, vs := range e.Header {
-			fmt.Fprintf(tw, "header\t%s: %s\n", k, strings.Join(vs, ", "))
-		}
-		return tw.Flush()
-	})
 }
 
 func dueLabel(state string) string {
@@ -51,79 +57,108 @@ func dueLabel(state string) string {
 	return "due"
 }
 
-func listCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("list", "list [--target PATTERN] [--due-before T] [--limit N] [--cursor C] [--dead]", stderr)
-	cf := addConfigFlags(fs)
-	var r bridge.ListRequest
-	fs.StringVar(&r.Target, "target", "", "only targets matching this subject pattern (filters each page)")
-	fs.StringVar(&r.DueBefore, "due-before", "", "only envelopes due before this RFC 3339 time")
-	fs.IntVar(&r.Limit, "limit", 100, "envelopes per page (at most 1000)")
-	fs.StringVar(&r.Cursor, "cursor", "", "continue from the cursor a previous page printed")
-	fs.BoolVar(&r.Dead, "dead", false, "list the dead set instead of pending envelopes")
-	asJSON := fs.Bool("json", false, "print JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the reply")
-	if err := parse(fs, args); err != nil {
-		return err
+// fixedTime rewrites an RFC 3339 time with exactly three fraction digits
+// in UTC, so that times line up in columns (the service drops trailing
+// zeros). Anything unparsable is returned as it is.
+func fixedTime(s string) string {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return s
 	}
-	return showPage(ctx, cf, getenv, *timeout, r, *asJSON, stdout)
+	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
+func listFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "limit", Value: 100, Usage: fmt.Sprintf("envelopes per page, 1..%d", maxListLimit)},
+		&cli.StringFlag{Name: "cursor", Usage: "continue from the cursor a previous page printed"},
+		jsonFlag("print JSON"),
+	}
+}
+
+func listCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:  "list",
+		Usage: "list scheduled (or --dead) messages in due order, a page at a time",
+		Flags: append(append(connFlags(5*time.Second), listFlags()...),
+			&cli.StringFlag{Name: "target", Usage: "only targets matching this subject pattern (filters each page)"},
+			&cli.StringFlag{Name: "due-before", Usage: "only envelopes due before this RFC 3339 time"},
+			&cli.BoolFlag{Name: "dead", Usage: "list the dead set instead of pending envelopes"},
+		),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := noArgs(cmd); err != nil {
+				return err
+			}
+			r := bridge.ListRequest{Target: cmd.String("target"), DueBefore: cmd.String("due-before"), Dead: cmd.Bool("dead")}
+			return showPage(ctx, cmd, o, r)
+		},
+	}
 }
 
 // showPage fetches one page of pending or dead envelopes and prints it as
-// JSON or as a table, with the cursor of the next page.
-func showPage(ctx context.Context, cf *configFlags, getenv func(string) string, timeout time.Duration, r bridge.ListRequest, asJSON bool, stdout io.Writer) error {
-	return withClient(ctx, cf, getenv, timeout, func(ctx context.Context, c *bridge.Client) error {
+// JSON or as a table, with the cursor of the next page if there is one.
+func showPage(ctx context.Context, cmd *cli.Command, o cliIO, r bridge.ListRequest) error {
+	r.Limit, r.Cursor = int(cmd.Int("limit")), cmd.String("cursor")
+	if r.Limit < 1 || r.Limit > maxListLimit {
+		return usageErr(cmd, "--limit must be 1..%d, got %d", maxListLimit, r.Limit)
+	}
+	return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
 		page, err := c.List(ctx, r)
 		if err != nil {
 			return err
 		}
-		if asJSON {
-			return printJSON(stdout, page)
+		if cmd.Bool("json") {
+			return printJSON(o.stdout, page)
 		}
 		if r.Dead {
-			return printPage(stdout, page, "ID\tDIED\tTARGET\tATTEMPTS\tERROR", func(e bridge.EntryInfo) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%d\t%s", e.ID, e.Due, e.Target, e.Attempts, e.Error)
+			return printPage(o.stdout, page, "ID\tDIED\tTARGET\tATTEMPTS\tERROR", func(e bridge.EntryInfo) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%d\t%s", e.ID, fixedTime(e.Due), e.Target, e.Attempts, e.Error)
 			})
 		}
-		return printPage(stdout, page, "ID\tDUE\tTARGET\tSIZE\tATTEMPTS\tSHARD", func(e bridge.EntryInfo) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%d", e.ID, e.Due, e.Target, e.Size, e.Attempts, e.Shard)
+		return printPage(o.stdout, page, "ID\tDUE\tTARGET\tSIZE\tATTEMPTS\tSHARD", func(e bridge.EntryInfo) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%d", e.ID, fixedTime(e.Due), e.Target, e.Size, e.Attempts, e.Shard)
 		})
 	})
 }
 
-func statsCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := newFlags("stats", "stats [flags]", stderr)
-	cf := addConfigFlags(fs)
-	asJSON := fs.Bool("json", false, "print JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the reply")
-	if err := parse(fs, args); err != nil {
-		return err
+func statsCommand(o cliIO) *cli.Command {
+	return &cli.Command{
+		Name:  "stats",
+		Usage: "pending, inflight and dead counts per shard",
+		Flags: append(connFlags(5*time.Second), jsonFlag("print JSON")),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := noArgs(cmd); err != nil {
+				return err
+			}
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
+				st, err := c.Stats(ctx)
+				if err != nil {
+					return err
+				}
+				if cmd.Bool("json") {
+					return printJSON(o.stdout, st)
+				}
+				tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+				fmt.Fprintln(tw, "SHARD\tPENDING\tINFLIGHT\tDEAD\tNEXT DUE\t")
+				for _, s := range st.Shards {
+					fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t\n", s.Shard, s.Pending, s.Inflight, s.Dead, orDash(s.NextDue))
+				}
+				fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%s\t\n", st.Pending, st.Inflight, st.Dead, orDash(st.NextDue))
+				return tw.Flush()
+			})
+		},
 	}
-	return withClient(ctx, cf, getenv, *timeout, func(ctx context.Context, c *bridge.Client) error {
-		st, err := c.Stats(ctx)
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			return printJSON(stdout, st)
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "SHARD\tPENDING\tINFLIGHT\tDEAD\tNEXT DUE\t")
-		for _, s := range st.Shards {
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t\n", s.Shard, s.Pending, s.Inflight, s.Dead, orDash(s.NextDue))
-		}
-		fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%s\t\n", st.Pending, st.Inflight, st.Dead, orDash(st.NextDue))
-		return tw.Flush()
-	})
 }
 
 func orDash(s string) string {
 	if s == "" {
 		return "-"
 	}
-	return s
+	return fixedTime(s)
 }
 
-// printPage prints one page of entries as a table, then how to get the next.
+// printPage prints one page of entries as a table, then how to get the
+// next; the last page has no next.
 func printPage(w io.Writer, page bridge.ListReply, header string, row func(bridge.EntryInfo) string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, header)

@@ -309,6 +309,12 @@ func (u *UI) list(w http.ResponseWriter, r *http.Request) {
 			*dst = t.UnixMilli()
 		}
 	}
+	if after > 0 && q.Get("cursor") == "" {
+		// Pages are in due order: start right before due_after instead
+		// of filtering pages of earlier envelopes away. No valid UTF-8
+		// id sorts after "\xff", so this skips every due < after.
+		o.Cursor = store.Cursor{DueMs: after - 1, ID: "\xff"}
+	}
 	target := q.Get("target")
 	if target != "" && !envelope.ValidPattern(target) {
 		http.Error(w, "target must be a subject pattern", http.StatusBadRequest)

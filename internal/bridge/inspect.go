@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/micro"
@@ -56,7 +57,8 @@ type ListRequest struct {
 	Dead      bool   `json:"dead,omitempty"`
 }
 
-// ListReply is one page; Next is empty on the last page.
+// ListReply is one page in due order across shards (ties by id); Next
+// is the cursor of the next page, empty on the last page.
 type ListReply struct {
 	Entries []EntryInfo `json:"entries"`
 	Next    string      `json:"next,omitempty"`
@@ -130,8 +132,12 @@ func (in *Intake) handleList(req micro.Request) {
 	if r.Dead {
 		o.State = store.StateDead
 	}
-	if o.Limit <= 0 || o.Limit > maxListLimit {
-		o.Limit = min(max(o.Limit, 100), maxListLimit)
+	switch {
+	case o.Limit == 0:
+		o.Limit = 100
+	case o.Limit < 0 || o.Limit > maxListLimit:
+		in.fail(req.Reply(), envelope.CodeBadRequest, fmt.Sprintf("limit must be 1..%d, got %d", maxListLimit, o.Limit))
+		return
 	}
 	if r.DueBefore != "" {
 		t, err := time.Parse(time.RFC3339Nano, r.DueBefore)

@@ -17,11 +17,11 @@ func TestLoadLayers(t *testing.T) {
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := Load(path, env(map[string]string{
+	c, err := Load(Sources{Path: path, Getenv: env(map[string]string{
 		"DELAYD_NATS_URL":            "nats://env:4222",
 		"DELAYD_REDIS_ADDRS":         "x:1, y:2",
 		"DELAYD_SCANNER_CLAIM_BATCH": "64",
-	}), map[string]string{"nats.url": "nats://flag:4222"})
+	}), Flags: map[string]string{"nats.url": "nats://flag:4222"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,13 +59,13 @@ func TestValidateReportsEveryKey(t *testing.T) {
 func TestUnknownFileKey(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "c.yaml")
 	_ = os.WriteFile(path, []byte("shard: 4\n"), 0o600)
-	if _, err := Load(path, env(nil), nil); err == nil || !strings.Contains(err.Error(), "shard") {
+	if _, err := Load(Sources{Path: path}); err == nil || !strings.Contains(err.Error(), "shard") {
 		t.Fatalf("want unknown key error, got %v", err)
 	}
 }
 
 func TestBadEnvValue(t *testing.T) {
-	if _, err := Load("", env(map[string]string{"DELAYD_SHARDS": "many"}), nil); err == nil {
+	if _, err := Load(Sources{Getenv: env(map[string]string{"DELAYD_SHARDS": "many"})}); err == nil {
 		t.Fatal("want error for non-numeric shards")
 	}
 }

@@ -18,7 +18,7 @@ func TestExampleConfigsLoad(t *testing.T) {
 		t.Fatal("no example configs found")
 	}
 	for _, f := range files {
-		if _, err := Load(f, func(string) string { return "" }, nil); err != nil {
+		if _, err := Load(Sources{Path: f}); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
 	}

@@ -1,8 +1,12 @@
 package config
 
 import (
+	"errors"
 	"fmt"
+	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
@@ -20,81 +24,287 @@ func EnvName(key string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 }
 
-// Load layers defaults, the YAML file at path (if not empty), the DELAYD_*
-// environment read through getenv, and flags (koanf key → string value, only
-// the flags given on the command line), then validates the result.
-func Load(path string, getenv func(string) string, flags map[string]string) (Config, error) {
+// OtherEnv are DELAYD_* variables that are not config keys but are read
+// elsewhere, so the unknown-variable check lets them through. A new
+// DELAYD_* knob (in a test too) must be added here.
+var OtherEnv = []string{
+	"DELAYD_CONFIG", // the config file, read by the commands
+	// Test and CI knobs.
+	"DELAYD_TEST_LOG", "DELAYD_BENCH_BIG", "DELAYD_CHAOS_DURATION", "DELAYD_CHAOS_SEED",
+	"DELAYD_MODEL_STEPS", "DELAYD_MODEL_SEED", "DELAYD_SCREENSHOTS", "DELAYD_HELM",
+}
+
+// Sources are the layers Load reads, lowest first after the defaults.
+type Sources struct {
+	// Path is the YAML config file; empty for none.
+	Path string
+	// Getenv reads one environment variable.
+	Getenv func(string) string
+	// Environ lists the environment as "NAME=value" (os.Environ) or bare
+	// names. It says which variables are set, even to the empty string,
+	// and every DELAYD_* name in it must be a key or one of OtherEnv.
+	Environ []string
+	// Flags are koanf key → value, only the flags given.
+	Flags map[string]string
+}
+
+// Load layers defaults, the YAML file, the DELAYD_* environment and flags,
+// then validates the result. Every problem (unknown key or variable, a
+// value of the wrong type, a failed validation) is reported, together,
+// each with its key and where it came from.
+//
+// Values are strict: durations need a unit ("5s"; a bare 0 is allowed),
+// numbers and booleans must parse, strings in YAML must be strings. A
+// variable set to the empty string sets a string key to "" (so
+// DELAYD_HTTP_ADDR= turns the admin server off) and a list to no entries;
+// it is an error for a number, boolean or duration.
+func Load(src Sources) (Config, error) {
+	getenv := src.Getenv
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
 	k := koanf.New(".")
 	if err := k.Load(structs.Provider(Default(), "koanf"), nil); err != nil {
 		return Config{}, fmt.Errorf("config: defaults: %w", err)
 	}
 	defaults := k.All()
+	var errs []error
+	layer := map[string]any{}
 
-	if path != "" {
+	if src.Path != "" {
 		fk := koanf.New(".")
-		if err := fk.Load(file.Provider(path), yaml.Parser()); err != nil {
-			return Config{}, fmt.Errorf("config: read %s: %w", path, err)
+		if err := fk.Load(file.Provider(src.Path), yaml.Parser()); err != nil {
+			return Config{}, fmt.Errorf("config: read %s: %w", src.Path, err)
 		}
-		var unknown []string
-		for _, key := range fk.Keys() {
-			if _, ok := defaults[key]; !ok {
-				unknown = append(unknown, key)
+		raw := fk.All()
+		for _, key := range sortedKeys(raw) {
+			def, ok := defaults[key]
+			if !ok {
+				errs = append(errs, fmt.Errorf("%s (in %s): unknown key%s", key, src.Path, suggest(key, sortedKeys(defaults))))
+				continue
 			}
-		}
-		if len(unknown) > 0 {
-			return Config{}, fmt.Errorf("config: %s: unknown keys: %s", path, strings.Join(unknown, ", "))
-		}
-		if err := k.Merge(fk); err != nil {
-			return Config{}, fmt.Errorf("config: merge %s: %w", path, err)
+			v, err := fromYAML(def, raw[key])
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s (in %s): %w", key, src.Path, err))
+				continue
+			}
+			layer[key] = v
 		}
 	}
 
 	// Env names are derived from the known keys rather than parsed back
 	// into keys, because "_" is both the nesting separator and part of
 	// names like claim_batch.
-	env := map[string]any{}
-	for key, def := range defaults {
-		if v := getenv(EnvName(key)); v != "" {
-			env[key] = coerce(def, v)
+	set := map[string]bool{}
+	for _, kv := range src.Environ {
+		name, _, _ := strings.Cut(kv, "=")
+		set[name] = true
+	}
+	known := map[string]bool{}
+	for _, n := range OtherEnv {
+		known[n] = true
+	}
+	for _, key := range sortedKeys(defaults) {
+		name := EnvName(key)
+		known[name] = true
+		v := getenv(name)
+		if v == "" && !set[name] {
+			continue
+		}
+		tv, err := fromString(defaults[key], v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s (env %s): %w", key, name, err))
+			continue
+		}
+		layer[key] = tv
+	}
+	var names []string
+	for name := range set {
+		if strings.HasPrefix(name, EnvPrefix) && !known[name] {
+			names = append(names, name)
 		}
 	}
-	if err := k.Load(confmap.Provider(env, "."), nil); err != nil {
-		return Config{}, fmt.Errorf("config: env: %w", err)
+	sort.Strings(names)
+	for _, name := range names {
+		errs = append(errs, fmt.Errorf("env %s: unknown variable%s", name, suggest(name, sortedKeys(known))))
 	}
 
-	fl := map[string]any{}
-	for key, v := range flags {
+	for _, key := range sortedKeys(src.Flags) {
 		def, ok := defaults[key]
 		if !ok {
-			return Config{}, fmt.Errorf("config: flag for unknown key %q", key)
+			errs = append(errs, fmt.Errorf("%s (flag): unknown key%s", key, suggest(key, sortedKeys(defaults))))
+			continue
 		}
-		fl[key] = coerce(def, v)
-	}
-	if err := k.Load(confmap.Provider(fl, "."), nil); err != nil {
-		return Config{}, fmt.Errorf("config: flags: %w", err)
+		tv, err := fromString(def, src.Flags[key])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s (flag): %w", key, err))
+			continue
+		}
+		layer[key] = tv
 	}
 
+	if err := k.Load(confmap.Provider(layer, "."), nil); err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
 	var c Config
 	if err := k.Unmarshal("", &c); err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
-	return c, c.Validate()
+	if err := c.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return c, errors.Join(errs...)
 }
 
-// coerce turns a string from env or flags into the shape of the default:
-// lists are comma-separated; everything else is converted by koanf's
-// weakly-typed decoding on Unmarshal.
-func coerce(def any, v string) any {
-	if _, ok := def.([]string); ok {
-		var out []string
-		for _, s := range strings.Split(v, ",") {
-			if s = strings.TrimSpace(s); s != "" {
-				out = append(out, s)
+// fromYAML checks a value from the file against the type of the key's
+// default and converts it.
+func fromYAML(def, v any) (any, error) {
+	if v == nil { // "key:" with no value, as in YAML null
+		v = ""
+	}
+	if s, ok := v.(string); ok {
+		if _, isStr := def.(string); !isStr {
+			return fromString(def, s)
+		}
+		return s, nil
+	}
+	switch def.(type) {
+	case time.Duration:
+		if n, ok := asInt(v); ok {
+			if n == 0 {
+				return time.Duration(0), nil
+			}
+			return nil, fmt.Errorf("%d has no unit (it would be %d nanoseconds): write a duration with a unit, e.g. %ds or %dms", n, n, n, n)
+		}
+		return nil, fmt.Errorf("%v is not a duration: write e.g. 5s, 1500ms or 2m", v)
+	case int:
+		if n, ok := asInt(v); ok {
+			return int(n), nil
+		}
+		return nil, fmt.Errorf("%v is not a whole number", v)
+	case bool:
+		if b, ok := v.(bool); ok {
+			return b, nil
+		}
+		return nil, fmt.Errorf("%v is not true or false", v)
+	case string:
+		return nil, fmt.Errorf("%v is not a string: quote it", v)
+	case []string:
+		list, ok := v.([]any)
+		if !ok {
+			return nil, fmt.Errorf("%v is not a list of strings", v)
+		}
+		out := make([]string, 0, len(list))
+		for _, item := range list {
+			s, ok := item.(string)
+			if !ok {
+				return nil, fmt.Errorf("list item %v is not a string: quote it", item)
+			}
+			out = append(out, s)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("unsupported value %v", v)
+}
+
+// fromString converts a value from the environment, a flag or a YAML
+// string to the type of the key's default. Lists are comma-separated.
+func fromString(def any, s string) (any, error) {
+	switch def.(type) {
+	case time.Duration:
+		if s == "" {
+			return nil, errors.New(`empty: unset it to keep the default, or give a duration such as "5s"`)
+		}
+		d, err := time.ParseDuration(s)
+		if err == nil {
+			return d, nil
+		}
+		if n, nerr := strconv.ParseInt(s, 10, 64); nerr == nil {
+			return nil, fmt.Errorf("%q has no unit: write a duration with a unit, e.g. %ds or %dms", s, n, n)
+		}
+		return nil, fmt.Errorf("%q is not a duration: write e.g. 5s, 1500ms or 2m", s)
+	case int:
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a whole number", s)
+		}
+		return n, nil
+	case bool:
+		b, err := strconv.ParseBool(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not true or false", s)
+		}
+		return b, nil
+	case []string:
+		out := []string{}
+		for _, item := range strings.Split(s, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				out = append(out, item)
 			}
 		}
-		return out
+		return out, nil
 	}
-	return v
+	return s, nil
+}
+
+func asInt(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint64:
+		return int64(n), true
+	case float64:
+		if n == float64(int64(n)) {
+			return int64(n), true
+		}
+	}
+	return 0, false
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// suggest returns `: did you mean X?` for the candidate nearest to name.
+func suggest(name string, candidates []string) string {
+	best, bestD := "", -1
+	for _, c := range candidates {
+		if d := distance(strings.ToLower(name), strings.ToLower(c)); bestD < 0 || d < bestD {
+			best, bestD = c, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return ": did you mean " + best + "?"
+}
+
+// distance is the Levenshtein edit distance between a and b.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // YAML renders c with the config file's key names, secrets redacted: the
@@ -102,6 +312,18 @@ func coerce(def any, v string) any {
 func (c Config) YAML() ([]byte, error) {
 	k := koanf.New(".")
 	if err := k.Load(structs.Provider(c.Redacted(), "koanf"), nil); err != nil {
+		return nil, err
+	}
+	// Durations as "10s", not nanoseconds: the output must load again.
+	out := map[string]any{}
+	for key, v := range k.All() {
+		if d, ok := v.(time.Duration); ok {
+			v = d.String()
+		}
+		out[key] = v
+	}
+	k = koanf.New(".")
+	if err := k.Load(confmap.Provider(out, "."), nil); err != nil {
 		return nil, err
 	}
 	return k.Marshal(yaml.Parser())

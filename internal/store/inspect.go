@@ -1,9 +1,12 @@
 package store
 
 import (
+	"cmp"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -69,27 +72,36 @@ func parseAttempts(v string) int {
 	return n
 }
 
-// Cursor is where a List call stopped: a shard and an offset in its set.
+// Cursor is where a List call stopped: the due time and id of the last
+// entry returned. Pages continue after it in (due, id) order, the order
+// Redis keeps each sorted set in, so a cursor stays valid while entries
+// come and go. The zero Cursor is the start.
 type Cursor struct {
-	Shard  int
-	Offset int64
+	DueMs int64
+	ID    string
 }
 
-// String encodes the cursor for a client to send back.
-func (c Cursor) String() string { return strconv.Itoa(c.Shard) + ":" + strconv.FormatInt(c.Offset, 10) }
+// String encodes the cursor for a client to send back: due ms, "-", and
+// the id in unpadded base64url, so any id is safe on a command line.
+func (c Cursor) String() string {
+	if c.ID == "" {
+		return ""
+	}
+	return strconv.FormatInt(c.DueMs, 10) + "-" + base64.RawURLEncoding.EncodeToString([]byte(c.ID))
+}
 
 // ParseCursor decodes a cursor; an empty string is the start.
 func ParseCursor(s string) (Cursor, error) {
 	if s == "" {
 		return Cursor{}, nil
 	}
-	a, b, ok := strings.Cut(s, ":")
-	sh, err1 := strconv.Atoi(a)
-	off, err2 := strconv.ParseInt(b, 10, 64)
-	if !ok || err1 != nil || err2 != nil || sh < 0 || off < 0 {
+	a, b, ok := strings.Cut(s, "-")
+	due, err1 := strconv.ParseInt(a, 10, 64)
+	id, err2 := base64.RawURLEncoding.DecodeString(b)
+	if !ok || err1 != nil || err2 != nil || len(id) == 0 {
 		return Cursor{}, fmt.Errorf("bad cursor %q", s)
 	}
-	return Cursor{Shard: sh, Offset: off}, nil
+	return Cursor{DueMs: due, ID: string(id)}, nil
 }
 
 // ListOptions select a page of List.
@@ -100,57 +112,158 @@ type ListOptions struct {
 	Cursor    Cursor
 }
 
-// List returns up to Limit entries of one state, shard by shard in due
-// order within each shard, starting at the cursor, and the cursor of the
-// next page (done when there is none). It reads at most Limit entries per
-// call: never a full scan. Callers filter further (by target) per page.
+// List returns up to Limit entries of one state in due order across all
+// shards (ties by id), starting after the cursor, and the cursor of the
+// next page; done is true when nothing follows. It is a k-way merge: each
+// shard gives at most Limit+1 entries after the cursor (found by rank, a
+// binary search only inside a run of equal due times), so a page reads
+// O(Limit × shards) entries and never scans a set. Callers filter
+// further (by target) per page.
 func (s *Store) List(ctx context.Context, o ListOptions) (entries []Entry, next Cursor, done bool, err error) {
-	max := "+inf"
-	if o.DueBefore > 0 {
-		max = "(" + strconv.FormatInt(o.DueBefore, 10)
+	if o.Limit <= 0 {
+		return nil, o.Cursor, false, errors.New("store: list: limit must be positive")
 	}
-	cur := o.Cursor
-	for cur.Shard < s.shards && len(entries) < o.Limit {
-		k := s.keys[cur.Shard]
-		set := k.due
+	sets := make([]string, s.shards)
+	for sh, k := range s.keys {
+		sets[sh] = k.due
 		if o.State == StateDead {
-			set = k.dead
+			sets[sh] = k.dead
 		}
-		want := int64(o.Limit - len(entries))
-		zs, err := s.rdb.ZRangeByScoreWithScores(ctx, set, &redis.ZRangeBy{Min: "-inf", Max: max, Offset: cur.Offset, Count: want}).Result()
-		if err != nil {
-			return nil, cur, false, fmt.Errorf("store: list shard %d: %w", cur.Shard, err)
-		}
-		if len(zs) > 0 {
-			ids := make([]string, len(zs))
-			for i, z := range zs {
-				ids[i], _ = z.Member.(string)
-			}
-			pipe := s.rdb.Pipeline()
-			data := pipe.HMGet(ctx, k.data, ids...)
-			att := pipe.HMGet(ctx, k.attempts, ids...)
-			errs := pipe.HMGet(ctx, k.errors, ids...)
-			if _, err := pipe.Exec(ctx); err != nil {
-				return nil, cur, false, fmt.Errorf("store: list shard %d: %w", cur.Shard, err)
-			}
-			for i, z := range zs {
-				d, _ := data.Val()[i].(string)
-				a, _ := att.Val()[i].(string)
-				e, _ := errs.Val()[i].(string)
-				state := StatePending
-				if o.State == StateDead {
-					state = StateDead
-				}
-				entries = append(entries, Entry{ID: ids[i], Shard: cur.Shard, State: state, DueMs: int64(z.Score), Attempts: parseAttempts(a), Error: e, Data: []byte(d)})
-			}
-		}
-		if int64(len(zs)) < want {
-			cur = Cursor{Shard: cur.Shard + 1}
-			continue
-		}
-		cur.Offset += int64(len(zs))
 	}
-	return entries, cur, cur.Shard >= s.shards, nil
+	start, err := s.ranksAfter(ctx, sets, o.Cursor)
+	if err != nil {
+		return nil, o.Cursor, false, err
+	}
+
+	pipe := s.rdb.Pipeline()
+	ranges := make([]*redis.ZSliceCmd, s.shards)
+	for sh, set := range sets {
+		ranges[sh] = pipe.ZRangeWithScores(ctx, set, start[sh], start[sh]+int64(o.Limit))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, o.Cursor, false, fmt.Errorf("store: list: %w", err)
+	}
+	type cand struct {
+		shard int
+		id    string
+		due   int64
+	}
+	var cands []cand
+	for sh, r := range ranges {
+		for _, z := range r.Val() {
+			due := int64(z.Score)
+			if o.DueBefore > 0 && due >= o.DueBefore {
+				break
+			}
+			id, _ := z.Member.(string)
+			cands = append(cands, cand{sh, id, due})
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int {
+		if c := cmp.Compare(a.due, b.due); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	// Every shard gave Limit+1 entries if it had them: one candidate
+	// beyond Limit proves a next page, and none proves there is not.
+	done = len(cands) <= o.Limit
+	cands = cands[:min(len(cands), o.Limit)]
+	if len(cands) == 0 {
+		return nil, o.Cursor, true, nil
+	}
+
+	byShard := map[int][]int{}
+	for i, c := range cands {
+		byShard[c.shard] = append(byShard[c.shard], i)
+	}
+	pipe = s.rdb.Pipeline()
+	type reads struct{ data, att, errs *redis.SliceCmd }
+	rs := map[int]reads{}
+	for sh, idx := range byShard {
+		ids := make([]string, len(idx))
+		for j, i := range idx {
+			ids[j] = cands[i].id
+		}
+		k := s.keys[sh]
+		rs[sh] = reads{pipe.HMGet(ctx, k.data, ids...), pipe.HMGet(ctx, k.attempts, ids...), pipe.HMGet(ctx, k.errors, ids...)}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, o.Cursor, false, fmt.Errorf("store: list: %w", err)
+	}
+	state := StatePending
+	if o.State == StateDead {
+		state = StateDead
+	}
+	entries = make([]Entry, len(cands))
+	for sh, idx := range byShard {
+		r := rs[sh]
+		for j, i := range idx {
+			d, _ := r.data.Val()[j].(string)
+			a, _ := r.att.Val()[j].(string)
+			e, _ := r.errs.Val()[j].(string)
+			c := cands[i]
+			entries[i] = Entry{ID: c.id, Shard: sh, State: state, DueMs: c.due, Attempts: parseAttempts(a), Error: e, Data: []byte(d)}
+		}
+	}
+	last := cands[len(cands)-1]
+	return entries, Cursor{DueMs: last.due, ID: last.id}, done, nil
+}
+
+// ranksAfter returns, per set, the rank of the first member after the
+// cursor in (score, member) order. Members with a lower score are
+// counted with ZCOUNT; within the run of members that share the cursor's
+// score, which Redis orders bytewise like Go strings, a binary search by
+// rank finds the first member above the cursor's id. Each step is one
+// pipeline over the shards still searching; a run of n equal due times
+// costs log2(n) steps, and no run costs none.
+func (s *Store) ranksAfter(ctx context.Context, sets []string, c Cursor) ([]int64, error) {
+	lo := make([]int64, len(sets))
+	if c.ID == "" {
+		return lo, nil
+	}
+	hi := make([]int64, len(sets))
+	score := strconv.FormatInt(c.DueMs, 10)
+	pipe := s.rdb.Pipeline()
+	below := make([]*redis.IntCmd, len(sets))
+	upTo := make([]*redis.IntCmd, len(sets))
+	for sh, set := range sets {
+		below[sh] = pipe.ZCount(ctx, set, "-inf", "("+score)
+		upTo[sh] = pipe.ZCount(ctx, set, "-inf", score)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("store: list: %w", err)
+	}
+	for sh := range sets {
+		lo[sh], hi[sh] = below[sh].Val(), upTo[sh].Val()
+	}
+	for {
+		pipe := s.rdb.Pipeline()
+		probes := map[int]*redis.StringSliceCmd{}
+		for sh, set := range sets {
+			if lo[sh] < hi[sh] {
+				mid := (lo[sh] + hi[sh]) / 2
+				probes[sh] = pipe.ZRange(ctx, set, mid, mid)
+			}
+		}
+		if len(probes) == 0 {
+			return lo, nil
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("store: list: %w", err)
+		}
+		for sh, p := range probes {
+			mid := (lo[sh] + hi[sh]) / 2
+			// A member gone since the count leaves the probe empty or
+			// shifted; the page is still in order, at worst it repeats
+			// or skips an entry that moved while we looked.
+			if m := p.Val(); len(m) == 1 && m[0] <= c.ID {
+				lo[sh] = mid + 1
+			} else {
+				hi[sh] = mid
+			}
+		}
+	}
 }
 
 // ShardStats are one shard's sizes and its next due time.

@@ -4,6 +4,7 @@
 
 const state = { csrf: "", actions: false, browseNext: "", browseQuery: null, deadNext: "" };
 const $ = (sel) => document.querySelector(sel);
+const READ_ONLY = "Read-only console: cancel, replay and purge are off because ui.allow_actions is false in the daemon's config.";
 
 function esc(s) {
   return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -27,23 +28,41 @@ function toast(msg) {
   toast.timer = setTimeout(() => (t.hidden = true), 4000);
 }
 
-// bars draws a bar chart into an <svg> from [{label, value}].
+// bars draws a bar chart into an <svg> from [{label, value}]. Axis labels
+// sit centred under their bars, never rotated: one row when they fit,
+// two staggered rows when each has room for two bars, else every k-th
+// label. The first and last are anchored inside the chart so none is
+// clipped.
 function bars(svg, data) {
-  const w = 360, h = 180, pad = 28, n = Math.max(data.length, 1);
+  const w = 360, h = 180, left = 28, right = 4, top = 14, charW = 6, rowH = 11;
+  const n = Math.max(data.length, 1);
   const max = Math.max(1, ...data.map((d) => d.value));
-  const bw = (w - pad) / n;
+  const bw = (w - left - right) / n;
+  const labelW = Math.max(0, ...data.map((d) => String(d.label).length)) * charW + 6;
+  const rows = labelW <= bw ? 1 : labelW <= 2 * bw ? 2 : 1;
+  const every = rows === 2 || labelW <= bw ? 1 : Math.ceil(labelW / bw);
+  const bottom = rows * rowH + 6;
+  const ph = h - top - bottom;
   let out = "";
   data.forEach((d, i) => {
-    const bh = Math.round(((h - pad) * d.value) / max);
-    const x = pad + i * bw + 2;
-    out += `<rect x="${x}" y="${h - pad - bh}" width="${Math.max(bw - 4, 1)}" height="${bh}" data-value="${d.value}"><title>${esc(d.label)}: ${d.value}</title></rect>`;
-    if (n <= 16 || i % Math.ceil(n / 10) === 0) {
-      out += `<text x="${x}" y="${h - pad + 11}" transform="rotate(30 ${x} ${h - pad + 11})">${esc(d.label)}</text>`;
-    }
+    const bh = Math.round((ph * d.value) / max);
+    const x = left + i * bw + 2;
+    out += `<rect x="${x}" y="${top + ph - bh}" width="${Math.max(bw - 4, 1)}" height="${bh}" data-value="${d.value}"><title>${esc(d.label)}: ${d.value}</title></rect>`;
+    if (i % every !== 0) return;
+    let cx = left + i * bw + bw / 2, anchor = "middle";
+    if (cx - labelW / 2 < 0) (cx = left + i * bw), (anchor = "start");
+    if (cx + labelW / 2 > w) (cx = left + (i + 1) * bw), (anchor = "end");
+    const y = top + ph + rowH + (rows === 2 ? (i % 2) * rowH : 0);
+    out += `<text class="axis" x="${cx}" y="${y}" text-anchor="${anchor}">${esc(d.label)}</text>`;
   });
-  out += `<text x="0" y="10">${max}</text><text x="0" y="${h - pad}">0</text>`;
+  out += `<text class="axis-y" x="${left - 4}" y="${top + 4}" text-anchor="end">${max}</text><text class="axis-y" x="${left - 4}" y="${top + ph}" text-anchor="end">0</text>`;
   svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
   svg.innerHTML = out;
+}
+
+// utcTime formats a time as HH:MM:SS in UTC, like every time the console shows.
+function utcTime(d) {
+  return d.toISOString().slice(11, 19);
 }
 
 function fmtSeconds(s) {
@@ -57,10 +76,10 @@ async function refreshOverview() {
     $("#tot-pending").textContent = o.pending;
     $("#tot-inflight").textContent = o.inflight;
     $("#tot-dead").textContent = o.dead;
-    $("#updated").textContent = new Date().toLocaleTimeString();
+    $("#updated").textContent = utcTime(new Date()) + " UTC";
     bars($("#due-chart"), o.due.map((b) => ({ label: b.label, value: b.count })));
     bars($("#lateness-chart"), (o.lateness || []).map((b) => ({ label: fmtSeconds(b.up_to_seconds), value: b.count })));
-    bars($("#rate-chart"), o.rate.map((p) => ({ label: new Date(p.start * 1000).toLocaleTimeString(), value: p.count })));
+    bars($("#rate-chart"), o.rate.map((p) => ({ label: utcTime(new Date(p.start * 1000)), value: p.count })));
     $("#shards tbody").innerHTML = o.shards
       .map((s) => `<tr><td class="num">${s.shard}</td><td class="num">${s.pending}</td><td class="num">${s.inflight}</td><td class="num">${s.dead}</td><td>${esc(s.next_due || "–")}</td><td>${esc(s.owner || "–")}</td></tr>`)
       .join("");
@@ -87,7 +106,8 @@ function renderDetail(e) {
       ? `<div class="note" id="payload-hidden">Payload and header values are hidden (ui.show_payloads is false).</div>`
       : `<div class="note">Payload${e.hex ? " (hex)" : ""}${e.size > 512 ? ", first 512 bytes" : ""}:</div>
     <pre>${esc(e.preview)}</pre>`}
-    <button id="cancel-btn" class="danger" ${state.actions ? "" : "disabled title='read-only console'"}>Cancel</button>`;
+    <button id="cancel-btn" class="danger" ${state.actions ? "" : `disabled title="${READ_ONLY}"`}>Cancel</button>
+    ${state.actions ? "" : `<p class="note read-only-note">${READ_ONLY}</p>`}`;
   d.hidden = false;
   $("#cancel-btn").onclick = async () => {
     if (!confirm(`Cancel envelope ${e.id}? It will not be delivered.`)) return;
@@ -105,6 +125,7 @@ $("#find-id").onsubmit = async (ev) => {
   ev.preventDefault();
   const id = $("#find-id-input").value.trim();
   try {
+    $("#find-empty").hidden = true;
     renderDetail(await api("envelope?id=" + encodeURIComponent(id)));
   } catch (e) {
     $("#detail").hidden = false;
@@ -122,7 +143,10 @@ async function browse(more) {
   try {
     const page = await api("list?" + q.toString());
     const body = $("#browse-results tbody");
+    $("#find-empty").hidden = true;
+    $("#browse-results").hidden = false;
     body.innerHTML = (more ? body.innerHTML : "") + page.entries.map(rowFor).join("");
+    if (!body.children.length) body.innerHTML = `<tr id="browse-none"><td colspan="5" class="note">No pending envelopes match${page.next ? " on this page" : ""}.</td></tr>`;
     state.browseNext = page.next || "";
     $("#browse-more").hidden = !state.browseNext;
   } catch (e) {
@@ -158,7 +182,12 @@ async function loadDead(more) {
   body.innerHTML = (more ? body.innerHTML : "") + rows;
   state.deadNext = page.next || "";
   $("#dead-more").hidden = !state.deadNext;
-  document.querySelectorAll("#view-dead .action").forEach((b) => (b.disabled = !state.actions));
+  document.querySelectorAll("#view-dead .action").forEach((b) => {
+    b.disabled = !state.actions;
+    if (!state.actions) b.title = READ_ONLY;
+  });
+  $("#dead-read-only").hidden = state.actions;
+  if (!body.children.length) body.innerHTML = `<tr id="dead-none"><td colspan="7" class="note">No dead envelopes.</td></tr>`;
 }
 
 async function deadAction(verb, ids) {
@@ -207,7 +236,8 @@ window.onhashchange = () => show(location.hash.slice(1) || "overview");
     const s = await api("session");
     state.csrf = s.csrf;
     state.actions = s.allow_actions;
-    $("#mode").textContent = s.allow_actions ? "actions enabled" : "read-only";
+    $("#mode").textContent = s.allow_actions ? "actions enabled" : "read-only (ui.allow_actions is off)";
+    if (!s.allow_actions) $("#mode").title = READ_ONLY;
   } catch (e) {
     toast(e.message);
   }

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/delayd/delayd/internal/bridge"
+)
+
+// cliRunner runs delayd commands against a test daemon's NATS.
+func cliRunner(e *env) func(args ...string) (string, error) {
+	getenv := func(k string) string {
+		if k == "DELAYD_NATS_URL" {
+			return e.nats.URL()
+		}
+		return ""
+	}
+	return func(args ...string) (string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), append([]string{"delayd"}, args...), getenv, &out, &errOut)
+		return out.String() + errOut.String(), err
+	}
+}
+
+// TestCLIBehaves covers the command line against a real daemon: flags
+// after arguments, exit codes, and list in due order a page at a time.
+func TestCLIBehaves(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	cli := cliRunner(e)
+	// Due times whose order differs from both id order and shard order;
+	// whole seconds, so the service prints them without a fraction.
+	base := time.Now().Add(time.Hour).Truncate(time.Second).UTC()
+	var want []string
+	for i := range 12 {
+		id := fmt.Sprintf("order-%02d", i)
+		at := base.Add(time.Duration((i*7)%12) * time.Second)
+		if _, err := cli("schedule", "--target", "orders.cancel", "--at", at.Format(time.RFC3339Nano), "--id", id, "x"); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	slices.SortFunc(want, func(a, b string) int {
+		var i, j int
+		fmt.Sscanf(a, "order-%d", &i)
+		fmt.Sscanf(b, "order-%d", &j)
+		return (i*7)%12 - (j*7)%12
+	})
+
+	// Flags after the argument.
+	out, err := cli("get", "order-03", "--json")
+	var info bridge.EntryInfo
+	if err != nil || json.Unmarshal([]byte(out), &info) != nil || info.ID != "order-03" {
+		t.Fatalf("get ID --json: %v\n%s", err, out)
+	}
+
+	// A missing id fails the same way for cancel as for get.
+	for _, cmd := range []string{"get", "cancel"} {
+		if _, err := cli(cmd, "nope"); exitCode(err, io.Discard) != 1 {
+			t.Errorf("%s nope: exit %d (%v), want 1", cmd, exitCode(err, io.Discard), err)
+		}
+	}
+	if out, err := cli("cancel", "order-11"); err != nil || !strings.Contains(out, `"cancelled":true`) {
+		t.Errorf("cancel of a stored id: %v %s", err, out)
+	}
+	want = slices.DeleteFunc(want, func(id string) bool { return id == "order-11" })
+
+	// The table pages in due order across shards, times in one width; the
+	// last page has no cursor.
+	row := regexp.MustCompile(`^(order-\d\d)\s+(\S+)\s`)
+	var got []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		args := []string{"list", "--limit", "4"}
+		if cursor != "" {
+			args = append(args, "--cursor", cursor)
+		}
+		out, err := cli(args...)
+		if err != nil {
+			t.Fatalf("list: %v\n%s", err, out)
+		}
+		cursor = ""
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+			if c, ok := strings.CutPrefix(line, "more: --cursor "); ok {
+				cursor = c
+				continue
+			}
+			m := row.FindStringSubmatch(line)
+			if m == nil {
+				t.Fatalf("list row %q", line)
+			}
+			got = append(got, m[1])
+			if len(m[2]) != len("2006-01-02T15:04:05.000Z") {
+				t.Errorf("due %q is not fixed width", m[2])
+			}
+		}
+		if cursor == "" {
+			break
+		}
+		if pages > 5 {
+			t.Fatalf("paging does not end: %v", got)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("list order\n got %v\nwant %v (by due time)", got, want)
+	}
+	// 11 entries, pages of 4, 4, 3: the third is the last, and a page of
+	// exactly the rest is the last too.
+	if out, err := cli("list", "--limit", "11"); err != nil || strings.Contains(out, "more:") {
+		t.Errorf("a page holding every entry offers more: %v\n%s", err, out)
+	}
+	if _, err := cli("list", "--limit", "5000"); exitCode(err, io.Discard) != 2 {
+		t.Errorf("list --limit 5000: %v, want a usage error", err)
+	}
+	// The service refuses it too, rather than clamping it silently.
+	cl, err := bridge.Dial(e.nats.URL(), "delayd", bridge.Auth{}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var se *bridge.ServiceError
+	if _, err := cl.List(context.Background(), bridge.ListRequest{Limit: 5000}); !errors.As(err, &se) || se.Code != 400 {
+		t.Errorf("admin.list with limit 5000: %v, want a 400", err)
+	}
+}
+
+// Each command shows its own flags; client commands do not list the
+// daemon's; every command has --help; completion scripts come with it.
+func TestCLIHelpAndCompletion(t *testing.T) {
+	noenv := func(string) string { return "" }
+	help := func(args ...string) string {
+		var out bytes.Buffer
+		if err := run(context.Background(), append([]string{"delayd"}, args...), noenv, &out, &out); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		return out.String()
+	}
+	for _, cmd := range []string{"schedule", "cancel", "get", "list", "stats", "dead list", "dead replay", "dead purge", "healthcheck"} {
+		out := help(append(strings.Fields(cmd), "--help")...)
+		for _, daemonOnly := range []string{"--embedded", "--log-json", "--cpuprofile", "--redis-addrs", "--log-level"} {
+			if strings.Contains(out, daemonOnly) {
+				t.Errorf("%s --help lists %s", cmd, daemonOnly)
+			}
+		}
+	}
+	if out := help("run", "--help"); !strings.Contains(out, "--embedded") || !strings.Contains(out, "--redis-addrs") {
+		t.Errorf("run --help lacks its flags:\n%s", out)
+	}
+	for _, cmd := range []string{"doctor", "bench", "config", "version", "dead"} {
+		help(cmd, "--help")
+	}
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		if out := help("completion", shell); !strings.Contains(out, "delayd") {
+			t.Errorf("completion %s: %q", shell, out)
+		}
+	}
+	var errOut bytes.Buffer
+	for _, args := range [][]string{{"help", "bogus"}, {"dead"}, {"dead", "bogus"}, {"get"}, {"list", "extra"}} {
+		err := run(context.Background(), append([]string{"delayd"}, args...), noenv, io.Discard, &errOut)
+		if got := exitCode(err, &errOut); got != 2 {
+			t.Errorf("%v: exit %d (%v), want 2", args, got, err)
+		}
+	}
+}
+
+// The environment is checked through run: a mistyped DELAYD_ variable
+// stops the command and names the nearest known one, and an empty
+// DELAYD_HTTP_ADDR turns the admin server off.
+func TestCLIStrictEnv(t *testing.T) {
+	t.Setenv("DELAYD_REDIS_ADDR", "redis:6379")
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"delayd", "config"}, os.Getenv, &out, &errOut)
+	if exitCode(err, &errOut) != 1 || !strings.Contains(errOut.String(), "did you mean DELAYD_REDIS_ADDRS?") {
+		t.Fatalf("mistyped variable: %v\n%s", err, errOut.String())
+	}
+	os.Unsetenv("DELAYD_REDIS_ADDR")
+	t.Setenv("DELAYD_HTTP_ADDR", "")
+	t.Setenv("DELAYD_SCANNER_LEASE", "5s")
+	out.Reset()
+	if err := run(context.Background(), []string{"delayd", "config"}, os.Getenv, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "addr: \"\"") || !strings.Contains(out.String(), "lease: 5s") {
+		t.Errorf("config with DELAYD_HTTP_ADDR= and DELAYD_SCANNER_LEASE=5s:\n%s", out.String())
+	}
+	t.Setenv("DELAYD_SCANNER_LEASE", "5")
+	err = run(context.Background(), []string{"delayd", "config"}, os.Getenv, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "DELAYD_SCANNER_LEASE") || !strings.Contains(err.Error(), "5s") {
+		t.Errorf("DELAYD_SCANNER_LEASE=5: %v", err)
+	}
+}
