@@ -161,7 +161,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		}
 	}
 	if guard != nil {
-		comps = append(comps, component{"redis-guard", guard.Run})
+		comps = append(comps, component{"redis-guard", func(ctx context.Context) error { return guard.Run(ctx, rdb) }})
 	}
 	comps = append(comps,
 		component{"ready", func(ctx context.Context) error { waitReady(ctx, st, out.IsConnected, log); <-ctx.Done(); return nil }},

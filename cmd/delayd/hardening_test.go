@@ -256,20 +256,20 @@ func TestEvictingRedisRefused(t *testing.T) {
 	cancel()
 	<-done
 
-	// On a good Redis that turns bad, the next connection finds out.
+	// On a good Redis that turns bad with CONFIG SET (no new connection),
+	// the periodic re-check finds out.
 	e2 := newEnv(t)
 	c2 := e2.cfg()
 	_, done, _ = runDaemon(t, c2)
 	e2.waitService(c2.Subject)
 	rc := e2.redis.Client()
 	_ = rc.ConfigSet(context.Background(), "maxmemory-policy", "volatile-lru").Err()
-	_ = rc.Do(context.Background(), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err()
 	select {
 	case err := <-done:
 		if err == nil || !strings.Contains(err.Error(), "volatile-lru") {
 			t.Fatalf("want an error naming volatile-lru, got %v", err)
 		}
-	case <-time.After(15 * time.Second):
+	case <-time.After(25 * time.Second):
 		t.Fatal("daemon kept running after Redis began to evict")
 	}
 }
@@ -436,5 +436,83 @@ func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
 		if d.attempt < 2 {
 			t.Errorf("the publish held at the cut counted no attempt: delivered as attempt %d", d.attempt)
 		}
+	}
+}
+
+// refusingNATS is a server where delayd's user may publish only to orders.>
+// (and what the service itself needs); app may do anything.
+func refusingNATS(t *testing.T) (*env, config.Config) {
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+		o.Users = []*server.User{
+			{Username: "delayd", Password: "d", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{"orders.>", "$SRV.>", "delayd.>", "_INBOX.>"}},
+			}},
+			{Username: "app", Password: "a"},
+		}
+	})}
+	c := e.cfg()
+	c.NATS.User, c.NATS.Password = "delayd", "d"
+	c.Scanner.MaxAttempts = 2
+	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	return e, c
+}
+
+// Found in review: the server quotes a refused subject Go-style, so one
+// with '"', '\' or bytes that are not UTF-8 did not match its target and
+// was acked as delivered.
+func TestRefusedTargetNeedingQuotes(t *testing.T) {
+	e, c := refusingNATS(t)
+	runDaemon(t, c)
+	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	targets := []string{`payments.a"b`, `payments.a\b`, "payments.caf\xe9"}
+	for i, tg := range targets {
+		scheduleServed(t, app, hdr("Delayd-Target", tg, "Delayd-Delay", "200ms", "Delayd-Id", fmt.Sprintf("q-%d", i)))
+	}
+	st := e.inspectStore(c)
+	for i := range targets {
+		waitState(t, st, fmt.Sprintf("q-%d", i), store.StateDead, 10*time.Second)
+	}
+}
+
+// Found in review: after an attempt whose flush was not confirmed the
+// envelope waits for its retry in due, and a cancel then said nothing of
+// the attempt that may still arrive.
+func TestCancelAfterUnconfirmedAttemptSaysInFlight(t *testing.T) {
+	e, proxy, c := natsBehindProxy(t)
+	c.Scanner.RetryBackoff = 30 * time.Second
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	scheduleServed(t, nc, hdr("Delayd-Target", "slow.cancel", "Delayd-Delay", "1s", "Delayd-Id", "sc"))
+	proxy.Set(testutil.Up, testutil.Fault{Latency: 2 * time.Second})
+	st := e.inspectStore(c)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		en, err := st.Get(context.Background(), "sc")
+		if err == nil && en.State == store.StatePending && en.Attempts == 1 {
+			break // attempt 1 made, unconfirmed, waiting for its retry
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never released after an unconfirmed attempt: %+v %v", en, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	proxy.Clear()
+	m := nats.NewMsg("delayd.cancel")
+	m.Header.Set("Delayd-Id", "sc")
+	rep, err := nc.RequestMsg(m, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Cancelled bool `json:"cancelled"`
+		InFlight  bool `json:"in_flight"`
+	}
+	if err := json.Unmarshal(rep.Data, &r); err != nil || !r.Cancelled || !r.InFlight {
+		t.Fatalf("cancel after an unconfirmed attempt: %s %v; want cancelled and in_flight", rep.Data, err)
 	}
 }

@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -101,16 +100,27 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 }
 
 // permissionDenied fails the core deliveries the server refused to take
-// from delayd's NATS user: every refusal since mark, by subject. The
-// connection's last error changing during the batch says some refusal came;
-// if the record cannot catch up with it in time, every core delivery of the
-// batch fails (to be retried) rather than any refused one count as sent.
+// from delayd's NATS user: every refusal since mark, by subject. Any change
+// of the connection's last error during the batch (a refusal, or another
+// error that may have followed one) makes it wait for the async record to
+// catch up. A refusal naming no target of the batch, or a record that
+// cannot catch up in time, fails every core delivery of the batch (to be
+// retried) rather than let a refused one count as delivered.
 func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery, errs []error, js map[int]jetstream.PubAckFuture, before error, mark uint64) {
 	last := p.nc.LastError()
-	if last == nil || last == before || !errors.Is(last, nats.ErrPermissionViolation) {
+	if last == nil || last == before {
 		return
 	}
 	refused, complete := p.refusals.since(ctx, mark, last)
+	targets := make(map[string]bool, len(ds))
+	for _, d := range ds {
+		targets[d.Target] = true
+	}
+	for subj := range refused {
+		if !targets[subj] {
+			complete = false // refused something we cannot place
+		}
+	}
 	for i, d := range ds {
 		if _, isJS := js[i]; errs[i] != nil || isJS {
 			continue
@@ -118,7 +128,7 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 		if err, ok := refused[d.Target]; ok {
 			errs[i] = fmt.Errorf("publish to %s: %w", d.Target, err)
 		} else if !complete {
-			errs[i] = fmt.Errorf("publish to %s: a permissions violation in this batch could not be attributed: %w", d.Target, last)
+			errs[i] = fmt.Errorf("publish to %s: the server reported an error in this batch that could not be attributed: %w", d.Target, last)
 		}
 	}
 }

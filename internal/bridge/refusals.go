@@ -3,18 +3,20 @@ package bridge
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
 )
 
-// Refusals records, in order, every permissions violation the server
-// reports on one connection. The server drops a refused publish and says
-// so with an -ERR; nats.go keeps only the last as the connection's error
-// and hands each to the async error handler. A flush does not fail for
-// them, so without this record a batch with several refused targets would
-// count all but the last as delivered.
+// Refusals records, in order, every asynchronous error the server reports
+// on one connection, and for permission violations the subject refused.
+// The server drops a refused publish and says so with an -ERR; nats.go
+// keeps only the last error as the connection's and hands each to the
+// async error handler. A flush does not fail for them, so without this
+// record a batch with several refused targets would count all but the
+// last as delivered.
 type Refusals struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced on every record
@@ -25,10 +27,12 @@ type Refusals struct {
 type refusal struct {
 	seq     uint64
 	err     error
-	subject string
+	publish bool   // a refused publish
+	subject string // its subject, "" if unreadable
 }
 
-// refusalsKept bounds the record; a publish batch only looks at its own.
+// refusalsKept bounds the record. A batch whose errors overflow it is not
+// attributed (every core delivery of it is retried), see since.
 const refusalsKept = 4096
 
 // NewRefusals returns an empty record.
@@ -36,23 +40,40 @@ func NewRefusals() *Refusals { return &Refusals{changed: make(chan struct{})} }
 
 // record is the connection's async error handler's part.
 func (r *Refusals) record(err error) {
-	if r == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+	if r == nil || err == nil {
 		return
 	}
-	_, subj, ok := strings.Cut(err.Error(), `Publish to "`)
-	if !ok {
-		return // a refused subscription: not a delivery
+	f := refusal{err: err}
+	if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish to ") {
+		f.publish = true
+		f.subject, _ = refusedSubject(err.Error())
 	}
-	subj, _, _ = strings.Cut(subj, `"`)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
-	r.recent = append(r.recent, refusal{seq: r.seq, err: err, subject: subj})
+	f.seq = r.seq
+	r.recent = append(r.recent, f)
 	if len(r.recent) > refusalsKept {
 		r.recent = append(r.recent[:0], r.recent[len(r.recent)-refusalsKept:]...)
 	}
 	close(r.changed)
 	r.changed = make(chan struct{})
+}
+
+// refusedSubject reads the subject of a refused publish from the server's
+// message, which quotes it Go-style (%q): a subject with '"', '\' or bytes
+// that are not UTF-8 arrives escaped.
+func refusedSubject(msg string) (string, bool) {
+	_, rest, ok := strings.Cut(msg, "Publish to ")
+	if !ok {
+		return "", false // a refused subscription: not a delivery
+	}
+	q, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return "", false
+	}
+	s, err := strconv.Unquote(q)
+	return s, err == nil
 }
 
 // mark is the position to collect refusals from.
@@ -65,20 +86,29 @@ func (r *Refusals) mark() uint64 {
 	return r.seq
 }
 
-// since waits until the refusal last (the connection's last error, which
-// the async handler receives as the same value) has been recorded, or ctx
-// ends, and returns every publish refusal after mark by subject.
+// since waits until last (the connection's last error, which the async
+// handler receives as the same value, after every earlier one) has been
+// recorded after mark, or ctx ends. It returns every publish refusal after
+// mark by subject, and whether that record is complete: false when ctx
+// ended first, when the record overflowed, or when a permission violation
+// could not be read.
 func (r *Refusals) since(ctx context.Context, mark uint64, last error) (map[string]error, bool) {
 	if r == nil {
 		return nil, false
 	}
 	for {
 		r.mu.Lock()
-		seen := false
+		seen, complete := false, len(r.recent) == 0 || r.recent[0].seq <= mark+1
 		out := map[string]error{}
 		for _, f := range r.recent {
-			if f.seq > mark {
+			if f.seq <= mark {
+				continue
+			}
+			switch {
+			case f.subject != "":
 				out[f.subject] = f.err
+			case f.publish:
+				complete = false // a refused publish whose subject is unreadable
 			}
 			if f.err == last {
 				seen = true
@@ -86,8 +116,8 @@ func (r *Refusals) since(ctx context.Context, mark uint64, last error) (map[stri
 		}
 		wait := r.changed
 		r.mu.Unlock()
-		if seen || last == nil {
-			return out, true
+		if seen {
+			return out, complete
 		}
 		select {
 		case <-wait:

@@ -292,7 +292,10 @@ func (c Config) Validate() error {
 	if c.Scanner.ClaimBatch < 1 || c.Scanner.ClaimBatch > 4096 {
 		bad("scanner.claim_batch", "must be 1..4096, got %d", c.Scanner.ClaimBatch)
 	}
-	positive("scanner.lease", int64(c.Scanner.Lease))
+	if c.Scanner.Lease < 200*time.Millisecond {
+		// A publish gets half the lease; less than 100 ms leaves no room.
+		bad("scanner.lease", "must be at least 200ms, got %s", c.Scanner.Lease)
+	}
 	positive("scanner.idle_interval", int64(c.Scanner.IdleInterval))
 	positive("scanner.retry_backoff", int64(c.Scanner.RetryBackoff))
 	positive("scanner.max_attempts", int64(c.Scanner.MaxAttempts))

@@ -351,7 +351,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	var items []claimed
 	for _, r := range res {
 		for _, c := range r.Items {
-			items = append(items, claimed{shard: r.Shard, at: returned, Claimed: c})
+			items = append(items, claimed{shard: r.Shard, at: start, Claimed: c})
 		}
 		if r.Expired > 0 {
 			s.redelivered("lease_expiry", r.Expired)
@@ -390,7 +390,9 @@ func (s *Scanner) lower(shard int, at int64) {
 
 type claimed struct {
 	shard int
-	at    time.Time // when the claim returned: the lease runs from about then
+	// at is when the claim was sent: the lease started later, in Redis, so
+	// a publish deadline counted from here can only be early, never late.
+	at time.Time
 	store.Claimed
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/redis/go-redis/v9"
@@ -93,9 +94,10 @@ func (p Persistence) LossWindow() string {
 }
 
 // Guard checks every new Redis connection (so every node, and again after
-// every reconnect or failover) for a maxmemory-policy that evicts. Unless
-// eviction is allowed, the first such finding is reported on Failed and the
-// daemon stops: an evicting Redis loses acknowledged envelopes silently.
+// every reconnect or failover), and the client every guardEvery, for a
+// maxmemory-policy that evicts. Unless eviction is allowed, the first such
+// finding ends Run with an error and the daemon stops: an evicting Redis
+// loses acknowledged envelopes silently.
 type Guard struct {
 	allow bool
 	log   hclog.Logger
@@ -150,12 +152,25 @@ func (g *Guard) Check(ctx context.Context, c Conn) error {
 	return nil
 }
 
-// Run waits for an evicting policy to be found, and returns it as an error.
-func (g *Guard) Run(ctx context.Context) error {
-	select {
-	case err := <-g.bad:
-		return err
-	case <-ctx.Done():
-		return nil
+// guardEvery is how often Run re-reads the settings: a policy changed with
+// CONFIG SET on a live Redis opens no new connection.
+const guardEvery = 10 * time.Second
+
+// Run re-checks c every guardEvery until an evicting policy is found, and
+// returns it as an error.
+func (g *Guard) Run(ctx context.Context, c Conn) error {
+	t := time.NewTicker(guardEvery)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-g.bad:
+			return err
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			g.Check(cctx, c)
+			cancel()
+		}
 	}
 }

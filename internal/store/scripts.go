@@ -101,8 +101,9 @@ return out
 
 // cancelScript removes envelopes wherever they are: ARGV are ids.
 // With ARGV[1] == "" it only removes ids found in the dead set (purge).
-// Returns per id: 0 not stored, 1 removed, 2 removed while claimed (a
-// delivery may already be out).
+// Returns per id: 0 not stored, 1 removed, 2 removed while a delivery may
+// already be out: it was claimed, or an earlier attempt was counted (a
+// publish that failed unconfirmed may still arrive).
 var cancelScript = newScript("allow-oom", `
 local bad = checkKeys()
 if bad then return redis.error_reply(bad) end
@@ -116,7 +117,8 @@ for i = first, #ARGV do
   if not seen[id] and redis.call('HEXISTS', KEYS[3], id) == 1 and (not deadOnly or redis.call('ZSCORE', KEYS[5], id)) then
     seen[id] = true
     r = 1
-    if redis.call('ZSCORE', KEYS[2], id) then r = 2 end
+    local c = redis.call('HGET', KEYS[4], id)
+    if redis.call('ZSCORE', KEYS[2], id) or (c and parseClaim(c) > 0) then r = 2 end
     gone[#gone+1] = id
   end
   out[#out+1] = r

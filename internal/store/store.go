@@ -277,8 +277,9 @@ func (s *Store) run(ctx context.Context, sc *script, keys []string, args ...any)
 type Cancelled struct {
 	// Existed: the envelope was stored, and is removed now.
 	Existed bool
-	// InFlight: it was claimed for delivery when cancelled, so a delivery
-	// may already be out.
+	// InFlight: a delivery may already be out: it was claimed for
+	// delivery when cancelled, or an earlier attempt was made whose
+	// publish was not confirmed.
 	InFlight bool
 }
 
