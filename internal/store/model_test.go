@@ -681,7 +681,9 @@ func (r *mRunner) cancel(id string) error {
 	var want Cancelled
 	if e := r.m.ids[id]; e != nil {
 		r.seen["cancelled "+e.at.String()]++
-		want = Cancelled{Existed: true, InFlight: e.at == mInflight}
+		// In flight: claimed now, or an earlier attempt was counted (its
+		// publish may have gone out unconfirmed).
+		want = Cancelled{Existed: true, InFlight: e.at == mInflight || (e.claimed && e.attempt > 0)}
 		r.m.remove(id, r.fx)
 	}
 	if got != want {
