@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/delayd/delayd/internal/bench"
 	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/embedded"
 )
 
 func benchCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -34,11 +36,14 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 	baseline := fs.Bool("baseline", true, "measure the request/reply ceiling with a trivial responder first")
 	conns := fs.Int("conns", 4, "NATS connections the requesters share")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
+	stream := fs.Bool("stream", false, "publish into the durable intake stream (<subject>.intake) with a window of async publishes and time until every envelope is pending in Redis; the baseline is a stream nobody consumes")
+	compare := fs.Bool("compare", false, "also run NATS JetStream message schedules (ADR-51) on the same workload, on an in-process nats-server, and print both side by side")
+	window := fs.Int("max-pending", 4096, "most unacknowledged async publishes per connection (--stream, --compare)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || *conns < 1 {
-		return fmt.Errorf("%w: --count, --concurrency, --conns and --window must be positive", errUsage)
+	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || *conns < 1 || *window < 1 {
+		return fmt.Errorf("%w: --count, --concurrency, --conns, --window and --max-pending must be positive", errUsage)
 	}
 	c, err := cf.load(getenv)
 	if err != nil {
@@ -70,6 +75,11 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 			return err
 		}
 		cl, err := bridge.Dial(c.NATS.URL, c.Subject, auth, w.Timeout)
+		// A child started with --embedded brings the NATS server up itself.
+		for deadline := time.Now().Add(15 * time.Second); err != nil && child != nil && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+			cl, err = bridge.Dial(c.NATS.URL, c.Subject, auth, w.Timeout)
+		}
 		if err != nil {
 			return err
 		}
@@ -80,14 +90,30 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 
+	so := bench.StreamOptions{Prefix: c.Subject, Window: *window}
 	var base float64
 	if *baseline {
-		if base, err = bench.Baseline(ctx, clients, w); err != nil {
+		if *stream {
+			base, err = bench.StreamBaseline(ctx, clients, w, so)
+		} else {
+			base, err = bench.Baseline(ctx, clients, w)
+		}
+		if err != nil {
 			return fmt.Errorf("baseline: %w", err)
 		}
 	}
 	progress := stderr
-	r, err := bench.Run(ctx, clients, w, progress)
+	var r bench.Result
+	if *stream {
+		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err = clients[0].WaitStream(wctx, c.Intake.Stream.Name)
+		cancel()
+		if err == nil {
+			r, err = bench.RunStream(ctx, clients, w, so, progress)
+		}
+	} else {
+		r, err = bench.Run(ctx, clients, w, progress)
+	}
 	if err != nil {
 		return err
 	}
@@ -99,20 +125,65 @@ func benchCmd(ctx context.Context, args []string, getenv func(string) string, st
 			return err
 		}
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
-			return err
+	var peer *bench.Result
+	if *compare {
+		if peer, err = benchSchedules(ctx, w, so, *conns, progress); err != nil {
+			return fmt.Errorf("compare: %w", err)
 		}
-	} else {
-		bench.Print(stdout, r)
+	}
+	if err := printBench(stdout, r, peer, *asJSON); err != nil {
+		return err
 	}
 	// A run that lost, rejected or delivered early exits 1, so the bench
 	// doubles as a smoke test (the Helm chart's helm test runs it).
 	if r.Lost > 0 || r.Rejected > 0 || r.Early > 0 {
 		return fmt.Errorf("bench: %d lost, %d rejected, %d early", r.Lost, r.Rejected, r.Early)
 	}
+	return nil
+}
+
+// benchSchedules runs the workload as JetStream message schedules on an
+// in-process nats-server of its own.
+func benchSchedules(ctx context.Context, w bench.Workload, so bench.StreamOptions, conns int, progress io.Writer) (*bench.Result, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	url := "nats://" + l.Addr().String()
+	l.Close()
+	srv, err := embedded.Start(url)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	clients := make([]*bridge.Client, conns)
+	for i := range clients {
+		if clients[i], err = bridge.Dial(url, "bench", bridge.Auth{}, w.Timeout); err != nil {
+			return nil, err
+		}
+		defer clients[i].Close()
+	}
+	r, err := bench.Schedules(ctx, clients, w, so, progress)
+	if err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+func printBench(stdout io.Writer, r bench.Result, peer *bench.Result, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if peer != nil {
+			return enc.Encode([]bench.Result{r, *peer})
+		}
+		return enc.Encode(r)
+	}
+	if peer != nil {
+		bench.PrintCompare(stdout, []bench.Result{r, *peer})
+		return nil
+	}
+	bench.Print(stdout, r)
 	return nil
 }
 
