@@ -244,6 +244,7 @@ func PrintCompare(w io.Writer, rs []Result) {
 		}
 		return fmt.Sprintf("%.0f (%.2f)", r.BaselineRate, r.IntakeRatio)
 	})
+	row("publish failed", func(r Result) string { return strconv.Itoa(r.Rejected) })
 	row("delivered", func(r Result) string { return strconv.Itoa(r.Delivered) })
 	row("lost / dup / early", func(r Result) string { return fmt.Sprintf("%d / %d / %d", r.Lost, r.Duplicates, r.Early) })
 	row("lateness p50 ms", func(r Result) string { return fmt.Sprintf("%.2f", r.LatenessMs.P50) })
