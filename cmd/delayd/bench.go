@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/delayd/delayd/internal/bench"
 	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/embedded"
 )
 
 func benchCommand(o cliIO) *cli.Command {
@@ -35,6 +37,9 @@ func benchCommand(o cliIO) *cli.Command {
 			&cli.BoolFlag{Name: "embedded", Aliases: []string{"embedded-redis"}, Usage: "like --local, but the child runs --embedded (in-process NATS and Redis emulation)"},
 			&cli.BoolFlag{Name: "baseline", Value: true, Usage: "measure the request/reply ceiling with a trivial responder first"},
 			&cli.IntFlag{Name: "conns", Value: 4, Usage: "NATS connections the requesters share"},
+			&cli.BoolFlag{Name: "stream", Usage: "publish into the durable intake stream (<subject>.intake) with a window of async publishes and time until every envelope is pending in Redis; the baseline is a stream nobody consumes"},
+			&cli.BoolFlag{Name: "compare", Usage: "also run NATS JetStream message schedules (ADR-51) on the same workload, on an in-process nats-server, and print both side by side"},
+			&cli.IntFlag{Name: "max-pending", Value: 4096, Usage: "most unacknowledged async publishes per connection (--stream, --compare)"},
 			jsonFlag("print the result as JSON")),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if err := noArgs(cmd); err != nil {
@@ -52,9 +57,10 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		Timeout: cmd.Duration("timeout"), Grace: cmd.Duration("grace"),
 	}
 	local, embedded, baseline, conns, asJSON := cmd.Bool("local"), cmd.Bool("embedded"), cmd.Bool("baseline"), int(cmd.Int("conns")), cmd.Bool("json")
+	stream, compare, window := cmd.Bool("stream"), cmd.Bool("compare"), int(cmd.Int("max-pending"))
 	stdout, stderr := o.stdout, o.stderr
-	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || conns < 1 {
-		return usageErr(cmd, "--count, --concurrency, --conns and --window must be positive")
+	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || conns < 1 || window < 1 {
+		return usageErr(cmd, "--count, --concurrency, --conns, --window and --max-pending must be positive")
 	}
 	c, err := loadConfig(cmd, o.getenv)
 	if err != nil {
@@ -86,6 +92,11 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 			return err
 		}
 		cl, err := bridge.Dial(c.NATS.URL, c.Subject, auth, w.Timeout)
+		// A child started with --embedded brings the NATS server up itself.
+		for deadline := time.Now().Add(15 * time.Second); err != nil && child != nil && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+			cl, err = bridge.Dial(c.NATS.URL, c.Subject, auth, w.Timeout)
+		}
 		if err != nil {
 			return err
 		}
@@ -96,14 +107,30 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		return err
 	}
 
+	so := bench.StreamOptions{Prefix: c.Subject, Window: window}
 	var base float64
 	if baseline {
-		if base, err = bench.Baseline(ctx, clients, w); err != nil {
+		if stream {
+			base, err = bench.StreamBaseline(ctx, clients, w, so)
+		} else {
+			base, err = bench.Baseline(ctx, clients, w)
+		}
+		if err != nil {
 			return fmt.Errorf("baseline: %w", err)
 		}
 	}
 	progress := stderr
-	r, err := bench.Run(ctx, clients, w, progress)
+	var r bench.Result
+	if stream {
+		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err = clients[0].WaitStream(wctx, c.Intake.Stream.Name)
+		cancel()
+		if err == nil {
+			r, err = bench.RunStream(ctx, clients, w, so, progress)
+		}
+	} else {
+		r, err = bench.Run(ctx, clients, w, progress)
+	}
 	if err != nil {
 		return err
 	}
@@ -115,20 +142,65 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 			return err
 		}
 	}
-	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
-			return err
+	var peer *bench.Result
+	if compare {
+		if peer, err = benchSchedules(ctx, w, so, conns, progress); err != nil {
+			return fmt.Errorf("compare: %w", err)
 		}
-	} else {
-		bench.Print(stdout, r)
+	}
+	if err := printBench(stdout, r, peer, asJSON); err != nil {
+		return err
 	}
 	// A run that lost, rejected or delivered early exits 1, so the bench
 	// doubles as a smoke test (the Helm chart's helm test runs it).
 	if r.Lost > 0 || r.Rejected > 0 || r.Early > 0 {
 		return fmt.Errorf("bench: %d lost, %d rejected, %d early", r.Lost, r.Rejected, r.Early)
 	}
+	return nil
+}
+
+// benchSchedules runs the workload as JetStream message schedules on an
+// in-process nats-server of its own.
+func benchSchedules(ctx context.Context, w bench.Workload, so bench.StreamOptions, conns int, progress io.Writer) (*bench.Result, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	url := "nats://" + l.Addr().String()
+	l.Close()
+	srv, err := embedded.Start(url)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	clients := make([]*bridge.Client, conns)
+	for i := range clients {
+		if clients[i], err = bridge.Dial(url, "bench", bridge.Auth{}, w.Timeout); err != nil {
+			return nil, err
+		}
+		defer clients[i].Close()
+	}
+	r, err := bench.Schedules(ctx, clients, w, so, progress)
+	if err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+func printBench(stdout io.Writer, r bench.Result, peer *bench.Result, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if peer != nil {
+			return enc.Encode([]bench.Result{r, *peer})
+		}
+		return enc.Encode(r)
+	}
+	if peer != nil {
+		bench.PrintCompare(stdout, []bench.Result{r, *peer})
+		return nil
+	}
+	bench.Print(stdout, r)
 	return nil
 }
 

@@ -34,3 +34,35 @@ func TestBenchCommand(t *testing.T) {
 	}
 	t.Logf("bench: intake %.0f/s (%.0f%% of %.0f/s), p99 %.2f ms", r.IntakeRate, 100*r.IntakeRatio, r.BaselineRate, r.LatenessMs.P99)
 }
+
+// TestBenchStreamCompare runs `delayd bench --stream --compare`: the
+// stream intake against a running daemon, and JetStream message schedules
+// on the bench's own in-process server, side by side. Correctness only.
+func TestBenchStreamCompare(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"delayd", "bench", "--nats-url", e.nats.URL(), "--json", "--stream", "--compare",
+		"--count", "500", "--window", "500ms", "--lead", "1s", "--grace", "5s", "--conns", "2", "--max-pending", "64"},
+		func(string) string { return "" }, &out, &errOut)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, errOut.String())
+	}
+	var rs []bench.Result
+	if err := json.Unmarshal(out.Bytes(), &rs); err != nil || len(rs) != 2 {
+		t.Fatalf("bench JSON: %v\n%s", err, out.String())
+	}
+	d, js := rs[0], rs[1]
+	if d.Mode != bench.ModeStream || d.Delivered != 500 || d.Lost != 0 || d.Early != 0 || d.Duplicates != 0 || d.Rejected != 0 {
+		t.Fatalf("stream intake result: %+v", d)
+	}
+	if d.IntakeRate <= 0 || d.PubAckRate <= 0 || d.BaselineRate <= 0 {
+		t.Fatalf("stream intake figures missing: %+v", d)
+	}
+	if js.Mode != bench.ModeSchedules || js.Delivered != 500 || js.Lost != 0 || js.Rejected != 0 {
+		t.Fatalf("JetStream schedules result: %+v", js)
+	}
+	t.Logf("stream intake %.0f/s (baseline %.0f/s), p99 %.2f ms; JetStream schedules %.0f/s, p99 %.2f ms, early %d",
+		d.IntakeRate, d.BaselineRate, d.LatenessMs.P99, js.IntakeRate, js.LatenessMs.P99, js.Early)
+}

@@ -146,6 +146,13 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	// while the rest drains.
 	var comps []component
 	if c.Mode != "scanner" {
+		si, err := streamIntake(c, auth, st, sc, metrics, o, log)
+		if err != nil {
+			return err
+		}
+		if si != nil { // stopped before the request intake: both store until the end
+			comps = append(comps, component{"stream-intake", si.Run})
+		}
 		comps = append(comps, component{"intake", intake.Run})
 	} else {
 		in.Close()

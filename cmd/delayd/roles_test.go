@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/testutil"
@@ -154,6 +155,33 @@ func TestPermissionBlocks(t *testing.T) {
 		if !strings.Contains(string(info.Data), subject) {
 			t.Errorf("service info lacks %s: %s", subject, info.Data)
 		}
+	}
+
+	// Publisher and daemon: the durable stream intake. The publisher's
+	// PubAck, the daemon's stream setup, pulls and acks all pass.
+	js, err := jetstream.New(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: "delayd.intake", Data: []byte("x"),
+			Header: hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "s-1")})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) { // the daemon creates the stream
+			t.Fatalf("publisher into delayd.intake: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := cli("get", "s-1"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream envelope not stored under the daemon block:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 
 	// Daemon: its block lets it deliver (acknowledged only after the

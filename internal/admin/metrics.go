@@ -17,6 +17,7 @@ import (
 type Metrics struct {
 	Registry       *prometheus.Registry
 	received       *prometheus.CounterVec
+	streamIntake   *prometheus.CounterVec
 	delivered      *prometheus.CounterVec
 	cancels        *prometheus.CounterVec
 	redeliveries   *prometheus.CounterVec
@@ -46,6 +47,7 @@ type Metrics struct {
 // Label values, created up front so every series exists from the start.
 var (
 	receivedResults  = []string{"stored", "bad_request", "forbidden", "too_large", "unavailable"}
+	streamResults    = []string{"stored", "bad_request", "forbidden", "too_large", "unavailable"}
 	cancelResults    = []string{"cancelled", "not_found", "bad_request", "unavailable"}
 	redeliveryCauses = []string{"lease_expiry", "retry", "replay"}
 	redisOps         = []string{"schedule", "cancel", "claim", "ack", "reap", "sample"}
@@ -72,6 +74,9 @@ func NewMetrics(version string) *Metrics {
 		Registry: reg,
 		received: counterVec("delayd_envelopes_received_total",
 			"Schedule requests by result: stored, bad_request, forbidden, too_large, unavailable.", "result", receivedResults),
+		streamIntake: counterVec("delayd_stream_intake_total",
+			"Messages taken from the intake stream by result: stored (acknowledged), bad_request, forbidden, too_large (terminated, published to <subject>.rejected), unavailable (Redis failed; left in the stream).",
+			"result", streamResults),
 		delivered: counterVec("delayd_envelopes_delivered_total",
 			"Delivery attempts by result: ok (publish confirmed) or failed (will retry).", "result", []string{"ok", "failed"}),
 		cancels: counterVec("delayd_cancels_total",
@@ -115,7 +120,7 @@ func NewMetrics(version string) *Metrics {
 		inconsistent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_inconsistencies_found_total",
 			Help: "Entries breaking the store's invariants, found by the background check, by kind (should stay 0)."}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.received, m.delivered, m.cancels, m.redeliveries, m.lateness,
+	for _, c := range []prometheus.Collector{m.received, m.streamIntake, m.delivered, m.cancels, m.redeliveries, m.lateness,
 		m.claimDuration, m.intakeDuration, m.redisErrors, m.natsReconnects, m.deadTotal, m.pending, m.inflight,
 		m.dead, m.oldestOverdue, m.shardsOwned, m.shardsTotal, m.redisConnected, m.backlog, m.backlogOverdue,
 		m.shardsUnowned, m.inconsistent, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
@@ -143,6 +148,11 @@ func (m *Metrics) WatchNATS(connected func() bool) {
 // Received counts one schedule request by its protocol code (0 = stored).
 func (m *Metrics) Received(code int) {
 	m.received.WithLabelValues(resultOf(code)).Inc()
+}
+
+// StreamIntake counts n messages taken from the intake stream by result.
+func (m *Metrics) StreamIntake(result string, n int) {
+	m.streamIntake.WithLabelValues(result).Add(float64(n))
 }
 
 // Inconsistent counts entries the background check found breaking the

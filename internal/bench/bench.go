@@ -38,22 +38,26 @@ func (w Workload) DueRate() float64 { return float64(w.Count) / w.Window.Seconds
 
 // Result is what a run measured.
 type Result struct {
+	Mode          string  `json:"mode"`
 	Count         int     `json:"count"`
 	Concurrency   int     `json:"concurrency"`
 	PayloadBytes  int     `json:"payload_bytes"`
 	DueRate       float64 `json:"due_per_second"`
 	IntakeSeconds float64 `json:"intake_seconds"`
 	IntakeRate    float64 `json:"intake_per_second"`
-	BaselineRate  float64 `json:"baseline_per_second,omitempty"`
-	IntakeRatio   float64 `json:"intake_ratio_of_baseline,omitempty"`
-	Rejected      int     `json:"rejected"`
-	Delivered     int     `json:"delivered"`
-	Lost          int     `json:"lost"`
-	Duplicates    int     `json:"duplicates"`
-	Early         int     `json:"early"`
-	LatenessMs    Quant   `json:"lateness_ms"`
-	Histogram     []Bar   `json:"histogram"`
-	Daemon        *Usage  `json:"daemon,omitempty"`
+	// PubAckRate is, for JetStream runs, the rate of PubAcks (for the
+	// stream intake, before the envelopes are all in Redis).
+	PubAckRate   float64 `json:"puback_per_second,omitempty"`
+	BaselineRate float64 `json:"baseline_per_second,omitempty"`
+	IntakeRatio  float64 `json:"intake_ratio_of_baseline,omitempty"`
+	Rejected     int     `json:"rejected"`
+	Delivered    int     `json:"delivered"`
+	Lost         int     `json:"lost"`
+	Duplicates   int     `json:"duplicates"`
+	Early        int     `json:"early"`
+	LatenessMs   Quant   `json:"lateness_ms"`
+	Histogram    []Bar   `json:"histogram"`
+	Daemon       *Usage  `json:"daemon,omitempty"`
 }
 
 // Quant are lateness quantiles in milliseconds.
@@ -136,6 +140,7 @@ func Run(ctx context.Context, clients []*bridge.Client, w Workload, progress io.
 	close(done)
 
 	r := rec.result()
+	r.Mode = ModeRequest
 	r.Count, r.Concurrency, r.PayloadBytes, r.DueRate = w.Count, w.Concurrency, w.PayloadSize, w.DueRate()
 	r.IntakeSeconds = took.Seconds()
 	r.IntakeRate = float64(w.Count-rejected) / took.Seconds()

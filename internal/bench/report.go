@@ -10,9 +10,17 @@ import (
 func Print(w io.Writer, r Result) {
 	fmt.Fprintf(w, "\nworkload   %d envelopes, %d requesters, %d-byte payloads, %.0f due/s\n",
 		r.Count, r.Concurrency, r.PayloadBytes, r.DueRate)
-	fmt.Fprintf(w, "intake     %.0f schedules/s acknowledged (%.2f s)", r.IntakeRate, r.IntakeSeconds)
-	if r.BaselineRate > 0 {
-		fmt.Fprintf(w, "; baseline %.0f req/s; ratio %.0f%%", r.BaselineRate, 100*r.IntakeRatio)
+	switch r.Mode {
+	case ModeStream:
+		fmt.Fprintf(w, "intake     %.0f envelopes/s publish to pending in Redis (%.2f s); PubAcks %.0f/s", r.IntakeRate, r.IntakeSeconds, r.PubAckRate)
+		if r.BaselineRate > 0 {
+			fmt.Fprintf(w, "; baseline (stream nobody consumes) %.0f/s; ratio %.0f%%", r.BaselineRate, 100*r.IntakeRatio)
+		}
+	default:
+		fmt.Fprintf(w, "intake     %.0f schedules/s acknowledged (%.2f s)", r.IntakeRate, r.IntakeSeconds)
+		if r.BaselineRate > 0 {
+			fmt.Fprintf(w, "; baseline %.0f req/s; ratio %.0f%%", r.BaselineRate, 100*r.IntakeRatio)
+		}
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "delivered  %d   lost %d   duplicates %d   early %d   rejected %d\n",

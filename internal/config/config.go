@@ -155,6 +155,37 @@ type Scanner struct {
 type Intake struct {
 	Batch  int           `koanf:"batch"`
 	Linger time.Duration `koanf:"linger"`
+	// Stream is the durable intake: a JetStream stream that holds
+	// envelopes published to <subject>.intake while no delayd runs.
+	Stream Stream `koanf:"stream"`
+}
+
+// Stream configures the JetStream intake stream and its shared consumer.
+type Stream struct {
+	// Enabled is auto (on when the server has JetStream, a warning when it
+	// has not), true (required: delayd stops when it cannot set it up) or
+	// false.
+	Enabled string `koanf:"enabled"`
+	// Name of the stream, and of the durable pull consumer all daemons
+	// share. Created when missing (with the settings below), bound as it
+	// is when it exists.
+	Name string `koanf:"name"`
+	// Replicas of a created stream (1 on a single server, 3 or 5 in a
+	// cluster).
+	Replicas int `koanf:"replicas"`
+	// MaxAge and MaxBytes bound a created stream; 0 = unlimited. A limit
+	// discards envelopes no delayd has taken yet: leave them at 0 unless
+	// the stream must not grow without bound while delayd is away.
+	MaxAge   time.Duration `koanf:"max_age"`
+	MaxBytes int64         `koanf:"max_bytes"`
+	// Pull is how many messages a daemon keeps requested from the stream.
+	Pull int `koanf:"pull"`
+	// AckWait: a message taken and not acknowledged within it (its daemon
+	// died) is delivered again, to any daemon.
+	AckWait time.Duration `koanf:"ack_wait"`
+	// RetryDelay is how long a message waits in the stream before it is
+	// offered again after Redis failed to store it.
+	RetryDelay time.Duration `koanf:"retry_delay"`
 }
 
 // Limits bound one schedule request.
@@ -216,7 +247,8 @@ func Default() Config {
 			// A shard every minute: 16 shards are all checked in 16 min.
 			CheckInterval: time.Minute,
 		},
-		Intake: Intake{Batch: 256},
+		Intake: Intake{Batch: 256, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Replicas: 1,
+			Pull: 1024, AckWait: 30 * time.Second, RetryDelay: time.Second}},
 		Limits: Limits{
 			MaxPayload:     0, // the NATS server's max_payload
 			MaxIDLen:       256,
@@ -306,6 +338,7 @@ func (c Config) Validate() error {
 	if c.Intake.Linger < 0 {
 		bad("intake.linger", "must not be negative, got %s", c.Intake.Linger)
 	}
+	c.validateStream(bad)
 	if c.Limits.MaxPayload < 0 {
 		bad("limits.max_payload", "must be 0 (the NATS server's max_payload) or positive, got %d", c.Limits.MaxPayload)
 	}
@@ -359,6 +392,39 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+func (c Config) validateStream(bad func(key, format string, args ...any)) {
+	s := c.Intake.Stream
+	switch s.Enabled {
+	case "auto", "true", "false":
+	default:
+		bad("intake.stream.enabled", "must be auto, true or false, got %q", s.Enabled)
+	}
+	if s.Name == "" || strings.ContainsAny(s.Name, ".*> \t/\\") {
+		bad("intake.stream.name", "must be a non-empty JetStream name without '.', '*', '>', '/', '\\' or spaces, got %q", s.Name)
+	}
+	if s.Replicas < 1 || s.Replicas > 5 {
+		bad("intake.stream.replicas", "must be 1..5, got %d", s.Replicas)
+	}
+	if s.MaxAge < 0 {
+		bad("intake.stream.max_age", "must be 0 (unlimited) or positive, got %s", s.MaxAge)
+	}
+	if s.MaxBytes < 0 {
+		bad("intake.stream.max_bytes", "must be 0 (unlimited) or positive, got %d", s.MaxBytes)
+	}
+	if s.Pull < 1 || s.Pull > 65536 {
+		bad("intake.stream.pull", "must be 1..65536, got %d", s.Pull)
+	}
+	if s.AckWait < time.Second {
+		bad("intake.stream.ack_wait", "must be at least 1s, got %s", s.AckWait)
+	}
+	if s.RetryDelay <= 0 {
+		bad("intake.stream.retry_delay", "must be positive, got %s", s.RetryDelay)
+	}
+}
+
+// StreamEnabled reports whether the stream intake may run (auto or true).
+func (c Config) StreamEnabled() bool { return c.Intake.Stream.Enabled != "false" }
 
 // EnvelopeLimits converts the limits for the envelope parser.
 func (c Config) EnvelopeLimits() envelope.Limits {

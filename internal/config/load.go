@@ -182,6 +182,11 @@ func fromYAML(def, v any) (any, error) {
 			return int(n), nil
 		}
 		return nil, fmt.Errorf("%v is not a whole number", v)
+	case int64:
+		if n, ok := asInt(v); ok {
+			return n, nil
+		}
+		return nil, fmt.Errorf("%v is not a whole number", v)
 	case bool:
 		if b, ok := v.(bool); ok {
 			return b, nil
@@ -225,6 +230,12 @@ func fromString(def any, s string) (any, error) {
 		return nil, fmt.Errorf("%q is not a duration: write e.g. 5s, 1500ms or 2m", s)
 	case int:
 		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a whole number", s)
+		}
+		return n, nil
+	case int64:
+		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 		if err != nil {
 			return nil, fmt.Errorf("%q is not a whole number", s)
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"time"
 
@@ -20,6 +21,7 @@ type Servers struct {
 	NATS      *server.Server
 	Redis     *miniredis.Miniredis
 	RedisAddr string
+	dir       string // JetStream's store
 }
 
 // Start starts nats-server on the host:port of natsURL and miniredis on a
@@ -37,21 +39,31 @@ func Start(natsURL string) (*Servers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded: nats.url port %q: %w", portStr, err)
 	}
-	ns, err := server.NewServer(&server.Options{Host: host, Port: port, NoSigs: true, NoLog: true})
+	// JetStream, for the durable stream intake, in a temp dir removed at
+	// Stop: nothing is durable in this mode.
+	dir, err := os.MkdirTemp("", "delayd-embedded-js-")
 	if err != nil {
+		return nil, fmt.Errorf("embedded: jetstream dir: %w", err)
+	}
+	ns, err := server.NewServer(&server.Options{Host: host, Port: port, NoSigs: true, NoLog: true,
+		JetStream: true, StoreDir: dir})
+	if err != nil {
+		os.RemoveAll(dir)
 		return nil, fmt.Errorf("embedded: nats-server: %w", err)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(5 * time.Second) {
 		ns.Shutdown()
+		os.RemoveAll(dir)
 		return nil, fmt.Errorf("embedded: nats-server did not start on %s:%d (port in use?)", host, port)
 	}
 	mr := miniredis.NewMiniRedis()
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
 		ns.Shutdown()
+		os.RemoveAll(dir)
 		return nil, fmt.Errorf("embedded: redis emulation: %w", err)
 	}
-	return &Servers{NATS: ns, Redis: mr, RedisAddr: mr.Addr()}, nil
+	return &Servers{NATS: ns, Redis: mr, RedisAddr: mr.Addr(), dir: dir}, nil
 }
 
 // Stop shuts both servers down.
@@ -59,4 +71,5 @@ func (s *Servers) Stop() {
 	s.Redis.Close()
 	s.NATS.Shutdown()
 	s.NATS.WaitForShutdown()
+	os.RemoveAll(s.dir)
 }

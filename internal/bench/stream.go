@@ -1,0 +1,254 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/delayd/delayd/internal/bridge"
+)
+
+// Modes of a result.
+const (
+	ModeRequest   = "request/reply"
+	ModeStream    = "stream intake"
+	ModeSchedules = "JetStream schedules"
+)
+
+// StreamOptions configure the runs that publish into JetStream.
+type StreamOptions struct {
+	// Prefix is delayd's subject prefix: envelopes go to <Prefix>.intake.
+	Prefix string
+	// Window is the most PubAcks outstanding per connection.
+	Window int
+}
+
+// publishShared publishes n messages over every client in parallel (client
+// k takes every len(clients)-th message) and returns the time until the
+// last PubAck and the failed publishes.
+func publishShared(ctx context.Context, clients []*bridge.Client, n, window int, msg func(i int) bridge.Outgoing, counter *atomic.Int64) (time.Duration, int, error) {
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	errs := make([]error, len(clients))
+	start := time.Now()
+	for k, c := range clients {
+		share := (n - k + len(clients) - 1) / len(clients)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, f, err := c.PublishAsync(ctx, share, window, func(i int) bridge.Outgoing { return msg(i*len(clients) + k) }, counter)
+			failed.Add(int64(f))
+			errs[k] = err
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return took, int(failed.Load()), err
+		}
+	}
+	return took, int(failed.Load()), nil
+}
+
+func payloadOf(size int) []byte {
+	p := make([]byte, size)
+	for i := range p {
+		p[i] = 'a' + byte(i%26)
+	}
+	return p
+}
+
+// dueAt is envelope i's due time: start+Lead, then spread evenly over
+// Window.
+func (w Workload) dueAt(start time.Time, i int) time.Time {
+	return start.Add(w.Lead + time.Duration(int64(w.Window)*int64(i)/int64(w.Count)))
+}
+
+// StreamBaseline publishes the same messages as RunStream into a stream
+// nobody consumes and returns PubAcks per second: what JetStream alone
+// takes on this machine.
+func StreamBaseline(ctx context.Context, clients []*bridge.Client, w Workload, o StreamOptions) (float64, error) {
+	const name, subject = "DELAYD_BENCH_BASELINE", "delayd-bench-baseline"
+	drop, err := clients[0].BenchStream(ctx, name, []string{subject + ".>"}, false)
+	if err != nil {
+		return 0, err
+	}
+	defer drop()
+	payload := payloadOf(w.PayloadSize)
+	start := time.Now()
+	took, failed, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
+		return bridge.Outgoing{Subject: subject + ".intake", Header: bridge.IntakeHeaders(w.Target, w.dueAt(start, i), "base-"+strconv.Itoa(i)), Data: payload}
+	}, nil)
+	if err != nil {
+		return 0, err
+	}
+	return float64(w.Count-failed) / took.Seconds(), nil
+}
+
+// RunStream publishes the workload into delayd's intake stream, times it
+// until every envelope is pending in Redis (polling the admin stats
+// endpoint), then watches the deliveries like Run.
+func RunStream(ctx context.Context, clients []*bridge.Client, w Workload, o StreamOptions, progress io.Writer) (Result, error) {
+	prefix := "s" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	rec := newRecorder(w.Count)
+	stop, err := clients[0].Watch(w.Target, watchInto(rec, prefix))
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	before, err := clients[0].PendingTotal(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("bench: admin stats: %w", err)
+	}
+	payload := payloadOf(w.PayloadSize)
+	start := time.Now()
+	done := make(chan struct{})
+	var acked atomic.Int64
+	go report(progress, w.Count, &acked, rec, done)
+	pubTook, failed, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
+		return bridge.Outgoing{Subject: o.Prefix + ".intake", Header: bridge.IntakeHeaders(w.Target, w.dueAt(start, i), prefix+strconv.Itoa(i)), Data: payload}
+	}, &acked)
+	if err != nil {
+		close(done)
+		return Result{}, err
+	}
+	// Pending now: what is in Redis, plus what was already delivered.
+	want := int64(w.Count - failed)
+	var pendTook time.Duration
+	for deadline := start.Add(w.Lead + w.Window + w.Grace); ; {
+		n, err := clients[0].PendingTotal(ctx)
+		if err == nil && n-before+int64(rec.unique()) >= want {
+			pendTook = time.Since(start)
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			pendTook = time.Since(start)
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	r := waitDeliveries(ctx, rec, w, start, int(want), done)
+	r.Mode = ModeStream
+	r.IntakeSeconds = pendTook.Seconds()
+	r.IntakeRate = float64(want) / pendTook.Seconds()
+	r.PubAckRate = float64(want) / pubTook.Seconds()
+	r.Rejected = failed
+	return r, nil
+}
+
+// Schedules runs the workload as NATS JetStream message schedules (ADR-51)
+// on the server clients are connected to: one schedule per subject
+// (bench.sched.in.<i>), each firing once into bench.sched.out.<i> of the
+// same stream, read by an ordered consumer. Intake is the PubAck rate: a
+// schedule is stored when it is acknowledged.
+func Schedules(ctx context.Context, clients []*bridge.Client, w Workload, o StreamOptions, progress io.Writer) (Result, error) {
+	const name = "DELAYD_BENCH_SCHEDULES"
+	drop, err := clients[0].BenchStream(ctx, name, []string{"bench.sched.>"}, true)
+	if err != nil {
+		return Result{}, err
+	}
+	defer drop()
+	prefix := "j" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	rec := newRecorder(w.Count)
+	stop, err := clients[0].WatchStream(ctx, name, "bench.sched.out.>", "Bench-Id", "Bench-Due", watchInto(rec, prefix))
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	payload := payloadOf(w.PayloadSize)
+	start := time.Now()
+	done := make(chan struct{})
+	var acked atomic.Int64
+	go report(progress, w.Count, &acked, rec, done)
+	took, failed, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
+		at := w.dueAt(start, i)
+		h := bridge.ScheduleHeaders(at, "bench.sched.out."+strconv.Itoa(i))
+		h["Bench-Id"] = []string{prefix + strconv.Itoa(i)}
+		h["Bench-Due"] = []string{at.UTC().Format(time.RFC3339Nano)}
+		return bridge.Outgoing{Subject: "bench.sched.in." + strconv.Itoa(i), Header: h, Data: payload}
+	}, &acked)
+	if err != nil {
+		close(done)
+		return Result{}, err
+	}
+	want := w.Count - failed
+	r := waitDeliveries(ctx, rec, w, start, want, done)
+	r.Mode = ModeSchedules
+	r.IntakeSeconds = took.Seconds()
+	r.IntakeRate = float64(want) / took.Seconds()
+	r.PubAckRate = r.IntakeRate
+	r.Rejected = failed
+	return r, nil
+}
+
+func watchInto(rec *recorder, prefix string) func(bridge.Delivered) {
+	return func(d bridge.Delivered) {
+		i, ok := strings.CutPrefix(d.ID, prefix)
+		if !ok {
+			return
+		}
+		n, err := strconv.Atoi(i)
+		if err != nil {
+			return
+		}
+		rec.add(n, d.Received.Sub(d.Due))
+	}
+}
+
+// waitDeliveries waits until want envelopes arrived or the grace after the
+// last due time ended, and returns the counts and lateness.
+func waitDeliveries(ctx context.Context, rec *recorder, w Workload, start time.Time, want int, done chan struct{}) Result {
+	deadline := start.Add(w.Lead + w.Window + w.Grace)
+	for rec.unique() < want && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let late duplicates show up
+	close(done)
+	r := rec.result()
+	r.Count, r.Concurrency, r.PayloadBytes, r.DueRate = w.Count, w.Concurrency, w.PayloadSize, w.DueRate()
+	r.Lost = want - r.Delivered
+	return r
+}
+
+// PrintCompare writes results side by side.
+func PrintCompare(w io.Writer, rs []Result) {
+	if len(rs) == 0 {
+		return
+	}
+	r0 := rs[0]
+	fmt.Fprintf(w, "\nworkload   %d envelopes, %d-byte payloads, %.0f due/s, same run\n\n", r0.Count, r0.PayloadBytes, r0.DueRate)
+	row := func(label string, f func(Result) string) {
+		fmt.Fprintf(w, "%-24s", label)
+		for _, r := range rs {
+			fmt.Fprintf(w, "%22s", f(r))
+		}
+		fmt.Fprintln(w)
+	}
+	row("", func(r Result) string { return r.Mode })
+	row("intake /s", func(r Result) string { return fmt.Sprintf("%.0f", r.IntakeRate) })
+	row("PubAck /s", func(r Result) string {
+		if r.PubAckRate == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", r.PubAckRate)
+	})
+	row("baseline /s (ratio)", func(r Result) string {
+		if r.BaselineRate == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f (%.2f)", r.BaselineRate, r.IntakeRatio)
+	})
+	row("publish failed", func(r Result) string { return strconv.Itoa(r.Rejected) })
+	row("delivered", func(r Result) string { return strconv.Itoa(r.Delivered) })
+	row("lost / dup / early", func(r Result) string { return fmt.Sprintf("%d / %d / %d", r.Lost, r.Duplicates, r.Early) })
+	row("lateness p50 ms", func(r Result) string { return fmt.Sprintf("%.2f", r.LatenessMs.P50) })
+	row("lateness p90 ms", func(r Result) string { return fmt.Sprintf("%.2f", r.LatenessMs.P90) })
+	row("lateness p99 ms", func(r Result) string { return fmt.Sprintf("%.2f", r.LatenessMs.P99) })
+	row("lateness max ms", func(r Result) string { return fmt.Sprintf("%.2f", r.LatenessMs.Max) })
+}

@@ -1,0 +1,170 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/envelope"
+)
+
+// The JetStream side of `delayd bench`: publishing into a stream with a
+// window of unacknowledged publishes, throwaway streams (the baseline
+// nobody consumes, and one with ADR-51 message schedules), and watching a
+// stream's deliveries.
+
+// Outgoing is one message a bench publishes.
+type Outgoing struct {
+	Subject string
+	Header  map[string][]string
+	Data    []byte
+}
+
+// PublishAsync publishes n messages into JetStream with at most window
+// PubAcks outstanding, and returns the time until the last PubAck and how
+// many publishes failed. counter, if not nil, counts PubAcks.
+func (c *Client) PublishAsync(ctx context.Context, n, window int, msg func(i int) Outgoing, counter *atomic.Int64) (time.Duration, int, error) {
+	js, err := jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(window))
+	if err != nil {
+		return 0, 0, err
+	}
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	start := time.Now()
+	futures := make(chan jetstream.PubAckFuture, window)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+			}
+			if counter != nil {
+				counter.Add(1)
+			}
+		}
+	}()
+	sent := 0
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		o := msg(i)
+		f, err := js.PublishMsgAsync(&nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data})
+		if err != nil {
+			failed.Add(1)
+			firstErr.CompareAndSwap(nil, err)
+			continue
+		}
+		sent++
+		futures <- f
+	}
+	close(futures)
+	<-done
+	took := time.Since(start)
+	if int(failed.Load()) == n {
+		return took, n, fmt.Errorf("bench: every publish failed, first: %v", firstErr.Load())
+	}
+	return took, int(failed.Load()), ctx.Err()
+}
+
+// BenchStream creates a throwaway file-backed stream on subjects (work
+// queue retention, like the intake stream), with ADR-51 message schedules
+// allowed when schedules is set, and returns a function that deletes it.
+func (c *Client) BenchStream(ctx context.Context, name string, subjects []string, schedules bool) (func(), error) {
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return nil, err
+	}
+	cfg := jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage,
+		Retention: jetstream.WorkQueuePolicy, AllowMsgSchedules: schedules}
+	if schedules {
+		// A schedule's target must be a subject of its own stream, which a
+		// consumer then reads: limits retention, as ADR-51 expects.
+		cfg.Retention = jetstream.LimitsPolicy
+	}
+	_ = js.DeleteStream(ctx, name) // left over from an interrupted run
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("bench: create stream %s: %w", name, err)
+	}
+	return func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(dctx, name)
+	}, nil
+}
+
+// WatchStream calls fn for every message of stream on filter, read by an
+// ordered consumer from now on, until stop is called. The due time is the
+// header due carries (RFC 3339).
+func (c *Client) WatchStream(ctx context.Context, stream, filter, idHeader, dueHeader string, fn func(Delivered)) (stop func(), err error) {
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter},
+		DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return nil, fmt.Errorf("bench: consumer on %s: %w", stream, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		now := time.Now()
+		due, _ := time.Parse(time.RFC3339Nano, m.Headers().Get(dueHeader))
+		fn(Delivered{ID: m.Headers().Get(idHeader), Due: due, Data: m.Data(), Received: now})
+	}, jetstream.PullMaxMessages(4096))
+	if err != nil {
+		return nil, err
+	}
+	return cc.Stop, nil
+}
+
+// ScheduleHeaders are the ADR-51 headers of a JetStream message schedule
+// firing once at at and landing on target.
+func ScheduleHeaders(at time.Time, target string) map[string][]string {
+	return map[string][]string{
+		"Nats-Schedule":        {"@at " + at.UTC().Format(time.RFC3339Nano)},
+		"Nats-Schedule-Target": {target},
+	}
+}
+
+// IntakeHeaders are the headers of a delayd envelope for the stream intake.
+func IntakeHeaders(target string, at time.Time, id string) map[string][]string {
+	return map[string][]string{
+		envelope.HeaderTarget: {target},
+		envelope.HeaderAt:     {at.UTC().Format(time.RFC3339Nano)},
+		envelope.HeaderID:     {id},
+	}
+}
+
+// PendingTotal is pending plus in flight, from the admin stats endpoint.
+func (c *Client) PendingTotal(ctx context.Context) (int64, error) {
+	s, err := c.Stats(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return s.Pending + s.Inflight, nil
+}
+
+// WaitStream waits until the durable consumer name of stream name exists:
+// a delayd has set its stream intake up.
+func (c *Client) WaitStream(ctx context.Context, name string) error {
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return err
+	}
+	for {
+		_, err := js.Consumer(ctx, name, name)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no stream intake %s: %w", name, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

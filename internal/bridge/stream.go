@@ -1,0 +1,487 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+)
+
+// StreamStore is what the stream intake needs from the delay set.
+type StreamStore interface {
+	Schedule(ctx context.Context, items []store.Item) ([]int64, []error)
+	Shard(id string) int
+}
+
+// StreamObserver counts stream intake outcomes for metrics.
+type StreamObserver interface {
+	// StreamIntake counts n messages taken from the stream by result:
+	// stored, bad_request, forbidden, too_large or unavailable (left in
+	// the stream to be offered again).
+	StreamIntake(result string, n int)
+	RedisError(op string)
+}
+
+// StreamOptions configure the durable stream intake.
+type StreamOptions struct {
+	// Subject is delayd's prefix: the stream captures <Subject>.intake and
+	// <Subject>.intake.>, rejects go to <Subject>.rejected.
+	Subject string
+	// Name is the stream's and the shared durable consumer's name.
+	Name string
+	// Required makes a server without JetStream an error; otherwise the
+	// stream intake waits for JetStream with a warning.
+	Required bool
+	Replicas int
+	MaxAge   time.Duration
+	MaxBytes int64
+	// Pull is how many messages this daemon keeps requested.
+	Pull    int
+	AckWait time.Duration
+	// RetryDelay is the Nak delay of a message Redis did not store.
+	RetryDelay time.Duration
+	// Batch bounds one Redis pipeline.
+	Batch        int
+	StoreTimeout time.Duration
+	Limits       envelope.Limits
+	Policy       envelope.Policy
+	JetStream    []string
+	Now          func() time.Time
+}
+
+// IntakeSubject is the subject publishers publish durable envelopes to
+// (and <prefix>.intake.> below it).
+func IntakeSubject(prefix string) string { return prefix + ".intake" }
+
+// RejectedSubject is where invalid stream envelopes are published.
+func RejectedSubject(prefix string) string { return prefix + ".rejected" }
+
+// ErrStreamClash means a stream of the configured name exists and does
+// not capture delayd's intake subjects: likely another deployment's.
+var ErrStreamClash = errors.New("stream does not capture the intake subjects")
+
+// StreamIntake takes envelopes from the JetStream intake stream, stores
+// them in Redis, and acknowledges each only after Redis confirmed it.
+type StreamIntake struct {
+	nc    *nats.Conn
+	store StreamStore
+	waker Waker
+	obs   StreamObserver
+	opt   StreamOptions
+	log   hclog.Logger
+	queue chan streamItem
+	// idPrefix makes the id of an envelope without Delayd-Id from the
+	// stream's creation time and the message's sequence: the same on
+	// every redelivery, so a redelivery replaces, and never the same for
+	// a stream deleted and created again.
+	idPrefix string
+}
+
+type streamItem struct {
+	msg  jetstream.Msg
+	item store.Item
+}
+
+// NewStreamIntake builds the stream intake on its own connection nc, which
+// it closes when it stops.
+func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver, opt StreamOptions, log hclog.Logger) *StreamIntake {
+	if opt.StoreTimeout == 0 {
+		opt.StoreTimeout = 5 * time.Second
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.Batch < 1 {
+		opt.Batch = 256
+	}
+	if opt.Pull < 1 {
+		opt.Pull = 1024
+	}
+	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
+		queue: make(chan streamItem, 2*opt.Pull)}
+}
+
+// Run sets the stream and consumer up (retrying while NATS or JetStream is
+// away), then takes envelopes until ctx is done. On shutdown it stops
+// pulling, stores and acknowledges what it already took, and returns.
+func (s *StreamIntake) Run(ctx context.Context) error {
+	defer s.nc.Close()
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return fmt.Errorf("bridge: jetstream: %w", err)
+	}
+	cons, err := s.setupRetrying(ctx, js)
+	if err != nil || cons == nil {
+		return err
+	}
+
+	batches := make(chan []streamItem)
+	var wg sync.WaitGroup
+	for range flushers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range batches {
+				s.flush(b)
+			}
+		}()
+	}
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		s.collect(batches)
+	}()
+
+	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(s.opt.Pull),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			s.log.Debug("stream consumer", "error", err)
+		}))
+	if err != nil {
+		close(s.queue)
+		<-collected
+		wg.Wait()
+		return fmt.Errorf("bridge: consume %s: %w", s.opt.Name, err)
+	}
+	s.log.Info("stream intake serving", "stream", s.opt.Name, "subjects", IntakeSubject(s.opt.Subject)+", "+IntakeSubject(s.opt.Subject)+".>")
+
+	<-ctx.Done()
+	// Drain: no more pulls; the handler still runs for every message
+	// already received. Closed is closed after the last one.
+	cc.Drain()
+	select {
+	case <-cc.Closed():
+	case <-time.After(s.opt.StoreTimeout):
+		s.log.Warn("stream consumer did not drain in time; what it holds is offered again after ack_wait")
+		cc.Stop()
+	}
+	close(s.queue)
+	<-collected
+	wg.Wait()
+	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = s.nc.FlushWithContext(fctx) // the last acks
+	cancel()
+	s.log.Info("stream intake stopped")
+	return nil
+}
+
+// setupRetrying sets the stream up until it works, ctx ends (nil, nil), or
+// a fault no retry can mend: a name clash, or no JetStream when required.
+func (s *StreamIntake) setupRetrying(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
+	backoff := 100 * time.Millisecond
+	warned := ""
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		cons, err := s.setup(sctx, js)
+		cancel()
+		if err == nil {
+			return cons, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		noJS := errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)
+		switch {
+		case errors.Is(err, ErrStreamClash):
+			return nil, err
+		case noJS && s.opt.Required:
+			return nil, fmt.Errorf("bridge: intake.stream.enabled is true but the NATS server has no JetStream: %w", err)
+		case noJS:
+			if warned != "nojs" {
+				s.log.Warn("the NATS server has no JetStream: the durable stream intake is off until it has (the request intake works)",
+					"subject", IntakeSubject(s.opt.Subject))
+				warned = "nojs"
+			}
+			backoff = 30 * time.Second
+		default:
+			if msg := err.Error(); warned != msg {
+				s.log.Warn("stream intake not set up yet, retrying", "stream", s.opt.Name, "error", err)
+				warned = msg
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// setup creates the stream when missing, or binds the existing one as it
+// is (it may be managed by an operator), and creates or updates the
+// durable consumer every daemon shares.
+func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, s.opt.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		st, err = js.CreateStream(ctx, s.streamConfig())
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // another daemon was first
+			st, err = js.Stream(ctx, s.opt.Name)
+		} else if err == nil {
+			s.log.Info("created the intake stream", "stream", s.opt.Name, "replicas", s.opt.Replicas)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bridge: stream %s: %w", s.opt.Name, err)
+	}
+	info := st.CachedInfo()
+	if !captures(info.Config.Subjects, IntakeSubject(s.opt.Subject)) || !captures(info.Config.Subjects, IntakeSubject(s.opt.Subject)+".x") {
+		return nil, fmt.Errorf("bridge: stream %s captures %v, not %s and %[3]s.>: %w (set intake.stream.name)",
+			s.opt.Name, info.Config.Subjects, IntakeSubject(s.opt.Subject), ErrStreamClash)
+	}
+	if info.Config.Retention != jetstream.WorkQueuePolicy {
+		s.log.Warn("the intake stream does not use work-queue retention: stored envelopes stay in it after delayd acknowledged them",
+			"stream", s.opt.Name, "retention", info.Config.Retention.String())
+	}
+	s.idPrefix = "s-" + strconv.FormatInt(info.Created.UnixNano(), 36) + "-"
+	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       s.opt.Name,
+		Description:   "delayd: stores intake envelopes in Redis",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.opt.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: max(16*s.opt.Pull, 20000),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: consumer %s: %w", s.opt.Name, err)
+	}
+	return cons, nil
+}
+
+func (s *StreamIntake) streamConfig() jetstream.StreamConfig {
+	maxBytes := s.opt.MaxBytes
+	if maxBytes == 0 {
+		maxBytes = -1
+	}
+	return jetstream.StreamConfig{
+		Name:        s.opt.Name,
+		Description: "delayd intake: envelopes waiting to be stored in Redis",
+		Subjects:    []string{IntakeSubject(s.opt.Subject), IntakeSubject(s.opt.Subject) + ".>"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.opt.Replicas,
+		MaxAge:      s.opt.MaxAge,
+		MaxBytes:    maxBytes,
+		// A full stream refuses new publishes (the publisher sees the
+		// error) rather than dropping envelopes it already acknowledged.
+		Discard: jetstream.DiscardNew,
+	}
+}
+
+// captures reports whether one of the stream's subject patterns matches
+// subject.
+func captures(patterns []string, subject string) bool {
+	for _, p := range patterns {
+		if envelope.Match(p, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+// handle validates one message as the request intake validates a schedule
+// request; a valid one is queued for Redis, an invalid one terminated and
+// published to <prefix>.rejected.
+func (s *StreamIntake) handle(m jetstream.Msg) {
+	h := intakeHeaders(m.Headers())
+	data := m.Data()
+	lim := s.opt.Limits
+	srvMax := int(s.nc.MaxPayload())
+	if srvMax > 0 && (lim.MaxPayload == 0 || srvMax < lim.MaxPayload) {
+		lim.MaxPayload = srvMax
+	}
+	r, err := envelope.ParseSchedule(h, data, lim, s.opt.Policy, s.opt.Now())
+	if err != nil {
+		s.reject(m, err)
+		return
+	}
+	if r.ID == "" {
+		meta, err := m.Metadata()
+		if err != nil {
+			// Not a JetStream message: cannot happen on a pull consumer.
+			s.log.Error("stream message without metadata", "error", err)
+			_ = m.Term()
+			return
+		}
+		r.ID = s.idPrefix + strconv.FormatUint(meta.Sequence.Stream, 10)
+	}
+	if srvMax > 0 {
+		if n := DeliverySize(r.Envelope, r.ID, s.isJetStream(r.Target)); n > srvMax {
+			s.reject(m, &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
+				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)})
+			return
+		}
+	}
+	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope)}
+	if r.HasAt {
+		it.Absolute, it.AtMicros = true, ceilMicros(r.At.UnixMicro(), r.At.Nanosecond()%1000)
+	} else {
+		it.DelayMicros = ceilMicros(int64(r.Delay/time.Microsecond), int(r.Delay%time.Microsecond))
+	}
+	s.queue <- streamItem{msg: m, item: it}
+}
+
+// intakeHeaders drops the headers that were addressed to the intake
+// stream itself (deduplication and expectations of the publish into it),
+// so they are neither refused as Nats-* nor passed on to the target.
+func intakeHeaders(h nats.Header) nats.Header {
+	drop := false
+	for k := range h {
+		if isIntakeHeader(k) {
+			drop = true
+			break
+		}
+	}
+	if !drop {
+		return h
+	}
+	out := make(nats.Header, len(h))
+	for k, v := range h {
+		if !isIntakeHeader(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func isIntakeHeader(k string) bool {
+	return strings.EqualFold(k, jetstream.MsgIDHeader) || hasPrefixFold(k, "Nats-Expected-")
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+func (s *StreamIntake) isJetStream(target string) bool {
+	for _, pat := range s.opt.JetStream {
+		if envelope.Match(pat, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// reject publishes the message, headers and payload unchanged plus
+// Delayd-Error, to <prefix>.rejected and terminates it in the stream.
+func (s *StreamIntake) reject(m jetstream.Msg, err error) {
+	code := envelope.CodeOf(err)
+	h := make(nats.Header, len(m.Headers())+2)
+	for k, v := range m.Headers() {
+		h[k] = v
+	}
+	h.Set(envelope.HeaderError, err.Error())
+	h.Set(HeaderErrorCode, strconv.Itoa(code))
+	if perr := s.nc.PublishMsg(&nats.Msg{Subject: RejectedSubject(s.opt.Subject), Header: h, Data: m.Data()}); perr != nil {
+		s.log.Warn("publishing a rejected envelope failed", "error", perr)
+	}
+	if terr := m.TermWithReason(err.Error()); terr != nil {
+		s.log.Warn("terminating a rejected envelope failed", "error", terr)
+	}
+	s.log.Warn("rejected a stream envelope", "code", code, "error", err, "subject", m.Subject())
+	s.count(resultOfCode(code), 1)
+}
+
+// HeaderErrorCode carries the protocol code (400, 403, 413) of a rejected
+// stream envelope, next to Delayd-Error.
+const HeaderErrorCode = "Delayd-Error-Code"
+
+func resultOfCode(code int) string {
+	switch code {
+	case envelope.CodeForbidden:
+		return "forbidden"
+	case envelope.CodeTooLarge:
+		return "too_large"
+	}
+	return "bad_request"
+}
+
+// collect groups queued envelopes into batches: it takes what is waiting,
+// up to Batch, and hands it to the first free flusher; while every flusher
+// is busy, envelopes pile up for the next batch.
+func (s *StreamIntake) collect(out chan<- []streamItem) {
+	defer close(out)
+	for {
+		first, ok := <-s.queue
+		if !ok {
+			return
+		}
+		batch := make([]streamItem, 1, s.opt.Batch)
+		batch[0] = first
+	fill:
+		for len(batch) < s.opt.Batch {
+			select {
+			case it, ok := <-s.queue:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, it)
+			default:
+				break fill
+			}
+		}
+		out <- batch
+	}
+}
+
+// flush stores one batch in one pipeline and settles every message:
+// acknowledged once Redis confirmed it, else offered again after
+// RetryDelay. A write whose outcome is unknown is offered again too; its
+// id is the same on redelivery, so storing it again replaces it.
+func (s *StreamIntake) flush(batch []streamItem) {
+	items := make([]store.Item, len(batch))
+	for i, b := range batch {
+		items[i] = b.item
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opt.StoreTimeout)
+	due, errs := s.store.Schedule(ctx, items)
+	cancel()
+	stored, failed := 0, 0
+	var firstErr error
+	for i, b := range batch {
+		if errs[i] != nil {
+			failed++
+			if firstErr == nil {
+				firstErr = errs[i]
+			}
+			if err := b.msg.NakWithDelay(s.opt.RetryDelay); err != nil {
+				s.log.Debug("nak failed; the message is offered again after ack_wait", "error", err)
+			}
+			continue
+		}
+		s.waker.Wake(s.store.Shard(b.item.ID), due[i])
+		if err := b.msg.Ack(); err != nil {
+			// Stored; the stream offers it again after ack_wait and the
+			// same id replaces it.
+			s.log.Debug("ack failed", "error", err)
+		}
+		stored++
+	}
+	if failed > 0 {
+		s.log.Error("storing stream envelopes failed; they stay in the stream", "count", failed, "error", firstErr)
+		if s.obs != nil {
+			s.obs.RedisError("schedule")
+		}
+		s.count("unavailable", failed)
+	}
+	if stored > 0 {
+		s.count("stored", stored)
+	}
+}
+
+func (s *StreamIntake) count(result string, n int) {
+	if s.obs != nil {
+		s.obs.StreamIntake(result, n)
+	}
+}

@@ -1,0 +1,322 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// streamEnv is a real nats-server with JetStream, a real redis-server and
+// the store on it.
+type streamEnv struct {
+	t     *testing.T
+	nats  *testutil.NATS
+	redis *testutil.Redis
+	st    *store.Store
+	obs   *streamCounts
+}
+
+func newStreamEnv(t *testing.T) *streamEnv {
+	t.Helper()
+	e := &streamEnv{t: t, nats: testutil.StartNATS(t), redis: testutil.StartRedis(t), obs: &streamCounts{n: map[string]int{}}}
+	e.st = store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), "streamtest", 4)
+	t.Cleanup(func() { e.st.Close() })
+	return e
+}
+
+// streamCounts records what the intake counted.
+type streamCounts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *streamCounts) StreamIntake(result string, n int) {
+	c.mu.Lock()
+	c.n[result] += n
+	c.mu.Unlock()
+}
+func (c *streamCounts) RedisError(string) {}
+func (c *streamCounts) get(result string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[result]
+}
+
+type noWake struct{}
+
+func (noWake) Wake(int, int64) {}
+
+func (e *streamEnv) conn() *nats.Conn {
+	e.t.Helper()
+	nc, err := nats.Connect(e.nats.URL())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(nc.Close)
+	return nc
+}
+
+// start runs a stream intake over st until the returned stop is called.
+func (e *streamEnv) start(st StreamStore, mod ...func(*StreamOptions)) (stop func()) {
+	e.t.Helper()
+	opt := StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1, Pull: 64, AckWait: 30 * time.Second,
+		RetryDelay: 50 * time.Millisecond, Batch: 32, StoreTimeout: 2 * time.Second,
+		Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}}
+	for _, m := range mod {
+		m(&opt)
+	}
+	nc, err := nats.Connect(e.nats.URL(), nats.MaxReconnects(-1))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	si := NewStreamIntake(nc, st, noWake{}, e.obs, opt, hclog.NewNullLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- si.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("stream intake: %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	e.waitStream()
+	return stop
+}
+
+// waitStream waits until the stream and its consumer exist.
+func (e *streamEnv) waitStream() {
+	e.t.Helper()
+	js := e.js()
+	e.eventually("the stream and consumer exist", func() bool {
+		_, err := js.Consumer(context.Background(), "DELAYD_INTAKE", "DELAYD_INTAKE")
+		return err == nil
+	})
+}
+
+func (e *streamEnv) js() jetstream.JetStream {
+	js, err := jetstream.New(e.conn())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return js
+}
+
+// eventually polls cond until it holds, failing after a generous deadline
+// (a hang guard, not a timed assertion).
+func (e *streamEnv) eventually(what string, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *streamEnv) pending() int64 {
+	shards, _, err := e.st.Stats(context.Background())
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, sh := range shards {
+		n += sh.Counts.Pending + sh.Counts.Inflight
+	}
+	return n
+}
+
+// streamLeft is what the stream still holds (not yet acknowledged).
+func (e *streamEnv) streamLeft(js jetstream.JetStream) uint64 {
+	e.t.Helper()
+	s, err := js.Stream(context.Background(), "DELAYD_INTAKE")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s.CachedInfo().State.Msgs
+}
+
+func publish(t *testing.T, js jetstream.JetStream, subject string, h nats.Header, payload string) {
+	t.Helper()
+	if _, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: subject, Header: h, Data: []byte(payload)}); err != nil {
+		t.Fatalf("publish to the intake stream: %v", err)
+	}
+}
+
+func hdr(kv ...string) nats.Header {
+	h := nats.Header{}
+	for i := 0; i < len(kv); i += 2 {
+		h.Add(kv[i], kv[i+1])
+	}
+	return h
+}
+
+// Envelopes published while no delayd runs are stored once it starts,
+// each acknowledged, the stream left empty; those without Delayd-Id get an
+// id from the stream sequence.
+func TestStreamIntakeStoresWhatWaited(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st)() // creates the stream, then stops: no delayd runs now
+	js := e.js()
+	const n = 300
+	for i := range n {
+		h := hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h", "traceparent", "00-abc-01")
+		subject := "delayd.intake"
+		if i%2 == 0 {
+			h.Set(envelope.HeaderID, fmt.Sprintf("w-%d", i))
+			subject = "delayd.intake.orders"
+		}
+		publish(t, js, subject, h, fmt.Sprint("payload ", i))
+	}
+	if left := e.streamLeft(js); left != n {
+		t.Fatalf("the stream holds %d of %d envelopes while no delayd runs", left, n)
+	}
+	e.start(e.st)
+	e.eventually("every envelope is stored", func() bool { return e.pending() == n })
+	e.eventually("the stream is empty", func() bool { return e.streamLeft(js) == 0 })
+	if got := e.obs.get("stored"); got != n {
+		t.Errorf("counted %d stored, want %d", got, n)
+	}
+	ent, err := e.st.Get(context.Background(), "w-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := envelope.Decode(ent.Data)
+	if err != nil || string(env.Payload) != "payload 0" || env.Target != "orders.cancel" || nats.Header(env.Header).Get("traceparent") != "00-abc-01" {
+		t.Errorf("stored envelope: %+v %v", env, err)
+	}
+	// An envelope without Delayd-Id is kept under s-<stream>-<sequence>:
+	// the second message published has sequence 2.
+	s, _ := js.Stream(context.Background(), "DELAYD_INTAKE")
+	id := fmt.Sprintf("s-%s-2", strconv.FormatInt(s.CachedInfo().Created.UnixNano(), 36))
+	if _, err := e.st.Get(context.Background(), id); err != nil {
+		t.Errorf("no envelope %s: %v", id, err)
+	}
+}
+
+// An invalid envelope is terminated, published to delayd.rejected with
+// Delayd-Error and its original headers and payload, and counted.
+func TestStreamIntakeRejects(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st, func(o *StreamOptions) { o.Policy = envelope.Policy{Prefix: "delayd", Deny: []string{"secret.>"}} })
+	nc := e.conn()
+	rejected := make(chan *nats.Msg, 10)
+	if _, err := nc.ChanSubscribe("delayd.rejected", rejected); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	js := e.js()
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.>", envelope.HeaderDelay, "1s", "X-Trace", "t1"), "bad target")
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "secret.x", envelope.HeaderDelay, "1s"), "denied")
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.ok", envelope.HeaderDelay, "1s", "Delayd-Id", "ok"), "fine")
+	for i, want := range []struct{ code, payload, result string }{{"400", "bad target", "bad_request"}, {"403", "denied", "forbidden"}} {
+		m := <-rejected
+		if m.Header.Get(envelope.HeaderError) == "" || m.Header.Get(HeaderErrorCode) != want.code || string(m.Data) != want.payload {
+			t.Errorf("rejected %d: %v %q", i, m.Header, m.Data)
+		}
+		if i == 0 && (m.Header.Get("X-Trace") != "t1" || m.Header.Get(envelope.HeaderTarget) != "orders.>") {
+			t.Errorf("rejected message lost its original headers: %v", m.Header)
+		}
+		if got := e.obs.get(want.result); got != 1 {
+			t.Errorf("counted %d %s, want 1", got, want.result)
+		}
+	}
+	e.eventually("the valid one is stored", func() bool { return e.pending() == 1 })
+	e.eventually("terminated and stored messages leave the stream", func() bool { return e.streamLeft(js) == 0 })
+}
+
+// unknownOnce stores through the real store but reports the first batch
+// as an outcome unknown, as when Redis applied a write whose reply was
+// lost: the messages are offered again and must replace, not duplicate.
+type unknownOnce struct {
+	*store.Store
+	failed atomic.Bool
+}
+
+func (u *unknownOnce) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+	due, errs := u.Store.Schedule(ctx, items)
+	if u.failed.CompareAndSwap(false, true) {
+		for i := range errs {
+			errs[i] = errors.Join(store.ErrOutcomeUnknown, errors.New("reply lost"))
+		}
+	}
+	return due, errs
+}
+
+func TestStreamIntakeRedeliveryDoesNotDuplicate(t *testing.T) {
+	e := newStreamEnv(t)
+	u := &unknownOnce{Store: e.st}
+	e.start(u, func(o *StreamOptions) { o.Batch = 1 })
+	js := e.js()
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h"), "no id")
+	e.eventually("the message is offered again and acknowledged", func() bool {
+		return e.obs.get("unavailable") == 1 && e.obs.get("stored") == 1 && e.streamLeft(js) == 0
+	})
+	if n := e.pending(); n != 1 {
+		t.Fatalf("%d envelopes stored after a redelivery, want 1", n)
+	}
+}
+
+// With Redis down, messages stay in the stream; they are stored when Redis
+// is back.
+func TestStreamIntakeSurvivesRedisOutage(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st)
+	js := e.js()
+	e.redis.Kill()
+	const n = 50
+	for i := range n {
+		publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h",
+			envelope.HeaderID, fmt.Sprint("o-", i)), "x")
+	}
+	e.eventually("a store attempt failed", func() bool { return e.obs.get("unavailable") > 0 })
+	if left := e.streamLeft(js); left != n {
+		t.Fatalf("the stream holds %d of %d envelopes while Redis is down", left, n)
+	}
+	e.redis.Start()
+	e.eventually("every envelope is stored", func() bool { return e.pending() == n })
+	e.eventually("the stream is empty", func() bool { return e.streamLeft(js) == 0 })
+}
+
+// A stream of the configured name that captures other subjects (another
+// deployment's) is an error, never bound.
+func TestStreamIntakeNameClash(t *testing.T) {
+	e := newStreamEnv(t)
+	js := e.js()
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "DELAYD_INTAKE", Subjects: []string{"other.intake"}}); err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := nats.Connect(e.nats.URL())
+	si := NewStreamIntake(nc, e.st, noWake{}, e.obs, StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1,
+		AckWait: time.Second, RetryDelay: time.Second}, hclog.NewNullLogger())
+	if err := si.Run(context.Background()); !errors.Is(err, ErrStreamClash) {
+		t.Fatalf("Run on a clashing stream: %v", err)
+	}
+}
+
+func TestIntakeHeadersDropsStreamPublishHeaders(t *testing.T) {
+	h := hdr("Nats-Msg-Id", "m1", "Nats-Expected-Last-Sequence", "3", "Nats-TTL", "1s", "X-A", "b")
+	got := intakeHeaders(h)
+	if len(got) != 2 || got.Get("Nats-TTL") != "1s" || got.Get("X-A") != "b" || len(h) != 4 {
+		t.Fatalf("intakeHeaders: %v (input now %v)", got, h)
+	}
+}
