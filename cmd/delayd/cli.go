@@ -71,6 +71,13 @@ func newApp(o cliIO) *cli.Command {
 		ConfigureShellCompletionCommand: func(c *cli.Command) {
 			c.Hidden = false
 			c.Usage = "print a shell completion script: delayd completion bash|zsh|fish|pwsh"
+			print := c.Action
+			c.Action = func(ctx context.Context, cmd *cli.Command) error {
+				if !cmd.Args().Present() {
+					return usageErr(cmd, "name a shell: bash, zsh, fish or pwsh")
+				}
+				return print(ctx, cmd)
+			}
 		},
 		Writer:    o.stdout,
 		ErrWriter: o.stderr,

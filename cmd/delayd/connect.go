@@ -10,7 +10,8 @@ import (
 // natsAuth turns the nats.* settings into connection options.
 func natsAuth(c config.Config) (bridge.Auth, error) {
 	n := c.NATS
-	a := bridge.Auth{User: n.User, Password: n.Password, Token: n.Token, NKeySeedFile: n.NKeySeedFile, CredsFile: n.CredsFile}
+	a := bridge.Auth{User: n.User, Password: n.Password, Token: n.Token, NKeySeedFile: n.NKeySeedFile, CredsFile: n.CredsFile,
+		InboxPrefix: n.InboxPrefix}
 	if n.TLS.Enabled || n.TLS.CAFile != "" || n.TLS.CertFile != "" {
 		t, err := tlsconf.Client(tlsconf.Files{CAFile: n.TLS.CAFile, CertFile: n.TLS.CertFile, KeyFile: n.TLS.KeyFile})
 		if err != nil {

@@ -347,7 +347,7 @@ func TestSlowRedisReplyThroughProxy(t *testing.T) {
 	defer nc.Close()
 	got := e.sink(nc, "slow.redis")
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 4 * time.Second})
-	m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "100ms"), Data: []byte("x")}
+	m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "10s"), Data: []byte("x")}
 	rep, err := nc.RequestMsg(m, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -358,6 +358,11 @@ func TestSlowRedisReplyThroughProxy(t *testing.T) {
 	var body struct{ ID string }
 	_ = json.Unmarshal(rep.Data, &body)
 	proxy.Clear()
+	// Let the replies already delayed drain: a connection delivers in
+	// order, so a retry sent now could wait behind them and time out too.
+	time.Sleep(4500 * time.Millisecond)
+	// The first write happened (the envelope is pending for 10 s): the
+	// retry with its id replaces it, so it is delivered once.
 	scheduleServed(t, nc, hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "100ms", "Delayd-Id", body.ID))
 	got.waitCount(1, 10*time.Second)
 	time.Sleep(time.Second)

@@ -59,7 +59,7 @@ func TestPermissionBlocks(t *testing.T) {
 		*o = *opts
 	})}
 	c := e.cfg()
-	c.NATS.User, c.NATS.Password = "delayd", "delayd-pw"
+	c.NATS.User, c.NATS.Password, c.NATS.InboxPrefix = "delayd", "delayd-pw", "_INBOX_delayd"
 	c.Targets.Allow = []string{"orders.>", "notifications.>"}
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
@@ -74,7 +74,7 @@ func TestPermissionBlocks(t *testing.T) {
 	}
 
 	connect := func(user, pw string) *nats.Conn {
-		nc, err := nats.Connect(e.nats.URL(), nats.UserInfo(user, pw))
+		nc, err := nats.Connect(e.nats.URL(), nats.UserInfo(user, pw), nats.CustomInboxPrefix("_INBOX_"+user))
 		if err != nil {
 			t.Fatalf("%s: %v", user, err)
 		}
@@ -115,10 +115,22 @@ func TestPermissionBlocks(t *testing.T) {
 	if refused(pub, "delayd.schedule") {
 		t.Error("publisher may not schedule")
 	}
+	// Nor read anyone else's replies (an operator's get, another
+	// service's schedule ids): its inbox prefix is its own.
+	for _, subject := range []string{"_INBOX.>", "_INBOX_operator.>", "_INBOX_delayd.>"} {
+		if _, err := pub.SubscribeSync(subject); err != nil {
+			t.Fatal(err)
+		}
+		_ = pub.Flush()
+		if err := pub.LastError(); err == nil || !strings.Contains(err.Error(), `Subscription to "`+subject+`"`) {
+			t.Errorf("publisher may subscribe to %s (last error %v)", subject, err)
+		}
+	}
 
 	// Operator: the CLI's inspection and dead-set commands.
 	getenv := func(k string) string {
-		return map[string]string{"DELAYD_NATS_URL": e.nats.URL(), "DELAYD_NATS_USER": "operator", "DELAYD_NATS_PASSWORD": "op-pw"}[k]
+		return map[string]string{"DELAYD_NATS_URL": e.nats.URL(), "DELAYD_NATS_USER": "operator", "DELAYD_NATS_PASSWORD": "op-pw",
+			"DELAYD_NATS_INBOX_PREFIX": "_INBOX_operator"}[k]
 	}
 	cli := func(args ...string) (string, error) {
 		var out bytes.Buffer

@@ -88,6 +88,20 @@ func TestTwoListeners(t *testing.T) {
 	if !strings.Contains(logs.String(), "console at "+console.URL()+"/ui/") {
 		t.Fatalf("console URL not logged:\n%s", logs.String())
 	}
+	// DNS rebinding: a page whose name now points at 127.0.0.1 sends its
+	// own Host; the loopback console answers only to loopback names.
+	for host, want := range map[string]int{"evil.example": 421, "evil.example:9480": 421, "localhost": 200, "[::1]:9480": 200} {
+		req, _ := http.NewRequest("GET", console.URL()+"/ui/api/list", nil)
+		req.Host = host
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
 }
 
 // TestConsoleHidesPayloadsByDefault: without ui.show_payloads the console

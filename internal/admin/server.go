@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -59,7 +60,34 @@ func Listen(addr string, m *Metrics, checks []Check, log hclog.Logger) (*Server,
 func ListenUI(addr string, ui *UI, log hclog.Logger) (*Server, error) {
 	mux := http.NewServeMux()
 	ui.register(mux)
-	return listen(addr, mux, "console", log)
+	s, err := listen(addr, mux, "console", log)
+	if err != nil {
+		return nil, err
+	}
+	if ip := s.ln.Addr().(*net.TCPAddr).IP; ip.IsLoopback() {
+		// DNS rebinding: a web page on evil.example that re-points its name
+		// at 127.0.0.1 would otherwise read the console from the browser
+		// of anyone on this machine. Loopback is reached by loopback names.
+		s.srv.Handler = loopbackHostOnly(mux)
+	}
+	return s, nil
+}
+
+// loopbackHostOnly refuses requests whose Host names anything but this
+// machine: localhost or a loopback address.
+func loopbackHostOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		ip := net.ParseIP(strings.Trim(host, "[]"))
+		if !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
+			http.Error(w, "the console on a loopback address answers only to localhost, 127.0.0.1 or [::1]", http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func listen(addr string, mux *http.ServeMux, what string, log hclog.Logger) (*Server, error) {

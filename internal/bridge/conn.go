@@ -22,6 +22,9 @@ type Auth struct {
 	CredsFile      string
 	// TLS, if not nil, is used for the connection (CA, client cert).
 	TLS *tls.Config
+	// InboxPrefix replaces "_INBOX" for this connection's reply subjects,
+	// so a NATS user can be allowed to subscribe to its own replies only.
+	InboxPrefix string
 }
 
 func (a Auth) options() ([]nats.Option, error) {
@@ -45,6 +48,9 @@ func (a Auth) options() ([]nats.Option, error) {
 	}
 	if a.TLS != nil {
 		opts = append(opts, nats.Secure(a.TLS))
+	}
+	if a.InboxPrefix != "" && a.InboxPrefix+"." != nats.InboxPrefix {
+		opts = append(opts, nats.CustomInboxPrefix(a.InboxPrefix))
 	}
 	return opts, nil
 }

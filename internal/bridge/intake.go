@@ -334,7 +334,7 @@ func (in *Intake) handleSchedule(req micro.Request) {
 	if srvMax > 0 {
 		// The delivery carries more headers than the request: refuse now
 		// what could never be delivered.
-		if n := DeliverySize(r.Envelope, r.ID, in.isJetStream(r.Target)); n > srvMax {
+		if n := DeliverySize(r.Envelope, r.ID, matchAny(in.opt.JetStream, r.Target)); n > srvMax {
 			in.count(envelope.CodeTooLarge)
 			in.reject(req.Reply(), &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
 				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)})
@@ -358,15 +358,6 @@ func ceilMicros(us int64, restNanos int) int64 {
 		return us + 1
 	}
 	return us
-}
-
-func (in *Intake) isJetStream(target string) bool {
-	for _, pat := range in.opt.JetStream {
-		if envelope.Match(pat, target) {
-			return true
-		}
-	}
-	return false
 }
 
 func (in *Intake) handleCancel(req micro.Request) {

@@ -60,7 +60,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
 		m := DeliveryMsg(d)
-		if p.isJetStream(d.Target) {
+		if matchAny(p.jsPatterns, d.Target) {
 			// No client-side retries on "no responders": a target without a
 			// stream would hold up every other delivery of the batch; the
 			// scanner retries with its own backoff.
@@ -136,9 +136,11 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 // Connected reports whether NATS is connected.
 func (p *Publisher) Connected() bool { return p.nc.IsConnected() }
 
-func (p *Publisher) isJetStream(target string) bool {
-	for _, pat := range p.jsPatterns {
-		if envelope.Match(pat, target) {
+// matchAny reports whether subject matches one of the patterns (the
+// targets.jetstream list).
+func matchAny(patterns []string, subject string) bool {
+	for _, pat := range patterns {
+		if envelope.Match(pat, subject) {
 			return true
 		}
 	}

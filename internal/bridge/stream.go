@@ -318,7 +318,7 @@ func (s *StreamIntake) handle(m jetstream.Msg) {
 		r.ID = s.idPrefix + strconv.FormatUint(meta.Sequence.Stream, 10)
 	}
 	if srvMax > 0 {
-		if n := DeliverySize(r.Envelope, r.ID, s.isJetStream(r.Target)); n > srvMax {
+		if n := DeliverySize(r.Envelope, r.ID, matchAny(s.opt.JetStream, r.Target)); n > srvMax {
 			s.reject(m, &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
 				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)})
 			return
@@ -357,20 +357,7 @@ func intakeHeaders(h nats.Header) nats.Header {
 }
 
 func isIntakeHeader(k string) bool {
-	return strings.EqualFold(k, jetstream.MsgIDHeader) || hasPrefixFold(k, "Nats-Expected-")
-}
-
-func hasPrefixFold(s, prefix string) bool {
-	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
-}
-
-func (s *StreamIntake) isJetStream(target string) bool {
-	for _, pat := range s.opt.JetStream {
-		if envelope.Match(pat, target) {
-			return true
-		}
-	}
-	return false
+	return strings.EqualFold(k, jetstream.MsgIDHeader) || envelope.HasPrefixFold(k, "Nats-Expected-")
 }
 
 // reject publishes the message, headers and payload unchanged plus
@@ -379,14 +366,21 @@ func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 	code := envelope.CodeOf(err)
 	h := make(nats.Header, len(m.Headers())+2)
 	for k, v := range m.Headers() {
-		h[k] = v
+		// The copy goes out with delayd's rights: no Nats-* header of the
+		// publisher's (a forged dedup id, a TTL, an expectation) rides along.
+		if !envelope.IsNATSHeader(k) {
+			h[k] = v
+		}
 	}
 	h.Set(envelope.HeaderError, err.Error())
 	h.Set(HeaderErrorCode, strconv.Itoa(code))
 	if perr := s.nc.PublishMsg(&nats.Msg{Subject: RejectedSubject(s.opt.Subject), Header: h, Data: m.Data()}); perr != nil {
 		s.log.Warn("publishing a rejected envelope failed", "error", perr)
 	}
-	if terr := m.TermWithReason(err.Error()); terr != nil {
+	// Plain Term: nats-server before 2.11 does not know "+TERM <reason>"
+	// and would redeliver the message for ever. The reason is on the
+	// rejected copy and in the log.
+	if terr := m.Term(); terr != nil {
 		s.log.Warn("terminating a rejected envelope failed", "error", terr)
 	}
 	s.log.Warn("rejected a stream envelope", "code", code, "error", err, "subject", m.Subject())

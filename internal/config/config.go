@@ -93,6 +93,10 @@ type NATS struct {
 	NKeySeedFile string `koanf:"nkey_seed_file"`
 	CredsFile    string `koanf:"creds_file"`
 	TLS          TLS    `koanf:"tls"`
+	// InboxPrefix replaces "_INBOX" in this process's reply subjects, so
+	// its NATS user may subscribe to its own replies only (one prefix per
+	// user: see the README's permission blocks).
+	InboxPrefix string `koanf:"inbox_prefix"`
 }
 
 // TLS configures a TLS client. With a CA file the server certificate is
@@ -236,7 +240,7 @@ func Default() Config {
 		Subject:   "delayd",
 		Mode:      "all",
 		Ownership: Ownership{TTL: 5 * time.Second},
-		NATS:      NATS{URL: "nats://127.0.0.1:4222", Name: "delayd"},
+		NATS:      NATS{URL: "nats://127.0.0.1:4222", Name: "delayd", InboxPrefix: "_INBOX"},
 		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}},
 		Scanner: Scanner{
 			ClaimBatch:   256,
@@ -307,6 +311,9 @@ func (c Config) Validate() error {
 	}
 	if auth > 1 {
 		bad("nats", "set at most one of user/password, token, nkey_seed_file and creds_file")
+	}
+	if !envelope.ValidTarget(c.NATS.InboxPrefix) {
+		bad("nats.inbox_prefix", "must be a literal subject such as _INBOX or _INBOX_ops, got %q", c.NATS.InboxPrefix)
 	}
 	for key, t := range map[string]TLS{"nats.tls": c.NATS.TLS, "redis.tls": c.Redis.TLS} {
 		if (t.CertFile == "") != (t.KeyFile == "") {

@@ -188,7 +188,7 @@ func ParseID(h map[string][]string, lim Limits) (string, error) {
 func (p Policy) checkNATSHeaders(pass map[string][]string) error {
 next:
 	for k := range pass {
-		if !hasPrefixFold(k, natsPrefix) {
+		if !HasPrefixFold(k, natsPrefix) {
 			continue
 		}
 		for _, a := range p.AllowNATS {
@@ -201,7 +201,13 @@ next:
 	return nil
 }
 
-func hasPrefixFold(s, prefix string) bool {
+// IsNATSHeader reports whether k is in the Nats-* family, which the NATS
+// server and JetStream act on: only delayd (or an operator's allow list)
+// may set those on what delayd publishes.
+func IsNATSHeader(k string) bool { return HasPrefixFold(k, natsPrefix) }
+
+// HasPrefixFold is strings.HasPrefix, ignoring ASCII case.
+func HasPrefixFold(s, prefix string) bool {
 	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
@@ -259,7 +265,7 @@ func splitHeaders(h map[string][]string, lim Limits) (control, map[string][]stri
 		if size > lim.MaxHeaderBytes {
 			return ctl, nil, reject(CodeTooLarge, "headers exceed %d bytes", lim.MaxHeaderBytes)
 		}
-		if hasPrefixFold(k, controlPrefix) {
+		if HasPrefixFold(k, controlPrefix) {
 			slot := -1
 			for i, name := range controlNames {
 				if strings.EqualFold(k, name) {

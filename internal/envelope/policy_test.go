@@ -22,14 +22,15 @@ func TestPolicyBuiltinDeny(t *testing.T) {
 		// Case variants are still $ subjects.
 		{"$sys.req", "$*"}, {"$Mqtt.rmsgs", "$*"}, {"$kv.b.k", "$*"},
 		// Reply spaces, any case, any depth, even the bare token.
-		{"_INBOX.abc", "_INBOX.>"}, {"_INBOX.abc.def.1", "_INBOX.>"}, {"_INBOX", "_INBOX.>"}, {"_inbox.abc", "_INBOX.>"},
+		{"_INBOX.abc", "_INBOX*.>"}, {"_INBOX.abc.def.1", "_INBOX*.>"}, {"_INBOX", "_INBOX*.>"}, {"_inbox.abc", "_INBOX*.>"},
+		{"_INBOX_orders.abc", "_INBOX*.>"}, {"_INBOXES.x", "_INBOX*.>"},
 		{"_R_.abc", "_R_.>"}, {"_R_.a.b.c", "_R_.>"}, {"_r_.x", "_R_.>"}, {"_R_", "_R_.>"},
 		// delayd's own subjects, any case, the bare prefix too.
 		{"delayd.schedule", "delayd.>"}, {"delayd.admin.get", "delayd.>"}, {"delayd.internal.wake.3", "delayd.>"},
 		{"delayd", "delayd.>"}, {"DELAYD.schedule", "delayd.>"}, {"Delayd.cancel", "delayd.>"},
 		// Look-alikes that are ordinary subjects.
 		{"delaydx.schedule", ""}, {"orders.delayd", ""}, {"orders.$SYS", ""}, {"a._INBOX.x", ""},
-		{"_INBOXES.x", ""}, {"_R.x", ""}, {"orders.cancel", ""}, {"SYS.x", ""},
+		{"_R.x", ""}, {"orders.cancel", ""}, {"SYS.x", ""},
 	} {
 		err := p.Check(tc.target)
 		if tc.rule == "" {
@@ -64,7 +65,7 @@ func TestPolicyPrecedence(t *testing.T) {
 		{"$kv.orders.o1", "built-in rule $*"},                     // opening is literal, case included
 		{"$JS.API.INFO", ""},                                      // a literal first token opens, wildcards after it are fine
 		{"$SYS.REQ.x", "built-in rule $*"},
-		{"_INBOX.abc", "built-in rule _INBOX.>"}, // never opened
+		{"_INBOX.abc", "built-in rule _INBOX*.>"}, // never opened
 		{"svc.delayd.schedule", "built-in rule svc.delayd.>"},
 		{"svc.other", ""},
 		{"orders.cancel", ""},

@@ -111,8 +111,9 @@ func BuiltinDeny(prefix string) []Rule {
 	return []Rule{
 		{Name: "$*", Why: "NATS system subjects", openable: true,
 			match: func(first, _ string) bool { return strings.HasPrefix(first, "$") }},
-		{Name: "_INBOX.>", Why: "reply inboxes",
-			match: func(first, _ string) bool { return strings.EqualFold(first, "_INBOX") }},
+		// Custom inbox prefixes (_INBOX_orders, per user) are inboxes too.
+		{Name: "_INBOX*.>", Why: "reply inboxes",
+			match: func(first, _ string) bool { return HasPrefixFold(first, "_INBOX") }},
 		{Name: "_R_.>", Why: "service-import replies",
 			match: func(first, _ string) bool { return strings.EqualFold(first, "_R_") }},
 		{Name: prefix + ".>", Why: "delayd's own subjects",

@@ -507,7 +507,11 @@ var errLeaseExpired = errors.New("lease expired without an ack on every attempt 
 func deadLetter(d envelope.Delivery, prefix string, fail error) envelope.Delivery {
 	h := make(map[string][]string, len(d.Header)+1)
 	for k, v := range d.Header {
-		h[k] = v
+		// Nats-* headers an operator let through (headers.allow_nats) were
+		// meant for the target's stream, not for the dead-letter subject.
+		if !envelope.IsNATSHeader(k) {
+			h[k] = v
+		}
 	}
 	h[envelope.HeaderError] = []string{fail.Error()}
 	d.Header, d.Target = h, prefix+"."+d.Target

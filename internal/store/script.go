@@ -47,7 +47,8 @@ func (s *Store) pick(sc *script) *redis.Script {
 // store switches to the plain builds for good.
 func (s *Store) load(ctx context.Context, sc *script) error {
 	err := s.pick(sc).Load(ctx, s.rdb).Err()
-	if err != nil && !s.noFlags.Load() && isCompileError(err) {
+	if err != nil && isCompileError(err) {
+		// Another caller may have switched already: either way, plain.
 		s.noFlags.Store(true)
 		err = sc.plain.Load(ctx, s.rdb).Err()
 	}

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -75,13 +76,28 @@ type Options struct {
 func NewClient(o Options) redis.UniversalClient {
 	addrs := make([]string, len(o.Addrs))
 	for i, a := range o.Addrs {
-		if rest, ok := strings.CutPrefix(a, "rediss://"); ok {
-			a = rest
-			if o.TLS == nil {
-				o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-			}
+		if !strings.HasPrefix(a, "redis://") && !strings.HasPrefix(a, "rediss://") {
+			addrs[i] = a
+			continue
 		}
-		addrs[i] = strings.TrimPrefix(a, "redis://")
+		// A URL: its credentials and database go to the options, so the
+		// address that reaches dial errors, logs and /readyz holds none.
+		u, err := url.Parse(a)
+		if err != nil {
+			addrs[i] = redactAddr(a)
+			continue
+		}
+		if u.Scheme == "rediss" && o.TLS == nil {
+			o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		if u.User != nil && o.Username == "" && o.Password == "" {
+			o.Username = u.User.Username()
+			o.Password, _ = u.User.Password()
+		}
+		if db, err := strconv.Atoi(strings.TrimPrefix(u.Path, "/")); err == nil && o.DB == 0 {
+			o.DB = db
+		}
+		addrs[i] = u.Host
 	}
 	if o.TLS != nil && o.TLS.ServerName == "" && len(addrs) > 0 {
 		// Verify the certificate against the host we dial.
@@ -116,6 +132,15 @@ func NewClient(o Options) redis.UniversalClient {
 		MaxRetries: -1,
 		OnConnect:  o.OnConnect,
 	})
+}
+
+// redactAddr drops anything before an "@" of an address that would not
+// parse, so a password in it never reaches a log.
+func redactAddr(a string) string {
+	if i := strings.LastIndex(a, "@"); i >= 0 {
+		return "REDACTED@" + a[i+1:]
+	}
+	return a
 }
 
 // New returns a store over rdb with the namespace and fixed shard count.

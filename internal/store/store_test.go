@@ -366,3 +366,22 @@ func TestRepeatedIDsInOneCall(t *testing.T) {
 	}
 	mustBeConsistent(t, s)
 }
+
+// Credentials in a redis:// address go to the client options, never into
+// the address that dial errors, logs and /readyz show.
+func TestRedisURLCredentials(t *testing.T) {
+	r := testutil.StartRedis(t)
+	if err := r.Client().ConfigSet(context.Background(), "requirepass", "TOPSECRET").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(Options{Addrs: []string{"redis://:TOPSECRET@" + r.Addr + "/0"}})
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("password from the URL not used: %v", err)
+	}
+	bad := NewClient(Options{Addrs: []string{"redis://:TOPSECRET@127.0.0.1:1"}})
+	defer bad.Close()
+	if err := bad.Ping(context.Background()).Err(); err == nil || strings.Contains(err.Error(), "TOPSECRET") {
+		t.Fatalf("dial error shows the password: %v", err)
+	}
+}
