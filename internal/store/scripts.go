@@ -238,16 +238,17 @@ local settled, acked, errs, claims, again, dead = {}, {}, {}, {}, {}, {}
 local done = {}
 for j, id in ipairs(ids) do
   local k = 2 + (j - 1) * 4
-  local prev = prevs[j]
-  local attempt, due, tok = 0, '', ''
-  if prev then attempt, due, tok = parseClaim(prev) end
-  if not done[id] and tok ~= '' and tok == ARGV[k+1] then
+  local prev, want = prevs[j], ARGV[k+1]
+  -- The claims value ends in ":<token>": a suffix compare is the token
+  -- check, without parsing the value for the common ack.
+  if not done[id] and prev and want ~= '' and string.sub(prev, -#want - 1) == ':' .. want then
     done[id] = true
     local op = ARGV[k+2]
     settled[#settled+1] = id
     if op == 'a' then
       acked[#acked+1] = id
     else
+      local attempt, due = parseClaim(prev)
       if ARGV[k+3] ~= '' then
         errs[#errs+1] = id
         errs[#errs+1] = ARGV[k+3]
@@ -273,7 +274,8 @@ if #dead > 0 then chunks('ZADD', KEYS[5], dead) end
 if #settled > 0 then chunks('ZREM', KEYS[2], settled) end
 if #acked > 0 then
   chunks('HDEL', KEYS[4], acked)
-  chunks('HDEL', KEYS[6], acked)
+  -- Errors are rare (a retried delivery): skip deleting what is not there.
+  if redis.call('HLEN', KEYS[6]) > 0 then chunks('HDEL', KEYS[6], acked) end
   chunks('HDEL', KEYS[3], acked)
 end
 return {now, #settled}
