@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
 )
 
 // Metrics are delayd's Prometheus metrics. They implement the observers
@@ -125,6 +126,9 @@ func NewMetrics(version string) *Metrics {
 		m.dead, m.oldestOverdue, m.shardsOwned, m.shardsTotal, m.redisConnected, m.backlog, m.backlogOverdue,
 		m.shardsUnowned, m.inconsistent, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		reg.MustRegister(c)
+	}
+	for _, k := range store.AllKinds {
+		m.inconsistent.WithLabelValues(k) // exported at 0 from the start
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "goversion"})

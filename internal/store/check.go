@@ -96,6 +96,10 @@ const (
 	KindErrorWithoutData     = "error_without_data"
 )
 
+// AllKinds lists every kind Check reports.
+var AllKinds = []string{KindUnindexedData, KindMultiplyIndexed, KindInflightWithoutClaim, KindDueWithoutData,
+	KindInflightWithoutData, KindDeadWithoutData, KindClaimWithoutData, KindErrorWithoutData}
+
 // CheckOptions pace a check.
 type CheckOptions struct {
 	// Repair fixes what is found (see checkScript); otherwise read-only.
