@@ -68,18 +68,7 @@ func waitState(t *testing.T, st *store.Store, id string, state store.State, d ti
 // Defect 2: with several refused targets in one flush window, only the last
 // -ERR was seen; the others were acked as delivered and deleted.
 func TestSeveralRefusedTargetsInOneBatch(t *testing.T) {
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
-		o.Users = []*server.User{
-			{Username: "delayd", Password: "d", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Allow: []string{"orders.>", "$SRV.>", "delayd.>", "_INBOX.>"}},
-			}},
-			{Username: "app", Password: "a"},
-		}
-	})}
-	c := e.cfg()
-	c.NATS.User, c.NATS.Password = "delayd", "d"
-	c.Scanner.MaxAttempts = 2
-	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	e, c := refusingNATS(t)
 	logs, _, _ := runDaemon(t, c)
 	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
 	if err != nil {

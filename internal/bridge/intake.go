@@ -135,6 +135,32 @@ func AdminSubject(prefix string) string { return prefix + ".admin" }
 // batch's Redis round trip overlaps the collection of the next.
 const flushers = 4
 
+// pipeline runs collect, which groups queued requests into batches until
+// its queue is closed, and flushers goroutines that store them. The
+// returned function waits until every batch is stored.
+func pipeline[T any](collect func(chan<- []T), flush func([]T)) (drained func()) {
+	batches := make(chan []T)
+	var wg sync.WaitGroup
+	for range flushers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range batches {
+				flush(b)
+			}
+		}()
+	}
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		collect(batches)
+	}()
+	return func() {
+		<-collected
+		wg.Wait()
+	}
+}
+
 // Run serves until ctx is done, then stops taking requests, stores and
 // answers every request already taken, and returns.
 func (in *Intake) Run(ctx context.Context) error {
@@ -162,22 +188,7 @@ func (in *Intake) Run(ctx context.Context) error {
 	in.log.Info("intake serving", "schedule", in.opt.Subject+".schedule", "cancel", in.opt.Subject+".cancel",
 		"admin", AdminSubject(in.opt.Subject)+".>")
 
-	batches := make(chan []pending)
-	var wg sync.WaitGroup
-	for range flushers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for b := range batches {
-				in.flush(b)
-			}
-		}()
-	}
-	collected := make(chan struct{})
-	go func() {
-		defer close(collected)
-		in.collect(batches)
-	}()
+	drained := pipeline(in.collect, in.flush)
 
 	<-ctx.Done()
 	if err := svc.Stop(); err != nil {
@@ -191,8 +202,7 @@ func (in *Intake) Run(ctx context.Context) error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(in.queue)
-	<-collected
-	wg.Wait()
+	drained()
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = in.nc.FlushWithContext(fctx)
 	cancel()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -125,22 +124,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 		return err
 	}
 
-	batches := make(chan []streamItem)
-	var wg sync.WaitGroup
-	for range flushers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for b := range batches {
-				s.flush(b)
-			}
-		}()
-	}
-	collected := make(chan struct{})
-	go func() {
-		defer close(collected)
-		s.collect(batches)
-	}()
+	drained := pipeline(s.collect, s.flush)
 
 	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(s.opt.Pull),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -148,8 +132,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 		}))
 	if err != nil {
 		close(s.queue)
-		<-collected
-		wg.Wait()
+		drained()
 		return fmt.Errorf("bridge: consume %s: %w", s.opt.Name, err)
 	}
 	s.log.Info("stream intake serving", "stream", s.opt.Name, "subjects", IntakeSubject(s.opt.Subject)+", "+IntakeSubject(s.opt.Subject)+".>")
@@ -165,8 +148,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 		cc.Stop()
 	}
 	close(s.queue)
-	<-collected
-	wg.Wait()
+	drained()
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = s.nc.FlushWithContext(fctx) // the last acks
 	cancel()
