@@ -1,0 +1,473 @@
+package store
+
+// The runner of the model test (model_test.go): it applies each step to
+// the real store and to the model, and compares.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The runner.
+
+type mRunner struct {
+	ctx        context.Context
+	s          *Store
+	rc         *redis.Client
+	m          *mModel
+	prev       []mShard
+	fx         mEffects
+	now        int64 // the latest Redis time seen, ms: a lower bound for what follows
+	checkEvery int   // steps between full Checks: they cost 18 script calls
+	tracing    bool
+	trace      []string
+	// seen tallies what the steps did, to show in the log what a seed
+	// covered (claims that took expired leases, stale settles, ...).
+	seen map[string]int
+}
+
+func newMRunner(ctx context.Context, s *Store, rc *redis.Client, checkEvery int, tracing bool) (*mRunner, error) {
+	r := &mRunner{ctx: ctx, s: s, rc: rc, checkEvery: checkEvery, tracing: tracing, seen: map[string]int{},
+		m: &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3)}}
+	var err error
+	r.prev, _, err = readKeyspace(ctx, rc, s)
+	return r, err
+}
+
+func (r *mRunner) tracef(format string, a ...any) {
+	if r.tracing {
+		r.trace = append(r.trace, fmt.Sprintf(format, a...))
+	}
+}
+
+// step runs o, then checks the whole keyspace against the invariants and
+// the model.
+func (r *mRunner) step(i int, o mOp) error {
+	r.fx = mEffects{deleted: map[string]bool{}, reset: map[string]bool{}, giveBack: map[string]bool{}}
+	if r.tracing {
+		r.tracef("%d: %v", i, o)
+	}
+	if err := r.apply(o); err != nil {
+		return err
+	}
+	cur, keys, err := readKeyspace(r.ctx, r.rc, r.s)
+	if err != nil {
+		return err
+	}
+	if err := checkInvariants(r.prev, cur, r.fx); err != nil {
+		return fmt.Errorf("invariant broken: %w", err)
+	}
+	if err := r.m.compare(cur, keys, r.s); err != nil {
+		return fmt.Errorf("Redis differs from the model: %w", err)
+	}
+	r.prev = cur
+	if (i+1)%r.checkEvery == 0 {
+		for sh := range r.s.Shards() {
+			found, err := r.s.Check(r.ctx, sh, CheckOptions{})
+			if err != nil {
+				return err
+			}
+			if len(found) > 0 {
+				return fmt.Errorf("Check of shard %d found %v", sh, found)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *mRunner) apply(o mOp) error {
+	switch o.kind {
+	case opSchedule:
+		return r.schedule(o.items)
+	case opBulk:
+		r.seen["bulk"]++
+		ids := bulkIDs(o.seq, o.shard, bulkSize)
+		items := make([]mItem, len(ids))
+		for i, id := range ids {
+			items[i] = mItem{id: id, data: id}
+		}
+		return r.schedule(items)
+	case opCancel:
+		return r.cancel(o.ids[0])
+	case opClaim:
+		return r.claim(o)
+	case opSettle:
+		return r.settle(o)
+	case opReplay:
+		return r.replay(o.ids)
+	case opPurge:
+		return r.purge(o.ids)
+	case opFlush:
+		return r.rc.ScriptFlush(r.ctx).Err()
+	case opFault:
+		return r.fault(o)
+	}
+	return fmt.Errorf("op %v cannot run alone", o)
+}
+
+func storeItems(items []mItem) []Item {
+	out := make([]Item, len(items))
+	for i, it := range items {
+		out[i] = Item{ID: it.id, Data: []byte(it.data), Absolute: true, AtMicros: 1000}
+		if it.later {
+			out[i] = Item{ID: it.id, Data: []byte(it.data), DelayMicros: hourMs * 1000}
+		}
+	}
+	return out
+}
+
+func (r *mRunner) schedule(items []mItem) error {
+	due, errs := r.s.Schedule(r.ctx, storeItems(items))
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for i, it := range items {
+		// AtMicros 1000 is due at 1 ms; an hour from now is after
+		// everything seen so far plus an hour.
+		if !it.later && due[i] != 1 || it.later && due[i] < r.now+hourMs {
+			return fmt.Errorf("schedule %v: due %d (latest Redis time seen %d)", it, due[i], r.now)
+		}
+		if r.m.ids[it.id] != nil {
+			r.seen["replaced "+r.m.ids[it.id].at.String()]++
+		}
+		r.m.put(it.id, it.data, due[i], r.fx)
+	}
+	r.tracef("   due %v", due[:min(len(due), 5)])
+	return nil
+}
+
+func (r *mRunner) cancel(id string) error {
+	got, err := r.s.Cancel(r.ctx, id)
+	if err != nil {
+		return err
+	}
+	var want Cancelled
+	if e := r.m.ids[id]; e != nil {
+		r.seen["cancelled "+e.at.String()]++
+		// In flight: claimed now, or an earlier attempt was counted (its
+		// publish may have gone out unconfirmed).
+		want = Cancelled{Existed: true, InFlight: e.at == mInflight || (e.claimed && e.attempt > 0)}
+		r.m.remove(id, r.fx)
+	}
+	if got != want {
+		return fmt.Errorf("cancel %s: got %+v, want %+v", id, got, want)
+	}
+	return nil
+}
+
+// claim checks every shard's claim item by item against the model, given
+// the Redis time the claim ran at.
+func (r *mRunner) claim(o mOp) error {
+	shards := o.shards
+	if shards == nil {
+		shards = []int{0, 1, 2}
+	}
+	res, err := r.s.Claim(r.ctx, shards, ClaimOptions{Batch: o.batch, Lease: time.Duration(o.lease) * time.Millisecond})
+	if err != nil {
+		return err
+	}
+	if len(res) != len(shards) {
+		return fmt.Errorf("claim: %d results for %d shards", len(res), len(shards))
+	}
+	var got []Claimed
+	for i, cr := range res {
+		now := cr.NowMs()
+		r.now = max(r.now, now)
+		want, err := r.m.claimable(shards[i], now, o.batch)
+		if err != nil {
+			return err
+		}
+		if cr.Shard != shards[i] || cr.Missing != 0 || len(cr.Items) != len(want) {
+			return fmt.Errorf("claim of shard %d at %d: got %d items %v (missing %d), want %v",
+				shards[i], now, len(cr.Items), claimedIDs(cr.Items), cr.Missing, want)
+		}
+		expired := 0
+		for j, c := range cr.Items {
+			e := r.m.ids[want[j]]
+			attempt, due := 1, e.score
+			if e.claimed {
+				attempt, due = e.attempt+1, e.due
+			}
+			if c.ID != want[j] || c.Attempt != attempt || c.DueMs != due || string(c.Data) != e.data || c.Token == "" || c.Token != cr.Items[0].Token {
+				return fmt.Errorf("claim of shard %d at %d: item %d is %s attempt %d due %d data %q token %q, want %s attempt %d due %d data %q",
+					shards[i], now, j, c.ID, c.Attempt, c.DueMs, c.Data, c.Token, want[j], attempt, due, e.data)
+			}
+			if e.at == mInflight {
+				expired++
+				r.seen["expired lease re-claimed"]++
+			} else if e.claimed {
+				r.seen["retried id re-claimed"]++
+			} else {
+				r.seen["claimed"]++
+			}
+			*e = mEntry{shard: e.shard, data: e.data, at: mInflight, score: now + o.lease, exact: true,
+				claimed: true, attempt: attempt, due: due, token: c.Token, err: e.err}
+		}
+		if cr.Expired != expired {
+			return fmt.Errorf("claim of shard %d: %d expired leases re-claimed, want %d", shards[i], cr.Expired, expired)
+		}
+		if nd, nl := r.m.next(shards[i], mDue), r.m.next(shards[i], mInflight); cr.NextDueMs != nd || cr.NextLeaseMs != nl {
+			return fmt.Errorf("claim of shard %d: next due %d, next lease %d, want %d, %d", shards[i], cr.NextDueMs, cr.NextLeaseMs, nd, nl)
+		}
+		r.seen["largest shard claim"] = max(r.seen["largest shard claim"], len(cr.Items))
+		if r.tracing {
+			r.tracef("   shard %d at %d ms: %s", shards[i], now, describeClaims(cr.Items))
+		}
+		got = append(got, cr.Items...)
+	}
+	if len(got) > 0 {
+		d := &r.m.daemons[o.daemon]
+		*d = append(*d, got)
+		if len(*d) > keepClaims {
+			*d = (*d)[1:]
+		}
+	}
+	return nil
+}
+
+func claimedIDs(cs []Claimed) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.ID
+	}
+	return out
+}
+
+func describeClaims(cs []Claimed) string {
+	parts := make([]string, 0, min(len(cs), 8))
+	for _, c := range cs[:min(len(cs), 8)] {
+		parts = append(parts, fmt.Sprintf("%s(attempt %d, token %s)", c.ID, c.Attempt, c.Token))
+	}
+	if len(cs) > 8 {
+		parts = append(parts, fmt.Sprintf("and %d more", len(cs)-8))
+	}
+	return "claimed [" + strings.Join(parts, " ") + "]"
+}
+
+// settle settles items of one of a daemon's claims, perhaps stale: only
+// those whose token is still the id's claim may settle.
+func (r *mRunner) settle(o mOp) error {
+	cl := r.m.daemons[o.daemon]
+	if len(cl) == 0 {
+		r.tracef("   no claim to settle")
+		return nil
+	}
+	c := cl[len(cl)-1-o.back%len(cl)]
+	rng := rand.New(rand.NewPCG(o.seed, 1))
+	whole := o.all || rng.IntN(3) == 0
+	var sts []Settle
+	for _, it := range c {
+		if !whole && rng.IntN(2) == 0 {
+			continue
+		}
+		st := Settle{ID: it.ID, Token: it.Token, Outcome: Delivered}
+		if !o.all {
+			st.Outcome = mOutcomes[rng.IntN(len(mOutcomes))]
+			if rng.IntN(2) == 0 {
+				st.Error = "e" + strconv.Itoa(rng.IntN(100))
+			}
+		}
+		sts = append(sts, st)
+	}
+	if len(sts) == 0 {
+		sts = append(sts, Settle{ID: c[0].ID, Token: c[0].Token, Outcome: Retry})
+	}
+	return r.ack(sts, o.retry)
+}
+
+// ack sends sts in one Ack and checks how many settled: exactly those whose
+// token is the id's current claim.
+func (r *mRunner) ack(sts []Settle, retry int64) error {
+	byShard := map[int][]Settle{}
+	want := 0
+	for _, st := range sts {
+		byShard[r.s.Shard(st.ID)] = append(byShard[r.s.Shard(st.ID)], st)
+		if e := r.m.ids[st.ID]; e != nil && e.token != "" && e.token == st.Token {
+			want++
+		}
+	}
+	lo := r.now
+	n, now, err := r.s.Ack(r.ctx, byShard, time.Duration(retry)*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	r.now = max(r.now, now)
+	var desc []string
+	for _, st := range sts {
+		e := r.m.ids[st.ID]
+		match := e != nil && e.token != "" && e.token == st.Token
+		if r.tracing && len(desc) < 8 {
+			desc = append(desc, fmt.Sprintf("%s %c %q token %s matches %v", st.ID, st.Outcome, st.Error, st.Token, match))
+		}
+		if !match {
+			r.seen["stale settle"]++
+			continue
+		}
+		r.seen["settled "+string(st.Outcome)]++
+		if st.Outcome == Delivered {
+			r.m.remove(st.ID, r.fx)
+			continue
+		}
+		if st.Error != "" {
+			e.err = st.Error
+		}
+		e.token, e.exact, e.lo, e.hi = "", false, lo, now
+		switch st.Outcome {
+		case Bury:
+			e.at = mDead
+		case Postpone:
+			e.attempt = max(e.attempt-1, 0)
+			r.fx.giveBack[st.ID] = true
+			fallthrough
+		default:
+			e.at, e.lo, e.hi = mDue, lo+retry, now+retry
+		}
+	}
+	r.tracef("   %s: settled %d", strings.Join(desc, ", "), n)
+	if n != want {
+		return fmt.Errorf("ack settled %d, want %d", n, want)
+	}
+	return nil
+}
+
+func (r *mRunner) replay(ids []string) error {
+	lo := r.now
+	n, err := r.s.Replay(r.ctx, ids)
+	if err != nil {
+		return err
+	}
+	t, err := r.rc.Time(r.ctx).Result()
+	if err != nil {
+		return err
+	}
+	hi := t.UnixMilli()
+	r.now = max(r.now, hi)
+	want := 0
+	for _, id := range ids {
+		if e := r.m.ids[id]; e != nil && e.at == mDead {
+			want++
+			*e = mEntry{shard: e.shard, data: e.data, at: mDue, lo: lo, hi: hi}
+			r.fx.reset[id] = true
+		}
+	}
+	r.seen["replayed"] += n
+	if n != want {
+		return fmt.Errorf("replay %v: %d were dead, want %d", ids, n, want)
+	}
+	return nil
+}
+
+func (r *mRunner) purge(ids []string) error {
+	n, err := r.s.Purge(r.ctx, ids)
+	if err != nil {
+		return err
+	}
+	want := 0
+	for _, id := range ids {
+		if e := r.m.ids[id]; e != nil && e.at == mDead {
+			want++
+			r.m.remove(id, r.fx)
+		}
+	}
+	r.seen["purged"] += n
+	if n != want {
+		return fmt.Errorf("purge %v: purged %d, want %d", ids, n, want)
+	}
+	return nil
+}
+
+// fault puts a string where one of a shard's keys was, runs a step that
+// must fail on it, and checks that the step changed nothing: Redis does not
+// roll back a script that stops part-way.
+func (r *mRunner) fault(o mOp) error {
+	k := r.s.keys[o.shard].list()[o.key]
+	moved := k + ":moved" // same hash tag
+	had, err := r.rc.Exists(r.ctx, k).Result()
+	if err != nil {
+		return err
+	}
+	if had == 1 {
+		if err := r.rc.Rename(r.ctx, k, moved).Err(); err != nil {
+			return err
+		}
+	}
+	if err := r.rc.Set(r.ctx, k, "not a "+mKeyNames[o.key], 0).Err(); err != nil {
+		return err
+	}
+	ferr := r.failing(*o.inner)
+	r.tracef("   failed with: %v", ferr)
+	if err := r.rc.Del(r.ctx, k).Err(); err != nil {
+		return err
+	}
+	if had == 1 {
+		if err := r.rc.Rename(r.ctx, moved, k).Err(); err != nil {
+			return err
+		}
+	}
+	r.seen["fault"]++
+	if ferr == nil {
+		return errors.New("the step succeeded on a key of the wrong type")
+	}
+	cur, _, err := readKeyspace(r.ctx, r.rc, r.s)
+	if err != nil {
+		return err
+	}
+	if !reflect.DeepEqual(cur, r.prev) {
+		return fmt.Errorf("the failed step changed shard keys:\nbefore %+v\nafter  %+v", r.prev, cur)
+	}
+	return nil
+}
+
+// failing runs o's store call only, and returns its error. Schedule and
+// cancel must say that nothing was written.
+func (r *mRunner) failing(o mOp) error {
+	switch o.kind {
+	case opSchedule:
+		_, errs := r.s.Schedule(r.ctx, storeItems(o.items))
+		err := errors.Join(errs...)
+		if err != nil && !errors.Is(err, ErrNotWritten) {
+			return fmt.Errorf("schedule refused, but not as not written: %w", err)
+		}
+		return err
+	case opCancel:
+		_, err := r.s.Cancel(r.ctx, o.ids[0])
+		if err != nil && !errors.Is(err, ErrNotWritten) {
+			return fmt.Errorf("cancel refused, but not as not written: %w", err)
+		}
+		return err
+	case opClaim:
+		res, err := r.s.Claim(r.ctx, o.shards, ClaimOptions{Batch: o.batch, Lease: time.Duration(o.lease) * time.Millisecond})
+		if len(res) > 0 {
+			return nil // reported as success: the caller fails the step
+		}
+		return err
+	case opAckIDs:
+		var sts []Settle
+		for _, id := range o.ids {
+			tok := "none"
+			if e := r.m.ids[id]; e != nil && e.token != "" {
+				tok = e.token
+			}
+			sts = append(sts, Settle{ID: id, Token: tok, Outcome: o.outcome, Error: "x"})
+		}
+		_, _, err := r.s.Ack(r.ctx, map[int][]Settle{r.s.Shard(o.ids[0]): sts}, 0)
+		return err
+	case opReplay:
+		_, err := r.s.Replay(r.ctx, o.ids)
+		return err
+	case opPurge:
+		_, err := r.s.Purge(r.ctx, o.ids)
+		return err
+	}
+	return fmt.Errorf("op %v cannot run in a fault", o)
+}
+
+// Reading Redis back.
