@@ -125,27 +125,50 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 	}
 
 	drained := pipeline(s.collect, s.flush)
-
-	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(s.opt.Pull),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			s.log.Debug("stream consumer", "error", err)
-		}))
-	if err != nil {
-		close(s.queue)
-		drained()
-		return fmt.Errorf("bridge: consume %s: %w", s.opt.Name, err)
-	}
-	s.log.Info("stream intake serving", "stream", s.opt.Name, "subjects", IntakeSubject(s.opt.Subject)+", "+IntakeSubject(s.opt.Subject)+".>")
-
-	<-ctx.Done()
-	// Drain: no more pulls; the handler still runs for every message
-	// already received. Closed is closed after the last one.
-	cc.Drain()
-	select {
-	case <-cc.Closed():
-	case <-time.After(s.opt.StoreTimeout):
-		s.log.Warn("stream consumer did not drain in time; what it holds is offered again after ack_wait")
-		cc.Stop()
+	for {
+		lost := make(chan error, 1)
+		cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(s.opt.Pull),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+					errors.Is(err, jetstream.ErrStreamNotFound) {
+					select {
+					case lost <- err:
+					default:
+					}
+					return
+				}
+				s.log.Debug("stream consumer", "error", err)
+			}))
+		if err != nil {
+			close(s.queue)
+			drained()
+			return fmt.Errorf("bridge: consume %s: %w", s.opt.Name, err)
+		}
+		s.log.Info("stream intake serving", "stream", s.opt.Name, "subjects", IntakeSubject(s.opt.Subject)+", "+IntakeSubject(s.opt.Subject)+".>")
+		select {
+		case err := <-lost:
+			// The stream or its consumer was deleted behind delayd's back:
+			// set them up again rather than stop taking envelopes quietly.
+			s.log.Warn("intake stream or consumer gone; setting it up again", "stream", s.opt.Name, "error", err)
+			cc.Stop()
+			if cons, err = s.setupRetrying(ctx, js); err != nil || cons == nil {
+				close(s.queue)
+				drained()
+				return err
+			}
+			continue
+		case <-ctx.Done():
+		}
+		// Drain: no more pulls; the handler still runs for every message
+		// already received. Closed is closed after the last one.
+		cc.Drain()
+		select {
+		case <-cc.Closed():
+		case <-time.After(s.opt.StoreTimeout):
+			s.log.Warn("stream consumer did not drain in time; what it holds is offered again after ack_wait")
+			cc.Stop()
+		}
+		break
 	}
 	close(s.queue)
 	drained()

@@ -320,3 +320,27 @@ func TestIntakeHeadersDropsStreamPublishHeaders(t *testing.T) {
 		t.Fatalf("intakeHeaders: %v (input now %v)", got, h)
 	}
 }
+
+// A stream deleted behind delayd's back is set up again, and envelopes
+// published into the new one are stored: the intake never stops quietly.
+func TestStreamIntakeSetsUpADeletedStreamAgain(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st)
+	js := e.js()
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h", "Delayd-Id", "before"), "x")
+	e.eventually("stored before the deletion", func() bool { return e.pending() == 1 })
+	if err := js.DeleteStream(context.Background(), "DELAYD_INTAKE"); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("the stream is back", func() bool {
+		_, err := js.Stream(context.Background(), "DELAYD_INTAKE")
+		return err == nil
+	})
+	e.eventually("an envelope published into the new stream is stored", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		m := &nats.Msg{Subject: "delayd.intake", Header: hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h", "Delayd-Id", "after")}
+		_, _ = js.PublishMsg(ctx, m)
+		return e.pending() == 2
+	})
+}
