@@ -1,0 +1,207 @@
+package bridge
+
+// The stream intake's message path: each pulled message is parsed and
+// validated, batched, stored, and acked (or rejected, or offered again).
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+)
+
+// handle validates one message as the request intake validates a schedule
+// request; a valid one is queued for Redis, an invalid one terminated and
+// published to <prefix>.rejected.
+func (s *StreamIntake) handle(m jetstream.Msg) {
+	h := intakeHeaders(m.Headers())
+	data := m.Data()
+	lim := s.opt.Limits
+	srvMax := int(s.nc.MaxPayload())
+	if srvMax > 0 && (lim.MaxPayload == 0 || srvMax < lim.MaxPayload) {
+		lim.MaxPayload = srvMax
+	}
+	r, err := envelope.ParseSchedule(h, data, lim, s.opt.Policy, s.opt.Now())
+	if err != nil {
+		s.reject(m, err)
+		return
+	}
+	if r.ID == "" {
+		meta, err := m.Metadata()
+		if err != nil {
+			// Not a JetStream message: cannot happen on a pull consumer.
+			s.log.Error("stream message without metadata", "error", err)
+			_ = m.Term()
+			return
+		}
+		r.ID = s.idPrefix + strconv.FormatUint(meta.Sequence.Stream, 10)
+	}
+	if srvMax > 0 {
+		if n := DeliverySize(r.Envelope, r.ID, matchAny(s.opt.JetStream, r.Target)); n > srvMax {
+			s.reject(m, &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
+				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)})
+			return
+		}
+	}
+	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope)}
+	if r.HasAt {
+		it.Absolute, it.AtMicros = true, ceilMicros(r.At.UnixMicro(), r.At.Nanosecond()%1000)
+	} else {
+		it.DelayMicros = ceilMicros(int64(r.Delay/time.Microsecond), int(r.Delay%time.Microsecond))
+	}
+	s.queue <- streamItem{msg: m, item: it}
+}
+
+// intakeHeaders drops the headers that were addressed to the intake
+// stream itself (deduplication and expectations of the publish into it),
+// so they are neither refused as Nats-* nor passed on to the target.
+func intakeHeaders(h nats.Header) nats.Header {
+	drop := false
+	for k := range h {
+		if isIntakeHeader(k) {
+			drop = true
+			break
+		}
+	}
+	if !drop {
+		return h
+	}
+	out := make(nats.Header, len(h))
+	for k, v := range h {
+		if !isIntakeHeader(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func isIntakeHeader(k string) bool {
+	return strings.EqualFold(k, jetstream.MsgIDHeader) || envelope.HasPrefixFold(k, "Nats-Expected-")
+}
+
+// reject publishes the message, headers and payload unchanged plus
+// Delayd-Error, to <prefix>.rejected and terminates it in the stream.
+func (s *StreamIntake) reject(m jetstream.Msg, err error) {
+	code := envelope.CodeOf(err)
+	h := make(nats.Header, len(m.Headers())+2)
+	for k, v := range m.Headers() {
+		// The copy goes out with delayd's rights: no Nats-* header of the
+		// publisher's (a forged dedup id, a TTL, an expectation) rides along.
+		if !envelope.IsNATSHeader(k) {
+			h[k] = v
+		}
+	}
+	h.Set(envelope.HeaderError, err.Error())
+	h.Set(HeaderErrorCode, strconv.Itoa(code))
+	if perr := s.nc.PublishMsg(&nats.Msg{Subject: RejectedSubject(s.opt.Subject), Header: h, Data: m.Data()}); perr != nil {
+		s.log.Warn("publishing a rejected envelope failed", "error", perr)
+	}
+	// Plain Term: nats-server before 2.11 does not know "+TERM <reason>"
+	// and would redeliver the message for ever. The reason is on the
+	// rejected copy and in the log.
+	if terr := m.Term(); terr != nil {
+		s.log.Warn("terminating a rejected envelope failed", "error", terr)
+	}
+	s.log.Warn("rejected a stream envelope", "code", code, "error", err, "subject", m.Subject())
+	s.count(resultOfCode(code), 1)
+}
+
+// HeaderErrorCode carries the protocol code (400, 403, 413) of a rejected
+// stream envelope, next to Delayd-Error.
+const HeaderErrorCode = "Delayd-Error-Code"
+
+func resultOfCode(code int) string {
+	switch code {
+	case envelope.CodeForbidden:
+		return "forbidden"
+	case envelope.CodeTooLarge:
+		return "too_large"
+	}
+	return "bad_request"
+}
+
+// collect groups queued envelopes into batches: it takes what is waiting,
+// up to Batch, and hands it to the first free flusher; while every flusher
+// is busy, envelopes pile up for the next batch.
+func (s *StreamIntake) collect(out chan<- []streamItem) {
+	defer close(out)
+	for {
+		first, ok := <-s.queue
+		if !ok {
+			return
+		}
+		batch := make([]streamItem, 1, s.opt.Batch)
+		batch[0] = first
+	fill:
+		for len(batch) < s.opt.Batch {
+			select {
+			case it, ok := <-s.queue:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, it)
+			default:
+				break fill
+			}
+		}
+		out <- batch
+	}
+}
+
+// flush stores one batch in one pipeline and settles every message:
+// acknowledged once Redis confirmed it, else offered again after
+// RetryDelay. A write whose outcome is unknown is offered again too; its
+// id is the same on redelivery, so storing it again replaces it.
+func (s *StreamIntake) flush(batch []streamItem) {
+	items := make([]store.Item, len(batch))
+	for i, b := range batch {
+		items[i] = b.item
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opt.StoreTimeout)
+	due, errs := s.store.Schedule(ctx, items)
+	cancel()
+	stored, failed := 0, 0
+	var firstErr error
+	for i, b := range batch {
+		if errs[i] != nil {
+			failed++
+			if firstErr == nil {
+				firstErr = errs[i]
+			}
+			if err := b.msg.NakWithDelay(s.opt.RetryDelay); err != nil {
+				s.log.Debug("nak failed; the message is offered again after ack_wait", "error", err)
+			}
+			continue
+		}
+		s.waker.Wake(s.store.Shard(b.item.ID), due[i])
+		if err := b.msg.Ack(); err != nil {
+			// Stored; the stream offers it again after ack_wait and the
+			// same id replaces it.
+			s.log.Debug("ack failed", "error", err)
+		}
+		stored++
+	}
+	if failed > 0 {
+		s.log.Error("storing stream envelopes failed; they stay in the stream", "count", failed, "error", firstErr)
+		if s.obs != nil {
+			s.obs.RedisError("schedule")
+		}
+		s.count("unavailable", failed)
+	}
+	if stored > 0 {
+		s.count("stored", stored)
+	}
+}
+
+func (s *StreamIntake) count(result string, n int) {
+	if s.obs != nil {
+		s.obs.StreamIntake(result, n)
+	}
+}
