@@ -327,47 +327,17 @@ func (in *Intake) storeFailed(reply, id string, err error) int {
 
 func (in *Intake) handleSchedule(req micro.Request) {
 	start := time.Now()
-	lim := in.opt.Limits
-	srvMax := int(in.nc.MaxPayload())
-	if srvMax > 0 && (lim.MaxPayload == 0 || srvMax < lim.MaxPayload) {
-		lim.MaxPayload = srvMax
-	}
-	r, err := envelope.ParseSchedule(req.Headers(), req.Data(), lim, in.opt.Policy, in.opt.Now())
+	it, err := in.validator().item(req.Headers(), req.Data(), func() (string, error) { return nuid.Next(), nil })
 	if err != nil {
 		in.count(envelope.CodeOf(err))
 		in.reject(req.Reply(), err)
 		return
 	}
-	if r.ID == "" {
-		r.ID = nuid.Next()
-	}
-	if srvMax > 0 {
-		// The delivery carries more headers than the request: refuse now
-		// what could never be delivered.
-		if n := DeliverySize(r.Envelope, r.ID, matchAny(in.opt.JetStream, r.Target)); n > srvMax {
-			in.count(envelope.CodeTooLarge)
-			in.reject(req.Reply(), &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
-				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)})
-			return
-		}
-	}
-	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope)}
-	if r.HasAt {
-		// Round up to the µs so that rounding never makes it early.
-		it.Absolute, it.AtMicros = true, ceilMicros(r.At.UnixMicro(), r.At.Nanosecond()%1000)
-	} else {
-		it.DelayMicros = ceilMicros(int64(r.Delay/time.Microsecond), int(r.Delay%time.Microsecond))
-	}
 	in.queue <- pending{item: it, reply: req.Reply(), start: start}
 }
 
-// ceilMicros rounds us up when the nanoseconds left over are positive,
-// without the overflow of adding 999 ns first.
-func ceilMicros(us int64, restNanos int) int64 {
-	if restNanos > 0 {
-		return us + 1
-	}
-	return us
+func (in *Intake) validator() validator {
+	return validator{nc: in.nc, limits: in.opt.Limits, policy: in.opt.Policy, jetStream: in.opt.JetStream, now: in.opt.Now}
 }
 
 func (in *Intake) handleCancel(req micro.Request) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -82,7 +83,7 @@ type StreamIntake struct {
 	// stream's creation time and the message's sequence: the same on
 	// every redelivery, so a redelivery replaces, and never the same for
 	// a stream deleted and created again.
-	idPrefix string
+	idPrefix atomic.Value // string; set up again if the stream is re-created while handlers run
 }
 
 type streamItem struct {
@@ -150,6 +151,13 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 			// set them up again rather than stop taking envelopes quietly.
 			s.log.Warn("intake stream or consumer gone; setting it up again", "stream", s.opt.Name, "error", err)
 			cc.Stop()
+			// Give the server a moment to finish the deletion: a stream
+			// created again while the old one is still being removed can
+			// lose its first messages.
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 			if cons, err = s.setupRetrying(ctx, js); err != nil || cons == nil {
 				close(s.queue)
 				drained()
@@ -249,7 +257,7 @@ func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetst
 		s.log.Warn("the intake stream does not use work-queue retention: stored envelopes stay in it after delayd acknowledged them",
 			"stream", s.opt.Name, "retention", info.Config.Retention.String())
 	}
-	s.idPrefix = "s-" + strconv.FormatInt(info.Created.UnixNano(), 36) + "-"
+	s.idPrefix.Store("s-" + strconv.FormatInt(info.Created.UnixNano(), 36) + "-")
 	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable:       s.opt.Name,
 		Description:   "delayd: stores intake envelopes in Redis",

@@ -5,10 +5,9 @@ package bridge
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,40 +20,25 @@ import (
 // request; a valid one is queued for Redis, an invalid one terminated and
 // published to <prefix>.rejected.
 func (s *StreamIntake) handle(m jetstream.Msg) {
-	h := intakeHeaders(m.Headers())
-	data := m.Data()
-	lim := s.opt.Limits
-	srvMax := int(s.nc.MaxPayload())
-	if srvMax > 0 && (lim.MaxPayload == 0 || srvMax < lim.MaxPayload) {
-		lim.MaxPayload = srvMax
-	}
-	r, err := envelope.ParseSchedule(h, data, lim, s.opt.Policy, s.opt.Now())
-	if err != nil {
-		s.reject(m, err)
-		return
-	}
-	if r.ID == "" {
+	v := validator{nc: s.nc, limits: s.opt.Limits, policy: s.opt.Policy, jetStream: s.opt.JetStream, now: s.opt.Now}
+	it, err := v.item(intakeHeaders(m.Headers()), m.Data(), func() (string, error) {
 		meta, err := m.Metadata()
 		if err != nil {
-			// Not a JetStream message: cannot happen on a pull consumer.
-			s.log.Error("stream message without metadata", "error", err)
-			_ = m.Term()
-			return
+			return "", err
 		}
-		r.ID = s.idPrefix + strconv.FormatUint(meta.Sequence.Stream, 10)
-	}
-	if srvMax > 0 {
-		if n := DeliverySize(r.Envelope, r.ID, matchAny(s.opt.JetStream, r.Target)); n > srvMax {
-			s.reject(m, &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
-				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)})
-			return
-		}
-	}
-	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope)}
-	if r.HasAt {
-		it.Absolute, it.AtMicros = true, ceilMicros(r.At.UnixMicro(), r.At.Nanosecond()%1000)
-	} else {
-		it.DelayMicros = ceilMicros(int64(r.Delay/time.Microsecond), int(r.Delay%time.Microsecond))
+		prefix, _ := s.idPrefix.Load().(string)
+		return prefix + strconv.FormatUint(meta.Sequence.Stream, 10), nil
+	})
+	var rejection *envelope.Error
+	switch {
+	case errors.As(err, &rejection):
+		s.reject(m, err)
+		return
+	case err != nil:
+		// Not a JetStream message: cannot happen on a pull consumer.
+		s.log.Error("stream message without metadata", "error", err)
+		_ = m.Term()
+		return
 	}
 	s.queue <- streamItem{msg: m, item: it}
 }
@@ -90,6 +74,9 @@ func isIntakeHeader(k string) bool {
 // Delayd-Error, to <prefix>.rejected and terminates it in the stream.
 func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 	code := envelope.CodeOf(err)
+	// Counted first: whoever sees the copy on <prefix>.rejected sees the
+	// count too.
+	s.count(resultOfCode(code), 1)
 	h := make(nats.Header, len(m.Headers())+2)
 	for k, v := range m.Headers() {
 		// The copy goes out with delayd's rights: no Nats-* header of the
@@ -110,7 +97,6 @@ func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 		s.log.Warn("terminating a rejected envelope failed", "error", terr)
 	}
 	s.log.Warn("rejected a stream envelope", "code", code, "error", err, "subject", m.Subject())
-	s.count(resultOfCode(code), 1)
 }
 
 // HeaderErrorCode carries the protocol code (400, 403, 413) of a rejected

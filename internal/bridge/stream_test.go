@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -82,7 +83,11 @@ func (e *streamEnv) start(st StreamStore, mod ...func(*StreamOptions)) (stop fun
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	si := NewStreamIntake(nc, st, noWake{}, e.obs, opt, hclog.NewNullLogger())
+	log := hclog.NewNullLogger()
+	if os.Getenv("DELAYD_TEST_LOG") != "" {
+		log = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
+	}
+	si := NewStreamIntake(nc, st, noWake{}, e.obs, opt, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- si.Run(ctx) }()
