@@ -510,3 +510,22 @@ func TestCancelAfterUnconfirmedAttemptSaysInFlight(t *testing.T) {
 		t.Fatalf("cancel after an unconfirmed attempt: %s %v; want cancelled and in_flight", rep.Data, err)
 	}
 }
+
+// Found in review: a JetStream target the server refuses got no PubAck and
+// held the publish stage until its deadline; it must fail at once with the
+// permissions error, like a core one.
+func TestRefusedJetStreamTargetFailsWithTheRefusal(t *testing.T) {
+	e, c := refusingNATS(t)
+	c.Targets.JetStream = []string{"payments.>"}
+	runDaemon(t, c)
+	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	scheduleServed(t, app, hdr("Delayd-Target", "payments.js", "Delayd-Delay", "100ms", "Delayd-Id", "rj"))
+	d := waitState(t, e.inspectStore(c), "rj", store.StateDead, 15*time.Second)
+	if !strings.Contains(d.Error, "ermissions") {
+		t.Fatalf("dead with %q, want the permissions violation (not a PubAck timeout)", d.Error)
+	}
+}

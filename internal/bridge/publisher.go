@@ -55,8 +55,10 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		return errs
 	}
 	core := 0
-	lastErr := p.nc.LastError()
+	// mark before the last error: an error recorded between the two is
+	// then after the mark, where since looks for it.
 	mark := p.refusals.mark()
+	lastErr := p.nc.LastError()
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
 		m := DeliveryMsg(d)
@@ -71,7 +73,11 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 			core++
 		}
 	}
-	if core > 0 {
+	// A flush also when the batch is JetStream only: a refused JetStream
+	// publish gets no PubAck, and without the server's -ERR before the
+	// PONG its future would only end at the deadline, holding every
+	// delivery behind it.
+	if core > 0 || len(futures) > 0 {
 		if err := p.nc.FlushWithContext(ctx); err != nil {
 			// Unconfirmed: the messages were handed to the connection and
 			// may have left, so this is an attempt (a redelivery carries a
@@ -122,10 +128,19 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 		}
 	}
 	for i, d := range ds {
-		if _, isJS := js[i]; errs[i] != nil || isJS {
+		if errs[i] != nil {
 			continue
 		}
-		if err, ok := refused[d.Target]; ok {
+		err, ok := refused[d.Target]
+		if _, isJS := js[i]; isJS {
+			// A refused JetStream publish never gets its PubAck: fail it
+			// now. One that was not refused waits for its PubAck as usual.
+			if ok {
+				errs[i] = fmt.Errorf("jetstream publish to %s: %w", d.Target, err)
+			}
+			continue
+		}
+		if ok {
 			errs[i] = fmt.Errorf("publish to %s: %w", d.Target, err)
 		} else if !complete {
 			errs[i] = fmt.Errorf("publish to %s: the server reported an error in this batch that could not be attributed: %w", d.Target, last)

@@ -129,8 +129,11 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 		lost := make(chan error, 1)
 		cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(s.opt.Pull),
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				// Deleted while connected (409, 404), or while away: then the
+				// pulls after the reconnect find no responder. Setting up
+				// again is harmless when the consumer is in fact there.
 				if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
-					errors.Is(err, jetstream.ErrStreamNotFound) {
+					errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrNoResponders) {
 					select {
 					case lost <- err:
 					default:

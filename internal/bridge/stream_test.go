@@ -24,6 +24,7 @@ import (
 // the store on it.
 type streamEnv struct {
 	t     *testing.T
+	url   string // where the intake connects (the server, or a proxy)
 	nats  *testutil.NATS
 	redis *testutil.Redis
 	st    *store.Store
@@ -33,6 +34,7 @@ type streamEnv struct {
 func newStreamEnv(t *testing.T) *streamEnv {
 	t.Helper()
 	e := &streamEnv{t: t, nats: testutil.StartNATS(t), redis: testutil.StartRedis(t), obs: &streamCounts{n: map[string]int{}}}
+	e.url = e.nats.URL()
 	e.st = store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), "streamtest", 4)
 	t.Cleanup(func() { e.st.Close() })
 	return e
@@ -79,7 +81,7 @@ func (e *streamEnv) start(st StreamStore, mod ...func(*StreamOptions)) (stop fun
 	for _, m := range mod {
 		m(&opt)
 	}
-	nc, err := nats.Connect(e.nats.URL(), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(e.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -342,6 +344,32 @@ func TestStreamIntakeSetsUpADeletedStreamAgain(t *testing.T) {
 		return err == nil
 	})
 	e.eventually("an envelope published into the new stream is stored", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		m := &nats.Msg{Subject: "delayd.intake", Header: hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h", "Delayd-Id", "after")}
+		_, _ = js.PublishMsg(ctx, m)
+		return e.pending() == 2
+	})
+}
+
+// Found in review: a consumer deleted while the intake was cut off is only
+// "no responders" after the reconnect; it must be set up again too.
+func TestStreamIntakeSetsUpAConsumerDeletedWhileAway(t *testing.T) {
+	e := newStreamEnv(t)
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	e.url = "nats://" + proxy.Addr()
+	e.start(e.st)
+	js := e.js()
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h", "Delayd-Id", "before"), "x")
+	e.eventually("stored before", func() bool { return e.pending() == 1 })
+	proxy.Set(testutil.Up, testutil.Fault{Drop: true})
+	proxy.Set(testutil.Down, testutil.Fault{Drop: true})
+	if err := js.DeleteConsumer(context.Background(), "DELAYD_INTAKE", "DELAYD_INTAKE"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Clear()
+	proxy.Cut()
+	e.eventually("an envelope published after the reconnect is stored", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		m := &nats.Msg{Subject: "delayd.intake", Header: hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h", "Delayd-Id", "after")}

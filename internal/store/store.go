@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -76,7 +77,8 @@ type Options struct {
 func NewClient(o Options) redis.UniversalClient {
 	addrs := make([]string, len(o.Addrs))
 	for i, a := range o.Addrs {
-		if !strings.HasPrefix(a, "redis://") && !strings.HasPrefix(a, "rediss://") {
+		lower := strings.ToLower(a)
+		if !strings.HasPrefix(lower, "redis://") && !strings.HasPrefix(lower, "rediss://") {
 			addrs[i] = a
 			continue
 		}
@@ -87,7 +89,7 @@ func NewClient(o Options) redis.UniversalClient {
 			addrs[i] = redactAddr(a)
 			continue
 		}
-		if u.Scheme == "rediss" && o.TLS == nil {
+		if strings.EqualFold(u.Scheme, "rediss") && o.TLS == nil {
 			o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
 		if u.User != nil && o.Username == "" && o.Password == "" {
@@ -98,11 +100,17 @@ func NewClient(o Options) redis.UniversalClient {
 			o.DB = db
 		}
 		addrs[i] = u.Host
+		if u.Port() == "" {
+			addrs[i] = net.JoinHostPort(u.Hostname(), "6379")
+		}
 	}
 	if o.TLS != nil && o.TLS.ServerName == "" && len(addrs) > 0 {
 		// Verify the certificate against the host we dial.
 		o.TLS = o.TLS.Clone()
-		o.TLS.ServerName, _, _ = strings.Cut(addrs[0], ":")
+		o.TLS.ServerName = addrs[0]
+		if host, _, err := net.SplitHostPort(addrs[0]); err == nil {
+			o.TLS.ServerName = host
+		}
 	}
 	return redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs:     addrs,

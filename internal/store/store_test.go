@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/testutil"
+	"github.com/redis/go-redis/v9"
 )
 
 func newStore(t *testing.T) (*Store, *testutil.Redis) {
@@ -383,5 +384,25 @@ func TestRedisURLCredentials(t *testing.T) {
 	defer bad.Close()
 	if err := bad.Ping(context.Background()).Err(); err == nil || strings.Contains(err.Error(), "TOPSECRET") {
 		t.Fatalf("dial error shows the password: %v", err)
+	}
+}
+
+// Redis URLs in any case, without a port, with an IPv6 host: the address
+// is host:port, the TLS name the host, and no credentials anywhere.
+func TestRedisURLForms(t *testing.T) {
+	for in, want := range map[string]string{
+		"REDIS://u:secret@127.0.0.1:1/0": "127.0.0.1:1",
+		"redis://u:secret@127.0.0.1/0":   "127.0.0.1:6379",
+		"rediss://u:p@[::1]:6380/2":      "[::1]:6380",
+	} {
+		c := NewClient(Options{Addrs: []string{in}})
+		o := c.(*redis.Client).Options()
+		c.Close()
+		if o.Addr != want || strings.Contains(o.Addr, "secret") {
+			t.Errorf("%s: address %q, want %q", in, o.Addr, want)
+		}
+		if o.TLSConfig != nil && o.TLSConfig.ServerName != strings.Trim(strings.Split(want, "]")[0], "[") {
+			t.Errorf("%s: TLS name %q", in, o.TLSConfig.ServerName)
+		}
 	}
 }
