@@ -114,10 +114,17 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 // retried) rather than let a refused one count as delivered.
 func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery, errs []error, js map[int]jetstream.PubAckFuture, before error, mark uint64) {
 	last := p.nc.LastError()
-	if last == nil || last == before {
+	advanced := p.refusals.mark() > mark // errors recorded during the batch
+	if (last == nil || last == before) && !advanced {
 		return
 	}
-	refused, complete := p.refusals.since(ctx, mark, last)
+	wait := last
+	if last == before {
+		// The same value again (a sentinel such as a slow consumer, or a
+		// reconnect that cleared it): use what was recorded, no wait.
+		wait = nil
+	}
+	refused, complete := p.refusals.since(ctx, mark, wait)
 	targets := make(map[string]bool, len(ds))
 	for _, d := range ds {
 		targets[d.Target] = true

@@ -88,7 +88,7 @@ func (r *Refusals) mark() uint64 {
 
 // since waits until last (the connection's last error, which the async
 // handler receives as the same value, after every earlier one) has been
-// recorded after mark, or ctx ends. It returns every publish refusal after
+// recorded after mark, or ctx ends; with a nil last it does not wait. It returns every publish refusal after
 // mark by subject, and whether that record is complete: false when ctx
 // ended first, when the record overflowed, or when a permission violation
 // could not be read.
@@ -116,7 +116,7 @@ func (r *Refusals) since(ctx context.Context, mark uint64, last error) (map[stri
 		}
 		wait := r.changed
 		r.mu.Unlock()
-		if seen {
+		if seen || last == nil {
 			return out, complete
 		}
 		select {

@@ -55,3 +55,18 @@ func TestRefusalsCompleteness(t *testing.T) {
 		t.Errorf("a refusal followed by another error: %v %v", got, complete)
 	}
 }
+
+// With no error to wait for (the connection's last error did not change
+// value, as a repeated slow-consumer error does not), since returns what
+// was recorded at once.
+func TestRefusalsSinceWithoutWaiting(t *testing.T) {
+	r := NewRefusals()
+	mark := r.mark()
+	r.record(fmt.Errorf("%w: Permissions Violation for Publish to %q", nats.ErrPermissionViolation, "a.b"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // it must not need the context at all
+	got, complete := r.since(ctx, mark, nil)
+	if !complete || got["a.b"] == nil {
+		t.Fatalf("since without a last error: %v %v", got, complete)
+	}
+}

@@ -312,8 +312,9 @@ func (c Config) Validate() error {
 	if auth > 1 {
 		bad("nats", "set at most one of user/password, token, nkey_seed_file and creds_file")
 	}
-	if !envelope.ValidTarget(c.NATS.InboxPrefix) {
-		bad("nats.inbox_prefix", "must be a literal subject such as _INBOX or _INBOX_ops, got %q", c.NATS.InboxPrefix)
+	if !envelope.ValidTarget(c.NATS.InboxPrefix) || !envelope.HasPrefixFold(c.NATS.InboxPrefix, "_INBOX") {
+		// Starting with _INBOX keeps it under the built-in target deny.
+		bad("nats.inbox_prefix", "must be a literal subject starting with _INBOX, such as _INBOX or _INBOX_ops, got %q", c.NATS.InboxPrefix)
 	}
 	for key, t := range map[string]TLS{"nats.tls": c.NATS.TLS, "redis.tls": c.Redis.TLS} {
 		if (t.CertFile == "") != (t.KeyFile == "") {
