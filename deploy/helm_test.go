@@ -255,6 +255,9 @@ func TestHelmSchemaRejects(t *testing.T) {
 		{"config.ui.bearer_token=x", "config/ui"},
 		{"config.ui.basic_auth_password=x", "config/ui"},
 		{"config.http.addr=", "config/http/addr"},
+		{"config.http.addr=localhost:9479", "config/http/addr"}, // probes reach the pod IP
+		{"config.redis.addrs[0]=redis://:pw@r:6379", "config/redis/addrs"},
+		{"config.nats.url=nats://u:pw@n:4222", "config/nats/url"},
 		{"secrets.redis=x", "secrets"},
 	} {
 		out, err := tryRun(h, "template", "rel", chartDir, "--kube-version", kubeVersion, "--set", tc.set)
