@@ -21,7 +21,7 @@ type doctorReport struct {
 	Persistence *store.Persistence     `json:"persistence,omitempty"`
 }
 
-// doctorCmd checks the delay set in Redis against the store's invariants:
+// doctorCommand checks the delay set in Redis against the store's invariants:
 // every stored envelope indexed exactly once (due, inflight or dead), no
 // index entry without data. Read-only unless --repair. Safe while daemons
 // deliver: every page is checked atomically.

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -114,18 +115,7 @@ func TestMQTTRetainedMessageRefused(t *testing.T) {
 	e.startDaemon(c)
 	nc := e.conn()
 	defer nc.Close()
-	for _, target := range []string{"$MQTT.rmsgs", "$MQTT.rmsgs.forged", "$MQTT.sess.abc", "$MQTT.JSA.x.RM.y"} {
-		rep, err := schedule(nc, "delayd", hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), `{"topic":"a","msg":"forged"}`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "403" {
-			t.Errorf("target %s: code %q, want 403", target, code)
-		}
-	}
-	if n := e.stored(c); n != 0 {
-		t.Fatalf("%d envelopes to $MQTT stored", n)
-	}
+	refusedTargets(t, e, c, nc, `{"topic":"a","msg":"forged"}`, "$MQTT.rmsgs", "$MQTT.rmsgs.forged", "$MQTT.sess.abc", "$MQTT.JSA.x.RM.y")
 }
 
 // TestSystemNamespacesRefused: every $-prefixed subject space and the
@@ -136,8 +126,15 @@ func TestSystemNamespacesRefused(t *testing.T) {
 	e.startDaemon(c)
 	nc := e.conn()
 	defer nc.Close()
-	for _, target := range []string{"$JSC.CI.X.Y", "$NRG.AE.x", "$G.anything", "$FUTURE.api", "_R_.abc.def", "_R_.x"} {
-		rep, err := schedule(nc, "delayd", hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), "x")
+	refusedTargets(t, e, c, nc, "x", "$JSC.CI.X.Y", "$NRG.AE.x", "$G.anything", "$FUTURE.api", "_R_.abc.def", "_R_.x")
+}
+
+// refusedTargets schedules payload to each target and wants 403 for each,
+// and nothing stored.
+func refusedTargets(t *testing.T, e *env, c config.Config, nc *nats.Conn, payload string, targets ...string) {
+	t.Helper()
+	for _, target := range targets {
+		rep, err := schedule(nc, "delayd", hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), payload)
 		if err != nil {
 			t.Fatal(err)
 		}

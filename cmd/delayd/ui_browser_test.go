@@ -17,6 +17,29 @@ import (
 	"github.com/delayd/delayd/internal/testutil"
 )
 
+// browser starts headless chromium for one test, with a 60 s budget. It
+// returns the page context and where screenshots go: the test's temp dir,
+// or DELAYD_SCREENSHOTS to keep them.
+func browser(t *testing.T, bin string) (context.Context, string) {
+	t.Helper()
+	dir := t.TempDir()
+	shots := dir
+	if d := os.Getenv("DELAYD_SCREENSHOTS"); d != "" {
+		shots = d
+	}
+	actx, cancel := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true),
+		chromedp.UserDataDir(filepath.Join(dir, "profile")), chromedp.WindowSize(1280, 900))
+	t.Cleanup(cancel)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(cancel)
+	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx, shots
+}
+
 // chromium finds Debian's chromium, or skips; under CI=true a missing
 // browser fails the test (.ci/run installs it).
 func chromium(t *testing.T) string {
@@ -75,23 +98,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	// Screenshots go to the test's temp dir, or to DELAYD_SCREENSHOTS to
-	// keep them.
-	dir := t.TempDir()
-	shots := dir
-	if d := os.Getenv("DELAYD_SCREENSHOTS"); d != "" {
-		shots = d
-	}
-	actx, cancel := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true),
-		chromedp.UserDataDir(filepath.Join(dir, "profile")), chromedp.WindowSize(1280, 900))
-	defer cancel()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
+	ctx, shots := browser(t, bin)
 	// Accept the console's confirm() dialogs, from another goroutine: the
 	// page waits for the answer, and so does the click that opened it.
 	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)

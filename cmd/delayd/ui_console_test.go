@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -58,20 +57,7 @@ func TestConsoleReadOnlyInBrowser(t *testing.T) {
 	}
 	scheduleServed(t, nc, hdr("Delayd-Target", "uistream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "ro-dead"))
 
-	dir := t.TempDir()
-	shots := dir
-	if d := os.Getenv("DELAYD_SCREENSHOTS"); d != "" {
-		shots = d
-	}
-	actx, cancel := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(filepath.Join(dir, "profile")), chromedp.WindowSize(1280, 900))
-	defer cancel()
-	ctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
+	ctx, shots := browser(t, bin)
 	base := "http://" + c.UI.Addr + "/ui/"
 	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()

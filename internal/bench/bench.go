@@ -107,17 +107,7 @@ func Run(ctx context.Context, clients []*bridge.Client, w Workload, progress io.
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "b" + runID + "-"
 	rec := newRecorder(w.Count)
-	stop, err := clients[0].Watch(w.Target, func(d bridge.Delivered) {
-		i, ok := strings.CutPrefix(d.ID, prefix)
-		if !ok {
-			return
-		}
-		n, err := strconv.Atoi(i)
-		if err != nil {
-			return
-		}
-		rec.add(n, d.Received.Sub(d.Due))
-	})
+	stop, err := clients[0].Watch(w.Target, watchInto(rec, prefix))
 	if err != nil {
 		return Result{}, err
 	}
@@ -311,5 +301,20 @@ func report(w io.Writer, total int, scheduled *atomic.Int64, rec *recorder, done
 			fmt.Fprintf(w, "\rscheduled %d/%d  delivered %d  lateness (last 0.5 s) p50 %.1f ms p99 %.1f ms   ",
 				scheduled.Load(), total, got, q.P50, q.P99)
 		}
+	}
+}
+
+// watchInto records the deliveries of ids "<prefix><n>" of a run.
+func watchInto(rec *recorder, prefix string) func(bridge.Delivered) {
+	return func(d bridge.Delivered) {
+		i, ok := strings.CutPrefix(d.ID, prefix)
+		if !ok {
+			return
+		}
+		n, err := strconv.Atoi(i)
+		if err != nil {
+			return
+		}
+		rec.add(n, d.Received.Sub(d.Due))
 	}
 }

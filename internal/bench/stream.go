@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -185,20 +184,6 @@ func Schedules(ctx context.Context, clients []*bridge.Client, w Workload, o Stre
 	r.PubAckRate = r.IntakeRate
 	r.Rejected = failed
 	return r, nil
-}
-
-func watchInto(rec *recorder, prefix string) func(bridge.Delivered) {
-	return func(d bridge.Delivered) {
-		i, ok := strings.CutPrefix(d.ID, prefix)
-		if !ok {
-			return
-		}
-		n, err := strconv.Atoi(i)
-		if err != nil {
-			return
-		}
-		rec.add(n, d.Received.Sub(d.Due))
-	}
 }
 
 // waitDeliveries waits until want envelopes arrived or the grace after the

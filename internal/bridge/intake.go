@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -106,6 +105,7 @@ type Intake struct {
 	opt   IntakeOptions
 	log   hclog.Logger
 	queue chan pending
+	check validator
 }
 
 type pending struct {
@@ -124,42 +124,13 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 		opt.Now = time.Now
 	}
 	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan pending, 4*opt.Batch)}
+		queue: make(chan pending, 4*opt.Batch),
+		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now}}
 }
 
 // AdminSubject is the prefix of the operator endpoints (get, list, stats,
 // replay, purge): <prefix>.admin.
 func AdminSubject(prefix string) string { return prefix + ".admin" }
-
-// flushers is how many pipelines may be in flight at once, so that one
-// batch's Redis round trip overlaps the collection of the next.
-const flushers = 4
-
-// pipeline runs collect, which groups queued requests into batches until
-// its queue is closed, and flushers goroutines that store them. The
-// returned function waits until every batch is stored.
-func pipeline[T any](collect func(chan<- []T), flush func([]T)) (drained func()) {
-	batches := make(chan []T)
-	var wg sync.WaitGroup
-	for range flushers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for b := range batches {
-				flush(b)
-			}
-		}()
-	}
-	collected := make(chan struct{})
-	go func() {
-		defer close(collected)
-		collect(batches)
-	}()
-	return func() {
-		<-collected
-		wg.Wait()
-	}
-}
 
 // Run serves until ctx is done, then stops taking requests, stores and
 // answers every request already taken, and returns.
@@ -188,7 +159,7 @@ func (in *Intake) Run(ctx context.Context) error {
 	in.log.Info("intake serving", "schedule", in.opt.Subject+".schedule", "cancel", in.opt.Subject+".cancel",
 		"admin", AdminSubject(in.opt.Subject)+".>")
 
-	drained := pipeline(in.collect, in.flush)
+	drained := pipeline(in.queue, in.opt.Batch, in.opt.Linger, in.flush)
 
 	<-ctx.Done()
 	if err := svc.Stop(); err != nil {
@@ -209,52 +180,6 @@ func (in *Intake) Run(ctx context.Context) error {
 	in.nc.Close()
 	in.log.Info("intake stopped")
 	return nil
-}
-
-// collect groups queued requests into batches. A batch is handed to the
-// first free flusher; while every flusher is busy it keeps growing, up to
-// Batch items. So batches are as large as the load makes them, without a
-// fixed wait: under light load a request goes to Redis at once. Linger, if
-// set, waits that long for company when a flusher is free.
-func (in *Intake) collect(out chan<- []pending) {
-	defer close(out)
-	var linger <-chan time.Time
-	for {
-		first, ok := <-in.queue
-		if !ok {
-			return
-		}
-		batch := make([]pending, 1, in.opt.Batch)
-		batch[0] = first
-		if in.opt.Linger > 0 {
-			linger = time.After(in.opt.Linger)
-		}
-		queue := in.queue
-		for {
-			var send chan<- []pending
-			if linger == nil || len(batch) == in.opt.Batch {
-				send = out
-			}
-			if len(batch) == in.opt.Batch {
-				queue = nil // full: only sending is left
-			}
-			select {
-			case send <- batch:
-			case p, ok := <-queue:
-				if !ok {
-					out <- batch
-					return
-				}
-				batch = append(batch, p)
-				continue
-			case <-linger:
-				linger = nil
-				continue
-			}
-			break
-		}
-		linger = nil
-	}
 }
 
 func (in *Intake) flush(batch []pending) {
@@ -311,33 +236,20 @@ func (in *Intake) storeFailed(reply, id string, err error) int {
 		in.fail(reply, envelope.CodeUnavailable, "store unavailable, nothing stored")
 		return envelope.CodeUnavailable
 	}
-	if reply == "" {
-		return CodeOutcomeUnknown
-	}
 	b, _ := json.Marshal(UnknownReply{ID: id})
-	m := &nats.Msg{Subject: reply, Data: b, Header: nats.Header{
-		micro.ErrorHeader:     []string{"store timed out: the envelope may or may not be stored; retry with Delayd-Id " + id},
-		micro.ErrorCodeHeader: []string{strconv.Itoa(CodeOutcomeUnknown)},
-	}}
-	if err := in.nc.PublishMsg(m); err != nil {
-		in.log.Warn("error reply failed", "error", err)
-	}
+	in.failWith(reply, CodeOutcomeUnknown, "store timed out: the envelope may or may not be stored; retry with Delayd-Id "+id, b)
 	return CodeOutcomeUnknown
 }
 
 func (in *Intake) handleSchedule(req micro.Request) {
 	start := time.Now()
-	it, err := in.validator().item(req.Headers(), req.Data(), func() (string, error) { return nuid.Next(), nil })
+	it, err := in.check.item(req.Headers(), req.Data(), func() (string, error) { return nuid.Next(), nil })
 	if err != nil {
 		in.count(envelope.CodeOf(err))
 		in.reject(req.Reply(), err)
 		return
 	}
 	in.queue <- pending{item: it, reply: req.Reply(), start: start}
-}
-
-func (in *Intake) validator() validator {
-	return validator{nc: in.nc, limits: in.opt.Limits, policy: in.opt.Policy, jetStream: in.opt.JetStream, now: in.opt.Now}
 }
 
 func (in *Intake) handleCancel(req micro.Request) {
@@ -379,10 +291,15 @@ func (in *Intake) reject(reply string, err error) {
 // fail answers with the NATS micro error convention. It counts nothing:
 // each endpoint counts its own outcomes.
 func (in *Intake) fail(reply string, code int, msg string) {
+	in.failWith(reply, code, msg, nil)
+}
+
+// failWith is fail with a body (the id of a 504).
+func (in *Intake) failWith(reply string, code int, msg string, body []byte) {
 	if reply == "" {
 		return
 	}
-	m := &nats.Msg{Subject: reply, Header: nats.Header{
+	m := &nats.Msg{Subject: reply, Data: body, Header: nats.Header{
 		micro.ErrorHeader:     []string{msg},
 		micro.ErrorCodeHeader: []string{strconv.Itoa(code)},
 	}}

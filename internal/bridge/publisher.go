@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"fmt"
+	"net/textproto"
 	"strconv"
 	"time"
 
@@ -176,15 +177,33 @@ func MsgID(d envelope.Delivery) string {
 }
 
 // DeliverySize is what NATS counts against max_payload for the delivery of
-// e under id: the payload and every header, delayd's at their longest.
+// e under id: the payload and every header, delayd's at their longest. It
+// runs for every schedule request, so it adds up what DeliveryMsg and the
+// JetStream client would write (nats.go's header encoding: "NATS/1.0\r\n",
+// "key: value\r\n" per value, "\r\n") instead of building the message.
 func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
-	d := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond), Attempt: 999999, Envelope: e}
-	m := DeliveryMsg(d)
-	if jetStream {
-		m.Header[jetstream.MsgIDHeader] = []string{MsgID(d)}
+	line := func(k, v string) int { return len(k) + len(textproto.TrimString(v)) + len(": \r\n") }
+	n := len("NATS/1.0\r\n\r\n") + len(e.Payload)
+	for k, vs := range e.Header {
+		if k == envelope.HeaderID || k == envelope.HeaderDue || k == envelope.HeaderAttempt ||
+			(jetStream && k == jetstream.MsgIDHeader) {
+			continue // replaced by delayd's own
+		}
+		for _, v := range vs {
+			n += line(k, v)
+		}
 	}
-	return m.Size() - len(m.Subject)
+	longest := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond)}
+	n += line(envelope.HeaderID, id) + line(envelope.HeaderDue, envelope.FormatMs(longest.Due.UnixMilli())) +
+		line(envelope.HeaderAttempt, strconv.Itoa(longestAttempt))
+	if jetStream {
+		n += line(jetstream.MsgIDHeader, MsgID(longest))
+	}
+	return n
 }
+
+// longestAttempt stands in for the longest Delayd-Attempt a delivery carries.
+const longestAttempt = 999999
 
 // DeliveryMsg builds the delivered message: the payload unchanged, the
 // publisher's headers minus the control ones (already removed at intake),

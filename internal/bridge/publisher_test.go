@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestDeliveryMsgCopiesHeaders: the JetStream client sets Nats-Msg-Id on
@@ -17,5 +18,30 @@ func TestDeliveryMsgCopiesHeaders(t *testing.T) {
 	m.Header.Set("Nats-Msg-Id", MsgID(d))
 	if len(d.Header) != 1 || m.Header.Get("Traceparent") != "00-1" || m.Header.Get(envelope.HeaderID) != "a" {
 		t.Fatalf("envelope headers %v, message headers %v", d.Header, m.Header)
+	}
+}
+
+// DeliverySize adds up exactly what nats.go counts for the message
+// DeliveryMsg builds (plus JetStream's Nats-Msg-Id), without building it.
+func TestDeliverySizeMatchesTheMessage(t *testing.T) {
+	built := func(e envelope.Envelope, id string, js bool) int {
+		d := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond), Attempt: longestAttempt, Envelope: e}
+		m := DeliveryMsg(d)
+		if js {
+			m.Header[jetstream.MsgIDHeader] = []string{MsgID(d)}
+		}
+		return m.Size() - len(m.Subject)
+	}
+	for _, e := range []envelope.Envelope{
+		{Target: "a.b"},
+		{Target: "a.b", Payload: make([]byte, 1000)},
+		{Target: "a.b", Header: map[string][]string{"traceparent": {"00-abc-01"}, "X-Multi": {"1", " two ", ""}}},
+		{Target: "a.b", Header: map[string][]string{envelope.HeaderID: {"forged"}, "Nats-Msg-Id": {"x"}, "nats-msg-id": {"y"}}},
+	} {
+		for _, js := range []bool{false, true} {
+			if got, want := DeliverySize(e, "order-42", js), built(e, "order-42", js); got != want {
+				t.Errorf("%v js=%v: computed %d, the message is %d", e.Header, js, got, want)
+			}
+		}
 	}
 }

@@ -79,6 +79,7 @@ type StreamIntake struct {
 	opt   StreamOptions
 	log   hclog.Logger
 	queue chan streamItem
+	check validator
 	// idPrefix makes the id of an envelope without Delayd-Id from the
 	// stream's creation time and the message's sequence: the same on
 	// every redelivery, so a redelivery replaces, and never the same for
@@ -107,7 +108,8 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 		opt.Pull = 1024
 	}
 	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan streamItem, 2*opt.Pull)}
+		queue: make(chan streamItem, 2*opt.Pull),
+		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now}}
 }
 
 // Run sets the stream and consumer up (retrying while NATS or JetStream is
@@ -124,7 +126,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 		return err
 	}
 
-	drained := pipeline(s.collect, s.flush)
+	drained := pipeline(s.queue, s.opt.Batch, 0, s.flush)
 	for {
 		lost := make(chan error, 1)
 		cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(s.opt.Pull),

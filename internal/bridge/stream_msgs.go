@@ -20,8 +20,7 @@ import (
 // request; a valid one is queued for Redis, an invalid one terminated and
 // published to <prefix>.rejected.
 func (s *StreamIntake) handle(m jetstream.Msg) {
-	v := validator{nc: s.nc, limits: s.opt.Limits, policy: s.opt.Policy, jetStream: s.opt.JetStream, now: s.opt.Now}
-	it, err := v.item(intakeHeaders(m.Headers()), m.Data(), func() (string, error) {
+	it, err := s.check.item(intakeHeaders(m.Headers()), m.Data(), func() (string, error) {
 		meta, err := m.Metadata()
 		if err != nil {
 			return "", err
@@ -111,34 +110,6 @@ func resultOfCode(code int) string {
 		return "too_large"
 	}
 	return "bad_request"
-}
-
-// collect groups queued envelopes into batches: it takes what is waiting,
-// up to Batch, and hands it to the first free flusher; while every flusher
-// is busy, envelopes pile up for the next batch.
-func (s *StreamIntake) collect(out chan<- []streamItem) {
-	defer close(out)
-	for {
-		first, ok := <-s.queue
-		if !ok {
-			return
-		}
-		batch := make([]streamItem, 1, s.opt.Batch)
-		batch[0] = first
-	fill:
-		for len(batch) < s.opt.Batch {
-			select {
-			case it, ok := <-s.queue:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, it)
-			default:
-				break fill
-			}
-		}
-		out <- batch
-	}
 }
 
 // flush stores one batch in one pipeline and settles every message:

@@ -177,14 +177,9 @@ func fromYAML(def, v any) (any, error) {
 			return nil, fmt.Errorf("%d has no unit (it would be %d nanoseconds): write a duration with a unit, e.g. %ds or %dms", n, n, n, n)
 		}
 		return nil, fmt.Errorf("%v is not a duration: write e.g. 5s, 1500ms or 2m", v)
-	case int:
+	case int, int64:
 		if n, ok := asInt(v); ok {
-			return int(n), nil
-		}
-		return nil, fmt.Errorf("%v is not a whole number", v)
-	case int64:
-		if n, ok := asInt(v); ok {
-			return n, nil
+			return sameInt(def, n), nil
 		}
 		return nil, fmt.Errorf("%v is not a whole number", v)
 	case bool:
@@ -228,18 +223,12 @@ func fromString(def any, s string) (any, error) {
 			return nil, fmt.Errorf("%q has no unit: write a duration with a unit, e.g. %ds or %dms", s, n, n)
 		}
 		return nil, fmt.Errorf("%q is not a duration: write e.g. 5s, 1500ms or 2m", s)
-	case int:
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			return nil, fmt.Errorf("%q is not a whole number", s)
-		}
-		return n, nil
-	case int64:
+	case int, int64:
 		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 		if err != nil {
 			return nil, fmt.Errorf("%q is not a whole number", s)
 		}
-		return n, nil
+		return sameInt(def, n), nil
 	case bool:
 		b, err := strconv.ParseBool(strings.TrimSpace(s))
 		if err != nil {
@@ -256,6 +245,14 @@ func fromString(def any, s string) (any, error) {
 		return out, nil
 	}
 	return s, nil
+}
+
+// sameInt returns n as the integer type of def (int or int64).
+func sameInt(def any, n int64) any {
+	if _, ok := def.(int); ok {
+		return int(n)
+	}
+	return n
 }
 
 func asInt(v any) (int64, bool) {

@@ -3,7 +3,6 @@ package store
 import (
 	"errors"
 	"net"
-	"strings"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -61,13 +60,7 @@ func notWritten(err error, cluster bool) bool {
 }
 
 func asRedisError(err error, re *redis.Error) bool {
-	if err == nil || errors.Is(err, redis.Nil) {
-		return false
-	}
-	if errors.As(err, re) {
-		return true
-	}
-	// Script errors come back as plain redis errors with these shapes.
-	s := err.Error()
-	return strings.HasPrefix(s, "ERR ") || strings.HasPrefix(s, "WRONGTYPE ")
+	// An error reply, including one a script raised, is a redis.Error;
+	// redis.Nil is one too, and means no error here.
+	return err != nil && !errors.Is(err, redis.Nil) && errors.As(err, re)
 }
