@@ -41,14 +41,6 @@ func runDaemon(t *testing.T, c config.Config) (*syncBuffer, <-chan error, contex
 	return logs, done, cancel
 }
 
-// inspectStore opens the config's delay set for direct inspection.
-func (e *env) inspectStore(c config.Config) *store.Store {
-	e.t.Helper()
-	st := store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), c.Namespace, c.Shards)
-	e.t.Cleanup(func() { st.Close() })
-	return st
-}
-
 // waitState polls until the envelope id is in state, or fails the test.
 func waitState(t *testing.T, st *store.Store, id string, state store.State, d time.Duration) store.Entry {
 	t.Helper()

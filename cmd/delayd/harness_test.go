@@ -218,12 +218,18 @@ func hdr(kv ...string) nats.Header {
 	return h
 }
 
+// inspectStore opens the config's delay set for direct inspection.
+func (e *env) inspectStore(c config.Config) *store.Store {
+	e.t.Helper()
+	st := store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), c.Namespace, c.Shards)
+	e.t.Cleanup(func() { st.Close() })
+	return st
+}
+
 // stored counts envelopes kept under the config's namespace, in any state.
 func (e *env) stored(c config.Config) int64 {
 	e.t.Helper()
-	st := store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), c.Namespace, c.Shards)
-	defer st.Close()
-	shards, _, err := st.Stats(context.Background())
+	shards, _, err := e.inspectStore(c).Stats(context.Background())
 	if err != nil {
 		e.t.Fatal(err)
 	}
