@@ -78,50 +78,110 @@ func BenchmarkSchedule(b *testing.B) {
 	}
 }
 
-// BenchmarkClaim measures claim+ack of 64 due envelopes over all 16 shards
-// in one pipeline, with a backlog pending that is not due.
+// BenchmarkClaim measures claim+ack of due envelopes spread over all 16
+// shards in one pipeline, with a backlog pending that is not due: 64 per op
+// (about 4 per script call, where fixed per-call costs dominate) and 512
+// per op (about 32 per call, as under a load of 100k due/s). Besides the
+// wall time it reports the Redis time per envelope spent in the claim and
+// ack scripts and the redis.calls per envelope inside them, from INFO
+// commandstats read around each timed part: Redis runs scripts on one
+// thread, so its time per envelope is the scanner's ceiling.
 func BenchmarkClaim(b *testing.B) {
 	for _, n := range pendingSizes(b) {
-		b.Run("pending="+sizeName(n), func(b *testing.B) {
-			s, _ := benchStore(b)
-			fill(b, s, n, "p")
-			data := envelope.Encode(envelope.Envelope{Target: "orders.cancel", Payload: make([]byte, 128)})
-			ctx := context.Background()
-			shards := make([]int, s.Shards())
-			for i := range shards {
-				shards[i] = i
-			}
-			items := make([]Item, 64)
-			b.ResetTimer()
-			claimed := 0
-			for i := 0; i < b.N; i++ {
-				b.StopTimer()
-				for j := range items {
-					items[j] = Item{ID: "c" + strconv.Itoa(i*64+j), Absolute: true, AtMicros: 1, Data: data}
-				}
-				schedule(b, s, items...)
-				b.StartTimer()
-				res, err := s.Claim(ctx, shards, ClaimOptions{Batch: 256, Lease: time.Minute})
-				if err != nil {
-					b.Fatal(err)
-				}
-				acks := map[int][]Settle{}
-				for _, r := range res {
-					for _, c := range r.Items {
-						acks[r.Shard] = append(acks[r.Shard], Settle{ID: c.ID, Token: c.Token})
-						claimed++
-					}
-				}
-				if _, _, err := s.Ack(ctx, acks, time.Second); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if claimed != b.N*64 {
-				b.Fatalf("claimed %d of %d", claimed, b.N*64)
-			}
-			b.ReportMetric(float64(claimed)/b.Elapsed().Seconds(), "envelopes/s")
-		})
+		for _, per := range []int{64, 512} {
+			b.Run("pending="+sizeName(n)+"/per-op="+strconv.Itoa(per), func(b *testing.B) {
+				benchClaim(b, n, per)
+			})
+		}
 	}
+}
+
+func benchClaim(b *testing.B, pending, per int) {
+	s, r := benchStore(b)
+	fill(b, s, pending, "p")
+	data := envelope.Encode(envelope.Envelope{Target: "orders.cancel", Payload: make([]byte, 128)})
+	ctx := context.Background()
+	rc := r.Client()
+	shards := make([]int, s.Shards())
+	for i := range shards {
+		shards[i] = i
+	}
+	items := make([]Item, per)
+	var work redisWork
+	b.ResetTimer()
+	claimed := 0
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		for j := range items {
+			items[j] = Item{ID: "c" + strconv.Itoa(i*per+j), Absolute: true, AtMicros: 1, Data: data}
+		}
+		schedule(b, s, items...)
+		before := readWork(rc.Info(ctx, "commandstats", "cpu").Val())
+		b.StartTimer()
+		res, err := s.Claim(ctx, shards, ClaimOptions{Batch: 1024, Lease: time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		acks := map[int][]Settle{}
+		for _, r := range res {
+			for _, c := range r.Items {
+				acks[r.Shard] = append(acks[r.Shard], Settle{ID: c.ID, Token: c.Token})
+				claimed++
+			}
+		}
+		if _, _, err := s.Ack(ctx, acks, time.Second); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		work.add(readWork(rc.Info(ctx, "commandstats", "cpu").Val()), before)
+		b.StartTimer()
+	}
+	if claimed != b.N*per {
+		b.Fatalf("claimed %d of %d", claimed, b.N*per)
+	}
+	b.ReportMetric(float64(claimed)/b.Elapsed().Seconds(), "envelopes/s")
+	b.ReportMetric(work.scriptUs/float64(claimed), "redis-µs/envelope")
+	b.ReportMetric(work.cpuUs/float64(claimed), "redis-cpu-µs/envelope")
+	b.ReportMetric(work.calls/float64(claimed), "calls/envelope")
+}
+
+// redisWork is what INFO counts: the µs spent in EVALSHA (wall time, so it
+// grows when other processes take the CPU), the commands called (from
+// scripts, as nothing else runs meanwhile), and the CPU time of Redis' main
+// thread in µs (steadier on a busy machine).
+type redisWork struct{ scriptUs, calls, cpuUs float64 }
+
+func (w *redisWork) add(after, before redisWork) {
+	w.scriptUs += after.scriptUs - before.scriptUs
+	w.calls += after.calls - before.calls
+	w.cpuUs += after.cpuUs - before.cpuUs
+}
+
+func readWork(info string) redisWork {
+	var w redisWork
+	for _, line := range strings.Split(info, "\r\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if name == "used_cpu_user_main_thread" || name == "used_cpu_sys_main_thread" {
+			v, _ := strconv.ParseFloat(rest, 64)
+			w.cpuUs += v * 1e6
+		}
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		fields := map[string]float64{}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			fields[k], _ = strconv.ParseFloat(v, 64)
+		}
+		switch name {
+		case "cmdstat_evalsha":
+			w.scriptUs = fields["usec"]
+		case "cmdstat_eval", "cmdstat_info", "cmdstat_script|load":
+		default:
+			w.calls += fields["calls"]
+		}
+	}
+	return w
 }
 
 // BenchmarkMemoryPerEnvelope reports Redis used_memory per pending envelope

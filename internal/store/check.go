@@ -44,13 +44,10 @@ if phase == 'data' then
         if inf or due then redis.call('ZREM', KEYS[5], id) end
       end
     end
-    if inf then
-      local c = redis.call('HGET', KEYS[4], id)
-      if not c or not string.match(c, ':[^:]*:.+$') then
-        -- Settles cannot match it, but the lease expires and the next
-        -- claim writes a new claim: report only.
-        add('inflight_without_claim', 1)
-      end
+    if inf and not string.find(inf, '.', 1, true) then
+      -- A lease score without a token: settles cannot match it, but the
+      -- lease expires and the next claim writes a new one: report only.
+      add('inflight_without_claim', 1)
     end
   end
 else

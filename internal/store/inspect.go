@@ -54,10 +54,12 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	if data.Err() != nil {
 		return Entry{}, ErrNotFound
 	}
-	e := Entry{ID: id, Shard: sh, Data: []byte(data.Val()), Attempts: parseAttempts(attempts.Val()), Error: lastErr.Val()}
+	_, d := splitValue(data.Val())
+	e := Entry{ID: id, Shard: sh, Data: d, Attempts: parseAttempts(attempts.Val()), Error: lastErr.Val()}
 	switch {
 	case inflight.Err() == nil:
-		e.State, e.DueMs = StateInflight, int64(inflight.Val())
+		// The attempt under way counts too.
+		e.State, e.DueMs, e.Attempts = StateInflight, int64(inflight.Val()), e.Attempts+1
 	case dead.Err() == nil:
 		e.State, e.DueMs = StateDead, int64(dead.Val())
 	default:
@@ -66,7 +68,8 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	return e, nil
 }
 
-// parseAttempts reads the "attempts:due" value the claim script keeps.
+// parseAttempts reads a claims value: the attempts counted, "" for none.
+// Values of older versions ("attempt:due:token") start with the number.
 func parseAttempts(v string) int {
 	n, _ := strconv.Atoi(strings.SplitN(v, ":", 2)[0])
 	return n
@@ -203,7 +206,8 @@ func (s *Store) List(ctx context.Context, o ListOptions) (entries []Entry, next 
 			a, _ := r.att.Val()[j].(string)
 			e, _ := r.errs.Val()[j].(string)
 			c := cands[i]
-			entries[i] = Entry{ID: c.id, Shard: sh, State: state, DueMs: c.due, Attempts: parseAttempts(a), Error: e, Data: []byte(d)}
+			_, data := splitValue(d)
+			entries[i] = Entry{ID: c.id, Shard: sh, State: state, DueMs: c.due, Attempts: parseAttempts(a), Error: e, Data: data}
 		}
 	}
 	last := cands[len(cands)-1]

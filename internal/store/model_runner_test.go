@@ -51,7 +51,7 @@ func (r *mRunner) tracef(format string, a ...any) {
 // step runs o, then checks the whole keyspace against the invariants and
 // the model.
 func (r *mRunner) step(i int, o mOp) error {
-	r.fx = mEffects{deleted: map[string]bool{}, reset: map[string]bool{}, giveBack: map[string]bool{}}
+	r.fx = mEffects{deleted: map[string]bool{}, reset: map[string]bool{}}
 	if r.tracing {
 		r.tracef("%d: %v", i, o)
 	}
@@ -154,7 +154,7 @@ func (r *mRunner) cancel(id string) error {
 		r.seen["cancelled "+e.at.String()]++
 		// In flight: claimed now, or an earlier attempt was counted (its
 		// publish may have gone out unconfirmed).
-		want = Cancelled{Existed: true, InFlight: e.at == mInflight || (e.claimed && e.attempt > 0)}
+		want = Cancelled{Existed: true, InFlight: e.at == mInflight || e.attempt > 0}
 		r.m.remove(id, r.fx)
 	}
 	if got != want {
@@ -192,10 +192,7 @@ func (r *mRunner) claim(o mOp) error {
 		expired := 0
 		for j, c := range cr.Items {
 			e := r.m.ids[want[j]]
-			attempt, due := 1, e.score
-			if e.claimed {
-				attempt, due = e.attempt+1, e.due
-			}
+			attempt, due := e.attempt+1, e.due
 			if c.ID != want[j] || c.Attempt != attempt || c.DueMs != due || string(c.Data) != e.data || c.Token == "" || c.Token != cr.Items[0].Token {
 				return fmt.Errorf("claim of shard %d at %d: item %d is %s attempt %d due %d data %q token %q, want %s attempt %d due %d data %q",
 					shards[i], now, j, c.ID, c.Attempt, c.DueMs, c.Data, c.Token, want[j], attempt, due, e.data)
@@ -203,13 +200,13 @@ func (r *mRunner) claim(o mOp) error {
 			if e.at == mInflight {
 				expired++
 				r.seen["expired lease re-claimed"]++
-			} else if e.claimed {
+			} else if e.attempt > 0 {
 				r.seen["retried id re-claimed"]++
 			} else {
 				r.seen["claimed"]++
 			}
 			*e = mEntry{shard: e.shard, data: e.data, at: mInflight, score: now + o.lease, exact: true,
-				claimed: true, attempt: attempt, due: due, token: c.Token, err: e.err}
+				attempt: attempt, due: due, token: c.Token, err: e.err}
 		}
 		if cr.Expired != expired {
 			return fmt.Errorf("claim of shard %d: %d expired leases re-claimed, want %d", shards[i], cr.Expired, expired)
@@ -325,7 +322,6 @@ func (r *mRunner) ack(sts []Settle, retry int64) error {
 			e.at = mDead
 		case Postpone:
 			e.attempt = max(e.attempt-1, 0)
-			r.fx.giveBack[st.ID] = true
 			fallthrough
 		default:
 			e.at, e.lo, e.hi = mDue, lo+retry, now+retry
@@ -354,7 +350,7 @@ func (r *mRunner) replay(ids []string) error {
 	for _, id := range ids {
 		if e := r.m.ids[id]; e != nil && e.at == mDead {
 			want++
-			*e = mEntry{shard: e.shard, data: e.data, at: mDue, lo: lo, hi: hi}
+			*e = mEntry{shard: e.shard, data: e.data, at: mDue, lo: lo, hi: hi, due: e.due}
 			r.fx.reset[id] = true
 		}
 	}

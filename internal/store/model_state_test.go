@@ -9,10 +9,10 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -43,11 +43,12 @@ type mEntry struct {
 	// the next read of Redis fixes it.
 	score, lo, hi int64
 	exact         bool
-	claimed       bool // a claims entry "attempt:due:token" exists
-	attempt       int
-	due           int64
-	token         string // "" once settled
-	err           string // the errors entry, "" if none
+	// attempt is the attempt number of the latest claim while in flight,
+	// else the attempts counted so far.
+	attempt int
+	due     int64  // the original due time, from the schedule
+	token   string // the lease score of the current claim, "" once settled
+	err     string // the errors entry, "" if none
 }
 
 // mModel is the delay set as plain Go: every stored id, and what each
@@ -60,9 +61,8 @@ type mModel struct {
 // mEffects are what the model allows one step to do, for the invariant
 // checks that compare the keyspace before and after it.
 type mEffects struct {
-	deleted  map[string]bool // by a matching ack, a cancel or a purge
-	reset    map[string]bool // attempts start over: a replace, a replay
-	giveBack map[string]bool // a postpone gives one attempt back
+	deleted map[string]bool // by a matching ack, a cancel or a purge
+	reset   map[string]bool // attempts start over: a replace, a replay
 }
 
 // put stores a new version of id, as a schedule does.
@@ -70,7 +70,16 @@ func (m *mModel) put(id, data string, due int64, fx mEffects) {
 	if m.ids[id] != nil {
 		fx.reset[id] = true // a replace forgets the old claim
 	}
-	m.ids[id] = &mEntry{shard: ShardOf(id, modelShards), data: data, at: mDue, score: due, exact: true}
+	m.ids[id] = &mEntry{shard: ShardOf(id, modelShards), data: data, at: mDue, score: due, exact: true, due: due}
+}
+
+// counted is what the claims hash must hold for e: the attempts counted
+// before the current lease (no entry for 0).
+func (e *mEntry) counted() int {
+	if e.at == mInflight {
+		return e.attempt - 1
+	}
+	return e.attempt
 }
 
 func (m *mModel) remove(id string, fx mEffects) {
@@ -89,7 +98,9 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 		if !e.exact {
 			return nil, fmt.Errorf("model: score of %q not known", id)
 		}
-		if e.score > now {
+		// A lease score has its token as a fraction above e.score: it is
+		// claimable from the next millisecond on.
+		if e.score > now || (e.at == mInflight && e.score == now) {
 			continue
 		}
 		switch e.at {
@@ -99,13 +110,21 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 			due = append(due, id)
 		}
 	}
+	// ZSET order: by score, a lease's with its token, then bytewise by id.
+	score := func(e *mEntry) float64 {
+		if e.at == mInflight {
+			tok, _ := strconv.ParseFloat(e.token, 64)
+			return tok
+		}
+		return float64(e.score)
+	}
 	order := func(ids []string) {
 		sort.Slice(ids, func(i, j int) bool {
-			a, b := m.ids[ids[i]], m.ids[ids[j]]
-			if a.score != b.score {
-				return a.score < b.score
+			a, b := score(m.ids[ids[i]]), score(m.ids[ids[j]])
+			if a != b {
+				return a < b
 			}
-			return ids[i] < ids[j] // ZSET order: bytewise
+			return ids[i] < ids[j]
 		})
 	}
 	order(exp)
@@ -114,7 +133,8 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 	return append(exp, due[:min(len(due), batch-len(exp))]...), nil
 }
 
-// next returns the lowest score at p in shard, or -1.
+// next returns the lowest score at p in shard, or -1; for leases, the
+// millisecond the lowest expires in (its score rounded up).
 func (m *mModel) next(shard int, p mPlace) int64 {
 	low := int64(-1)
 	for _, e := range m.ids {
@@ -122,13 +142,18 @@ func (m *mModel) next(shard int, p mPlace) int64 {
 			low = e.score
 		}
 	}
+	if p == mInflight && low >= 0 {
+		low++
+	}
 	return low
 }
 
 // mShard is one shard's keys as read directly from Redis.
 type mShard struct {
 	due, inflight, dead map[string]int64
+	leases              map[string]float64 // inflight scores, with their token
 	data, claims, errs  map[string]string
+	dataDue             map[string]int64 // the due time in each data value's header
 }
 
 // readKeyspace reads every shard's keys and the names of all keys, in one
@@ -150,31 +175,34 @@ func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []
 	out := make([]mShard, s.shards)
 	for sh := range out {
 		var z [3]map[string]int64
+		leases := map[string]float64{}
 		for i, c := range zs[sh] {
 			z[i] = make(map[string]int64, len(c.Val()))
 			for _, m := range c.Val() {
 				z[i][m.Member.(string)] = int64(m.Score)
+				if i == 1 {
+					leases[m.Member.(string)] = m.Score
+				}
 			}
 		}
-		out[sh] = mShard{due: z[0], inflight: z[1], dead: z[2], data: hs[sh][0].Val(), claims: hs[sh][1].Val(), errs: hs[sh][2].Val()}
+		data, dataDue := map[string]string{}, map[string]int64{}
+		for id, v := range hs[sh][0].Val() {
+			due, d := splitValue(v)
+			data[id], dataDue[id] = string(d), due
+		}
+		out[sh] = mShard{due: z[0], inflight: z[1], dead: z[2], leases: leases, data: data, dataDue: dataDue,
+			claims: hs[sh][1].Val(), errs: hs[sh][2].Val()}
 	}
 	ks := keys.Val()
 	slices.Sort(ks)
 	return out, ks, nil
 }
 
-// splitClaim splits a claims value "attempt:due:token" as the scripts do;
-// "" (no entry) is attempt 0.
-func splitClaim(v string) (attempt int, due, token string) {
-	parts := strings.SplitN(v, ":", 3)
-	attempt, _ = strconv.Atoi(parts[0])
-	if len(parts) > 1 {
-		due = parts[1]
-	}
-	if len(parts) > 2 {
-		token = parts[2]
-	}
-	return attempt, due, token
+// splitClaim reads a claims value as the scripts do: the attempts
+// counted; "" (no entry) is 0.
+func splitClaim(v string) int {
+	n, _ := strconv.Atoi(v)
+	return n
 }
 
 // checkInvariants checks the invariants of scripts.go on a read of the
@@ -209,9 +237,14 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 				}
 			}
 		}
-		for id := range st.inflight {
-			if _, _, tok := splitClaim(st.claims[id]); tok == "" {
-				bad(sh, "inflight %q has no claim token (claims entry %q)", id, st.claims[id])
+		for id, l := range st.leases {
+			if l == math.Trunc(l) {
+				bad(sh, "inflight %q has a lease score without a token: %v", id, l)
+			}
+		}
+		for id, v := range st.claims {
+			if n, err := strconv.Atoi(v); err != nil || n <= 0 {
+				bad(sh, "claims entry of %q is %q, not a positive count", id, v)
 			}
 		}
 		for i, h := range []map[string]string{st.claims, st.errs} {
@@ -227,9 +260,9 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 			}
 		}
 		for id, v := range prev[sh].claims {
-			was, _, _ := splitClaim(v)
-			now, _, _ := splitClaim(st.claims[id])
-			if now < was && !fx.reset[id] && !fx.deleted[id] && !(fx.giveBack[id] && now == was-1) {
+			was := splitClaim(v)
+			now := splitClaim(st.claims[id])
+			if now < was && !fx.reset[id] && !fx.deleted[id] {
 				bad(sh, "attempt of %q went down from %d to %d", id, was, now)
 			}
 		}
@@ -248,8 +281,8 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 	}
 	for id, e := range m.ids {
 		st := cur[e.shard]
-		if d, ok := st.data[id]; !ok || d != e.data {
-			bad("%q: data %q, model %q", id, d, e.data)
+		if d, ok := st.data[id]; !ok || d != e.data || st.dataDue[id] != e.due {
+			bad("%q: data %q due %d, model %q due %d", id, d, st.dataDue[id], e.data, e.due)
 		}
 		z := map[mPlace]map[string]int64{mDue: st.due, mInflight: st.inflight, mDead: st.dead}[e.at]
 		switch score, ok := z[id]; {
@@ -262,10 +295,14 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 		default:
 			e.score, e.exact = score, true
 		}
-		if e.claimed {
-			want := fmt.Sprintf("%d:%d:%s", e.attempt, e.due, e.token)
-			if got, ok := st.claims[id]; !ok || got != want {
-				bad("%q: claims entry %q, model %q", id, got, want)
+		if n := e.counted(); n > 0 {
+			if got, ok := st.claims[id]; !ok || got != strconv.Itoa(n) {
+				bad("%q: claims entry %q, model %d", id, got, n)
+			}
+		}
+		if e.at == mInflight {
+			if tok, err := strconv.ParseFloat(e.token, 64); err != nil || st.leases[id] != tok || int64(tok) != e.score || tok == math.Trunc(tok) {
+				bad("%q: lease score %v, model %d with token %q", id, st.leases[id], e.score, e.token)
 			}
 		}
 		if e.err != "" {
@@ -295,7 +332,7 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 		extra(names.due, maps.Keys(st.due), at(mDue))
 		extra(names.inflight, maps.Keys(st.inflight), at(mInflight))
 		extra(names.dead, maps.Keys(st.dead), at(mDead))
-		extra(names.attempts, maps.Keys(st.claims), func(e *mEntry) bool { return e.claimed })
+		extra(names.attempts, maps.Keys(st.claims), func(e *mEntry) bool { return e.counted() > 0 })
 		extra(names.errors, maps.Keys(st.errs), func(e *mEntry) bool { return e.err != "" })
 	}
 	slices.Sort(want)

@@ -5,13 +5,22 @@ package store
 //   KEYS[4] claims HASH, KEYS[5] dead ZSET, KEYS[6] errors HASH
 // and reads "now" from Redis TIME, so daemons with skewed clocks agree.
 //
+// A claim leases an id: it moves from due to inflight with the lease expiry
+// as its score, plus a random fraction (k/512 ms) that is the claim's token.
+// A settle names that score, so a stale daemon whose lease expired, or
+// whose envelope was replaced or cancelled meanwhile, changes nothing. Due
+// scores are whole milliseconds; lease scores never are.
+// The claims hash holds, as "n", how many attempts were counted before the
+// current lease, for ids with n > 0 only: a first delivery writes nothing
+// there. The original due time is in the data value's header (value.go).
+//
 // Invariants of one shard's keys (checked by Check and the model test):
 //   - every data entry is in exactly one of due, inflight, dead;
 //   - every due, inflight or dead member has a data entry;
-//   - every inflight member has a claims entry "attempt:due:token" with a
-//     non-empty token; claims and errors entries exist only beside data;
-//   - a claim's attempt number never goes down, except that "unreachable"
-//     gives back an attempt that was never written to the network.
+//   - every inflight score has a fractional part (its claim token);
+//   - claims and errors entries exist only beside data;
+//   - the counted attempts n never go down, except that a replace or a
+//     replay starts them over.
 //
 // Redis does not roll back a script that fails part-way, so every script
 // is written to be safe when it stops at any command: it checks the types
@@ -42,22 +51,34 @@ local function chunks(cmd, key, list)
     redis.call(cmd, key, unpack(list, i, math.min(i + 511, #list)))
   end
 end
-local function hmget(key, ids)
+-- many runs a reading cmd key <ids> in chunks and joins the replies.
+local function many(cmd, key, ids)
   local out = {}
   for i = 1, #ids, 512 do
-    local part = redis.call('HMGET', key, unpack(ids, i, math.min(i + 511, #ids)))
+    local part = redis.call(cmd, key, unpack(ids, i, math.min(i + 511, #ids)))
     for j = 1, #part do out[#out + 1] = part[j] end
   end
   return out
 end
+local function hmget(key, ids) return many('HMGET', key, ids) end
 local function nowMs()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- parseClaim splits a claims value "attempt:due:token".
-local function parseClaim(v)
-  local a, d, tok = string.match(v, '^(%-?%d+):([^:]*):?(.*)$')
-  return tonumber(a) or 0, d or '', tok or ''
+-- counted reads a claims value: the attempts counted so far. Values of
+-- older versions ("attempt:due:token") start with the same number.
+local function counted(v)
+  if not v then return 0 end
+  return tonumber(string.match(v, '^%d+')) or 0
+end
+-- stamp puts the value header (value.go) before an encoded envelope.
+local function stamp(due, data)
+  local b, d = {}, due
+  for i = 6, 1, -1 do
+    b[i] = d % 256
+    d = math.floor(d / 256)
+  end
+  return string.char(240, b[1], b[2], b[3], b[4], b[5], b[6]) .. data
 end
 `
 
@@ -87,7 +108,7 @@ for i = 1, #ARGV, 5 do
   -- Adds first, then removals: a cut leaves the id indexed twice, never
   -- unindexed.
   redis.call('ZADD', KEYS[k+1], due, id)
-  if redis.call('HSET', KEYS[k+3], id, ARGV[i+4]) == 0 then
+  if redis.call('HSET', KEYS[k+3], id, stamp(due, ARGV[i+4])) == 0 then
     -- A replace: forget any claim, error or death of the old one.
     redis.call('HDEL', KEYS[k+4], id)
     redis.call('HDEL', KEYS[k+6], id)
@@ -117,8 +138,7 @@ for i = first, #ARGV do
   if not seen[id] and redis.call('HEXISTS', KEYS[3], id) == 1 and (not deadOnly or redis.call('ZSCORE', KEYS[5], id)) then
     seen[id] = true
     r = 1
-    local c = redis.call('HGET', KEYS[4], id)
-    if redis.call('ZSCORE', KEYS[2], id) or (c and parseClaim(c) > 0) then r = 2 end
+    if redis.call('ZSCORE', KEYS[2], id) or counted(redis.call('HGET', KEYS[4], id)) > 0 then r = 2 end
     gone[#gone+1] = id
   end
   out[#out+1] = r
@@ -137,68 +157,62 @@ return out
 `)
 
 // claimScript hands out up to ARGV[1] envelopes for delivery, each with a
-// lease of ARGV[2] ms and the claim token ARGV[3]: first those whose lease
-// expired (their daemon died or stalled; they are re-leased in place, so a
-// backlog of due envelopes can never starve them), then due ones, which
-// move from due to inflight. Each claim counts an attempt.
-// Returns {now µs, next due ms or -1, next lease expiry ms or -1, number of
-// ids that had no data (removed behind delayd's back), number of expired
-// leases re-claimed, then per envelope: id, original due ms, attempt, data}. "now" is in µs so the scanner can
-// time its next wake-up to better than a millisecond.
+// lease of ARGV[2] ms and the claim token ARGV[3], a fraction ".ddd" of a
+// millisecond (k/512, so the score stays exact in a double until 2200):
+// first those whose lease expired (their daemon died or stalled; they are
+// re-leased in place, so a backlog of due envelopes can never starve them),
+// then due ones, which move from due to inflight. The expired lease was an
+// attempt: it is counted in claims now.
+// Returns {now µs, next due ms or -1, next lease expiry ms (rounded up) or
+// -1, number of ids that had no data (removed behind delayd's back),
+// number of expired leases re-claimed, the lease score (the settles'
+// token), then per envelope: id, attempt, stored value}. "now" is in µs so
+// the scanner can time its next wake-up to better than a millisecond.
 // Allowed over maxmemory: delivering is what frees memory.
 var claimScript = newScript("allow-oom", `
 local bad = checkKeys()
 if bad then return redis.error_reply(bad) end
 local now, nowus = nowMs()
 local max = tonumber(ARGV[1])
-local lease = now + tonumber(ARGV[2])
-local token = ARGV[3]
-local out = {nowus, -1, -1, 0, 0}
+local lease = (now + tonumber(ARGV[2])) .. ARGV[3]
+local out = {nowus, -1, -1, 0, 0, lease}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, max)
 local expired = #ids
-local dueScore = {}
 if expired < max then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, max - expired)
-  for i = 1, #due, 2 do
-    ids[#ids+1] = due[i]
-    dueScore[due[i]] = due[i+1]
-  end
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, max - expired)
+  for i = 1, #due do ids[#ids+1] = due[i] end
 end
 local fromDue = #ids - expired
 if #ids > 0 then
   local datas = hmget(KEYS[3], ids)
-  local prevs = hmget(KEYS[4], ids)
-  local claims, leases, gone = {}, {}, {}
+  -- Most shards have no retries at all: then there is nothing to read.
+  local prevs = {}
+  if redis.call('HLEN', KEYS[4]) > 0 then prevs = hmget(KEYS[4], ids) end
+  local count, leases, gone = {}, {}, {}
   for j, id in ipairs(ids) do
     local data = datas[j]
     if data then
-      local attempt, due = 1, dueScore[id]
-      if prevs[j] then
-        local a, d = parseClaim(prevs[j])
-        attempt = a + 1
-        if d ~= '' then due = d end
+      local n = counted(prevs[j])
+      if j <= expired then
+        n = n + 1
+        count[#count+1] = id
+        count[#count+1] = n
+        out[5] = out[5] + 1
       end
-      if not due then due = tostring(now) end
-      claims[#claims+1] = id
-      claims[#claims+1] = attempt .. ':' .. due .. ':' .. token
       leases[#leases+1] = lease
       leases[#leases+1] = id
       out[#out+1] = id
-      out[#out+1] = due
-      out[#out+1] = attempt
+      out[#out+1] = n + 1
       out[#out+1] = data
-      if j <= expired then out[5] = out[5] + 1 end
     else
       out[4] = out[4] + 1
       if j <= expired then gone[#gone+1] = id end
     end
   end
-  -- Adds first: the claims and leases. Removals last: the due ids (the
+  -- Adds first: the counts and leases. Removals last: the due ids (the
   -- fromDue lowest of the set, one command) and expired ids without data.
-  if #claims > 0 then
-    chunks('HSET', KEYS[4], claims)
-    chunks('ZADD', KEYS[2], leases)
-  end
+  if #count > 0 then chunks('HSET', KEYS[4], count) end
+  if #leases > 0 then chunks('ZADD', KEYS[2], leases) end
   if fromDue > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, fromDue - 1) end
   if #gone > 0 then
     chunks('HDEL', KEYS[4], gone)
@@ -208,20 +222,21 @@ end
 local nd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #nd > 0 then out[2] = tonumber(nd[2]) end
 local nl = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if #nl > 0 then out[3] = tonumber(nl[2]) end
+if #nl > 0 then out[3] = math.ceil(tonumber(nl[2])) end
 return out
 `)
 
 // ackScript settles claimed envelopes. ARGV[1] is the retry delay in ms
-// for releases, then per envelope 4 values: id, claim token, op, error.
+// for releases, then per envelope 4 values: id, claim token (its lease
+// score), op, error.
 // Ops: "a" ack (delivered: delete), "r" release (back to due after the
-// retry delay), "u" unreachable (like "r", but the attempt is given back:
+// retry delay), "u" unreachable (like "r", but the attempt is not counted:
 // nothing was written to the network), "d" dead (to the dead set). A
 // non-empty error is recorded.
-// A settle whose token is not the id's current claim is ignored: the id was
-// replaced, cancelled, or re-claimed after its lease expired, and a stale
-// daemon must not touch the newer claim. A settle clears the token, so a
-// resent settle changes nothing.
+// A settle whose token is not the id's current lease score is ignored: the
+// id was replaced, cancelled, or re-claimed after its lease expired, and a
+// stale daemon must not touch the newer claim. A settle ends the lease, so
+// a resent settle changes nothing.
 // Returns {now ms, number settled}.
 // Allowed over maxmemory: settling is what frees memory.
 var ackScript = newScript("allow-oom", `
@@ -231,31 +246,40 @@ local now = nowMs()
 local ids = {}
 for i = 2, #ARGV, 4 do ids[#ids+1] = ARGV[i] end
 if #ids == 0 then return {now, 0} end
-local prevs = hmget(KEYS[4], ids)
-local settled, acked, errs, claims, again, dead = {}, {}, {}, {}, {}, {}
--- The claims were read before any write: an id settled twice in one call
+-- The ids one claim leased share its score: one exact range read per
+-- token finds those still leased by it (ZMSCORE would format a double per
+-- id instead). A token that is not a lease score matches nothing.
+local leased = {}
+local function holds(tok, id)
+  local set = leased[tok]
+  if not set then
+    set = {}
+    local n = tonumber(tok)
+    if n and n == n and n ~= math.floor(n) then
+      for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], tok, tok)) do set[m] = true end
+    end
+    leased[tok] = set
+  end
+  return set[id]
+end
+local settled, acked, errs, count, again, dead = {}, {}, {}, {}, {}, {}
+-- Every read comes before any write: an id settled twice in one call
 -- must count once, as it would across two calls.
 local done = {}
 for j, id in ipairs(ids) do
   local k = 2 + (j - 1) * 4
-  local prev, want = prevs[j], ARGV[k+1]
-  -- The claims value ends in ":<token>": a suffix compare is the token
-  -- check, without parsing the value for the common ack.
-  if not done[id] and prev and want ~= '' and string.sub(prev, -#want - 1) == ':' .. want then
+  if not done[id] and holds(ARGV[k+1], id) then
     done[id] = true
     local op = ARGV[k+2]
     settled[#settled+1] = id
     if op == 'a' then
       acked[#acked+1] = id
     else
-      local attempt, due = parseClaim(prev)
       if ARGV[k+3] ~= '' then
         errs[#errs+1] = id
         errs[#errs+1] = ARGV[k+3]
       end
-      if op == 'u' then attempt = math.max(attempt - 1, 0) end
-      claims[#claims+1] = id
-      claims[#claims+1] = attempt .. ':' .. due .. ':'
+      if op ~= 'u' then count[#count+1] = id end
       if op == 'd' then
         dead[#dead+1] = now
         dead[#dead+1] = id
@@ -266,15 +290,23 @@ for j, id in ipairs(ids) do
     end
   end
 end
--- Adds first (errors, claims without token, the new place), removals last.
+-- Adds first (errors, counts, the new place), removals last.
 if #errs > 0 then chunks('HSET', KEYS[6], errs) end
-if #claims > 0 then chunks('HSET', KEYS[4], claims) end
+if #count > 0 then
+  local prevs = hmget(KEYS[4], count)
+  local counts = {}
+  for j, id in ipairs(count) do
+    counts[#counts+1] = id
+    counts[#counts+1] = counted(prevs[j]) + 1
+  end
+  chunks('HSET', KEYS[4], counts)
+end
 if #again > 0 then chunks('ZADD', KEYS[1], again) end
 if #dead > 0 then chunks('ZADD', KEYS[5], dead) end
 if #settled > 0 then chunks('ZREM', KEYS[2], settled) end
 if #acked > 0 then
-  chunks('HDEL', KEYS[4], acked)
-  -- Errors are rare (a retried delivery): skip deleting what is not there.
+  -- Retries and errors are rare: skip deleting what is not there.
+  if redis.call('HLEN', KEYS[4]) > 0 then chunks('HDEL', KEYS[4], acked) end
   if redis.call('HLEN', KEYS[6]) > 0 then chunks('HDEL', KEYS[6], acked) end
   chunks('HDEL', KEYS[3], acked)
 end

@@ -394,7 +394,8 @@ type Claimed struct {
 	DueMs   int64 // the original due time, stable across redeliveries
 	Attempt int
 	Data    []byte
-	// Token names the claim: only a settle with it changes the envelope.
+	// Token names the claim (its lease score): only a settle with it
+	// changes the envelope.
 	Token string
 }
 
@@ -442,28 +443,40 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		if err != nil {
 			continue // this shard's node failed: perr says so
 		}
-		const head = 5
-		if len(raw) < head || (len(raw)-head)%4 != 0 {
+		const head = 6
+		if len(raw) < head || (len(raw)-head)%3 != 0 {
 			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
 		}
 		r := ClaimResult{
 			Shard: shards[i], NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
-			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Items: make([]Claimed, 0, (len(raw)-head)/4),
+			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Items: make([]Claimed, 0, (len(raw)-head)/3),
 		}
-		for j := head; j < len(raw); j += 4 {
+		lease, _ := raw[5].(string)
+		for j := head; j < len(raw); j += 3 {
 			id, _ := raw[j].(string)
-			data, _ := raw[j+3].(string)
-			r.Items = append(r.Items, Claimed{ID: id, DueMs: asInt(raw[j+1]), Attempt: int(asInt(raw[j+2])),
-				Data: []byte(data), Token: token})
+			v, _ := raw[j+2].(string)
+			due, data := splitValue(v)
+			if due < 0 {
+				// Stored by a version without the value header: its due
+				// time is gone, and it is due now.
+				due = r.NowMs()
+			}
+			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: int(asInt(raw[j+1])), Data: data, Token: lease})
 		}
 		out = append(out, r)
 	}
 	return out, perr
 }
 
-// newToken returns a claim token: random, so two claims never share one.
+// newToken returns the fraction of a millisecond that makes a lease score
+// a claim token: k/512 for a random k in [1, 511], written exactly (".ddd",
+// at most 9 decimals). 511 values are enough because a token only has to
+// differ from the tokens of older claims of the same id whose lease ends in
+// the same millisecond, which needs a replace and two claims of it within
+// one millisecond; a re-claim after a lease expired always ends later.
 func newToken() string {
-	return strconv.FormatUint(rand.Uint64(), 36)
+	k := 1 + rand.IntN(511)
+	return strconv.FormatFloat(float64(k)/512, 'f', -1, 64)[1:]
 }
 
 // Outcome is what becomes of a claimed envelope.
