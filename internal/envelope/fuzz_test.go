@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/internal/recur"
 )
 
 // FuzzParseSchedule feeds arbitrary header sets to the header decoder: it
@@ -48,24 +50,29 @@ func FuzzParseSchedule(f *testing.F) {
 // FuzzCodec: any envelope round-trips, and any byte string either decodes
 // or is rejected without a panic.
 func FuzzCodec(f *testing.F) {
-	f.Add("orders.cancel", "traceparent", "v", []byte("payload"))
-	f.Add("", "", "", []byte{})
-	f.Add("a", "k", "\x00\xff", []byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff})
-	f.Fuzz(func(t *testing.T, target, key, val string, payload []byte) {
+	f.Add("orders.cancel", "traceparent", "v", []byte("payload"), int64(0), "")
+	f.Add("", "", "", []byte{}, int64(60), "")
+	f.Add("a", "k", "\x00\xff", []byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff}, int64(0), "0 30 2 * * *")
+	f.Add("a", "k", "v", []byte{2, 1, 'a', 0, 5, 1, 0, 0xe8, 7, 0}, int64(3600), "@daily")
+	f.Fuzz(func(t *testing.T, target, key, val string, payload []byte, everySec int64, cron string) {
 		e := Envelope{Target: target, Payload: payload}
 		if key != "" {
 			e.Header = map[string][]string{key: {val}}
+		}
+		if r := (recur.Rule{Every: time.Duration(everySec) * time.Second, Cron: cron}); r.Validate() == nil {
+			e.Series = &r
 		}
 		got, err := Decode(Encode(e))
 		if err != nil {
 			t.Fatalf("round trip: %v", err)
 		}
-		if got.Target != e.Target || !bytes.Equal(got.Payload, e.Payload) || !reflect.DeepEqual(got.Header, e.Header) {
+		if got.Target != e.Target || !bytes.Equal(got.Payload, e.Payload) || !reflect.DeepEqual(got.Header, e.Header) ||
+			!reflect.DeepEqual(got.Series, e.Series) {
 			t.Fatalf("round trip changed %+v into %+v", e, got)
 		}
 		// Arbitrary bytes: decode or reject, never panic.
-		raw := append([]byte{formatV1, 0, 0, 0, 0, 0, 0, 0, 0}, payload...)
-		_, _ = Decode(raw)
+		_, _ = Decode(append([]byte{formatV1, 0, 0, 0, 0, 0, 0, 0, 0}, payload...))
+		_, _ = Decode(append([]byte{formatV2}, payload...))
 		_, _ = Decode(payload)
 	})
 }
