@@ -18,6 +18,11 @@ func FuzzParseSchedule(f *testing.F) {
 	f.Add("Delayd-Target", "$SYS.x", "Delayd-At", "2026-11-30T10:00:00.250Z", "Delayd-Id", "\x00", []byte{})
 	f.Add("delayd-target", "a..b", "DELAYD-DELAY", "-1s", "Delayd-Id", strings.Repeat("x", 300), []byte{0xff})
 	f.Add("Delayd-Target", "a.*", "Delayd-Delay", "1h1m1s1ms1us1ns", "Delayd-At", "now", []byte("x"))
+	f.Add("Delayd-Target", "a.b", "Delayd-Every", "1m", "Delayd-Count", "3", []byte("x"))
+	f.Add("Delayd-Target", "a.b", "Delayd-Cron", "0 30 2 * * *", "Delayd-Time-Zone", "Australia/Sydney", []byte{})
+	f.Add("Nats-Schedule-Target", "a.b", "Nats-Schedule", "@every 1s", "Nats-Schedule-Time-Zone", "Europe/Berlin", []byte{})
+	f.Add("Delayd-Target", "a.b", "Nats-Schedule", "@at 2026-11-30T10:00:30Z", "Nats-Schedule-Source", "x", []byte{})
+	f.Add("Delayd-Target", "a.b", "nats-schedule", "@hourly", "Delayd-Until", "2026-11-30T10:30:00Z", []byte{})
 	lim := Limits{MaxPayload: 64, MaxIDLen: 32, MaxHeaders: 8, MaxHeaderBytes: 256, MaxDelay: time.Hour, MaxPast: time.Minute}
 	pol := Policy{Prefix: "delayd"}
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
@@ -39,8 +44,13 @@ func FuzzParseSchedule(f *testing.F) {
 		if !r.HasAt && (r.Delay < 0 || r.Delay > lim.MaxDelay) {
 			t.Fatalf("accepted delay %s", r.Delay)
 		}
+		if r.Series != nil {
+			if err := r.Series.Validate(); err != nil || !r.HasAt || r.At.Sub(now) > lim.MaxDelay || r.At.Before(now) {
+				t.Fatalf("accepted series %s first due %v: %v", r.Series, r.At, err)
+			}
+		}
 		for k := range r.Header {
-			if len(k) >= len(controlPrefix) && strings.EqualFold(k[:len(controlPrefix)], controlPrefix) {
+			if HasPrefixFold(k, controlPrefix) || HasPrefixFold(k, natsSchedulePrefix) {
 				t.Fatalf("control header %q passed through", k)
 			}
 		}
