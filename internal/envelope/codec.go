@@ -3,54 +3,60 @@ package envelope
 import (
 	"encoding/binary"
 	"errors"
-	"math/rand/v2"
+	"fmt"
 	"sort"
 	"time"
+
+	"github.com/delayd/delayd/internal/recur"
 )
 
 // Envelope is what is stored and later delivered: the target and the
-// payload with the headers that travel with it.
+// payload with the headers that travel with it, and for a recurring
+// schedule its rule.
 type Envelope struct {
 	Target  string
 	Header  map[string][]string
+	Series  *recur.Rule // nil for a one-shot
 	Payload []byte
 }
 
-// Layout of the stored value, format 1:
+// Layout of the stored value, format 2:
 //
-//	[0]     format byte (1)
-//	[1:9]   version: 8 random bytes, new for every upsert
+//	[0]     format byte (2)
 //	uvarint len(target), target
 //	uvarint number of header keys; per key: uvarint len, key, uvarint
 //	        number of values; per value: uvarint len, value
+//	uvarint len(series), series: recur.Rule.Encode; 0 for a one-shot
 //	payload: the rest, unframed
 //
-// The store's Lua scripts compare bytes [1:9] (Lua's string.sub(v, 2, 9)) so
-// that an ack never deletes a newer envelope stored under the same id. The id
-// and due time are not repeated here: they are the hash field and ZSET score.
+// Format 1 (still decoded) had 8 random version bytes after the format byte
+// and no series. Nothing reads them since the store settles by claim token,
+// so format 2 leaves them out. The id and due time are not repeated here:
+// they are the hash field and ZSET score.
 const (
-	formatV1    = 1
-	VersionSize = 8
-	headerSize  = 1 + VersionSize
+	formatV1  = 1
+	formatV2  = 2
+	v1Version = 8 // format 1's unused version bytes
 )
 
 // ErrCorrupt is returned for a stored value that cannot be decoded.
 var ErrCorrupt = errors.New("envelope: corrupt or unknown encoding")
 
-// Encode returns the stored form of e with a fresh random version.
+// Encode returns the stored form of e, in format 2. A Series must be valid.
 func Encode(e Envelope) []byte {
-	n := headerSize + binary.MaxVarintLen64 + len(e.Target) + binary.MaxVarintLen64 + len(e.Payload)
+	var series []byte
+	if e.Series != nil {
+		series = e.Series.Encode()
+	}
+	n := 1 + 3*binary.MaxVarintLen64 + len(e.Target) + len(series) + len(e.Payload)
 	for k, vs := range e.Header {
 		n += 2*binary.MaxVarintLen64 + len(k)
 		for _, v := range vs {
 			n += binary.MaxVarintLen64 + len(v)
 		}
 	}
-	b := make([]byte, headerSize, n)
-	b[0] = formatV1
-	// The version only has to differ between two upserts of one id, not be
-	// secret, so the fast per-process ChaCha8 generator serves.
-	binary.LittleEndian.PutUint64(b[1:headerSize], rand.Uint64())
+	b := make([]byte, 1, n)
+	b[0] = formatV2
 	b = appendString(b, e.Target)
 	b = binary.AppendUvarint(b, uint64(len(e.Header)))
 	// Sorted keys make the encoding deterministic, which the fuzz round
@@ -68,25 +74,23 @@ func Encode(e Envelope) []byte {
 			b = appendString(b, v)
 		}
 	}
+	b = binary.AppendUvarint(b, uint64(len(series)))
+	b = append(b, series...)
 	return append(b, e.Payload...)
 }
 
-// Version returns the version bytes of a stored value, or nil if it is too
-// short to have one.
-func Version(b []byte) []byte {
-	if len(b) < headerSize {
-		return nil
-	}
-	return b[1:headerSize]
-}
-
-// Decode parses a stored value. The payload aliases b.
+// Decode parses a stored value of format 1 or 2. The payload aliases b.
 func Decode(b []byte) (Envelope, error) {
 	var e Envelope
-	if len(b) < headerSize || b[0] != formatV1 {
+	var r reader
+	switch {
+	case len(b) >= 1+v1Version && b[0] == formatV1:
+		r.b = b[1+v1Version:]
+	case len(b) >= 1 && b[0] == formatV2:
+		r.b = b[1:]
+	default:
 		return e, ErrCorrupt
 	}
-	r := reader{b: b[headerSize:]}
 	e.Target = r.str()
 	nk := r.uvarint()
 	if nk > uint64(len(r.b)) { // each key needs at least one byte
@@ -109,6 +113,15 @@ func Decode(b []byte) (Envelope, error) {
 			return e, ErrCorrupt
 		}
 		e.Header[k] = vs
+	}
+	if b[0] == formatV2 {
+		if series := r.bytes(); r.err == nil && len(series) > 0 {
+			rule, err := recur.Decode(series)
+			if err != nil {
+				return Envelope{}, fmt.Errorf("%w: series: %v", ErrCorrupt, err)
+			}
+			e.Series = &rule
+		}
 	}
 	if r.err != nil {
 		return Envelope{}, r.err
@@ -140,18 +153,21 @@ func (r *reader) uvarint() uint64 {
 	return v
 }
 
-func (r *reader) str() string {
+func (r *reader) str() string { return string(r.bytes()) }
+
+// bytes returns a length-prefixed field; it aliases the input.
+func (r *reader) bytes() []byte {
 	n := r.uvarint()
 	if r.err != nil {
-		return ""
+		return nil
 	}
 	if n > uint64(len(r.b)) {
 		r.err = ErrCorrupt
-		return ""
+		return nil
 	}
-	s := string(r.b[:n])
+	v := r.b[:n]
 	r.b = r.b[n:]
-	return s
+	return v
 }
 
 // FormatMs renders a time in ms since the epoch the way the protocol writes

@@ -2,10 +2,13 @@ package envelope
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/internal/recur"
 )
 
 var lim = Limits{MaxPayload: 100, MaxIDLen: 16, MaxHeaders: 4, MaxHeaderBytes: 200, MaxDelay: time.Hour, MaxPast: time.Minute}
@@ -75,30 +78,66 @@ func TestParseKeepsPassThroughHeaders(t *testing.T) {
 }
 
 func TestCodecRoundTrip(t *testing.T) {
-	e := Envelope{Target: "orders.cancel", Header: map[string][]string{"a": {"1", ""}, "b": {}}, Payload: []byte{0, 1, 2, 255}}
-	b := Encode(e)
-	got, err := Decode(b)
+	rule := recur.Rule{Cron: "0 30 2 * * *", Zone: "Europe/Berlin", Count: 3}
+	for _, e := range []Envelope{
+		{Target: "orders.cancel", Header: map[string][]string{"a": {"1", ""}, "b": {}}, Payload: []byte{0, 1, 2, 255}},
+		{Target: "reports.daily", Series: &rule, Payload: []byte("run")},
+	} {
+		b := Encode(e)
+		if b[0] != formatV2 {
+			t.Fatalf("format %d", b[0])
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, e) {
+			t.Fatalf("round trip: %+v", got)
+		}
+		if !bytes.Equal(b, Encode(e)) {
+			t.Fatal("encoding is not deterministic")
+		}
+		for _, bad := range [][]byte{nil, {3}, {1, 0, 0, 0, 0, 0, 0, 0, 0}, b[:len(b)-len(e.Payload)-1]} {
+			if _, err := Decode(bad); err == nil {
+				t.Errorf("decoded corrupt %v", bad)
+			}
+		}
+	}
+	// A corrupt series is a corrupt envelope, not a one-shot.
+	b := Encode(Envelope{Target: "a", Series: &rule})
+	b[len(b)-1] = 0xff
+	if _, err := Decode(b); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt series: %v", err)
+	}
+}
+
+// Values stored before format 2 must still decode: format 1 had 8 version
+// bytes after the format byte and no series.
+func TestDecodeFormat1(t *testing.T) {
+	v1 := []byte{1, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, // format, version
+		13, 'o', 'r', 'd', 'e', 'r', 's', '.', 'c', 'a', 'n', 'c', 'e', 'l',
+		1, 2, 't', 'p', 1, 1, 'v', // one header tp: [v]
+		'h', 'i'}
+	got, err := Decode(v1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Target != e.Target || !bytes.Equal(got.Payload, e.Payload) || !reflect.DeepEqual(got.Header, e.Header) {
-		t.Fatalf("round trip: %+v", got)
-	}
-	if len(Version(b)) != VersionSize || bytes.Equal(Version(b), Version(Encode(e))) {
-		t.Fatal("each encoding must get a fresh version")
-	}
-	for _, bad := range [][]byte{nil, {2, 0, 0, 0, 0, 0, 0, 0, 0}, b[:10]} {
-		if _, err := Decode(bad); err == nil {
-			t.Errorf("decoded corrupt %v", bad)
-		}
+	want := Envelope{Target: "orders.cancel", Header: map[string][]string{"tp": {"v"}}, Payload: []byte("hi")}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v", got)
 	}
 }
 
 // The encoding must stay compact: it is most of Redis memory per envelope.
+// Format 2 costs 4 bytes on a one-shot without headers (format 1: 11).
 func TestEncodingOverhead(t *testing.T) {
 	e := Envelope{Target: "orders.cancel", Payload: make([]byte, 128)}
-	if over := len(Encode(e)) - len(e.Payload) - len(e.Target); over > 12 {
+	if over := len(Encode(e)) - len(e.Payload) - len(e.Target); over != 4 {
 		t.Fatalf("overhead %d bytes", over)
+	}
+	e.Series = &recur.Rule{Every: time.Minute}
+	if over := len(Encode(e)) - len(e.Payload) - len(e.Target); over > 10 {
+		t.Fatalf("overhead with every 1m: %d bytes", over)
 	}
 }
 

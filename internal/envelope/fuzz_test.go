@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/internal/recur"
 )
 
 // FuzzParseSchedule feeds arbitrary header sets to the header decoder: it
@@ -16,6 +18,11 @@ func FuzzParseSchedule(f *testing.F) {
 	f.Add("Delayd-Target", "$SYS.x", "Delayd-At", "2026-11-30T10:00:00.250Z", "Delayd-Id", "\x00", []byte{})
 	f.Add("delayd-target", "a..b", "DELAYD-DELAY", "-1s", "Delayd-Id", strings.Repeat("x", 300), []byte{0xff})
 	f.Add("Delayd-Target", "a.*", "Delayd-Delay", "1h1m1s1ms1us1ns", "Delayd-At", "now", []byte("x"))
+	f.Add("Delayd-Target", "a.b", "Delayd-Every", "1m", "Delayd-Count", "3", []byte("x"))
+	f.Add("Delayd-Target", "a.b", "Delayd-Cron", "0 30 2 * * *", "Delayd-Time-Zone", "Australia/Sydney", []byte{})
+	f.Add("Nats-Schedule-Target", "a.b", "Nats-Schedule", "@every 1s", "Nats-Schedule-Time-Zone", "Europe/Berlin", []byte{})
+	f.Add("Delayd-Target", "a.b", "Nats-Schedule", "@at 2026-11-30T10:00:30Z", "Nats-Schedule-Source", "x", []byte{})
+	f.Add("Delayd-Target", "a.b", "nats-schedule", "@hourly", "Delayd-Until", "2026-11-30T10:30:00Z", []byte{})
 	lim := Limits{MaxPayload: 64, MaxIDLen: 32, MaxHeaders: 8, MaxHeaderBytes: 256, MaxDelay: time.Hour, MaxPast: time.Minute}
 	pol := Policy{Prefix: "delayd"}
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
@@ -37,8 +44,13 @@ func FuzzParseSchedule(f *testing.F) {
 		if !r.HasAt && (r.Delay < 0 || r.Delay > lim.MaxDelay) {
 			t.Fatalf("accepted delay %s", r.Delay)
 		}
+		if r.Series != nil {
+			if err := r.Series.Validate(); err != nil || !r.HasAt || r.At.Sub(now) > lim.MaxDelay || r.At.Before(now) {
+				t.Fatalf("accepted series %s first due %v: %v", r.Series, r.At, err)
+			}
+		}
 		for k := range r.Header {
-			if len(k) >= len(controlPrefix) && strings.EqualFold(k[:len(controlPrefix)], controlPrefix) {
+			if HasPrefixFold(k, controlPrefix) || HasPrefixFold(k, natsSchedulePrefix) {
 				t.Fatalf("control header %q passed through", k)
 			}
 		}
@@ -48,24 +60,29 @@ func FuzzParseSchedule(f *testing.F) {
 // FuzzCodec: any envelope round-trips, and any byte string either decodes
 // or is rejected without a panic.
 func FuzzCodec(f *testing.F) {
-	f.Add("orders.cancel", "traceparent", "v", []byte("payload"))
-	f.Add("", "", "", []byte{})
-	f.Add("a", "k", "\x00\xff", []byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff})
-	f.Fuzz(func(t *testing.T, target, key, val string, payload []byte) {
+	f.Add("orders.cancel", "traceparent", "v", []byte("payload"), int64(0), "")
+	f.Add("", "", "", []byte{}, int64(60), "")
+	f.Add("a", "k", "\x00\xff", []byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff}, int64(0), "0 30 2 * * *")
+	f.Add("a", "k", "v", []byte{2, 1, 'a', 0, 5, 1, 0, 0xe8, 7, 0}, int64(3600), "@daily")
+	f.Fuzz(func(t *testing.T, target, key, val string, payload []byte, everySec int64, cron string) {
 		e := Envelope{Target: target, Payload: payload}
 		if key != "" {
 			e.Header = map[string][]string{key: {val}}
+		}
+		if r := (recur.Rule{Every: time.Duration(everySec) * time.Second, Cron: cron}); r.Validate() == nil {
+			e.Series = &r
 		}
 		got, err := Decode(Encode(e))
 		if err != nil {
 			t.Fatalf("round trip: %v", err)
 		}
-		if got.Target != e.Target || !bytes.Equal(got.Payload, e.Payload) || !reflect.DeepEqual(got.Header, e.Header) {
+		if got.Target != e.Target || !bytes.Equal(got.Payload, e.Payload) || !reflect.DeepEqual(got.Header, e.Header) ||
+			!reflect.DeepEqual(got.Series, e.Series) {
 			t.Fatalf("round trip changed %+v into %+v", e, got)
 		}
 		// Arbitrary bytes: decode or reject, never panic.
-		raw := append([]byte{formatV1, 0, 0, 0, 0, 0, 0, 0, 0}, payload...)
-		_, _ = Decode(raw)
+		_, _ = Decode(append([]byte{formatV1, 0, 0, 0, 0, 0, 0, 0, 0}, payload...))
+		_, _ = Decode(append([]byte{formatV2}, payload...))
 		_, _ = Decode(payload)
 	})
 }

@@ -21,6 +21,25 @@ const (
 	HeaderAttempt = "Delayd-Attempt"
 	HeaderError   = "Delayd-Error" // on dead letters: the last delivery error
 	controlPrefix = "delayd-"
+
+	// A recurring schedule (a series) has Delayd-Every or Delayd-Cron
+	// instead of Delayd-At or Delayd-Delay, and these only with one of them.
+	HeaderEvery    = "Delayd-Every"
+	HeaderCron     = "Delayd-Cron"
+	HeaderTimeZone = "Delayd-Time-Zone"
+	HeaderStart    = "Delayd-Start"
+	HeaderUntil    = "Delayd-Until"
+	HeaderCount    = "Delayd-Count"
+	HeaderCatchUp  = "Delayd-Catch-Up"
+
+	// The NATS message schedule headers (ADR-51) delayd reads as aliases of
+	// its own; every other header of that family is refused.
+	HeaderNATSSchedule         = "Nats-Schedule"
+	HeaderNATSScheduleTarget   = "Nats-Schedule-Target"
+	HeaderNATSScheduleTimeZone = "Nats-Schedule-Time-Zone"
+	// natsSchedulePrefix covers Nats-Schedule, Nats-Schedule-* and Nats-Scheduler.
+	natsSchedulePrefix = "nats-schedule"
+
 	// natsPrefix starts the headers the NATS server and JetStream act on
 	// (Nats-Msg-Id, Nats-Rollup, Nats-Expected-*, Nats-TTL, ...).
 	natsPrefix = "nats-"
@@ -84,16 +103,18 @@ type Limits struct {
 // Request is a validated schedule request.
 type Request struct {
 	ID string // empty: the daemon assigns one
+	// Envelope.Series is the rule of a recurring schedule, nil for a one-shot.
 	Envelope
-	// Exactly one of At (absolute) and Delay (relative to Redis time) is used.
+	// Exactly one of At (absolute) and Delay (relative to Redis time) is
+	// used. A series has HasAt, and At is its first occurrence.
 	At    time.Time
 	Delay time.Duration
 	HasAt bool
 }
 
 // ParseSchedule validates the headers and payload of a schedule request.
-// now is only used for the coarse limit checks on Delayd-At; the due time
-// itself is computed in Redis.
+// now is used for the coarse limit checks on Delayd-At and for the first
+// occurrence of a series; a Delayd-Delay's due time is computed in Redis.
 func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy, now time.Time) (Request, error) {
 	var r Request
 	if len(payload) > lim.MaxPayload {
@@ -106,7 +127,9 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 	r.Payload = payload
 	r.Header = pass
 
-	r.Target, _ = ctl.get(slotTarget)
+	if r.Target, err = ctl.target(); err != nil {
+		return r, err
+	}
 	switch {
 	case r.Target == "":
 		return r, reject(CodeBadRequest, "missing header %s", HeaderTarget)
@@ -127,42 +150,52 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 		r.ID = id
 	}
 
-	at, hasAt := ctl.get(slotAt)
-	delay, hasDelay := ctl.get(slotDelay)
+	w, err := ctl.when()
+	if err != nil {
+		return r, err
+	}
 	switch {
-	case hasAt == hasDelay:
-		return r, reject(CodeBadRequest, "exactly one of %s and %s is required", HeaderAt, HeaderDelay)
-	case hasAt:
-		t, err := time.Parse(time.RFC3339Nano, at)
+	case w.series():
+		return r, parseSeries(&r, ctl, w, lim, now)
+	case w.kind == slotAt:
+		t, err := time.Parse(time.RFC3339Nano, w.value)
 		if err != nil {
-			return r, reject(CodeBadRequest, "%s %q is not an RFC 3339 time", HeaderAt, at)
+			return r, reject(CodeBadRequest, "%s %q is not an RFC 3339 time", w.name, w.value)
 		}
-		if t.Before(MinDue) || !t.Before(MaxDue) {
-			// Outside, due times stop fitting a ZSET score (or the µs Redis
-			// computes with) exactly, and durations from now overflow.
-			return r, reject(CodeBadRequest, "%s %s is out of range: it must lie between %s and %s", HeaderAt, at,
-				MinDue.Format(time.RFC3339), MaxDue.Format(time.RFC3339))
+		if err := inRange(w.name, t); err != nil {
+			return r, err
 		}
 		if d := t.Sub(now); d > lim.MaxDelay {
-			return r, reject(CodeBadRequest, "%s is %s ahead, limit is %s", HeaderAt, d.Round(time.Second), lim.MaxDelay)
+			return r, reject(CodeBadRequest, "%s is %s ahead, limit is %s", w.name, d.Round(time.Second), lim.MaxDelay)
 		}
 		if lim.MaxPast > 0 && now.Sub(t) > lim.MaxPast {
-			return r, reject(CodeBadRequest, "%s is %s in the past, limit is %s", HeaderAt, now.Sub(t).Round(time.Second), lim.MaxPast)
+			return r, reject(CodeBadRequest, "%s is %s in the past, limit is %s", w.name, now.Sub(t).Round(time.Second), lim.MaxPast)
 		}
 		r.At, r.HasAt = t, true
 	default:
-		d, err := time.ParseDuration(delay)
+		d, err := time.ParseDuration(w.value)
 		switch {
 		case err != nil:
-			return r, reject(CodeBadRequest, "%s %q is not a duration like 30m or 1500ms", HeaderDelay, delay)
+			return r, reject(CodeBadRequest, "%s %q is not a duration like 30m or 1500ms", HeaderDelay, w.value)
 		case d < 0:
-			return r, reject(CodeBadRequest, "%s %q is negative", HeaderDelay, delay)
+			return r, reject(CodeBadRequest, "%s %q is negative", HeaderDelay, w.value)
 		case d > lim.MaxDelay:
 			return r, reject(CodeBadRequest, "%s %s is over the limit of %s", HeaderDelay, d, lim.MaxDelay)
 		}
 		r.Delay = d
 	}
 	return r, nil
+}
+
+// inRange checks a due time (or a series bound) against [MinDue, MaxDue):
+// outside, due times stop fitting a ZSET score (or the µs Redis computes
+// with) exactly, and durations from now overflow.
+func inRange(name string, t time.Time) error {
+	if t.Before(MinDue) || !t.Before(MaxDue) {
+		return reject(CodeBadRequest, "%s %s is out of range: it must lie between %s and %s", name, t.Format(time.RFC3339Nano),
+			MinDue.Format(time.RFC3339), MaxDue.Format(time.RFC3339))
+	}
+	return nil
 }
 
 // ParseID validates the Delayd-Id of a cancel (or lookup) request.
@@ -181,10 +214,9 @@ func ParseID(h map[string][]string, lim Limits) (string, error) {
 // checkNATSHeaders refuses Nats-* pass-through headers not listed in
 // AllowNATS. delayd publishes with its own NATS rights, so such a header
 // from a publisher would make a stream act on delayd's authority: roll up
-// (purge) a subject, forge a deduplication id, set a TTL. If delayd comes to
-// interpret the Nats-Schedule family (ADR-51) as an alias of its control
-// headers, splitHeaders takes those out as control headers before this
-// check sees them.
+// (purge) a subject, forge a deduplication id, set a TTL. The Nats-Schedule
+// family (ADR-51) never gets here: splitHeaders takes it out as control
+// headers, aliases of delayd's or refused.
 func (p Policy) checkNATSHeaders(pass map[string][]string) error {
 next:
 	for k := range pass {
@@ -228,27 +260,43 @@ func validID(id string, max int) error {
 	return nil
 }
 
-// control holds the Delayd-* control headers of a request. A fixed struct
-// rather than a map: this runs for every request.
+// control holds the control headers of a request: Delayd-* and the
+// Nats-Schedule family. A fixed struct rather than a map: this runs for
+// every request.
 type control struct {
-	vals [4]string
-	seen [4]bool
+	vals [numSlots]string
+	seen [numSlots]bool
 }
 
 // controlNames are the control headers a request may carry, in slot order.
-var controlNames = [4]string{HeaderTarget, HeaderAt, HeaderDelay, HeaderID}
+var controlNames = [numSlots]string{
+	HeaderTarget, HeaderAt, HeaderDelay, HeaderID,
+	HeaderEvery, HeaderCron, HeaderTimeZone, HeaderStart, HeaderUntil, HeaderCount, HeaderCatchUp,
+	HeaderNATSSchedule, HeaderNATSScheduleTarget, HeaderNATSScheduleTimeZone,
+}
 
 const (
 	slotTarget = iota
 	slotAt
 	slotDelay
 	slotID
+	slotEvery
+	slotCron
+	slotTimeZone
+	slotStart
+	slotUntil
+	slotCount
+	slotCatchUp
+	slotNATSSchedule
+	slotNATSTarget
+	slotNATSTimeZone
+	numSlots
 )
 
 func (c control) get(slot int) (string, bool) { return c.vals[slot], c.seen[slot] }
 
-// splitHeaders separates Delayd-* control headers from the headers that
-// travel with the payload, enforcing the header count and size limits.
+// splitHeaders separates the control headers from the headers that travel
+// with the payload, enforcing the header count and size limits.
 func splitHeaders(h map[string][]string, lim Limits) (control, map[string][]string, error) {
 	var ctl control
 	var pass map[string][]string
@@ -265,17 +313,21 @@ func splitHeaders(h map[string][]string, lim Limits) (control, map[string][]stri
 		if size > lim.MaxHeaderBytes {
 			return ctl, nil, reject(CodeTooLarge, "headers exceed %d bytes", lim.MaxHeaderBytes)
 		}
-		if HasPrefixFold(k, controlPrefix) {
+		delayd, sched := HasPrefixFold(k, controlPrefix), HasPrefixFold(k, natsSchedulePrefix)
+		if delayd || sched {
 			slot := -1
 			for i, name := range controlNames {
 				if strings.EqualFold(k, name) {
 					slot = i
 				}
 			}
-			if slot < 0 {
+			switch {
+			case slot < 0 && delayd:
 				return ctl, nil, reject(CodeBadRequest, "unknown control header %q", k)
-			}
-			if ctl.seen[slot] || len(vs) != 1 {
+			case slot < 0:
+				return ctl, nil, reject(CodeBadRequest, "%s is not supported by delayd: of the NATS message schedule headers (ADR-51) it reads %s, %s and %s",
+					k, HeaderNATSSchedule, HeaderNATSScheduleTarget, HeaderNATSScheduleTimeZone)
+			case ctl.seen[slot] || len(vs) != 1:
 				return ctl, nil, reject(CodeBadRequest, "header %s must appear exactly once", controlNames[slot])
 			}
 			ctl.vals[slot], ctl.seen[slot] = strings.TrimSpace(vs[0]), true
