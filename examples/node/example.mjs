@@ -71,7 +71,7 @@ if (hdr(rep, "Nats-Service-Error-Code")) {
 }
 const sched = rep.json();
 if (sched.id !== id || !sched.deliver_at) fail(`schedule reply ${sc.decode(rep.data)}`);
-console.log(`scheduled ${sched.id} for ${sched.deliver_at}`);
+console.log(`scheduled: ${sc.decode(rep.data)}`);
 
 const { msg, received } = await sub.next(5000).catch((err) => fail(`delivery: ${err.message}`));
 const due = Date.parse(hdr(msg, "Delayd-Due"));
@@ -95,7 +95,8 @@ h2.set("Delayd-Id", id2);
 const rep2 = await nc.request("delayd.schedule", sc.encode("order 43"), { headers: h2, timeout: 5000 })
   .catch((err) => fail(`schedule: ${err.message}`));
 if (hdr(rep2, "Nats-Service-Error-Code")) fail(`schedule refused: ${hdr(rep2, "Nats-Service-Error")}`);
-console.log(`scheduled ${id2} for ${rep2.json().deliver_at}`);
+if (rep2.json().id !== id2) fail(`schedule reply ${sc.decode(rep2.data)}`);
+console.log(`scheduled: ${sc.decode(rep2.data)}`);
 
 const ch = headers();
 ch.set("Delayd-Id", id2);
@@ -103,7 +104,7 @@ const crep = await nc.request("delayd.cancel", undefined, { headers: ch, timeout
   .catch((err) => fail(`cancel: ${err.message}`));
 const cancel = crep.json();
 if (cancel.id !== id2 || cancel.cancelled !== true) fail(`cancel reply ${sc.decode(crep.data)}, want cancelled true`);
-console.log(`cancelled ${id2}: ${sc.decode(crep.data)}`);
+console.log(`cancelled: ${sc.decode(crep.data)}`);
 
 const late = await sub.next(3000).catch(() => null);
 if (late) fail(`cancelled message arrived anyway: Delayd-Id ${hdr(late.msg, "Delayd-Id")}`);

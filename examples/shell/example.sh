@@ -30,7 +30,7 @@ wait_subscribed() {
 		grep -q 'Subscribing on' "$1" && return 0
 		sleep 0.05
 	done
-	fail "nats sub did not start: $(cat "$1")"
+	fail "the subscriber did not start: $(cat "$1")"
 }
 
 # 1. Schedule a message 1 s ahead and receive it.
