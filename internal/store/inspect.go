@@ -34,7 +34,10 @@ type Entry struct {
 	DueMs    int64 // due time (pending), lease expiry (inflight) or death time (dead)
 	Attempts int
 	Error    string // last delivery error, while retrying or dead
-	Data     []byte
+	// Occurrence is the pending occurrence of a series (from 1), 0 for a
+	// one-shot.
+	Occurrence int64
+	Data       []byte
 }
 
 // Get returns the envelope with id, wherever it is, in one round trip.
@@ -54,8 +57,8 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	if data.Err() != nil {
 		return Entry{}, ErrNotFound
 	}
-	_, d := splitValue(data.Val())
-	e := Entry{ID: id, Shard: sh, Data: d, Attempts: parseAttempts(attempts.Val()), Error: lastErr.Val()}
+	_, occurrence, d := splitValue(data.Val())
+	e := Entry{ID: id, Shard: sh, Data: d, Occurrence: occurrence, Attempts: parseAttempts(attempts.Val()), Error: lastErr.Val()}
 	switch {
 	case inflight.Err() == nil:
 		// The attempt under way counts too.
@@ -206,8 +209,9 @@ func (s *Store) List(ctx context.Context, o ListOptions) (entries []Entry, next 
 			a, _ := r.att.Val()[j].(string)
 			e, _ := r.errs.Val()[j].(string)
 			c := cands[i]
-			_, data := splitValue(d)
-			entries[i] = Entry{ID: c.id, Shard: sh, State: state, DueMs: c.due, Attempts: parseAttempts(a), Error: e, Data: data}
+			_, occurrence, data := splitValue(d)
+			entries[i] = Entry{ID: c.id, Shard: sh, State: state, DueMs: c.due, Attempts: parseAttempts(a), Error: e,
+				Occurrence: occurrence, Data: data}
 		}
 	}
 	last := cands[len(cands)-1]

@@ -187,7 +187,7 @@ func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []
 		}
 		data, dataDue := map[string]string{}, map[string]int64{}
 		for id, v := range hs[sh][0].Val() {
-			due, d := splitValue(v)
+			due, _, d := splitValue(v)
 			data[id], dataDue[id] = string(d), due
 		}
 		out[sh] = mShard{due: z[0], inflight: z[1], dead: z[2], leases: leases, data: data, dataDue: dataDue,

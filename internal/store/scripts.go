@@ -71,14 +71,31 @@ local function counted(v)
   if not v then return 0 end
   return tonumber(string.match(v, '^%d+')) or 0
 end
--- stamp puts the value header (value.go) before an encoded envelope.
-local function stamp(due, data)
-  local b, d = {}, due
-  for i = 6, 1, -1 do
-    b[i] = d % 256
-    d = math.floor(d / 256)
+-- bytesOf writes n as w bytes big-endian.
+local function bytesOf(n, w)
+  local b = {}
+  for i = w, 1, -1 do
+    b[i] = n % 256
+    n = math.floor(n / 256)
   end
-  return string.char(240, b[1], b[2], b[3], b[4], b[5], b[6]) .. data
+  return string.char(unpack(b))
+end
+-- stamp puts the value header (value.go) before an encoded envelope: with
+-- an occurrence (> 0) for a series.
+local function stamp(due, occurrence, data)
+  if occurrence > 0 then
+    return string.char(241) .. bytesOf(due, 6) .. bytesOf(occurrence, 4) .. data
+  end
+  return string.char(240) .. bytesOf(due, 6) .. data
+end
+-- occurrenceOf reads a series value's occurrence and where its envelope
+-- starts; 0 for a one-shot.
+local function occurrenceOf(v)
+  local mark = string.byte(v, 1)
+  if mark == 240 then return 0, 8 end
+  if mark ~= 241 then return 0, 1 end
+  local a, b, c, d = string.byte(v, 8, 11)
+  return ((a * 256 + b) * 256 + c) * 256 + d, 12
 end
 `
 
@@ -87,8 +104,9 @@ end
 // Cluster, where a script must stay in one slot; any number on a single
 // Redis, so a whole intake batch is one call).
 // ARGV: per envelope 5 values: k (KEYS offset of its shard: 0, 6, 12...),
-// id, mode ("a" absolute | "d" delay), microseconds (since the epoch for "a",
-// from now for "d"), encoded data.
+// id, mode ("a" absolute | "d" delay | "s" absolute, the first occurrence
+// of a series), microseconds (since the epoch for "a" and "s", from now for
+// "d"), encoded data.
 // Returns the due time in ms of each envelope. The due time is rounded up
 // to the millisecond so that a claim at "now ms" is never early.
 // A replace drops any claim in flight for the id: the older delivery may
@@ -108,7 +126,9 @@ for i = 1, #ARGV, 5 do
   -- Adds first, then removals: a cut leaves the id indexed twice, never
   -- unindexed.
   redis.call('ZADD', KEYS[k+1], due, id)
-  if redis.call('HSET', KEYS[k+3], id, stamp(due, ARGV[i+4])) == 0 then
+  local occurrence = 0
+  if ARGV[i+2] == 's' then occurrence = 1 end
+  if redis.call('HSET', KEYS[k+3], id, stamp(due, occurrence, ARGV[i+4])) == 0 then
     -- A replace: forget any claim, error or death of the old one.
     redis.call('HDEL', KEYS[k+4], id)
     redis.call('HDEL', KEYS[k+6], id)
@@ -231,8 +251,10 @@ return out
 // score), op, error.
 // Ops: "a" ack (delivered: delete), "r" release (back to due after the
 // retry delay), "u" unreachable (like "r", but the attempt is not counted:
-// nothing was written to the network), "d" dead (to the dead set). A
-// non-empty error is recorded.
+// nothing was written to the network), "d" dead (to the dead set), and
+// "n:<due ms>" for an occurrence of a series delivered: the next
+// occurrence is due then, with fresh attempts. A non-empty error is
+// recorded.
 // A settle whose token is not the id's current lease score is ignored: the
 // id was replaced, cancelled, or re-claimed after its lease expired, and a
 // stale daemon must not touch the newer claim. A settle ends the lease, so
@@ -262,7 +284,7 @@ local function holds(tok, id)
   end
   return set[id]
 end
-local settled, acked, errs, count, again, dead = {}, {}, {}, {}, {}, {}
+local settled, acked, errs, count, again, dead, nexts = {}, {}, {}, {}, {}, {}, {}
 -- Every read comes before any write: an id settled twice in one call
 -- must count once, as it would across two calls.
 local done = {}
@@ -274,6 +296,9 @@ for j, id in ipairs(ids) do
     settled[#settled+1] = id
     if op == 'a' then
       acked[#acked+1] = id
+    elseif string.sub(op, 1, 2) == 'n:' then
+      nexts[#nexts+1] = id
+      nexts[#nexts+1] = tonumber(string.sub(op, 3))
     else
       if ARGV[k+3] ~= '' then
         errs[#errs+1] = id
@@ -303,7 +328,30 @@ if #count > 0 then
 end
 if #again > 0 then chunks('ZADD', KEYS[1], again) end
 if #dead > 0 then chunks('ZADD', KEYS[5], dead) end
+-- A series' next occurrence: due first, then out of inflight (below),
+-- then its value's header. A cut before the header is rewritten can only
+-- deliver the last occurrence again, never the next one early.
+local restamp = {}
+for i = 1, #nexts, 2 do
+  redis.call('ZADD', KEYS[1], nexts[i+1], nexts[i])
+  restamp[#restamp+1] = nexts[i]
+end
 if #settled > 0 then chunks('ZREM', KEYS[2], settled) end
+if #restamp > 0 then
+  local vals = hmget(KEYS[3], restamp)
+  local fresh = {}
+  for j, id in ipairs(restamp) do
+    local v = vals[j]
+    if v then
+      local occurrence, from = occurrenceOf(v)
+      fresh[#fresh+1] = id
+      fresh[#fresh+1] = stamp(nexts[2 * j], occurrence + 1, string.sub(v, from))
+    end
+  end
+  if #fresh > 0 then chunks('HSET', KEYS[3], fresh) end
+  chunks('HDEL', KEYS[4], restamp)
+  chunks('HDEL', KEYS[6], restamp)
+end
 if #acked > 0 then
   -- Retries and errors are rare: skip deleting what is not there.
   if redis.call('HLEN', KEYS[4]) > 0 then chunks('HDEL', KEYS[4], acked) end

@@ -192,7 +192,10 @@ type Item struct {
 	Absolute    bool
 	AtMicros    int64
 	DelayMicros int64
-	Data        []byte
+	// Series: the envelope is a recurring series and AtMicros (absolute)
+	// is its first occurrence.
+	Series bool
+	Data   []byte
 }
 
 // Schedule upserts items and returns each one's due time in ms since the
@@ -229,7 +232,10 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 			c.keys = append(c.keys, s.keys[sh].list()...)
 		}
 		mode, us := "d", it.DelayMicros
-		if it.Absolute {
+		switch {
+		case it.Series:
+			mode, us = "s", it.AtMicros
+		case it.Absolute:
 			mode, us = "a", it.AtMicros
 		}
 		c.idx = append(c.idx, i)
@@ -393,7 +399,10 @@ type Claimed struct {
 	ID      string
 	DueMs   int64 // the original due time, stable across redeliveries
 	Attempt int
-	Data    []byte
+	// Occurrence is which occurrence of a series this is (from 1), 0 for
+	// a one-shot.
+	Occurrence int64
+	Data       []byte
 	// Token names the claim (its lease score): only a settle with it
 	// changes the envelope.
 	Token string
@@ -455,13 +464,14 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		for j := head; j < len(raw); j += 3 {
 			id, _ := raw[j].(string)
 			v, _ := raw[j+2].(string)
-			due, data := splitValue(v)
+			due, occurrence, data := splitValue(v)
 			if due < 0 {
 				// Stored by a version without the value header: its due
 				// time is gone, and it is due now.
 				due = r.NowMs()
 			}
-			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: int(asInt(raw[j+1])), Data: data, Token: lease})
+			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: int(asInt(raw[j+1])), Occurrence: occurrence,
+				Data: data, Token: lease})
 		}
 		out = append(out, r)
 	}
@@ -488,6 +498,9 @@ const (
 	Retry     Outcome = 'r' // failed: due again after the retry delay
 	Postpone  Outcome = 'u' // never sent: like Retry, the attempt given back
 	Bury      Outcome = 'd' // failed for the last time: to the dead set
+	// Next: an occurrence of a series was published; the next one is due
+	// at NextDueMs, with fresh attempts.
+	Next Outcome = 'n'
 )
 
 // Settle is the outcome of one delivery.
@@ -496,6 +509,8 @@ type Settle struct {
 	Token   string // of the claim being settled
 	Outcome Outcome
 	Error   string // why it failed, kept for inspection (Retry, Bury)
+	// NextDueMs is when the next occurrence is due (Next).
+	NextDueMs int64
 }
 
 // Ack settles deliveries, one script call per shard, all in one pipeline.
@@ -522,11 +537,14 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 		args := make([]any, 0, 1+4*len(items))
 		args = append(args, retry.Milliseconds())
 		for _, it := range items {
-			op := it.Outcome
-			if op == 0 {
-				op = Delivered
+			op := string(it.Outcome)
+			switch it.Outcome {
+			case 0:
+				op = string(Delivered)
+			case Next:
+				op = "n:" + strconv.FormatInt(it.NextDueMs, 10)
 			}
-			args = append(args, it.ID, it.Token, string(op), it.Error)
+			args = append(args, it.ID, it.Token, op, it.Error)
 		}
 		return s.keys[calls[i].shard].list(), args
 	})

@@ -5,25 +5,37 @@ import "encoding/binary"
 // A stored value is a short header the scripts write, then the encoded
 // envelope. The header keeps the original due time beside the data, so a
 // delivery knows its due time however often it was re-leased or retried,
-// without a claims entry for every first attempt:
+// without a claims entry for every first attempt; for a recurring series
+// it also keeps which occurrence is pending:
 //
-//	0xF0, due ms as 6 bytes big-endian, envelope
+//	0xF0, due ms as 6 bytes big-endian, envelope                (one-shot)
+//	0xF1, due ms as 6 bytes, occurrence as 4 bytes, envelope    (series)
 //
 // The envelope encodings start with a small format byte (1, 2), so a value
 // written before the header existed is told apart by its first byte and
 // read as an envelope with an unknown due time.
 const (
-	valueMark   = 0xF0
-	valueHeader = 7
+	valueMark         = 0xF0
+	valueHeader       = 7
+	seriesMark        = 0xF1
+	seriesValueHeader = 11
 )
 
-// splitValue returns the due time and the envelope of a stored value; due
-// is -1 for a value without the header.
-func splitValue(v string) (dueMs int64, data []byte) {
-	if len(v) < valueHeader || v[0] != valueMark {
-		return -1, []byte(v)
+// splitValue returns the due time, the occurrence (0 for a one-shot) and
+// the envelope of a stored value; due is -1 for a value without the header.
+func splitValue(v string) (dueMs, occurrence int64, data []byte) {
+	switch {
+	case len(v) >= valueHeader && v[0] == valueMark:
+		return be(v[1:7]), 0, []byte(v[valueHeader:])
+	case len(v) >= seriesValueHeader && v[0] == seriesMark:
+		return be(v[1:7]), be(v[7:11]), []byte(v[seriesValueHeader:])
 	}
+	return -1, 0, []byte(v)
+}
+
+// be reads a big-endian number of up to 8 bytes.
+func be(s string) int64 {
 	var b [8]byte
-	copy(b[2:], v[1:valueHeader])
-	return int64(binary.BigEndian.Uint64(b[:])), []byte(v[valueHeader:])
+	copy(b[8-len(s):], s)
+	return int64(binary.BigEndian.Uint64(b[:]))
 }
