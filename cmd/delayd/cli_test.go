@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/client"
 )
 
 // cliRunner runs delayd commands against a test daemon's NATS.
@@ -60,7 +60,7 @@ func TestCLIBehaves(t *testing.T) {
 
 	// Flags after the argument.
 	out, err := cli("get", "order-03", "--json")
-	var info bridge.EntryInfo
+	var info client.Entry
 	if err != nil || json.Unmarshal([]byte(out), &info) != nil || info.ID != "order-03" {
 		t.Fatalf("get ID --json: %v\n%s", err, out)
 	}
@@ -124,13 +124,10 @@ func TestCLIBehaves(t *testing.T) {
 		t.Errorf("list --limit 5000: %v, want a usage error", err)
 	}
 	// The service refuses it too, rather than clamping it silently.
-	cl, err := bridge.Dial(e.nats.URL(), "delayd", bridge.Auth{}, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var se *bridge.ServiceError
-	if _, err := cl.List(context.Background(), bridge.ListRequest{Limit: 5000}); !errors.As(err, &se) || se.Code != 400 {
+	nc := e.conn()
+	defer nc.Close()
+	var se *client.ServiceError
+	if _, err := client.New(nc).List(context.Background(), client.ListRequest{Limit: 5000}); !errors.As(err, &se) || se.Code != 400 {
 		t.Errorf("admin.list with limit 5000: %v, want a 400", err)
 	}
 }
