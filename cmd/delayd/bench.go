@@ -85,23 +85,23 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		}()
 	}
 
-	clients := make([]*bridge.Client, conns)
+	clients := make([]*bridge.Probe, conns)
 	for i := range clients {
 		auth, err := natsAuth(c)
 		if err != nil {
 			return err
 		}
-		cl, err := bridge.Dial(c.NATS.URL, c.Subject, auth, w.Timeout)
+		nc, err := bridge.Dial(c.NATS.URL, "delayd-cli", auth, w.Timeout)
 		// A child started with --embedded brings the NATS server up itself.
 		for deadline := time.Now().Add(15 * time.Second); err != nil && child != nil && time.Now().Before(deadline); {
 			time.Sleep(50 * time.Millisecond)
-			cl, err = bridge.Dial(c.NATS.URL, c.Subject, auth, w.Timeout)
+			nc, err = bridge.Dial(c.NATS.URL, "delayd-cli", auth, w.Timeout)
 		}
 		if err != nil {
 			return err
 		}
-		defer cl.Close()
-		clients[i] = cl
+		defer nc.Close()
+		clients[i] = bridge.NewProbe(nc, c.Subject)
 	}
 	if err := waitService(ctx, clients[0]); err != nil {
 		return err
@@ -173,12 +173,14 @@ func benchSchedules(ctx context.Context, w bench.Workload, so bench.StreamOption
 		return nil, err
 	}
 	defer srv.Stop()
-	clients := make([]*bridge.Client, conns)
+	clients := make([]*bridge.Probe, conns)
 	for i := range clients {
-		if clients[i], err = bridge.Dial(url, "bench", bridge.Auth{}, w.Timeout); err != nil {
+		nc, err := bridge.Dial(url, "delayd-cli", bridge.Auth{}, w.Timeout)
+		if err != nil {
 			return nil, err
 		}
-		defer clients[i].Close()
+		defer nc.Close()
+		clients[i] = bridge.NewProbe(nc, "bench")
 	}
 	r, err := bench.Schedules(ctx, clients, w, so, progress)
 	if err != nil {
@@ -241,11 +243,11 @@ func stopChild(cmd *exec.Cmd) (*bench.Usage, error) {
 
 // waitService waits until a delayd answers, so a just-started child is
 // not measured while it connects.
-func waitService(ctx context.Context, c *bridge.Client) error {
+func waitService(ctx context.Context, c *bridge.Probe) error {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		_, err := c.Cancel(rctx, "bench-probe")
+		_, err := c.Delayd.Cancel(rctx, "bench-probe")
 		cancel()
 		if err == nil {
 			return nil

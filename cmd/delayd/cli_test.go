@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayd/delayd/internal/bridge"
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // cliRunner runs delayd commands against a test daemon's NATS.
@@ -60,7 +63,7 @@ func TestCLIBehaves(t *testing.T) {
 
 	// Flags after the argument.
 	out, err := cli("get", "order-03", "--json")
-	var info bridge.EntryInfo
+	var info client.Entry
 	if err != nil || json.Unmarshal([]byte(out), &info) != nil || info.ID != "order-03" {
 		t.Fatalf("get ID --json: %v\n%s", err, out)
 	}
@@ -124,13 +127,10 @@ func TestCLIBehaves(t *testing.T) {
 		t.Errorf("list --limit 5000: %v, want a usage error", err)
 	}
 	// The service refuses it too, rather than clamping it silently.
-	cl, err := bridge.Dial(e.nats.URL(), "delayd", bridge.Auth{}, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var se *bridge.ServiceError
-	if _, err := cl.List(context.Background(), bridge.ListRequest{Limit: 5000}); !errors.As(err, &se) || se.Code != 400 {
+	nc := e.conn()
+	defer nc.Close()
+	var se *client.ServiceError
+	if _, err := client.New(nc).List(context.Background(), client.ListRequest{Limit: 5000}); !errors.As(err, &se) || se.Code != 400 {
 		t.Errorf("admin.list with limit 5000: %v, want a 400", err)
 	}
 }
@@ -198,5 +198,73 @@ func TestCLIStrictEnv(t *testing.T) {
 	err = run(context.Background(), []string{"delayd", "config"}, os.Getenv, &out, &errOut)
 	if err == nil || !strings.Contains(err.Error(), "DELAYD_SCANNER_LEASE") || !strings.Contains(err.Error(), "5s") {
 		t.Errorf("DELAYD_SCANNER_LEASE=5: %v", err)
+	}
+}
+
+// TestCLIScheduleRepeatFlags: the repeat flags reach the request as the
+// client's headers, and a mistake in them is a usage error. A responder
+// on the real nats-server stands in for the daemon, which refuses repeats
+// until it knows them.
+func TestCLIScheduleRepeatFlags(t *testing.T) {
+	n := testutil.StartNATS(t)
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got := make(chan nats.Header, 10)
+	if _, err := nc.Subscribe("delayd.schedule", func(m *nats.Msg) {
+		got <- m.Header
+		_ = m.Respond([]byte(`{"id":"r-1","deliver_at":"2026-12-01T09:00:00Z"}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	getenv := func(k string) string {
+		if k == "DELAYD_NATS_URL" {
+			return n.URL()
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		args []string
+		want map[string]string
+	}{
+		{[]string{"--every", "90m", "--start", "2026-12-01T09:00:00+01:00", "--until", "2026-12-31T00:00:00Z", "--count", "3", "--catch-up", "all"},
+			map[string]string{"Delayd-Every": "1h30m0s", "Delayd-Start": "2026-12-01T08:00:00Z", "Delayd-Until": "2026-12-31T00:00:00Z",
+				"Delayd-Count": "3", "Delayd-Catch-Up": "all"}},
+		{[]string{"--cron", "0 9 * * MON-FRI", "--tz", "Europe/Paris", "--id", "r-1"},
+			map[string]string{"Delayd-Cron": "0 9 * * MON-FRI", "Delayd-Time-Zone": "Europe/Paris", "Delayd-Id": "r-1"}},
+	} {
+		var out, errOut bytes.Buffer
+		args := append(append([]string{"delayd", "schedule", "--target", "reports.daily"}, tc.args...), "x")
+		if err := run(context.Background(), args, getenv, &out, &errOut); err != nil || out.String() != `{"id":"r-1","deliver_at":"2026-12-01T09:00:00Z"}`+"\n" {
+			t.Fatalf("%v: %v %q %s", tc.args, err, out.String(), errOut.String())
+		}
+		h := <-got
+		for k, v := range tc.want {
+			if h.Get(k) != v {
+				t.Errorf("%v: %s = %q, want %q", tc.args, k, h.Get(k), v)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"--every", "1h", "--delay", "1s"}, 2},
+		{[]string{"--every", "often"}, 2},
+		{[]string{"--cron", "* * * * *", "--start", "tomorrow"}, 2},
+		{[]string{"--every", "1h", "--catch-up", "some"}, 2},
+		{[]string{"--delay", "1s", "--count", "2"}, 1}, // the client's check: a bad request
+	} {
+		var out, errOut bytes.Buffer
+		args := append(append([]string{"delayd", "schedule", "--target", "reports.daily"}, tc.args...), "x")
+		if code := exitCode(run(context.Background(), args, getenv, &out, &errOut), &errOut); code != tc.code {
+			t.Errorf("%v: exit %d, want %d: %s", tc.args, code, tc.code, errOut.String())
+		}
+	}
+	if len(got) != 0 {
+		t.Errorf("%d refused schedules were sent", len(got))
 	}
 }

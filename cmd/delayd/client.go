@@ -10,20 +10,20 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/config"
 )
 
-// parseHeaders turns repeated -H Key:Value flags into a header.
-func parseHeaders(cmd *cli.Command, vs []string) (map[string][]string, error) {
-	h := map[string][]string{}
+// parseHeaders turns repeated -H Key:Value flags into key, value pairs.
+func parseHeaders(cmd *cli.Command, vs []string) ([][2]string, error) {
+	var h [][2]string
 	for _, v := range vs {
 		k, val, ok := strings.Cut(v, ":")
 		if !ok || strings.TrimSpace(k) == "" {
 			return nil, usageErr(cmd, "-H wants Key:Value, got %q", v)
 		}
-		k = strings.TrimSpace(k)
-		h[k] = append(h[k], strings.TrimSpace(val))
+		h = append(h, [2]string{strings.TrimSpace(k), strings.TrimSpace(val)})
 	}
 	return h, nil
 }
@@ -37,32 +37,44 @@ func scheduleCommand(o cliIO) *cli.Command {
 			&cli.StringFlag{Name: "target", Usage: "subject to deliver to (required)"},
 			&cli.StringFlag{Name: "delay", Usage: "deliver after this Go duration, e.g. 30m or 1500ms"},
 			&cli.StringFlag{Name: "at", Usage: "deliver at this RFC 3339 time, e.g. 2026-11-30T10:00:00.250Z"},
+			&cli.StringFlag{Name: "every", Usage: "deliver repeatedly, every Go duration, e.g. 1h"},
+			&cli.StringFlag{Name: "cron", Usage: `deliver repeatedly at the times of a cron spec, e.g. "0 9 * * MON-FRI"`},
+			&cli.StringFlag{Name: "tz", Usage: "IANA time zone the --cron spec is read in, e.g. Europe/Paris (default UTC)"},
+			&cli.StringFlag{Name: "start", Usage: "with --every or --cron: first possible delivery, an RFC 3339 time (default now)"},
+			&cli.StringFlag{Name: "until", Usage: "with --every or --cron: no delivery after this RFC 3339 time"},
+			&cli.IntFlag{Name: "count", Usage: "with --every or --cron: stop after this many deliveries"},
+			&cli.StringFlag{Name: "catch-up", Usage: "with --every or --cron: \"all\" delivers every time missed while delayd was down (default: only the latest)"},
 			&cli.StringFlag{Name: "id", Usage: "idempotency key; the same id again replaces the message"},
 			&cli.StringSliceFlag{Name: "H", Usage: "header Key:Value to deliver with the payload (repeatable)"},
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			r := bridge.ScheduleRequest{Target: cmd.String("target"), Delay: cmd.String("delay"), At: cmd.String("at"), ID: cmd.String("id")}
-			if r.Target == "" || (r.Delay == "") == (r.At == "") {
-				return usageErr(cmd, "--target and exactly one of --delay and --at are required")
+			target := cmd.String("target")
+			when := 0
+			for _, f := range []string{"delay", "at", "every", "cron"} {
+				if cmd.String(f) != "" {
+					when++
+				}
 			}
-			var err error
-			if r.Header, err = parseHeaders(cmd, cmd.StringSlice("H")); err != nil {
+			if target == "" || when != 1 {
+				return usageErr(cmd, "--target and exactly one of --delay, --at, --every and --cron are required")
+			}
+			opts, err := scheduleOptions(cmd)
+			if err != nil {
 				return err
 			}
+			var payload []byte
 			switch args := cmd.Args(); {
 			case args.Len() > 1:
 				return usageErr(cmd, "one payload argument at most (quote it)")
 			case args.Len() == 1 && args.First() != "-":
-				r.Payload = []byte(args.First())
+				payload = []byte(args.First())
 			default:
-				b, err := io.ReadAll(stdin)
-				if err != nil {
+				if payload, err = io.ReadAll(stdin); err != nil {
 					return fmt.Errorf("read payload from stdin: %w", err)
 				}
-				r.Payload = b
 			}
-			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
-				reply, err := c.Schedule(ctx, r)
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *client.Client) error {
+				reply, err := c.Schedule(ctx, target, payload, opts...)
 				if err != nil {
 					return err
 				}
@@ -70,6 +82,59 @@ func scheduleCommand(o cliIO) *cli.Command {
 			})
 		},
 	}
+}
+
+// scheduleOptions turns the schedule flags into client options; a value
+// that does not parse is a usage error.
+func scheduleOptions(cmd *cli.Command) ([]client.ScheduleOption, error) {
+	var opts []client.ScheduleOption
+	durations := map[string]func(time.Duration) client.ScheduleOption{"delay": client.Delay, "every": client.Every}
+	times := map[string]func(time.Time) client.ScheduleOption{"at": client.At, "start": client.Start, "until": client.Until}
+	for _, f := range []string{"delay", "every"} {
+		if v := cmd.String(f); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return nil, usageErr(cmd, "--%s wants a Go duration such as 30m or 1500ms, got %q", f, v)
+			}
+			opts = append(opts, durations[f](d))
+		}
+	}
+	for _, f := range []string{"at", "start", "until"} {
+		if v := cmd.String(f); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return nil, usageErr(cmd, "--%s wants an RFC 3339 time such as 2026-11-30T10:00:00Z, got %q", f, v)
+			}
+			opts = append(opts, times[f](t))
+		}
+	}
+	if v := cmd.String("cron"); v != "" {
+		opts = append(opts, client.Cron(v))
+	}
+	if v := cmd.String("tz"); v != "" {
+		opts = append(opts, client.TimeZone(v))
+	}
+	if cmd.IsSet("count") {
+		opts = append(opts, client.Count(int(cmd.Int("count"))))
+	}
+	switch v := cmd.String("catch-up"); v {
+	case "":
+	case "all":
+		opts = append(opts, client.CatchUpAll())
+	default:
+		return nil, usageErr(cmd, "--catch-up takes \"all\", got %q", v)
+	}
+	if v := cmd.String("id"); v != "" {
+		opts = append(opts, client.ID(v))
+	}
+	h, err := parseHeaders(cmd, cmd.StringSlice("H"))
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range h {
+		opts = append(opts, client.Header(kv[0], kv[1]))
+	}
+	return opts, nil
 }
 
 func cancelCommand(o cliIO) *cli.Command {
@@ -83,7 +148,7 @@ func cancelCommand(o cliIO) *cli.Command {
 			if err != nil {
 				return err
 			}
-			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *client.Client) error {
 				reply, err := c.Cancel(ctx, id)
 				if err != nil {
 					return err
@@ -111,7 +176,7 @@ func oneID(cmd *cli.Command) (string, error) {
 
 // withClient runs f with a client connected per the config layers, under
 // the command's --timeout.
-func withClient(ctx context.Context, cmd *cli.Command, getenv func(string) string, f func(context.Context, *bridge.Client) error) error {
+func withClient(ctx context.Context, cmd *cli.Command, getenv func(string) string, f func(context.Context, *client.Client) error) error {
 	c, err := loadConfig(cmd, getenv)
 	if err != nil {
 		return err
@@ -121,14 +186,14 @@ func withClient(ctx context.Context, cmd *cli.Command, getenv func(string) strin
 		return err
 	}
 	timeout := cmd.Duration("timeout")
-	cl, err := bridge.Dial(c.NATS.URL, c.Subject, auth, timeout)
+	nc, err := bridge.Dial(c.NATS.URL, "delayd-cli", auth, timeout)
 	if err != nil {
 		return fmt.Errorf("%w (set --nats-url or %s)", err, config.EnvName("nats.url"))
 	}
-	defer cl.Close()
+	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return f(ctx, cl)
+	return f(ctx, client.New(nc, client.Prefix(c.Subject)))
 }
 
 func printJSON(w io.Writer, v any) error {

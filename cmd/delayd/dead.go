@@ -7,7 +7,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/client"
 )
 
 var pastTense = map[string]string{"replay": "replayed", "purge": "purged"}
@@ -26,11 +26,11 @@ func deadCommand(o cliIO) *cli.Command {
 					if err := noArgs(cmd); err != nil {
 						return err
 					}
-					return showPage(ctx, cmd, o, bridge.ListRequest{Dead: true})
+					return showPage(ctx, cmd, o, client.ListRequest{Dead: true})
 				},
 			},
-			deadActCommand(o, "replay", "schedule dead envelopes again, due now"),
-			deadActCommand(o, "purge", "delete dead envelopes"),
+			deadActCommand(o, "replay", "schedule dead envelopes again, due now", (*client.Client).Replay),
+			deadActCommand(o, "purge", "delete dead envelopes", (*client.Client).Purge),
 		},
 		Action: func(_ context.Context, cmd *cli.Command) error {
 			if cmd.Args().Present() {
@@ -41,7 +41,10 @@ func deadCommand(o cliIO) *cli.Command {
 	}
 }
 
-func deadActCommand(o cliIO, verb, usage string) *cli.Command {
+// deadAct is Replay or Purge.
+type deadAct func(*client.Client, context.Context, client.DeadSelection) (client.DeadResult, error)
+
+func deadActCommand(o cliIO, verb, usage string, act deadAct) *cli.Command {
 	return &cli.Command{
 		Name:      verb,
 		Usage:     usage,
@@ -49,12 +52,12 @@ func deadActCommand(o cliIO, verb, usage string) *cli.Command {
 		Flags: append(connFlags(30*time.Second), jsonFlag("print JSON"),
 			&cli.BoolFlag{Name: "all", Usage: "every dead envelope"}),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			r := bridge.DeadRequest{IDs: cmd.Args().Slice(), All: cmd.Bool("all")}
+			r := client.DeadSelection{IDs: cmd.Args().Slice(), All: cmd.Bool("all")}
 			if (len(r.IDs) == 0) == !r.All {
 				return usageErr(cmd, "%s takes IDs or --all", verb)
 			}
-			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
-				out, err := c.Dead(ctx, verb, r)
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *client.Client) error {
+				out, err := act(c, ctx, r)
 				if err != nil {
 					return err
 				}

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/client"
 )
 
 func TestOrderScenario(t *testing.T) {
@@ -31,7 +31,7 @@ func TestOrderScenario(t *testing.T) {
 	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
 		t.Fatalf("schedule: %v %v", err, rep.Header)
 	}
-	var sr bridge.ScheduleReply
+	var sr client.Scheduled
 	if err := json.Unmarshal(rep.Data, &sr); err != nil || sr.ID != "order-42" {
 		t.Fatalf("reply %q: %v", rep.Data, err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/client"
 )
 
 // maxListLimit is the largest page the service returns.
@@ -27,7 +27,7 @@ func getCommand(o cliIO) *cli.Command {
 			if err != nil {
 				return err
 			}
-			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *client.Client) error {
 				e, err := c.Get(ctx, id)
 				if err != nil {
 					return err
@@ -89,7 +89,7 @@ func listCommand(o cliIO) *cli.Command {
 			if err := noArgs(cmd); err != nil {
 				return err
 			}
-			r := bridge.ListRequest{Target: cmd.String("target"), DueBefore: cmd.String("due-before"), Dead: cmd.Bool("dead")}
+			r := client.ListRequest{Target: cmd.String("target"), DueBefore: cmd.String("due-before"), Dead: cmd.Bool("dead")}
 			return showPage(ctx, cmd, o, r)
 		},
 	}
@@ -97,12 +97,12 @@ func listCommand(o cliIO) *cli.Command {
 
 // showPage fetches one page of pending or dead envelopes and prints it as
 // JSON or as a table, with the cursor of the next page if there is one.
-func showPage(ctx context.Context, cmd *cli.Command, o cliIO, r bridge.ListRequest) error {
+func showPage(ctx context.Context, cmd *cli.Command, o cliIO, r client.ListRequest) error {
 	r.Limit, r.Cursor = int(cmd.Int("limit")), cmd.String("cursor")
 	if r.Limit < 1 || r.Limit > maxListLimit {
 		return usageErr(cmd, "--limit must be 1..%d, got %d", maxListLimit, r.Limit)
 	}
-	return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
+	return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *client.Client) error {
 		page, err := c.List(ctx, r)
 		if err != nil {
 			return err
@@ -111,11 +111,11 @@ func showPage(ctx context.Context, cmd *cli.Command, o cliIO, r bridge.ListReque
 			return printJSON(o.stdout, page)
 		}
 		if r.Dead {
-			return printPage(o.stdout, page, "ID\tDIED\tTARGET\tATTEMPTS\tERROR", func(e bridge.EntryInfo) string {
+			return printPage(o.stdout, page, "ID\tDIED\tTARGET\tATTEMPTS\tERROR", func(e client.Entry) string {
 				return fmt.Sprintf("%s\t%s\t%s\t%d\t%s", e.ID, fixedTime(e.Due), e.Target, e.Attempts, e.Error)
 			})
 		}
-		return printPage(o.stdout, page, "ID\tDUE\tTARGET\tSIZE\tATTEMPTS\tSHARD", func(e bridge.EntryInfo) string {
+		return printPage(o.stdout, page, "ID\tDUE\tTARGET\tSIZE\tATTEMPTS\tSHARD", func(e client.Entry) string {
 			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%d", e.ID, fixedTime(e.Due), e.Target, e.Size, e.Attempts, e.Shard)
 		})
 	})
@@ -130,7 +130,7 @@ func statsCommand(o cliIO) *cli.Command {
 			if err := noArgs(cmd); err != nil {
 				return err
 			}
-			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *bridge.Client) error {
+			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *client.Client) error {
 				st, err := c.Stats(ctx)
 				if err != nil {
 					return err
@@ -159,7 +159,7 @@ func orDash(s string) string {
 
 // printPage prints one page of entries as a table, then how to get the
 // next; the last page has no next.
-func printPage(w io.Writer, page bridge.ListReply, header string, row func(bridge.EntryInfo) string) error {
+func printPage(w io.Writer, page client.Page, header string, row func(client.Entry) string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	for _, e := range page.Entries {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/client"
 )
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -196,7 +196,7 @@ func TestInspectCLI(t *testing.T) {
 		t.Fatalf("get: %v\n%s", err, out)
 	}
 	out, err = cli("get", "--json", "order-7")
-	var info bridge.EntryInfo
+	var info client.Entry
 	if err != nil || json.Unmarshal([]byte(out), &info) != nil || info.Header["X-K"][0] != "v" {
 		t.Fatalf("get --json: %v %s", err, out)
 	}
@@ -213,7 +213,7 @@ func TestInspectCLI(t *testing.T) {
 			args = append(args, "--cursor", cursor)
 		}
 		out, err := cli(args...)
-		var page bridge.ListReply
+		var page client.Page
 		if err != nil || json.Unmarshal([]byte(out), &page) != nil {
 			t.Fatalf("list: %v %s", err, out)
 		}
@@ -234,12 +234,12 @@ func TestInspectCLI(t *testing.T) {
 		t.Fatalf("paged through %d ids, want 25", len(seen))
 	}
 	out, err = cli("list", "--json", "--target", "sms.>", "--limit", "1000")
-	var sms bridge.ListReply
+	var sms client.Page
 	if err != nil || json.Unmarshal([]byte(out), &sms) != nil || len(sms.Entries) != 5 {
 		t.Fatalf("list --target: %v %s", err, out)
 	}
 	out, err = cli("list", "--json", "--due-before", time.Now().Add(14*time.Minute+30*time.Second).UTC().Format(time.RFC3339))
-	var early bridge.ListReply
+	var early client.Page
 	if err != nil || json.Unmarshal([]byte(out), &early) != nil || len(early.Entries) != 5 {
 		t.Fatalf("list --due-before: %v %s", err, out)
 	}
@@ -249,7 +249,7 @@ func TestInspectCLI(t *testing.T) {
 	}
 
 	out, err = cli("stats", "--json")
-	var st bridge.StatsReply
+	var st client.Stats
 	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Pending != 25 || len(st.Shards) != c.Shards || st.NextDue == "" {
 		t.Fatalf("stats: %v %s", err, out)
 	}

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/bridge"
 )
 
@@ -83,14 +84,14 @@ type Usage struct {
 
 // Baseline measures the request/reply ceiling: the same requests, same
 // concurrency, answered at once by a trivial responder.
-func Baseline(ctx context.Context, clients []*bridge.Client, w Workload) (float64, error) {
+func Baseline(ctx context.Context, clients []*bridge.Probe, w Workload) (float64, error) {
 	echo := clients[0].WithSubject("delayd-bench-echo")
 	stop, err := echo.Echo("delayd-bench-echo.schedule")
 	if err != nil {
 		return 0, err
 	}
 	defer stop()
-	echoes := make([]*bridge.Client, len(clients))
+	echoes := make([]*bridge.Probe, len(clients))
 	for i, c := range clients {
 		echoes[i] = c.WithSubject("delayd-bench-echo")
 	}
@@ -103,7 +104,7 @@ func Baseline(ctx context.Context, clients []*bridge.Client, w Workload) (float6
 
 // Run schedules the workload through delayd and watches the target until
 // every envelope arrived or the grace period after the last due time ended.
-func Run(ctx context.Context, clients []*bridge.Client, w Workload, progress io.Writer) (Result, error) {
+func Run(ctx context.Context, clients []*bridge.Probe, w Workload, progress io.Writer) (Result, error) {
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "b" + runID + "-"
 	rec := newRecorder(w.Count)
@@ -142,7 +143,7 @@ func Run(ctx context.Context, clients []*bridge.Client, w Workload, progress io.
 // schedule sends Count requests over Concurrency workers. Envelope i is due
 // at start+Lead+i*Window/Count, given as Delayd-At so the due time does not
 // depend on how fast the intake was.
-func schedule(ctx context.Context, clients []*bridge.Client, w Workload, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, error) {
+func schedule(ctx context.Context, clients []*bridge.Probe, w Workload, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, error) {
 	payload := make([]byte, w.PayloadSize)
 	for i := range payload {
 		payload[i] = 'a' + byte(i%26)
@@ -164,10 +165,7 @@ func schedule(ctx context.Context, clients []*bridge.Client, w Workload, prefix 
 				}
 				at := start.Add(w.Lead + time.Duration(int64(w.Window)*int64(i)/int64(w.Count)))
 				rctx, cancel := context.WithTimeout(ctx, w.Timeout)
-				_, err := c.Schedule(rctx, bridge.ScheduleRequest{
-					Target: w.Target, At: at.UTC().Format(time.RFC3339Nano),
-					ID: prefix + strconv.Itoa(i), Payload: payload,
-				})
+				_, err := c.Delayd.Schedule(rctx, w.Target, payload, client.At(at), client.ID(prefix+strconv.Itoa(i)))
 				cancel()
 				if err != nil {
 					rejected.Add(1)

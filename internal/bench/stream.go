@@ -30,7 +30,7 @@ type StreamOptions struct {
 // publishShared publishes n messages over every client in parallel (client
 // k takes every len(clients)-th message) and returns the time until the
 // last PubAck and the failed publishes.
-func publishShared(ctx context.Context, clients []*bridge.Client, n, window int, msg func(i int) bridge.Outgoing, counter *atomic.Int64) (time.Duration, int, error) {
+func publishShared(ctx context.Context, clients []*bridge.Probe, n, window int, msg func(i int) bridge.Outgoing, counter *atomic.Int64) (time.Duration, int, error) {
 	var wg sync.WaitGroup
 	var failed atomic.Int64
 	errs := make([]error, len(clients))
@@ -72,7 +72,7 @@ func (w Workload) dueAt(start time.Time, i int) time.Time {
 // StreamBaseline publishes the same messages as RunStream into a stream
 // nobody consumes and returns PubAcks per second: what JetStream alone
 // takes on this machine.
-func StreamBaseline(ctx context.Context, clients []*bridge.Client, w Workload, o StreamOptions) (float64, error) {
+func StreamBaseline(ctx context.Context, clients []*bridge.Probe, w Workload, o StreamOptions) (float64, error) {
 	const name, subject = "DELAYD_BENCH_BASELINE", "delayd-bench-baseline"
 	drop, err := clients[0].BenchStream(ctx, name, []string{subject + ".>"}, false)
 	if err != nil {
@@ -93,7 +93,7 @@ func StreamBaseline(ctx context.Context, clients []*bridge.Client, w Workload, o
 // RunStream publishes the workload into delayd's intake stream, times it
 // until every envelope is pending in Redis (polling the admin stats
 // endpoint), then watches the deliveries like Run.
-func RunStream(ctx context.Context, clients []*bridge.Client, w Workload, o StreamOptions, progress io.Writer) (Result, error) {
+func RunStream(ctx context.Context, clients []*bridge.Probe, w Workload, o StreamOptions, progress io.Writer) (Result, error) {
 	prefix := "s" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	rec := newRecorder(w.Count)
 	stop, err := clients[0].Watch(w.Target, watchInto(rec, prefix))
@@ -146,7 +146,7 @@ func RunStream(ctx context.Context, clients []*bridge.Client, w Workload, o Stre
 // (bench.sched.in.<i>), each firing once into bench.sched.out.<i> of the
 // same stream, read by an ordered consumer. Intake is the PubAck rate: a
 // schedule is stored when it is acknowledged.
-func Schedules(ctx context.Context, clients []*bridge.Client, w Workload, o StreamOptions, progress io.Writer) (Result, error) {
+func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o StreamOptions, progress io.Writer) (Result, error) {
 	const name = "DELAYD_BENCH_SCHEDULES"
 	drop, err := clients[0].BenchStream(ctx, name, []string{"bench.sched.>"}, true)
 	if err != nil {

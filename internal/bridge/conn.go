@@ -1,5 +1,7 @@
-// Package bridge is the only package that speaks NATS: the intake service
-// (schedule, cancel), the delivery publisher, and the client used by the CLI.
+// Package bridge speaks NATS for the daemon: the intake service (schedule,
+// cancel, admin), the stream intake and the delivery publisher, and the
+// connections of the CLI and the bench. The requests a client sends to
+// delayd are the public package github.com/delayd/delayd/client's.
 package bridge
 
 import (
@@ -53,6 +55,20 @@ func (a Auth) options() ([]nats.Option, error) {
 		opts = append(opts, nats.CustomInboxPrefix(a.InboxPrefix))
 	}
 	return opts, nil
+}
+
+// Dial connects for one-shot commands (the CLI, the bench). Unlike the
+// daemon it fails at once when NATS is unreachable: a person is waiting.
+func Dial(url, name string, auth Auth, timeout time.Duration) (*nats.Conn, error) {
+	opts, err := auth.options()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append(opts, nats.Name(name), nats.Timeout(timeout))...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", config.RedactURL(url), err)
+	}
+	return nc, nil
 }
 
 // Connect opens a connection that keeps retrying, in the background, when

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 )
@@ -20,67 +21,6 @@ type Inspector interface {
 	Stats(ctx context.Context, shards ...int) ([]store.ShardStats, int64, error)
 	Replay(ctx context.Context, ids []string) (int, error)
 	Purge(ctx context.Context, ids []string) (int, error)
-}
-
-// EntryInfo describes one stored envelope.
-type EntryInfo struct {
-	ID       string              `json:"id"`
-	State    string              `json:"state"`
-	Due      string              `json:"due"` // lease expiry when inflight, death time when dead
-	Target   string              `json:"target"`
-	Size     int                 `json:"size"`
-	Attempts int                 `json:"attempts"`
-	Shard    int                 `json:"shard"`
-	Error    string              `json:"error,omitempty"`
-	Header   map[string][]string `json:"headers,omitempty"`
-}
-
-// DeadRequest selects dead envelopes to replay or purge: the listed ids, or
-// with All every one (up to maxDeadBatch per call; More says to call again).
-type DeadRequest struct {
-	IDs []string `json:"ids,omitempty"`
-	All bool     `json:"all,omitempty"`
-}
-
-// DeadReply says how many dead envelopes were replayed or purged.
-type DeadReply struct {
-	Count int  `json:"count"`
-	More  bool `json:"more,omitempty"`
-}
-
-// ListRequest is the JSON body of a list request.
-type ListRequest struct {
-	Target    string `json:"target,omitempty"`     // subject pattern
-	DueBefore string `json:"due_before,omitempty"` // RFC 3339
-	Limit     int    `json:"limit,omitempty"`
-	Cursor    string `json:"cursor,omitempty"`
-	Dead      bool   `json:"dead,omitempty"`
-}
-
-// ListReply is one page in due order across shards (ties by id); Next
-// is the cursor of the next page, empty on the last page.
-type ListReply struct {
-	Entries []EntryInfo `json:"entries"`
-	Next    string      `json:"next,omitempty"`
-}
-
-// ShardInfo is one shard's sizes.
-type ShardInfo struct {
-	Shard    int    `json:"shard"`
-	Pending  int64  `json:"pending"`
-	Inflight int64  `json:"inflight"`
-	Dead     int64  `json:"dead"`
-	NextDue  string `json:"next_due,omitempty"`
-}
-
-// StatsReply is the whole delay set at a glance.
-type StatsReply struct {
-	Now      string      `json:"now"`
-	Pending  int64       `json:"pending"`
-	Inflight int64       `json:"inflight"`
-	Dead     int64       `json:"dead"`
-	NextDue  string      `json:"next_due,omitempty"`
-	Shards   []ShardInfo `json:"shards"`
 }
 
 // maxListLimit bounds one page, so one call never reads much of Redis.
@@ -121,7 +61,7 @@ func (in *Intake) handleGet(req micro.Request) {
 }
 
 func (in *Intake) handleList(req micro.Request) {
-	var r ListRequest
+	var r client.ListRequest
 	if len(req.Data()) > 0 {
 		if err := json.Unmarshal(req.Data(), &r); err != nil {
 			in.fail(req.Reply(), envelope.CodeBadRequest, "list body must be JSON: "+err.Error())
@@ -164,7 +104,7 @@ func (in *Intake) handleList(req micro.Request) {
 		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
 		return
 	}
-	out := ListReply{Entries: []EntryInfo{}}
+	out := client.Page{Entries: []client.Entry{}}
 	for _, e := range entries {
 		info := entryInfo(e, false)
 		if r.Target == "" || envelope.Match(r.Target, info.Target) {
@@ -186,13 +126,13 @@ func (in *Intake) handleStats(req micro.Request) {
 		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
 		return
 	}
-	out := StatsReply{Now: envelope.FormatMs(now), Shards: make([]ShardInfo, len(shards))}
+	out := client.Stats{Now: envelope.FormatMs(now), Shards: make([]client.ShardStats, len(shards))}
 	next := int64(-1)
 	for i, s := range shards {
 		out.Pending += s.Counts.Pending
 		out.Inflight += s.Counts.Inflight
 		out.Dead += s.Counts.Dead
-		out.Shards[i] = ShardInfo{Shard: s.Shard, Pending: s.Counts.Pending, Inflight: s.Counts.Inflight, Dead: s.Counts.Dead}
+		out.Shards[i] = client.ShardStats{Shard: s.Shard, Pending: s.Counts.Pending, Inflight: s.Counts.Inflight, Dead: s.Counts.Dead}
 		if s.NextDueMs >= 0 {
 			out.Shards[i].NextDue = envelope.FormatMs(s.NextDueMs)
 			if next < 0 || s.NextDueMs < next {
@@ -214,14 +154,14 @@ const maxDeadBatch = 10000
 // on the dead set page by page.
 func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (int, error)) micro.HandlerFunc {
 	return func(req micro.Request) {
-		var r DeadRequest
+		var r client.DeadSelection
 		if err := json.Unmarshal(req.Data(), &r); err != nil || (len(r.IDs) == 0) == !r.All {
 			in.fail(req.Reply(), envelope.CodeBadRequest, verb+` body must be {"ids": [...]} or {"all": true}`)
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 4*in.opt.StoreTimeout)
 		defer cancel()
-		var out DeadReply
+		var out client.DeadResult
 		ids := r.IDs
 		for {
 			if r.All {
@@ -262,8 +202,8 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 	}
 }
 
-func entryInfo(e store.Entry, withHeaders bool) EntryInfo {
-	info := EntryInfo{ID: e.ID, State: string(e.State), Due: envelope.FormatMs(e.DueMs), Attempts: e.Attempts, Shard: e.Shard, Error: e.Error}
+func entryInfo(e store.Entry, withHeaders bool) client.Entry {
+	info := client.Entry{ID: e.ID, State: string(e.State), Due: envelope.FormatMs(e.DueMs), Attempts: e.Attempts, Shard: e.Shard, Error: e.Error}
 	if env, err := envelope.Decode(e.Data); err == nil {
 		info.Target, info.Size = env.Target, len(env.Payload)
 		if withHeaders {

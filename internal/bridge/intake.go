@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
 
+	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 )
@@ -65,20 +66,6 @@ type IntakeOptions struct {
 	// Now is the local clock, used only for the coarse limit checks on
 	// Delayd-At; due times are Redis time. Injected so tests can skew it.
 	Now func() time.Time
-}
-
-// ScheduleReply is the JSON answer to a schedule request.
-type ScheduleReply struct {
-	ID        string `json:"id"`
-	DeliverAt string `json:"deliver_at"`
-}
-
-// CancelReply is the JSON answer to a cancel request. InFlight: the
-// envelope was being delivered when cancelled, so a delivery may be out.
-type CancelReply struct {
-	ID        string `json:"id"`
-	Cancelled bool   `json:"cancelled"`
-	InFlight  bool   `json:"in_flight,omitempty"`
 }
 
 // UnknownReply is the body of a 504 answer: the outcome is unknown, and a
@@ -222,7 +209,7 @@ func (in *Intake) flush(batch []pending) {
 		}
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
 		in.count(0)
-		in.respond(p.reply, ScheduleReply{ID: p.item.ID, DeliverAt: envelope.FormatMs(due[i])})
+		in.respond(p.reply, client.Scheduled{ID: p.item.ID, DeliverAt: time.UnixMilli(due[i]).UTC()})
 		in.replied(p.start)
 	}
 }
@@ -277,7 +264,7 @@ func (in *Intake) handleCancel(req micro.Request) {
 	} else {
 		in.cancelled("not_found")
 	}
-	in.respond(req.Reply(), CancelReply{ID: id, Cancelled: c.Existed, InFlight: c.InFlight})
+	in.respond(req.Reply(), client.Cancelled{ID: id, Cancelled: c.Existed, InFlight: c.InFlight})
 }
 
 func (in *Intake) reject(reply string, err error) {

@@ -27,7 +27,7 @@ type Outgoing struct {
 // PublishAsync publishes n messages into JetStream with at most window
 // PubAcks outstanding, and returns the time until the last PubAck and how
 // many publishes failed. counter, if not nil, counts PubAcks.
-func (c *Client) PublishAsync(ctx context.Context, n, window int, msg func(i int) Outgoing, counter *atomic.Int64) (time.Duration, int, error) {
+func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int) Outgoing, counter *atomic.Int64) (time.Duration, int, error) {
 	js, err := jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(window))
 	if err != nil {
 		return 0, 0, err
@@ -75,7 +75,7 @@ func (c *Client) PublishAsync(ctx context.Context, n, window int, msg func(i int
 // BenchStream creates a throwaway file-backed stream on subjects (work
 // queue retention, like the intake stream), with ADR-51 message schedules
 // allowed when schedules is set, and returns a function that deletes it.
-func (c *Client) BenchStream(ctx context.Context, name string, subjects []string, schedules bool) (func(), error) {
+func (c *Probe) BenchStream(ctx context.Context, name string, subjects []string, schedules bool) (func(), error) {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return nil, err
@@ -101,7 +101,7 @@ func (c *Client) BenchStream(ctx context.Context, name string, subjects []string
 // WatchStream calls fn for every message of stream on filter, read by an
 // ordered consumer from now on, until stop is called. The due time is the
 // header due carries (RFC 3339).
-func (c *Client) WatchStream(ctx context.Context, stream, filter, idHeader, dueHeader string, fn func(Delivered)) (stop func(), err error) {
+func (c *Probe) WatchStream(ctx context.Context, stream, filter, idHeader, dueHeader string, fn func(Delivered)) (stop func(), err error) {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return nil, err
@@ -141,8 +141,8 @@ func IntakeHeaders(target string, at time.Time, id string) map[string][]string {
 }
 
 // PendingTotal is pending plus in flight, from the admin stats endpoint.
-func (c *Client) PendingTotal(ctx context.Context) (int64, error) {
-	s, err := c.Stats(ctx)
+func (c *Probe) PendingTotal(ctx context.Context) (int64, error) {
+	s, err := c.Delayd.Stats(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -151,7 +151,7 @@ func (c *Client) PendingTotal(ctx context.Context) (int64, error) {
 
 // WaitStream waits until the durable consumer name of stream name exists:
 // a delayd has set its stream intake up.
-func (c *Client) WaitStream(ctx context.Context, name string) error {
+func (c *Probe) WaitStream(ctx context.Context, name string) error {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return err
