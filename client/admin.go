@@ -25,6 +25,11 @@ type Entry struct {
 	Shard    int                 `json:"shard"`
 	Error    string              `json:"error,omitempty"`
 	Header   map[string][]string `json:"headers,omitempty"`
+	// Series is the rule of a recurring series (e.g. "cron 0 30 2 * * *
+	// in Europe/Berlin"), empty for a one-shot; Occurrence is the number
+	// of the occurrence that Due belongs to, from 1.
+	Series     string `json:"series,omitempty"`
+	Occurrence int64  `json:"occurrence,omitempty"`
 }
 
 // ListRequest selects one page of List.

@@ -38,6 +38,9 @@ func getCommand(o cliIO) *cli.Command {
 				tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
 				fmt.Fprintf(tw, "id\t%s\nstate\t%s\n%s\t%s\ntarget\t%s\nsize\t%d bytes\nattempts\t%d\nshard\t%d\n",
 					e.ID, e.State, dueLabel(e.State), fixedTime(e.Due), e.Target, e.Size, e.Attempts, e.Shard)
+				if e.Series != "" {
+					fmt.Fprintf(tw, "series\t%s\noccurrence\t%d\n", e.Series, e.Occurrence)
+				}
 				for k, vs := range e.Header {
 					fmt.Fprintf(tw, "header\t%s: %s\n", k, strings.Join(vs, ", "))
 				}

@@ -221,6 +221,10 @@ type entryView struct {
 	// Hidden says payload and header values were withheld
 	// (ui.show_payloads is false).
 	Hidden bool `json:"hidden,omitempty"`
+	// Series is a recurring series' rule, Occurrence the number of the
+	// pending one (Due is its due time).
+	Series     string `json:"series,omitempty"`
+	Occurrence int64  `json:"occurrence,omitempty"`
 }
 
 const previewBytes = 512
@@ -254,6 +258,9 @@ func view(e store.Entry, detail bool) entryView {
 		return v
 	}
 	v.Target, v.Size = env.Target, len(env.Payload)
+	if env.Series != nil {
+		v.Series, v.Occurrence = env.Series.String(), e.Occurrence
+	}
 	if detail {
 		v.Header = env.Header
 		p := env.Payload[:min(len(env.Payload), previewBytes)]

@@ -206,6 +206,9 @@ func entryInfo(e store.Entry, withHeaders bool) client.Entry {
 	info := client.Entry{ID: e.ID, State: string(e.State), Due: envelope.FormatMs(e.DueMs), Attempts: e.Attempts, Shard: e.Shard, Error: e.Error}
 	if env, err := envelope.Decode(e.Data); err == nil {
 		info.Target, info.Size = env.Target, len(env.Payload)
+		if env.Series != nil {
+			info.Series, info.Occurrence = env.Series.String(), e.Occurrence
+		}
 		if withHeaders {
 			info.Header = env.Header
 		}

@@ -186,7 +186,7 @@ func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
 	n := len("NATS/1.0\r\n\r\n") + len(e.Payload)
 	for k, vs := range e.Header {
 		if k == envelope.HeaderID || k == envelope.HeaderDue || k == envelope.HeaderAttempt ||
-			(jetStream && k == jetstream.MsgIDHeader) {
+			k == envelope.HeaderOccurrence || (jetStream && k == jetstream.MsgIDHeader) {
 			continue // replaced by delayd's own
 		}
 		for _, v := range vs {
@@ -196,6 +196,9 @@ func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
 	longest := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond)}
 	n += line(envelope.HeaderID, id) + line(envelope.HeaderDue, envelope.FormatMs(longest.Due.UnixMilli())) +
 		line(envelope.HeaderAttempt, strconv.Itoa(longestAttempt))
+	if e.Series != nil {
+		n += line(envelope.HeaderOccurrence, strconv.Itoa(longestOccurrence))
+	}
 	if jetStream {
 		n += line(jetstream.MsgIDHeader, MsgID(longest))
 	}
@@ -204,6 +207,10 @@ func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
 
 // longestAttempt stands in for the longest Delayd-Attempt a delivery carries.
 const longestAttempt = 999999
+
+// longestOccurrence is the largest occurrence number the store keeps (4
+// bytes in the value header).
+const longestOccurrence = 1<<32 - 1
 
 // DeliveryMsg builds the delivered message: the payload unchanged, the
 // publisher's headers minus the control ones (already removed at intake),
@@ -218,5 +225,8 @@ func DeliveryMsg(d envelope.Delivery) *nats.Msg {
 	h[envelope.HeaderID] = []string{d.ID}
 	h[envelope.HeaderDue] = []string{envelope.FormatMs(d.Due.UnixMilli())}
 	h[envelope.HeaderAttempt] = []string{strconv.Itoa(d.Attempt)}
+	if d.Occurrence > 0 {
+		h[envelope.HeaderOccurrence] = []string{strconv.FormatInt(d.Occurrence, 10)}
+	}
 	return &nats.Msg{Subject: d.Target, Data: d.Payload, Header: h}
 }

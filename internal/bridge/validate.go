@@ -45,7 +45,7 @@ func (v validator) item(h map[string][]string, data []byte, newID func() (string
 				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)}
 		}
 	}
-	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope)}
+	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope), Series: r.Series != nil}
 	if r.HasAt {
 		// Round up to the µs so that rounding never makes it early.
 		it.Absolute, it.AtMicros = true, ceilMicros(r.At.UnixMicro(), r.At.Nanosecond()%1000)

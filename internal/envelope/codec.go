@@ -179,5 +179,8 @@ type Delivery struct {
 	ID      string
 	Due     time.Time
 	Attempt int
+	// Occurrence is which occurrence of a series this is (from 1), 0 for
+	// a one-shot.
+	Occurrence int64
 	Envelope
 }

@@ -19,6 +19,8 @@ const (
 	HeaderID      = "Delayd-Id"
 	HeaderDue     = "Delayd-Due"
 	HeaderAttempt = "Delayd-Attempt"
+	// HeaderOccurrence numbers the deliveries of a recurring series, from 1.
+	HeaderOccurrence = "Delayd-Occurrence"
 	HeaderError   = "Delayd-Error" // on dead letters: the last delivery error
 	controlPrefix = "delayd-"
 

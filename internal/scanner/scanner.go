@@ -431,6 +431,8 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 	settle := func(c claimed, d *envelope.Delivery, fail error) {
 		st := store.Settle{ID: c.ID, Token: c.Token, Outcome: store.Delivered}
 		switch {
+		case fail == nil && d != nil && d.Series != nil:
+			s.nextOccurrence(&st, *d)
 		case errors.Is(fail, ErrUnreachable):
 			st.Outcome, st.Error = store.Postpone, fail.Error()
 			s.log.Debug("not sent, delivery postponed", "id", c.ID, "error", fail)
@@ -465,7 +467,7 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 			settle(c, nil, err)
 			continue
 		}
-		d := envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Envelope: e}
+		d := envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Occurrence: c.Occurrence, Envelope: e}
 		switch {
 		case c.Attempt > s.opt.MaxAttempts:
 			// Claimed again after its leases expired without an ack: its
@@ -494,6 +496,32 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 	defer lcancel()
 	s.publishDead(lctx, dead)
 	return settles
+}
+
+// nextOccurrence turns the ack of a delivered occurrence of a series into
+// the move to its next one, which the ack script writes in the same step:
+// a crash before the ack delivers this occurrence again (a higher attempt),
+// never skips or doubles the next. "Now" is Redis time, as for due times;
+// with the default catch-up, an occurrence delivered after an outage is
+// followed by the first one after now, not by every one missed. A series
+// without a next occurrence (its count or until reached) is deleted.
+func (s *Scanner) nextOccurrence(st *store.Settle, d envelope.Delivery) {
+	now := s.clock.nowMs()
+	if now == 0 {
+		now = time.Now().UnixMilli()
+	}
+	occurrence := max(d.Occurrence, 1)
+	next, ok := d.Series.Next(d.Due, time.UnixMilli(now), occurrence)
+	if !ok || !next.Before(envelope.MaxDue) {
+		s.log.Debug("series finished", "id", d.ID, "occurrences", occurrence)
+		return
+	}
+	// Whole ms, rounded up: the store's due times are ms, never early.
+	ms := next.UnixMilli()
+	if next.After(time.UnixMilli(ms)) {
+		ms++
+	}
+	st.Outcome, st.NextDueMs = store.Next, ms
 }
 
 // errStale: a batch waited so long for the publish stage that too little of
@@ -578,20 +606,26 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 	defer cancel()
 	// Released envelopes are due again after the retry backoff: plan their
 	// shards' next claim for then, as for a new envelope.
-	var again []int
+	again := map[int]bool{}
+	nexts := map[int]int64{} // shard → earliest next occurrence
 	for sh, v := range settles {
 		for _, st := range v {
 			if st.Outcome == store.Retry || st.Outcome == store.Postpone {
-				again = append(again, sh)
-				break
+				again[sh] = true
+			}
+			if st.Outcome == store.Next && (nexts[sh] == 0 || st.NextDueMs < nexts[sh]) {
+				nexts[sh] = st.NextDueMs
 			}
 		}
 	}
 	for try := 0; ; try++ {
 		_, nowMs, err := s.store.Ack(actx, settles, s.opt.RetryBackoff)
 		if err == nil {
-			for _, sh := range again {
+			for sh := range again {
 				s.WakeLocal(sh, nowMs+s.opt.RetryBackoff.Milliseconds())
+			}
+			for sh, due := range nexts {
+				s.WakeLocal(sh, due)
 			}
 			return
 		}

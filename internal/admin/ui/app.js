@@ -99,6 +99,7 @@ function renderDetail(e) {
       <dt>Target</dt><dd>${esc(e.target)}</dd>
       <dt>Size</dt><dd>${e.size} bytes</dd>
       <dt>Attempts</dt><dd>${e.attempts}</dd>
+      ${e.series ? `<dt>Series</dt><dd id="detail-series">${esc(e.series)}</dd><dt>Occurrence</dt><dd>${e.occurrence} (due ${esc(e.due)})</dd>` : ""}
       ${e.error ? `<dt>Last error</dt><dd>${esc(e.error)}</dd>` : ""}
       ${headers}
     </dl>
