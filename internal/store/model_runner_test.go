@@ -116,8 +116,12 @@ func (r *mRunner) apply(o mOp) error {
 func storeItems(items []mItem) []Item {
 	out := make([]Item, len(items))
 	for i, it := range items {
-		out[i] = Item{ID: it.id, Data: []byte(it.data), Absolute: true, AtMicros: 1000}
-		if it.later {
+		out[i] = Item{ID: it.id, Data: []byte(it.data), Absolute: true, AtMicros: 1000, Series: it.series}
+		switch {
+		case it.later && it.series:
+			// A series' first occurrence is absolute: far ahead.
+			out[i].AtMicros = farMs * 1000
+		case it.later:
 			out[i] = Item{ID: it.id, Data: []byte(it.data), DelayMicros: hourMs * 1000}
 		}
 	}
@@ -139,6 +143,9 @@ func (r *mRunner) schedule(items []mItem) error {
 			r.seen["replaced "+r.m.ids[it.id].at.String()]++
 		}
 		r.m.put(it.id, it.data, due[i], r.fx)
+		if it.series {
+			r.m.ids[it.id].occurrence = 1
+		}
 	}
 	r.tracef("   due %v", due[:min(len(due), 5)])
 	return nil
@@ -193,9 +200,10 @@ func (r *mRunner) claim(o mOp) error {
 		for j, c := range cr.Items {
 			e := r.m.ids[want[j]]
 			attempt, due := e.attempt+1, e.due
-			if c.ID != want[j] || c.Attempt != attempt || c.DueMs != due || string(c.Data) != e.data || c.Token == "" || c.Token != cr.Items[0].Token {
-				return fmt.Errorf("claim of shard %d at %d: item %d is %s attempt %d due %d data %q token %q, want %s attempt %d due %d data %q",
-					shards[i], now, j, c.ID, c.Attempt, c.DueMs, c.Data, c.Token, want[j], attempt, due, e.data)
+			if c.ID != want[j] || c.Attempt != attempt || c.DueMs != due || string(c.Data) != e.data || c.Token == "" ||
+				c.Token != cr.Items[0].Token || c.Occurrence != e.occurrence {
+				return fmt.Errorf("claim of shard %d at %d: item %d is %s attempt %d due %d occurrence %d data %q token %q, want %s attempt %d due %d occurrence %d data %q",
+					shards[i], now, j, c.ID, c.Attempt, c.DueMs, c.Occurrence, c.Data, c.Token, want[j], attempt, due, e.occurrence, e.data)
 			}
 			if e.at == mInflight {
 				expired++
@@ -206,7 +214,7 @@ func (r *mRunner) claim(o mOp) error {
 				r.seen["claimed"]++
 			}
 			*e = mEntry{shard: e.shard, data: e.data, at: mInflight, score: now + o.lease, exact: true,
-				attempt: attempt, due: due, token: c.Token, err: e.err}
+				attempt: attempt, due: due, token: c.Token, err: e.err, occurrence: e.occurrence}
 		}
 		if cr.Expired != expired {
 			return fmt.Errorf("claim of shard %d: %d expired leases re-claimed, want %d", shards[i], cr.Expired, expired)
@@ -272,6 +280,14 @@ func (r *mRunner) settle(o mOp) error {
 				st.Error = "e" + strconv.Itoa(rng.IntN(100))
 			}
 		}
+		// As the scanner does: a delivered occurrence of a series moves
+		// to the next one, due at once or in an hour.
+		if st.Outcome == Next || (st.Outcome == Delivered && it.Occurrence > 0) {
+			st.Outcome, st.NextDueMs = Next, 1+rng.Int64N(2)*(r.now+hourMs)
+			if it.Occurrence == 0 {
+				st.Outcome = Delivered
+			}
+		}
 		sts = append(sts, st)
 	}
 	if len(sts) == 0 {
@@ -313,6 +329,12 @@ func (r *mRunner) ack(sts []Settle, retry int64) error {
 			r.m.remove(st.ID, r.fx)
 			continue
 		}
+		if st.Outcome == Next {
+			*e = mEntry{shard: e.shard, data: e.data, at: mDue, score: st.NextDueMs, exact: true,
+				due: st.NextDueMs, occurrence: e.occurrence + 1}
+			r.fx.reset[st.ID] = true
+			continue
+		}
 		if st.Error != "" {
 			e.err = st.Error
 		}
@@ -350,7 +372,7 @@ func (r *mRunner) replay(ids []string) error {
 	for _, id := range ids {
 		if e := r.m.ids[id]; e != nil && e.at == mDead {
 			want++
-			*e = mEntry{shard: e.shard, data: e.data, at: mDue, lo: lo, hi: hi, due: e.due}
+			*e = mEntry{shard: e.shard, data: e.data, at: mDue, lo: lo, hi: hi, due: e.due, occurrence: e.occurrence}
 			r.fx.reset[id] = true
 		}
 	}

@@ -48,7 +48,9 @@ type mEntry struct {
 	attempt int
 	due     int64  // the original due time, from the schedule
 	token   string // the lease score of the current claim, "" once settled
-	err     string // the errors entry, "" if none
+	// occurrence is the pending occurrence of a series, 0 for a one-shot.
+	occurrence int64
+	err        string // the errors entry, "" if none
 }
 
 // mModel is the delay set as plain Go: every stored id, and what each
@@ -154,6 +156,7 @@ type mShard struct {
 	leases              map[string]float64 // inflight scores, with their token
 	data, claims, errs  map[string]string
 	dataDue             map[string]int64 // the due time in each data value's header
+	dataOcc             map[string]int64 // and the occurrence
 }
 
 // readKeyspace reads every shard's keys and the names of all keys, in one
@@ -185,12 +188,12 @@ func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []
 				}
 			}
 		}
-		data, dataDue := map[string]string{}, map[string]int64{}
+		data, dataDue, dataOcc := map[string]string{}, map[string]int64{}, map[string]int64{}
 		for id, v := range hs[sh][0].Val() {
-			due, _, d := splitValue(v)
-			data[id], dataDue[id] = string(d), due
+			due, occ, d := splitValue(v)
+			data[id], dataDue[id], dataOcc[id] = string(d), due, occ
 		}
-		out[sh] = mShard{due: z[0], inflight: z[1], dead: z[2], leases: leases, data: data, dataDue: dataDue,
+		out[sh] = mShard{due: z[0], inflight: z[1], dead: z[2], leases: leases, data: data, dataDue: dataDue, dataOcc: dataOcc,
 			claims: hs[sh][1].Val(), errs: hs[sh][2].Val()}
 	}
 	ks := keys.Val()
@@ -281,8 +284,9 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 	}
 	for id, e := range m.ids {
 		st := cur[e.shard]
-		if d, ok := st.data[id]; !ok || d != e.data || st.dataDue[id] != e.due {
-			bad("%q: data %q due %d, model %q due %d", id, d, st.dataDue[id], e.data, e.due)
+		if d, ok := st.data[id]; !ok || d != e.data || st.dataDue[id] != e.due || st.dataOcc[id] != e.occurrence {
+			bad("%q: data %q due %d occurrence %d, model %q due %d occurrence %d", id, d, st.dataDue[id], st.dataOcc[id],
+				e.data, e.due, e.occurrence)
 		}
 		z := map[mPlace]map[string]int64{mDue: st.due, mInflight: st.inflight, mDead: st.dead}[e.at]
 		switch score, ok := z[id]; {

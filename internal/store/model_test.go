@@ -30,6 +30,7 @@ const (
 	modelShards = 3
 	modelPool   = 30 // ids i00..i29: small, so reading every key each step is cheap
 	hourMs      = int64(time.Hour / time.Millisecond)
+	farMs       = int64(4102444800000) // 2100-01-01: a series starting far ahead
 	bulkSize    = 5000
 	bigBatch    = 4096 // a claim this big crosses Lua's unpack limit unless chunked
 	keepClaims  = 16   // claims a simulated daemon remembers, to settle late
@@ -252,6 +253,7 @@ type mOp struct {
 type mItem struct {
 	id, data string
 	later    bool // due in an hour, else far in the past
+	series   bool // a recurring series (its first occurrence)
 }
 
 func (o mOp) String() string {
@@ -262,6 +264,9 @@ func (o mOp) String() string {
 			when := "past"
 			if it.later {
 				when = "+1h"
+			}
+			if it.series {
+				when += " series"
 			}
 			parts[i] = it.data + "@" + when
 		}
@@ -381,7 +386,9 @@ func (g *mGen) schedule(from []string, n int) mOp {
 	for range n {
 		id := from[g.rng.IntN(len(from))]
 		g.seq++
-		o.items = append(o.items, mItem{id: id, data: id + "#" + strconv.Itoa(g.seq), later: g.rng.IntN(2) == 0})
+		later := g.rng.IntN(2) == 0
+		o.items = append(o.items, mItem{id: id, data: id + "#" + strconv.Itoa(g.seq), later: later,
+			series: g.rng.IntN(3) == 0})
 	}
 	return o
 }
@@ -419,7 +426,7 @@ func (g *mGen) fault() mOp {
 	return mOp{kind: opFault, shard: sh, key: g.rng.IntN(len(mKeyNames)), inner: &inner}
 }
 
-var mOutcomes = []Outcome{Delivered, Retry, Postpone, Bury}
+var mOutcomes = []Outcome{Delivered, Retry, Postpone, Bury, Next}
 
 // bulkIDs names n ids of shard sh for bulk seq.
 func bulkIDs(seq, sh, n int) []string {
