@@ -277,6 +277,17 @@ var controlNames = [numSlots]string{
 	HeaderNATSSchedule, HeaderNATSScheduleTarget, HeaderNATSScheduleTimeZone,
 }
 
+// controlSlots finds a control header spelled as the protocol spells it
+// (as nats.go's canonical header keys are) without comparing against every
+// name; other spellings fall back to a case-insensitive search.
+var controlSlots = func() map[string]int {
+	m := make(map[string]int, numSlots)
+	for i, name := range controlNames {
+		m[name] = i
+	}
+	return m
+}()
+
 const (
 	slotTarget = iota
 	slotAt
@@ -317,10 +328,14 @@ func splitHeaders(h map[string][]string, lim Limits) (control, map[string][]stri
 		}
 		delayd, sched := HasPrefixFold(k, controlPrefix), HasPrefixFold(k, natsSchedulePrefix)
 		if delayd || sched {
-			slot := -1
-			for i, name := range controlNames {
-				if strings.EqualFold(k, name) {
-					slot = i
+			slot, ok := controlSlots[k]
+			if !ok {
+				slot = -1
+				for i, name := range controlNames {
+					if strings.EqualFold(k, name) {
+						slot = i
+						break
+					}
 				}
 			}
 			switch {
