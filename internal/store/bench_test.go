@@ -31,7 +31,17 @@ func fill(b *testing.B, s *Store, n int, tag string) {
 
 func benchStore(b *testing.B) (*Store, *testutil.Redis) {
 	b.Helper()
-	r := testutil.StartRedis(b)
+	var r *testutil.Redis
+	if addr := os.Getenv("DELAYD_BENCH_REDIS"); addr != "" {
+		// A Redis started by hand, e.g. under valgrind's callgrind to
+		// count its instructions: flushed first.
+		r = testutil.ExternalRedis(b, addr)
+		if err := r.Client().FlushAll(context.Background()).Err(); err != nil {
+			b.Fatal(err)
+		}
+	} else {
+		r = testutil.StartRedis(b)
+	}
 	s := New(NewClient(Options{Addrs: []string{r.Addr}}), "b", 16)
 	b.Cleanup(func() { s.Close() })
 	if err := s.Ping(context.Background()); err != nil {

@@ -6,7 +6,7 @@ package store
 // and reads "now" from Redis TIME, so daemons with skewed clocks agree.
 //
 // A claim leases an id: it moves from due to inflight with the lease expiry
-// as its score, plus a random fraction (k/512 ms) that is the claim's token.
+// as its score, plus a random fraction (k/1000 ms) that is the claim's token.
 // A settle names that score, so a stale daemon whose lease expired, or
 // whose envelope was replaced or cancelled meanwhile, changes nothing. Due
 // scores are whole milliseconds; lease scores never are.
@@ -71,22 +71,29 @@ local function counted(v)
   if not v then return 0 end
   return tonumber(string.match(v, '^%d+')) or 0
 end
--- bytesOf writes n as w bytes big-endian.
-local function bytesOf(n, w)
-  local b = {}
-  for i = w, 1, -1 do
-    b[i] = n % 256
-    n = math.floor(n / 256)
-  end
-  return string.char(unpack(b))
+-- be6 and be4 write n as 6 or 4 bytes, big-endian: plain arithmetic and
+-- one string.char, as this runs for every envelope stored.
+local function be6(n)
+  local f = n % 256; n = (n - f) / 256
+  local e = n % 256; n = (n - e) / 256
+  local d = n % 256; n = (n - d) / 256
+  local c = n % 256; n = (n - c) / 256
+  local b = n % 256; n = (n - b) / 256
+  return string.char(n % 256, b, c, d, e, f)
+end
+local function be4(n)
+  local d = n % 256; n = (n - d) / 256
+  local c = n % 256; n = (n - c) / 256
+  local b = n % 256; n = (n - b) / 256
+  return string.char(n % 256, b, c, d)
 end
 -- stamp puts the value header (value.go) before an encoded envelope: with
 -- an occurrence (> 0) for a series.
 local function stamp(due, occurrence, data)
   if occurrence > 0 then
-    return string.char(241) .. bytesOf(due, 6) .. bytesOf(occurrence, 4) .. data
+    return '\241' .. be6(due) .. be4(occurrence) .. data
   end
-  return string.char(240) .. bytesOf(due, 6) .. data
+  return '\240' .. be6(due) .. data
 end
 -- occurrenceOf reads a series value's occurrence and where its envelope
 -- starts; 0 for a one-shot.
@@ -104,9 +111,11 @@ end
 // Cluster, where a script must stay in one slot; any number on a single
 // Redis, so a whole intake batch is one call).
 // ARGV: per envelope 5 values: k (KEYS offset of its shard: 0, 6, 12...),
-// id, mode ("a" absolute | "d" delay | "s" absolute, the first occurrence
-// of a series), microseconds (since the epoch for "a" and "s", from now for
-// "d"), encoded data.
+// id, mode, microseconds, value: with mode "d" (delay) the µs are from now
+// and the value is the encoded envelope, which the script stamps with the
+// value header; with mode "v" the µs are since the epoch and the value is
+// stamped already (the client knows the due time, and building a string in
+// Lua costs about as much as the rest of the upsert).
 // Returns the due time in ms of each envelope. The due time is rounded up
 // to the millisecond so that a claim at "now ms" is never early.
 // A replace drops any claim in flight for the id: the older delivery may
@@ -126,9 +135,9 @@ for i = 1, #ARGV, 5 do
   -- Adds first, then removals: a cut leaves the id indexed twice, never
   -- unindexed.
   redis.call('ZADD', KEYS[k+1], due, id)
-  local occurrence = 0
-  if ARGV[i+2] == 's' then occurrence = 1 end
-  if redis.call('HSET', KEYS[k+3], id, stamp(due, occurrence, ARGV[i+4])) == 0 then
+  local v = ARGV[i+4]
+  if ARGV[i+2] == 'd' then v = stamp(due, 0, v) end
+  if redis.call('HSET', KEYS[k+3], id, v) == 0 then
     -- A replace: forget any claim, error or death of the old one.
     redis.call('HDEL', KEYS[k+4], id)
     redis.call('HDEL', KEYS[k+6], id)
@@ -178,7 +187,7 @@ return out
 
 // claimScript hands out up to ARGV[1] envelopes for delivery, each with a
 // lease of ARGV[2] ms and the claim token ARGV[3], a fraction ".ddd" of a
-// millisecond (k/512, so the score stays exact in a double until 2200):
+// millisecond (k/1000, distinct in a double until 2200):
 // first those whose lease expired (their daemon died or stalled; they are
 // re-leased in place, so a backlog of due envelopes can never starve them),
 // then due ones, which move from due to inflight. The expired lease was an

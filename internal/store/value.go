@@ -39,3 +39,28 @@ func be(s string) int64 {
 	copy(b[8-len(s):], s)
 	return int64(binary.BigEndian.Uint64(b[:]))
 }
+
+// stampValue builds a stored value: the header for dueMs (with the
+// occurrence, if > 0, for a series), then data. The scripts build the same
+// (stamp in scripts.go) when only Redis knows the due time.
+func stampValue(dueMs, occurrence int64, data []byte) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(dueMs))
+	if occurrence > 0 {
+		v := make([]byte, 0, seriesValueHeader+len(data))
+		v = append(append(append(v, seriesMark), b[2:]...), byte(occurrence>>24), byte(occurrence>>16), byte(occurrence>>8), byte(occurrence))
+		return append(v, data...)
+	}
+	v := make([]byte, 0, valueHeader+len(data))
+	return append(append(append(v, valueMark), b[2:]...), data...)
+}
+
+// ceilMs is µs rounded up to the ms, as the schedule script rounds: a due
+// time is never early.
+func ceilMs(us int64) int64 {
+	ms := us / 1000
+	if us%1000 > 0 {
+		ms++
+	}
+	return ms
+}

@@ -220,3 +220,9 @@ func moduleRoot(t testing.TB) string {
 		dir = parent
 	}
 }
+
+// ExternalRedis is a Redis started outside the test (for example under a
+// profiler) at addr; Start, Kill and the like must not be called on it.
+func ExternalRedis(t testing.TB, addr string) *Redis {
+	return &Redis{t: t, Addr: addr}
+}
