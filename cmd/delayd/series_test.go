@@ -1,0 +1,678 @@
+package main
+
+// Whole-daemon tests of recurring series (Delayd-Every, Delayd-Cron and the
+// ADR-51 Nats-Schedule alias) against a real redis-server and nats-server:
+// what only a whole daemon shows, the rule arithmetic being tested in
+// internal/recur and the ack script in internal/store.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// occ is a delivery's Delayd-Occurrence, 0 when it has none.
+func occ(d delivery) int64 {
+	n, _ := strconv.ParseInt(d.header.Get(envelope.HeaderOccurrence), 10, 64)
+	return n
+}
+
+// waitFor waits until ok holds for the deliveries of id, or d passes; it
+// returns those deliveries either way.
+func (s *sink) waitFor(id string, d time.Duration, ok func([]delivery) bool) []delivery {
+	deadline := time.After(d)
+	for {
+		if ds := s.get(id); ok(ds) {
+			return ds
+		}
+		select {
+		case <-s.cond:
+		case <-deadline:
+			return s.get(id)
+		}
+	}
+}
+
+// atLeast is a waitFor condition: n deliveries or more.
+func atLeast(n int) func([]delivery) bool {
+	return func(ds []delivery) bool { return len(ds) >= n }
+}
+
+// hasOcc is a waitFor condition: occurrence n arrived.
+func hasOcc(n int64) func([]delivery) bool {
+	return func(ds []delivery) bool {
+		return slices.ContainsFunc(ds, func(d delivery) bool { return occ(d) == n })
+	}
+}
+
+// scheduleOK sends a schedule request that must be accepted.
+func scheduleOK(t *testing.T, nc *nats.Conn, h nats.Header, payload string) client.Scheduled {
+	t.Helper()
+	rep, err := schedule(nc, "delayd", h, payload)
+	if err != nil {
+		t.Fatalf("schedule: %v", err)
+	}
+	if e := rep.Header.Get(micro.ErrorHeader); e != "" {
+		t.Fatalf("schedule refused: %s %s", rep.Header.Get(micro.ErrorCodeHeader), e)
+	}
+	var s client.Scheduled
+	if err := json.Unmarshal(rep.Data, &s); err != nil {
+		t.Fatalf("reply %q: %v", rep.Data, err)
+	}
+	return s
+}
+
+// checkSeries checks deliveries that should be occurrences from..from+n-1 of
+// one series, each delivered once and on time: numbered in order, due every
+// period, never early, first attempts.
+func checkSeries(t *testing.T, ds []delivery, from int64, n int, period time.Duration) {
+	t.Helper()
+	if len(ds) != n {
+		t.Fatalf("%d deliveries, want %d: %s", len(ds), n, describe(ds))
+	}
+	for i, d := range ds {
+		if got := occ(d); got != from+int64(i) {
+			t.Errorf("delivery %d is occurrence %d, want %d", i, got, from+int64(i))
+		}
+		if d.attempt != 1 {
+			t.Errorf("occurrence %d: attempt %d, want 1", occ(d), d.attempt)
+		}
+		if d.received.Before(d.due) {
+			t.Errorf("occurrence %d received %s before its due time", occ(d), d.due.Sub(d.received))
+		}
+		if i > 0 && d.due.Sub(ds[i-1].due) != period {
+			t.Errorf("occurrence %d due %s after the previous one, want %s", occ(d), d.due.Sub(ds[i-1].due), period)
+		}
+	}
+}
+
+// describe renders deliveries for failure messages.
+func describe(ds []delivery) string {
+	var b strings.Builder
+	for _, d := range ds {
+		b.WriteString("\n  occurrence " + strconv.FormatInt(occ(d), 10) + " attempt " + strconv.Itoa(d.attempt) +
+			" due " + d.due.Format("15:04:05.000") + " received " + d.received.Format("15:04:05.000") + " data " + strconv.Quote(d.data))
+	}
+	return b.String()
+}
+
+// notFound checks that delayd no longer keeps id.
+func notFound(t *testing.T, cl *client.Client, id string) {
+	t.Helper()
+	if en, err := cl.Get(context.Background(), id); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("get %s after the series ended: %+v, %v; want not found", id, en, err)
+	}
+}
+
+func TestSeriesEvery(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "series.every")
+	payload := "tick \x00\xff"
+	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.every", "Delayd-Every", "1s", "Delayd-Count", "3",
+		"Delayd-Id", "ev", "traceparent", "00-abc-def-01", "X-Multi", "a", "X-Multi", "b"), payload)
+
+	ds := s.waitFor("ev", 6*time.Second, atLeast(3))
+	time.Sleep(1500 * time.Millisecond) // room for a fourth that must not come
+	ds = s.get("ev")
+	checkSeries(t, ds, 1, 3, time.Second)
+	if !ds[0].due.Equal(sr.DeliverAt) {
+		t.Errorf("first due %s, reply said %s", ds[0].due, sr.DeliverAt)
+	}
+	for _, d := range ds {
+		if d.data != payload || d.header.Get("traceparent") != "00-abc-def-01" || !slices.Equal(d.header.Values("X-Multi"), []string{"a", "b"}) {
+			t.Errorf("occurrence %d: payload %q or headers %v changed", occ(d), d.data, d.header)
+		}
+		if d.header.Get("Delayd-Every") != "" || d.header.Get("Delayd-Count") != "" || d.header.Get("Delayd-Target") != "" {
+			t.Errorf("occurrence %d: control headers leaked: %v", occ(d), d.header)
+		}
+	}
+	notFound(t, client.New(nc), "ev")
+}
+
+func TestSeriesCronTimeZone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "series.cron")
+	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.cron", "Delayd-Cron", "*/1 * * * * *",
+		"Delayd-Time-Zone", "America/New_York", "Delayd-Count", "2", "Delayd-Id", "cr"), "c")
+
+	s.waitFor("cr", 5*time.Second, atLeast(2))
+	time.Sleep(1200 * time.Millisecond)
+	ds := s.get("cr")
+	checkSeries(t, ds, 1, 2, time.Second)
+	for _, d := range ds {
+		if d.due.Nanosecond() != 0 {
+			t.Errorf("occurrence %d due %s: not on a whole second", occ(d), d.due.Format(time.RFC3339Nano))
+		}
+	}
+	if !ds[0].due.Equal(sr.DeliverAt) {
+		t.Errorf("first due %s, reply said %s", ds[0].due, sr.DeliverAt)
+	}
+	notFound(t, client.New(nc), "cr")
+}
+
+func TestSeriesUntil(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "series.until")
+	until := time.Now().Add(2500 * time.Millisecond).UTC()
+	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.until", "Delayd-Every", "1s",
+		"Delayd-Until", until.Format(time.RFC3339Nano), "Delayd-Id", "un"), "u")
+	// Until is inclusive: every first + k·1s not after it.
+	want := 0
+	for due := sr.DeliverAt; !due.After(until); due = due.Add(time.Second) {
+		want++
+	}
+	if want != 2 {
+		t.Logf("first due %s, until %s: expecting %d occurrences", sr.DeliverAt.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano), want)
+	}
+
+	s.waitFor("un", time.Until(until)+2*time.Second, atLeast(want))
+	time.Sleep(time.Until(until.Add(1500 * time.Millisecond)))
+	ds := s.get("un")
+	checkSeries(t, ds, 1, want, time.Second)
+	for _, d := range ds {
+		if d.due.After(until) {
+			t.Errorf("occurrence %d due %s, after until %s", occ(d), d.due.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano))
+		}
+	}
+	notFound(t, client.New(nc), "un")
+}
+
+func TestSeriesCancel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	defer nc.Close()
+	cl := client.New(nc)
+	s := e.sink(nc, "series.cancel")
+	scheduleOK(t, nc, hdr("Delayd-Target", "series.cancel", "Delayd-Every", "1s", "Delayd-Id", "ca"), "c")
+
+	if ds := s.waitFor("ca", 4*time.Second, atLeast(1)); len(ds) == 0 {
+		t.Fatal("occurrence 1 not delivered")
+	}
+	// Usually after the ack of occurrence 1; TestSeriesCancelWhileInFlight
+	// makes sure of the race with it.
+	r, err := cl.Cancel(context.Background(), "ca")
+	if err != nil || !r.Cancelled {
+		t.Fatalf("cancel: %+v, %v; want cancelled", r, err)
+	}
+	t.Logf("cancelled with in_flight=%v", r.InFlight)
+	time.Sleep(2500 * time.Millisecond)
+	if ds := s.get("ca"); len(ds) != 1 {
+		t.Errorf("cancelled series delivered after the cancel: %s", describe(ds))
+	}
+	notFound(t, cl, "ca")
+}
+
+func TestSeriesReplace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "series.replace")
+	scheduleOK(t, nc, hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Id", "re"), "old")
+
+	if ds := s.waitFor("re", 4*time.Second, atLeast(1)); len(ds) == 0 {
+		t.Fatal("occurrence 1 not delivered")
+	}
+	// Usually after the ack; TestSeriesReplaceWhileInFlight races it.
+	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "re"), "new")
+	s.waitFor("re", 5*time.Second, atLeast(3))
+	time.Sleep(1500 * time.Millisecond)
+	var old, renewed []delivery
+	for _, d := range s.get("re") {
+		if d.data == "old" {
+			old = append(old, d)
+		} else {
+			renewed = append(renewed, d)
+		}
+	}
+	if len(old) != 1 || occ(old[0]) != 1 {
+		t.Errorf("old series: want only occurrence 1, got %s", describe(old))
+	}
+	checkSeries(t, renewed, 1, 2, time.Second)
+	if !renewed[0].due.Equal(sr.DeliverAt) {
+		t.Errorf("new series first due %s, reply said %s", renewed[0].due, sr.DeliverAt)
+	}
+	notFound(t, client.New(nc), "re")
+}
+
+func TestSeriesGetPending(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	defer nc.Close()
+	cl := client.New(nc)
+	s := e.sink(nc, "series.get")
+	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.get", "Delayd-Every", "1s", "Delayd-Count", "3", "Delayd-Id", "ge"), "g")
+
+	check := func(en client.Entry, n int64, due time.Time) {
+		t.Helper()
+		got, err := time.Parse(time.RFC3339Nano, en.Due)
+		if en.State != "pending" || en.Series != "every 1s, count 3" || en.Occurrence != n || err != nil || !got.Equal(due) {
+			t.Errorf("get: %+v; want pending, series %q, occurrence %d, due %s", en, "every 1s, count 3", n, due.Format(time.RFC3339Nano))
+		}
+	}
+	en, err := cl.Get(context.Background(), "ge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(en, 1, sr.DeliverAt)
+
+	ds := s.waitFor("ge", 4*time.Second, atLeast(1))
+	if len(ds) == 0 {
+		t.Fatal("occurrence 1 not delivered")
+	}
+	// Once occurrence 1 is acknowledged, the same entry is occurrence 2.
+	deadline := time.Now().Add(800 * time.Millisecond)
+	for {
+		en, err = cl.Get(context.Background(), "ge")
+		if err == nil && en.State == "pending" && en.Occurrence == 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	check(en, 2, ds[0].due.Add(time.Second))
+	if _, err := cl.Cancel(context.Background(), "ge"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slowAckFleet runs an intake-only daemon connected to NATS directly and a
+// scanner-only daemon whose NATS traffic from the server comes 400 ms late,
+// so each flush, and with it the ack of each delivery, lags the delivery by
+// 400 ms: a cancel or replace sent when an occurrence arrives reaches Redis
+// while that occurrence is still in flight.
+func slowAckFleet(t *testing.T) (*env, config.Config) {
+	e := newEnv(t)
+	c := e.cfg()
+	ci := c
+	ci.Mode = "intake"
+	e.startDaemon(ci)
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	cs := c
+	cs.Mode = "scanner"
+	cs.NATS.URL = "nats://" + proxy.Addr()
+	cs.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	e.startDaemon(cs)
+	proxy.Set(testutil.Down, testutil.Fault{Latency: 400 * time.Millisecond})
+	return e, c
+}
+
+// A cancel that lands while an occurrence is in flight ends the series: the
+// in-flight occurrence's ack must not move it to a next occurrence.
+func TestSeriesCancelWhileInFlight(t *testing.T) {
+	t.Parallel()
+	e, c := slowAckFleet(t)
+	nc := e.conn()
+	defer nc.Close()
+	cl := client.New(nc)
+	s := e.sink(nc, "series.cif")
+	scheduleOK(t, nc, hdr("Delayd-Target", "series.cif", "Delayd-Every", "1s", "Delayd-Id", "cif"), "c")
+	if ds := s.waitFor("cif", 6*time.Second, atLeast(1)); len(ds) == 0 {
+		t.Fatal("occurrence 1 not delivered")
+	}
+	r, err := cl.Cancel(context.Background(), "cif")
+	if err != nil || !r.Cancelled || !r.InFlight {
+		t.Fatalf("cancel: %+v, %v; want cancelled and in flight", r, err)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if ds := s.get("cif"); len(ds) != 1 {
+		t.Errorf("series cancelled in flight delivered again: %s", describe(ds))
+	}
+	notFound(t, cl, "cif")
+	if n := e.stored(c); n != 0 {
+		t.Errorf("%d envelopes left after the cancel", n)
+	}
+}
+
+// A replace that lands while an occurrence of the old version is in flight
+// wins: the old version's ack leaves the new one as stored, and the new
+// series runs from occurrence 1.
+func TestSeriesReplaceWhileInFlight(t *testing.T) {
+	t.Parallel()
+	e, c := slowAckFleet(t)
+	nc := e.conn()
+	defer nc.Close()
+	st := e.inspectStore(c)
+	s := e.sink(nc, "series.rif")
+	scheduleOK(t, nc, hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Id", "rif"), "old")
+	if ds := s.waitFor("rif", 6*time.Second, atLeast(1)); len(ds) == 0 {
+		t.Fatal("occurrence 1 not delivered")
+	}
+	if en, err := st.Get(context.Background(), "rif"); err != nil || en.State != store.StateInflight {
+		t.Fatalf("occurrence 1 no longer in flight when replaced (%+v, %v): the test missed the race", en, err)
+	}
+	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "rif"), "new")
+	time.Sleep(500 * time.Millisecond) // the old occurrence's ack has come and gone
+	en, err := client.New(nc).Get(context.Background(), "rif")
+	if got, _ := time.Parse(time.RFC3339Nano, en.Due); err != nil || en.Occurrence != 1 || !got.Equal(sr.DeliverAt) || en.Series != "every 1s, count 2" {
+		t.Errorf("after the old ack: %+v, %v; want the new series, occurrence 1, due %s", en, err, sr.DeliverAt.Format(time.RFC3339Nano))
+	}
+	s.waitFor("rif", 6*time.Second, atLeast(3))
+	time.Sleep(1500 * time.Millisecond)
+	var old, renewed []delivery
+	for _, d := range s.get("rif") {
+		if d.data == "old" {
+			old = append(old, d)
+		} else {
+			renewed = append(renewed, d)
+		}
+	}
+	if len(old) != 1 {
+		t.Errorf("old series delivered after the replace: %s", describe(old))
+	}
+	checkSeries(t, renewed, 1, 2, time.Second)
+	if n := e.stored(c); n != 0 {
+		t.Errorf("%d envelopes left after the series ended", n)
+	}
+}
+
+// killOnOccurrence subscribes to subject and kills p with SIGKILL when
+// occurrence k arrives, before the daemon can acknowledge it, most times.
+func killOnOccurrence(t *testing.T, nc *nats.Conn, subject string, p *proc, k int64) <-chan struct{} {
+	t.Helper()
+	killed := make(chan struct{})
+	if _, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		if m.Header.Get(envelope.HeaderOccurrence) == strconv.FormatInt(k, 10) {
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+			select {
+			case <-killed:
+			default:
+				close(killed)
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return killed
+}
+
+// TestSeriesKill9BetweenPublishAndAck kills the daemon the moment an
+// occurrence reaches the target, before it could acknowledge it (its NATS
+// traffic from the server comes 300 ms late, so the flush that precedes the
+// ack does too): the ack that moves the series to its next occurrence never
+// happens. A new daemon must neither skip an occurrence nor deliver one twice
+// under the same attempt, and the series must go on.
+func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.Lease = time.Second
+	bin := testutil.BuildBinary(t)
+	nc := e.conn()
+	defer nc.Close()
+	st := e.inspectStore(c)
+
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	slow := c
+	slow.NATS.URL = "nats://" + proxy.Addr()
+	p := e.startProc(bin, slow)
+	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
+	sub1 := e.conn()
+	first := e.sink(sub1, "series.crash")
+	killed := killOnOccurrence(t, sub1, "series.crash", p, 2)
+	scheduleOK(t, nc, hdr("Delayd-Target", "series.crash", "Delayd-Every", "1s", "Delayd-Count", "4", "Delayd-Id", "kc"), "k")
+	select {
+	case <-killed:
+	case <-time.After(6 * time.Second):
+		t.Fatal("occurrence 2 never arrived")
+	}
+	_ = p.cmd.Wait()
+	if en, err := st.Get(context.Background(), "kc"); err != nil || en.State != store.StateInflight || en.Occurrence != 2 {
+		t.Fatalf("after the kill: %+v, %v; want occurrence 2 in flight (the kill missed the window before the ack)", en, err)
+	}
+	// A subscription made after the kill watches the new daemon: see
+	// TestKill9BetweenClaimAndAck for the broker delay this avoids.
+	sub1.Close()
+	sub2 := e.conn()
+	defer sub2.Close()
+	second := e.sink(sub2, "series.crash")
+	e.startProc(bin, c)
+	second.waitFor("kc", 10*time.Second, hasOcc(4))
+	time.Sleep(1500 * time.Millisecond)
+
+	a, b := first.get("kc"), second.get("kc")
+	all := append(append([]delivery(nil), a...), b...)
+	byOcc := map[int64][]delivery{}
+	for _, d := range all {
+		byOcc[occ(d)] = append(byOcc[occ(d)], d)
+		if d.received.Before(d.due) {
+			t.Errorf("occurrence %d attempt %d early", occ(d), d.attempt)
+		}
+	}
+	for n := int64(1); n <= 4; n++ {
+		ds := byOcc[n]
+		if len(ds) == 0 {
+			t.Errorf("occurrence %d skipped", n)
+			continue
+		}
+		for i, d := range ds {
+			if d.attempt != i+1 || !d.due.Equal(ds[0].due) {
+				t.Errorf("occurrence %d delivered again without a higher attempt or with another due time: %s", n, describe(ds))
+				break
+			}
+		}
+	}
+	if ds := byOcc[2]; len(ds) != 2 {
+		t.Errorf("occurrence 2, in flight at the kill: want it delivered again once, as attempt 2: %s", describe(ds))
+	}
+	if len(byOcc) != 4 {
+		t.Errorf("occurrences beyond 1..4: %s", describe(all))
+	}
+	if !slices.ContainsFunc(b, func(d delivery) bool { return occ(d) == 3 }) || !slices.ContainsFunc(b, func(d delivery) bool { return occ(d) == 4 }) {
+		t.Errorf("the series did not go on after the restart: %s", describe(b))
+	}
+	t.Logf("before the kill:%s\nafter the restart:%s", describe(a), describe(b))
+	if n := e.stored(c); n != 0 {
+		t.Errorf("%d envelopes left after the series ended", n)
+	}
+}
+
+// catchUp runs an Every 1s series, stops its only daemon gracefully after
+// occurrence 1 for down, starts another and returns the deliveries until
+// occurrence last arrived (and 1.5 s more), and when the restart began.
+func catchUp(t *testing.T, id string, down time.Duration, last int64, extra ...string) ([]delivery, time.Time) {
+	e := newEnv(t)
+	c := e.cfg()
+	bin := testutil.BuildBinary(t)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "series."+id)
+	p := e.startProc(bin, c)
+	scheduleOK(t, nc, hdr(append([]string{"Delayd-Target", "series." + id, "Delayd-Every", "1s",
+		"Delayd-Count", strconv.FormatInt(last, 10), "Delayd-Id", id}, extra...)...), id)
+	if ds := s.waitFor(id, 4*time.Second, atLeast(1)); len(ds) == 0 {
+		t.Fatal("occurrence 1 not delivered")
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Wait()
+	time.Sleep(down)
+	if ds := s.get(id); len(ds) != 1 {
+		t.Fatalf("deliveries while no daemon ran: %s", describe(ds))
+	}
+	restart := time.Now()
+	e.startProc(bin, c)
+	s.waitFor(id, 10*time.Second, hasOcc(last))
+	time.Sleep(1500 * time.Millisecond)
+	ds := s.get(id)
+	if en, err := client.New(nc).Get(context.Background(), id); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("get after the series ended: %+v, %v", en, err)
+	}
+	return ds, restart
+}
+
+// With the default catch-up, the occurrences missed while no daemon ran
+// make one late delivery, and the series goes on after the restart in its
+// phase, not with a burst.
+func TestSeriesCatchUpOne(t *testing.T) {
+	t.Parallel()
+	ds, restart := catchUp(t, "cu1", 4*time.Second, 3)
+	t.Logf("restart at %s:%s", restart.Format("15:04:05.000"), describe(ds))
+	if len(ds) != 3 {
+		t.Fatalf("%d deliveries, want 3 (1, one late, one after the restart)", len(ds))
+	}
+	for i, d := range ds {
+		if occ(d) != int64(i+1) || d.attempt != 1 || d.received.Before(d.due) {
+			t.Errorf("delivery %d: occurrence %d attempt %d, due %s received %s", i, occ(d), d.attempt, d.due, d.received)
+		}
+	}
+	late, next := ds[1], ds[2]
+	if late.due.Sub(ds[0].due) != time.Second || !late.due.Before(restart) {
+		t.Errorf("late occurrence due %s after occurrence 1 (want 1s), restart %s", late.due.Sub(ds[0].due), restart)
+	}
+	if late.received.Sub(restart) > 3*time.Second {
+		t.Errorf("late occurrence arrived %s after the restart began", late.received.Sub(restart))
+	}
+	if !next.due.After(restart) || next.due.Sub(ds[0].due)%time.Second != 0 {
+		t.Errorf("occurrence after the late one due %s, restart %s: want after the restart, in phase", next.due, restart)
+	}
+}
+
+// With Delayd-Catch-Up: all, every missed occurrence is delivered at once
+// after the restart, each with its own due time.
+func TestSeriesCatchUpAll(t *testing.T) {
+	t.Parallel()
+	ds, restart := catchUp(t, "cua", 4500*time.Millisecond, 5, "Delayd-Catch-Up", "all")
+	t.Logf("restart at %s:%s", restart.Format("15:04:05.000"), describe(ds))
+	checkSeries(t, ds, 1, 5, time.Second)
+	missed := ds[1:]
+	for _, d := range missed {
+		if !d.due.Before(restart) {
+			t.Errorf("occurrence %d due %s, not missed (restart %s)", occ(d), d.due, restart)
+		}
+	}
+	if spread := missed[len(missed)-1].received.Sub(missed[0].received); spread > time.Second {
+		t.Errorf("missed occurrences took %s to deliver, want a burst", spread)
+	}
+}
+
+func TestAliasNATSSchedule(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "alias.>")
+
+	scheduleOK(t, nc, hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Delayd-Count", "2", "Delayd-Id", "al-every"), "e")
+	at := time.Now().Add(500 * time.Millisecond).UTC()
+	sr := scheduleOK(t, nc, hdr("Nats-Schedule", "@at "+at.Format(time.RFC3339Nano), "Nats-Schedule-Target", "alias.at", "Delayd-Id", "al-at"), "a")
+	if want := time.UnixMilli(at.UnixMilli() + 1); !sr.DeliverAt.Equal(time.UnixMilli(at.UnixMilli())) && !sr.DeliverAt.Equal(want) {
+		t.Errorf("@at deliver_at %s, asked %s", sr.DeliverAt.Format(time.RFC3339Nano), at.Format(time.RFC3339Nano))
+	}
+
+	refused := []struct {
+		name string
+		h    nats.Header
+		says string
+	}{
+		{"source", hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Nats-Schedule-Source", "foo"), "Nats-Schedule-Source"},
+		{"with delay", hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Delayd-Delay", "1s"), "Nats-Schedule"},
+	}
+	for _, tc := range refused {
+		rep, err := schedule(nc, "delayd", tc.h, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, msg := rep.Header.Get(micro.ErrorCodeHeader), rep.Header.Get(micro.ErrorHeader); code != "400" || !strings.Contains(msg, tc.says) {
+			t.Errorf("%s: %s %q, want 400 naming %s", tc.name, code, msg, tc.says)
+		}
+	}
+
+	s.waitFor("al-every", 5*time.Second, atLeast(2))
+	time.Sleep(1200 * time.Millisecond)
+	checkSeries(t, s.get("al-every"), 1, 2, time.Second)
+	ats := s.get("al-at")
+	if len(ats) != 1 || ats[0].received.Before(at) || ats[0].header.Get(envelope.HeaderOccurrence) != "" || ats[0].data != "a" {
+		t.Errorf("@at: %s, want one delivery, not early, without Delayd-Occurrence", describe(ats))
+	}
+	for _, d := range append(s.get("al-every"), ats...) {
+		for k := range d.header {
+			if strings.HasPrefix(strings.ToLower(k), "nats-schedule") {
+				t.Errorf("%s delivered with %s: %v", d.id, k, d.header)
+			}
+		}
+	}
+	if n := e.stored(c); n != 0 {
+		t.Errorf("%d envelopes left: the refused ones were stored, or a series did not end", n)
+	}
+}
+
+func TestSeriesBadInput(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	cl := client.New(nc)
+	before, err := cl.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		h    nats.Header
+	}{
+		{"every under 1s", hdr("Delayd-Every", "500ms")},
+		{"bad cron", hdr("Delayd-Cron", "* * * *")},
+		{"cron out of range", hdr("Delayd-Cron", "61 * * * * *")},
+		{"bad zone", hdr("Delayd-Cron", "0 * * * * *", "Delayd-Time-Zone", "Mars/Olympus")},
+		{"zone with every", hdr("Delayd-Every", "1s", "Delayd-Time-Zone", "UTC")},
+		{"count without series", hdr("Delayd-Delay", "1s", "Delayd-Count", "2")},
+		{"until past", hdr("Delayd-Every", "1s", "Delayd-Until", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))},
+	}
+	for i, tc := range cases {
+		tc.h.Set("Delayd-Target", "bad.series")
+		tc.h.Set("Delayd-Id", "bad-"+strconv.Itoa(i))
+		rep, err := schedule(nc, "delayd", tc.h, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "400" || rep.Header.Get(micro.ErrorHeader) == "" {
+			t.Errorf("%s: code %q (%q), want 400 with a message", tc.name, code, rep.Header.Get(micro.ErrorHeader))
+		}
+	}
+	after, err := cl.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Pending != before.Pending || e.stored(c) != 0 {
+		t.Errorf("pending %d before, %d after bad requests (%d stored)", before.Pending, after.Pending, e.stored(c))
+	}
+}
