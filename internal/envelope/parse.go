@@ -21,8 +21,8 @@ const (
 	HeaderAttempt = "Delayd-Attempt"
 	// HeaderOccurrence numbers the deliveries of a recurring series, from 1.
 	HeaderOccurrence = "Delayd-Occurrence"
-	HeaderError   = "Delayd-Error" // on dead letters: the last delivery error
-	controlPrefix = "delayd-"
+	HeaderError      = "Delayd-Error" // on dead letters: the last delivery error
+	controlPrefix    = "delayd-"
 
 	// A recurring schedule (a series) has Delayd-Every or Delayd-Cron
 	// instead of Delayd-At or Delayd-Delay, and these only with one of them.
