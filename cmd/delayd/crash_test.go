@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,7 +93,15 @@ func TestKill9BetweenClaimAndAck(t *testing.T) {
 	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
 	defer st.Close()
 
-	p := e.startProc(bin, c)
+	// The daemon reaches NATS through a proxy that holds the server's
+	// replies back 300 ms: the flush that confirms the deliveries, and so
+	// the ack, comes well after the first delivery reached the target, so
+	// the kill lands between them however fast the machine is.
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	slow := c
+	slow.NATS.URL = "nats://" + proxy.Addr()
+	p := e.startProc(bin, slow)
+	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
 	first := e.sink(nc, "crash.target")
 	killed, _ := killOnFirst(t, nc, "crash.target", p)
 	const n = 500

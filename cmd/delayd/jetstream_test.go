@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,7 +80,13 @@ func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 	c.Scanner.Lease = time.Second
 	st := e.stream("CRASH", "jsc.>")
 	bin := testutil.BuildBinary(t)
-	p := e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=jsc.>")
+	// Replies from NATS (the PubAcks) reach the daemon 300 ms late, so the
+	// kill lands between publish and ack however fast the machine is.
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	slow := c
+	slow.NATS.URL = "nats://" + proxy.Addr()
+	p := e.startProcEnv(bin, slow, "DELAYD_TARGETS_JETSTREAM=jsc.>")
+	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
 	nc := e.conn()
 	defer nc.Close()
 	_, seen := killOnFirst(t, nc, "jsc.>", p)
