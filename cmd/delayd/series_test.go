@@ -121,12 +121,7 @@ func notFound(t *testing.T, cl *client.Client, id string) {
 }
 
 func TestSeriesEvery(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
-	defer nc.Close()
-	s := e.sink(nc, "series.every")
+	_, nc, s := seriesDaemon(t, "series.every")
 	payload := "tick \x00\xff"
 	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.every", "Delayd-Every", "1s", "Delayd-Count", "3",
 		"Delayd-Id", "ev", "traceparent", "00-abc-def-01", "X-Multi", "a", "X-Multi", "b"), payload)
@@ -150,12 +145,7 @@ func TestSeriesEvery(t *testing.T) {
 }
 
 func TestSeriesCronTimeZone(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
-	defer nc.Close()
-	s := e.sink(nc, "series.cron")
+	_, nc, s := seriesDaemon(t, "series.cron")
 	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.cron", "Delayd-Cron", "*/1 * * * * *",
 		"Delayd-Time-Zone", "America/New_York", "Delayd-Count", "2", "Delayd-Id", "cr"), "c")
 
@@ -175,12 +165,7 @@ func TestSeriesCronTimeZone(t *testing.T) {
 }
 
 func TestSeriesUntil(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
-	defer nc.Close()
-	s := e.sink(nc, "series.until")
+	_, nc, s := seriesDaemon(t, "series.until")
 	until := time.Now().Add(2500 * time.Millisecond).UTC()
 	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.until", "Delayd-Every", "1s",
 		"Delayd-Until", until.Format(time.RFC3339Nano), "Delayd-Id", "un"), "u")
@@ -206,13 +191,8 @@ func TestSeriesUntil(t *testing.T) {
 }
 
 func TestSeriesCancel(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
-	defer nc.Close()
+	_, nc, s := seriesDaemon(t, "series.cancel")
 	cl := client.New(nc)
-	s := e.sink(nc, "series.cancel")
 	scheduleOK(t, nc, hdr("Delayd-Target", "series.cancel", "Delayd-Every", "1s", "Delayd-Id", "ca"), "c")
 
 	if ds := s.waitFor("ca", 4*time.Second, atLeast(1)); len(ds) == 0 {
@@ -233,12 +213,7 @@ func TestSeriesCancel(t *testing.T) {
 }
 
 func TestSeriesReplace(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
-	defer nc.Close()
-	s := e.sink(nc, "series.replace")
+	_, nc, s := seriesDaemon(t, "series.replace")
 	scheduleOK(t, nc, hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Id", "re"), "old")
 
 	if ds := s.waitFor("re", 4*time.Second, atLeast(1)); len(ds) == 0 {
@@ -267,13 +242,8 @@ func TestSeriesReplace(t *testing.T) {
 }
 
 func TestSeriesGetPending(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
-	defer nc.Close()
+	_, nc, s := seriesDaemon(t, "series.get")
 	cl := client.New(nc)
-	s := e.sink(nc, "series.get")
 	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.get", "Delayd-Every", "1s", "Delayd-Count", "3", "Delayd-Id", "ge"), "g")
 
 	check := func(en client.Entry, n int64, due time.Time) {
@@ -675,4 +645,16 @@ func TestSeriesBadInput(t *testing.T) {
 	if after.Pending != before.Pending || e.stored(c) != 0 {
 		t.Errorf("pending %d before, %d after bad requests (%d stored)", before.Pending, after.Pending, e.stored(c))
 	}
+}
+
+// seriesDaemon starts a parallel test's servers and daemon, a connection,
+// and a sink on target.
+func seriesDaemon(t *testing.T, target string) (*env, *nats.Conn, *sink) {
+	t.Helper()
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	nc := e.conn()
+	t.Cleanup(nc.Close)
+	return e, nc, e.sink(nc, target)
 }
