@@ -658,3 +658,24 @@ func seriesDaemon(t *testing.T, target string) (*env, *nats.Conn, *sink) {
 	t.Cleanup(nc.Close)
 	return e, nc, e.sink(nc, target)
 }
+
+// TestSeriesEveryWithSkewedClock: the first occurrence of an Every series
+// without Start is now + Every by Redis' clock, like a Delayd-Delay, so a
+// daemon whose clock is 30 s behind cannot deliver it 10 s early.
+func TestSeriesEveryWithSkewedClock(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg(), withClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "series.skew")
+	sent := time.Now()
+	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.skew", "Delayd-Every", "2s", "Delayd-Count", "1", "Delayd-Id", "sk"), "x")
+	if d := sr.DeliverAt.Sub(sent); d < 2*time.Second-50*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("first occurrence due %s after the request, want 2s", d)
+	}
+	s.waitFor("sk", 5*time.Second, atLeast(1))
+	if d := s.get("sk")[0]; d.received.Before(d.due) || d.received.Sub(sent) < 2*time.Second-50*time.Millisecond {
+		t.Fatalf("delivered %s after the request (due %s)", d.received.Sub(sent), d.due.Sub(sent))
+	}
+}

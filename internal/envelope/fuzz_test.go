@@ -45,7 +45,11 @@ func FuzzParseSchedule(f *testing.F) {
 			t.Fatalf("accepted delay %s", r.Delay)
 		}
 		if r.Series != nil {
-			if err := r.Series.Validate(); err != nil || !r.HasAt || r.At.Sub(now) > lim.MaxDelay || r.At.Before(now) {
+			at := r.At
+			if !r.HasAt {
+				at = now.Add(r.Delay) // Every without Start
+			}
+			if err := r.Series.Validate(); err != nil || at.Sub(now) > lim.MaxDelay || at.Before(now) {
 				t.Fatalf("accepted series %s first due %v: %v", r.Series, r.At, err)
 			}
 		}

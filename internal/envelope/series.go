@@ -158,6 +158,11 @@ func parseSeries(r *Request, c control, w when, lim Limits, now time.Time) error
 			first.Format(time.RFC3339Nano), d.Round(time.Second), lim.MaxDelay)
 	}
 	r.At, r.HasAt, r.Series = first, true, &rule
+	if rule.Every > 0 && rule.Start.IsZero() {
+		// Now + Every is a delay: Redis' clock makes it, as for
+		// Delayd-Delay, so a daemon with a skewed clock cannot fire early.
+		r.At, r.HasAt, r.Delay = time.Time{}, false, rule.Every
+	}
 	return nil
 }
 

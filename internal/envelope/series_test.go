@@ -47,8 +47,16 @@ func TestParseSeries(t *testing.T) {
 			if err != nil {
 				t.Fatalf("unexpected error %v", err)
 			}
-			if !r.HasAt || r.At.Format(time.RFC3339Nano) != tc.at || r.Target != "a.b" {
-				t.Fatalf("at %v (has %v), target %q", r.At, r.HasAt, r.Target)
+			at := r.At
+			if !r.HasAt {
+				// Every without Start: a delay, measured by Redis.
+				at = now.Add(r.Delay)
+			}
+			if at.Format(time.RFC3339Nano) != tc.at || r.Target != "a.b" {
+				t.Fatalf("at %v (has %v, delay %s), target %q", r.At, r.HasAt, r.Delay, r.Target)
+			}
+			if !r.HasAt && (r.Series == nil || r.Series.Every != r.Delay || !r.Series.Start.IsZero()) {
+				t.Fatalf("a delay %s for series %v: only Every without Start is one", r.Delay, r.Series)
 			}
 			switch {
 			case tc.series == "" && r.Series != nil:

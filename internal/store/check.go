@@ -44,9 +44,11 @@ if phase == 'data' then
         if inf or due then redis.call('ZREM', KEYS[5], id) end
       end
     end
-    if inf and not string.find(inf, '.', 1, true) then
-      -- A lease score without a token: settles cannot match it, but the
-      -- lease expires and the next claim writes a new one: report only.
+    if inf and not string.find(inf, '.', 1, true) and
+        not string.match(redis.call('HGET', KEYS[4], id) or '', '^%d+:[^:]*:.+$') then
+      -- A lease score without a token (nor an older version's claim with
+      -- one): settles cannot match it, but the lease expires and the
+      -- next claim writes a new one: report only.
       add('inflight_without_claim', 1)
     end
   end

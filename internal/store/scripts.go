@@ -65,11 +65,18 @@ local function nowMs()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
--- counted reads a claims value: the attempts counted so far. Values of
--- older versions ("attempt:due:token") start with the same number.
+-- counted reads a claims value: the attempts counted before the current
+-- lease. A value of an older version, "attempt:due:token", counted the
+-- current claim too while it had a token.
 local function counted(v)
   if not v then return 0 end
-  return tonumber(string.match(v, '^%d+')) or 0
+  local a, tok = string.match(v, '^(%d+):[^:]*:?(.*)$')
+  if a then
+    a = tonumber(a)
+    if tok ~= '' then a = a - 1 end
+    return math.max(a, 0)
+  end
+  return tonumber(v) or 0
 end
 -- be6 and be4 write n as 6 or 4 bytes, big-endian: plain arithmetic and
 -- one string.char, as this runs for every envelope stored.
@@ -111,11 +118,12 @@ end
 // Cluster, where a script must stay in one slot; any number on a single
 // Redis, so a whole intake batch is one call).
 // ARGV: per envelope 5 values: k (KEYS offset of its shard: 0, 6, 12...),
-// id, mode, microseconds, value: with mode "d" (delay) the µs are from now
-// and the value is the encoded envelope, which the script stamps with the
-// value header; with mode "v" the µs are since the epoch and the value is
-// stamped already (the client knows the due time, and building a string in
-// Lua costs about as much as the rest of the upsert).
+// id, mode, microseconds, value: with mode "d" (delay) or "e" (delay, the
+// first occurrence of a series) the µs are from now and the value is the
+// encoded envelope, which the script stamps with the value header; with
+// mode "v" the µs are since the epoch and the value is stamped already
+// (the client knows the due time, and building a string in Lua costs about
+// as much as the rest of the upsert).
 // Returns the due time in ms of each envelope. The due time is rounded up
 // to the millisecond so that a claim at "now ms" is never early.
 // A replace drops any claim in flight for the id: the older delivery may
@@ -130,13 +138,18 @@ for i = 1, #ARGV, 5 do
   local k = tonumber(ARGV[i])
   local id = ARGV[i+1]
   local us = tonumber(ARGV[i+3])
-  if ARGV[i+2] == 'd' then us = nowus + us end
+  local mode = ARGV[i+2]
+  if mode ~= 'v' then us = nowus + us end
   local due = math.ceil(us / 1000)
   -- Adds first, then removals: a cut leaves the id indexed twice, never
   -- unindexed.
   redis.call('ZADD', KEYS[k+1], due, id)
   local v = ARGV[i+4]
-  if ARGV[i+2] == 'd' then v = stamp(due, 0, v) end
+  if mode == 'd' then
+    v = stamp(due, 0, v)
+  elseif mode == 'e' then
+    v = stamp(due, 1, v)
+  end
   if redis.call('HSET', KEYS[k+3], id, v) == 0 then
     -- A replace: forget any claim, error or death of the old one.
     redis.call('HDEL', KEYS[k+4], id)
@@ -217,9 +230,18 @@ if #ids > 0 then
   -- Most shards have no retries at all: then there is nothing to read.
   local prevs = {}
   if redis.call('HLEN', KEYS[4]) > 0 then prevs = hmget(KEYS[4], ids) end
-  local count, leases, gone = {}, {}, {}
+  local count, leases, gone, migrate = {}, {}, {}, {}
   for j, id in ipairs(ids) do
     local data = datas[j]
+    if data and string.byte(data, 1) < 240 then
+      -- Stored by a version without the value header: its due time is in
+      -- its old claims value ("attempt:due:token") or its due score.
+      local due = prevs[j] and tonumber(string.match(prevs[j], '^%d+:(%d+)'))
+      if not due and j > expired then due = tonumber(redis.call('ZSCORE', KEYS[1], id)) end
+      data = stamp(due or now, 0, data)
+      migrate[#migrate+1] = id
+      migrate[#migrate+1] = data
+    end
     if data then
       local n = counted(prevs[j])
       if j <= expired then
@@ -240,6 +262,7 @@ if #ids > 0 then
   end
   -- Adds first: the counts and leases. Removals last: the due ids (the
   -- fromDue lowest of the set, one command) and expired ids without data.
+  if #migrate > 0 then chunks('HSET', KEYS[3], migrate) end
   if #count > 0 then chunks('HSET', KEYS[4], count) end
   if #leases > 0 then chunks('ZADD', KEYS[2], leases) end
   if fromDue > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, fromDue - 1) end

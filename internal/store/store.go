@@ -192,8 +192,8 @@ type Item struct {
 	Absolute    bool
 	AtMicros    int64
 	DelayMicros int64
-	// Series: the envelope is a recurring series and AtMicros (absolute)
-	// is its first occurrence.
+	// Series: the envelope is a recurring series, and its first
+	// occurrence is due at AtMicros or after DelayMicros.
 	Series bool
 	Data   []byte
 }
@@ -232,7 +232,10 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 			c.keys = append(c.keys, s.keys[sh].list()...)
 		}
 		mode, us, v := "d", it.DelayMicros, it.Data
-		if it.Absolute || it.Series {
+		if it.Series && !it.Absolute {
+			mode = "e"
+		}
+		if it.Absolute {
 			occurrence := int64(0)
 			if it.Series {
 				occurrence = 1
@@ -465,12 +468,8 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		for j := head; j < len(raw); j += 3 {
 			id, _ := raw[j].(string)
 			v, _ := raw[j+2].(string)
+			// The script stamps values stored by older versions.
 			due, occurrence, data := splitValue(v)
-			if due < 0 {
-				// Stored by a version without the value header: its due
-				// time is gone, and it is due now.
-				due = r.NowMs()
-			}
 			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: int(asInt(raw[j+1])), Occurrence: occurrence,
 				Data: data, Token: lease})
 		}

@@ -470,3 +470,55 @@ func claimAt(t *testing.T, s *Store, id string) Claimed {
 	}
 	return claimAll(t, s, time.Minute)[id]
 }
+
+// TestOlderVersionsData: envelopes stored by the version before the value
+// header keep their due time and attempt count: a pending one (its due
+// score), one whose old claim was in flight ("attempt:due:token", a whole
+// lease score) and one released for a retry ("attempt:due:"). The check
+// finds nothing wrong with that data, before or after.
+func TestOlderVersionsData(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	// Format 1: the format byte, 8 version bytes, the target, no headers,
+	// the payload.
+	old := []byte("\x01\x00\x00\x00\x00\x00\x00\x00\x00\x03x.y\x00p")
+	put := func(id string, set string, score float64, claim string) {
+		k := s.keys[s.Shard(id)]
+		if err := s.rdb.HSet(ctx, k.data, id, old).Err(); err != nil {
+			t.Fatal(err)
+		}
+		key := map[string]string{"due": k.due, "inflight": k.inflight}[set]
+		if err := s.rdb.ZAdd(ctx, key, redis.Z{Score: score, Member: id}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if claim != "" {
+			if err := s.rdb.HSet(ctx, k.attempts, id, claim).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	put("pending", "due", 1000, "")
+	put("leased", "inflight", 2000, "1:1500:oldtoken")
+	put("retried", "due", 3000, "2:2500:")
+	mustBeConsistent(t, s)
+	got := claimAll(t, s, time.Minute)
+	want := map[string][2]int64{"pending": {1000, 1}, "leased": {1500, 2}, "retried": {2500, 3}}
+	for id, w := range want {
+		c := got[id]
+		if c.DueMs != w[0] || int64(c.Attempt) != w[1] || c.Occurrence != 0 {
+			t.Errorf("%s: claimed due %d attempt %d occurrence %d, want due %d attempt %d", id, c.DueMs, c.Attempt, c.Occurrence, w[0], w[1])
+		}
+		if e, err := envelope.Decode(c.Data); err != nil || string(e.Payload) != "p" {
+			t.Errorf("%s: data %q does not decode: %v", id, c.Data, err)
+		}
+	}
+	mustBeConsistent(t, s)
+	// A release keeps the due time for the next attempt.
+	if settle(t, s, got["pending"], Retry, 0) != 1 {
+		t.Fatal("release not settled")
+	}
+	c := claimAll(t, s, time.Minute)["pending"]
+	if c.DueMs != 1000 || c.Attempt != 2 {
+		t.Fatalf("after a release: due %d attempt %d", c.DueMs, c.Attempt)
+	}
+}
