@@ -212,7 +212,7 @@ func TestOptionsCheckedBeforeSending(t *testing.T) {
 		{"orders.x", []client.ScheduleOption{client.Every(time.Hour), client.Count(0)}, "Count must be at least 1"},
 		{"orders.x", []client.ScheduleOption{client.Every(time.Hour), client.TimeZone("UTC")}, "TimeZone is for Cron"},
 		{"orders.x", []client.ScheduleOption{client.Delay(time.Hour), client.Count(2)}, "are for Every and Cron"},
-		{"orders.x", []client.ScheduleOption{client.Every(time.Hour), client.Start(now), client.Until(now)}, "is not after Start"},
+		{"orders.x", []client.ScheduleOption{client.Every(time.Hour), client.Start(now), client.Until(now.Add(-time.Second))}, "is before Start"},
 		{"orders.x", []client.ScheduleOption{client.Delay(time.Hour), client.ID("")}, "empty ID"},
 		{"orders.x", []client.ScheduleOption{client.Delay(time.Hour), client.Header("delayd-at", "x")}, "control header"},
 	} {

@@ -134,7 +134,8 @@ func Count(n int) ScheduleOption {
 }
 
 // CatchUpAll makes a repeat that fell behind (every delayd was down)
-// deliver every missed time, not only the latest.
+// deliver every missed time. By default ("one") one late occurrence is
+// delivered for all of them and the series goes on from now.
 func CatchUpAll() ScheduleOption {
 	return func(s *schedule) { s.h.Set(headerCatchUp, "all") }
 }
@@ -179,8 +180,8 @@ func build(target string, payload []byte, opts []ScheduleOption) (*nats.Msg, err
 		s.fail("TimeZone is for Cron")
 	case !repeat && (s.h.Get(headerStart) != "" || s.h.Get(headerUntil) != "" || s.h.Get(headerCount) != "" || s.h.Get(headerCatchUp) != ""):
 		s.fail("Start, Until, Count and CatchUpAll are for Every and Cron")
-	case !s.start.IsZero() && !s.until.IsZero() && !s.until.After(s.start):
-		s.fail("Until %s is not after Start %s", s.until.Format(time.RFC3339Nano), s.start.Format(time.RFC3339Nano))
+	case !s.start.IsZero() && !s.until.IsZero() && s.until.Before(s.start):
+		s.fail("Until %s is before Start %s", s.until.Format(time.RFC3339Nano), s.start.Format(time.RFC3339Nano))
 	}
 	if s.err != nil {
 		return nil, s.err

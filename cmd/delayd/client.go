@@ -38,12 +38,12 @@ func scheduleCommand(o cliIO) *cli.Command {
 			&cli.StringFlag{Name: "delay", Usage: "deliver after this Go duration, e.g. 30m or 1500ms"},
 			&cli.StringFlag{Name: "at", Usage: "deliver at this RFC 3339 time, e.g. 2026-11-30T10:00:00.250Z"},
 			&cli.StringFlag{Name: "every", Usage: "deliver repeatedly, every Go duration, e.g. 1h"},
-			&cli.StringFlag{Name: "cron", Usage: `deliver repeatedly at the times of a cron spec, e.g. "0 9 * * MON-FRI"`},
+			&cli.StringFlag{Name: "cron", Usage: `deliver repeatedly at the times of a 6-field cron spec, seconds first, e.g. "0 0 9 * * MON-FRI", or @hourly, @daily...`},
 			&cli.StringFlag{Name: "tz", Usage: "IANA time zone the --cron spec is read in, e.g. Europe/Paris (default UTC)"},
-			&cli.StringFlag{Name: "start", Usage: "with --every or --cron: first possible delivery, an RFC 3339 time (default now)"},
-			&cli.StringFlag{Name: "until", Usage: "with --every or --cron: no delivery after this RFC 3339 time"},
+			&cli.StringFlag{Name: "start", Usage: "with --every or --cron: no delivery before this RFC 3339 time; for --every also its phase (default: --every starts one period from now, --cron at its next time)"},
+			&cli.StringFlag{Name: "until", Usage: "with --every or --cron: no delivery due after this RFC 3339 time (inclusive)"},
 			&cli.IntFlag{Name: "count", Usage: "with --every or --cron: stop after this many deliveries"},
-			&cli.StringFlag{Name: "catch-up", Usage: "with --every or --cron: \"all\" delivers every time missed while delayd was down (default: only the latest)"},
+			&cli.StringFlag{Name: "catch-up", Usage: "with --every or --cron: after delayd was down past several times, \"one\" (default) delivers one late occurrence and goes on from now, \"all\" delivers every missed one"},
 			&cli.StringFlag{Name: "id", Usage: "idempotency key; the same id again replaces the message"},
 			&cli.StringSliceFlag{Name: "H", Usage: "header Key:Value to deliver with the payload (repeatable)"},
 		),
@@ -118,11 +118,11 @@ func scheduleOptions(cmd *cli.Command) ([]client.ScheduleOption, error) {
 		opts = append(opts, client.Count(int(cmd.Int("count"))))
 	}
 	switch v := cmd.String("catch-up"); v {
-	case "":
+	case "", "one":
 	case "all":
 		opts = append(opts, client.CatchUpAll())
 	default:
-		return nil, usageErr(cmd, "--catch-up takes \"all\", got %q", v)
+		return nil, usageErr(cmd, "--catch-up takes \"one\" or \"all\", got %q", v)
 	}
 	if v := cmd.String("id"); v != "" {
 		opts = append(opts, client.ID(v))
