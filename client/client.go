@@ -100,6 +100,9 @@ func (c *Client) request(ctx context.Context, verb, id string, m *nats.Msg, out 
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return fmt.Errorf("delayd %s: no delayd service answers on %s: is the daemon running? (%w: %w)", verb, m.Subject, ErrUnavailable, err)
+	case errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionDraining):
+		// The connection could not send it: nothing reached delayd.
+		return fmt.Errorf("delayd %s: not sent: %w: %w", verb, ErrUnavailable, err)
 	case err != nil && ctx.Err() != nil:
 		// The request went out: a daemon may have stored it and its reply
 		// come too late. Retrying with the same id is safe.

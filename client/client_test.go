@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // TestErrorsFromTheDaemon: each refusal of the real daemon matches its
@@ -304,5 +305,21 @@ func TestAdminCalls(t *testing.T) {
 	}
 	if _, err := c.Cancel(ctx, "adm-1"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestClosedConnectionIsUnavailable: a request that a closed connection
+// could not send reached nobody: ErrUnavailable, which ScheduleRetrying
+// retries, not an unknown outcome.
+func TestClosedConnectionIsUnavailable(t *testing.T) {
+	n := testutil.StartNATS(t)
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	_, err = client.New(nc).Schedule(context.Background(), "orders.x", nil, client.Delay(time.Second))
+	if !errors.Is(err, client.ErrUnavailable) || errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("got %v, want ErrUnavailable", err)
 	}
 }
