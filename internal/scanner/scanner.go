@@ -512,7 +512,9 @@ func (s *Scanner) nextOccurrence(st *store.Settle, d envelope.Delivery) {
 	}
 	occurrence := max(d.Occurrence, 1)
 	next, ok := d.Series.Next(d.Due, time.UnixMilli(now), occurrence)
-	if !ok || !next.Before(envelope.MaxDue) {
+	// The store keeps occurrence numbers in 4 bytes: a series ends at the
+	// last one it can number (136 years of a 1 s period).
+	if !ok || !next.Before(envelope.MaxDue) || occurrence >= maxOccurrence {
 		s.log.Debug("series finished", "id", d.ID, "occurrences", occurrence)
 		return
 	}
@@ -523,6 +525,9 @@ func (s *Scanner) nextOccurrence(st *store.Settle, d envelope.Delivery) {
 	}
 	st.Outcome, st.NextDueMs = store.Next, ms
 }
+
+// maxOccurrence is the largest occurrence number the store keeps.
+const maxOccurrence = 1<<32 - 1
 
 // errStale: a batch waited so long for the publish stage that too little of
 // its lease was left to publish safely. Nothing was sent.
