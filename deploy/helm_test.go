@@ -158,6 +158,18 @@ func TestHelmPortsFollowValues(t *testing.T) {
 	}
 }
 
+// TestHelmUpdateStrategy: the fleet's strategy is Kubernetes' default
+// unless updateStrategy sets one (Recreate for a stored-format upgrade).
+func TestHelmUpdateStrategy(t *testing.T) {
+	if s := find[*appsv1.Deployment](decodeStrict(t, template(t, chartDir)))[0].Spec.Strategy; s.Type != "" {
+		t.Errorf("default strategy %q, want none rendered", s.Type)
+	}
+	objs := decodeStrict(t, template(t, chartDir, "--set", "updateStrategy.type=Recreate"))
+	if s := find[*appsv1.Deployment](objs)[0].Spec.Strategy; s.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("strategy %q, want Recreate", s.Type)
+	}
+}
+
 func TestHelmExistingSecret(t *testing.T) {
 	objs := decodeStrict(t, template(t, chartDir, "--set", "existingSecret=mine", "--set", "secrets.redisPassword=ignored"))
 	if n := len(find[*corev1.Secret](objs)); n != 0 {
@@ -259,6 +271,7 @@ func TestHelmSchemaRejects(t *testing.T) {
 		{"config.redis.addrs[0]=redis://:pw@r:6379", "config/redis/addrs"},
 		{"config.nats.url=nats://u:pw@n:4222", "config/nats/url"},
 		{"secrets.redis=x", "secrets"},
+		{"updateStrategy.type=Sometimes", "updateStrategy"},
 	} {
 		out, err := tryRun(h, "template", "rel", chartDir, "--kube-version", kubeVersion, "--set", tc.set)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
