@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/recur"
 	"github.com/delayd/delayd/internal/testutil"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,6 +31,9 @@ func TestDeliveryMsgCopiesHeaders(t *testing.T) {
 func TestDeliverySizeMatchesTheMessage(t *testing.T) {
 	built := func(e envelope.Envelope, id string, js bool) int {
 		d := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond), Attempt: longestAttempt, Envelope: e}
+		if e.Series != nil {
+			d.Occurrence = longestOccurrence
+		}
 		m := DeliveryMsg(d)
 		if js {
 			m.Header[jetstream.MsgIDHeader] = []string{MsgID(d)}
@@ -41,6 +45,7 @@ func TestDeliverySizeMatchesTheMessage(t *testing.T) {
 		{Target: "a.b", Payload: make([]byte, 1000)},
 		{Target: "a.b", Header: map[string][]string{"traceparent": {"00-abc-01"}, "X-Multi": {"1", " two ", ""}}},
 		{Target: "a.b", Header: map[string][]string{envelope.HeaderID: {"forged"}, "Nats-Msg-Id": {"x"}, "nats-msg-id": {"y"}}},
+		{Target: "a.b", Series: &recur.Rule{Every: time.Second}},
 	} {
 		for _, js := range []bool{false, true} {
 			if got, want := DeliverySize(e, "order-42", js), built(e, "order-42", js); got != want {
