@@ -100,9 +100,8 @@ func (c *Client) request(ctx context.Context, verb, id string, m *nats.Msg, out 
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return fmt.Errorf("delayd %s: no delayd service answers on %s: is the daemon running? (%w: %w)", verb, m.Subject, ErrUnavailable, err)
-	case errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionDraining):
-		// The connection could not send it: nothing reached delayd.
-		return fmt.Errorf("delayd %s: not sent: %w: %w", verb, ErrUnavailable, err)
+	case notSent(err) != nil:
+		return fmt.Errorf("delayd %s: not sent: %w", verb, notSent(err))
 	case err != nil && ctx.Err() != nil:
 		// The request went out: a daemon may have stored it and its reply
 		// come too late. Retrying with the same id is safe.
@@ -125,6 +124,20 @@ func (c *Client) request(ctx context.Context, verb, id string, m *nats.Msg, out 
 	}
 	if err := json.Unmarshal(resp.Data, out); err != nil {
 		return fmt.Errorf("delayd %s: bad reply %q: %w", verb, resp.Data, err)
+	}
+	return nil
+}
+
+// notSent maps the errors with which nats.go refuses to send a message
+// (nothing reached delayd) to the sentinel that says why, or nil: a closed
+// or draining connection is ErrUnavailable, a message over the server's
+// max_payload ErrTooLarge.
+func notSent(err error) error {
+	switch {
+	case errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionDraining):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case errors.Is(err, nats.ErrMaxPayload):
+		return fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
@@ -318,8 +319,37 @@ func TestClosedConnectionIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc.Close()
-	_, err = client.New(nc).Schedule(context.Background(), "orders.x", nil, client.Delay(time.Second))
+	c := client.New(nc)
+	_, err = c.Schedule(context.Background(), "orders.x", nil, client.Delay(time.Second))
 	if !errors.Is(err, client.ErrUnavailable) || errors.Is(err, client.ErrOutcomeUnknown) {
-		t.Fatalf("got %v, want ErrUnavailable", err)
+		t.Fatalf("schedule: got %v, want ErrUnavailable", err)
+	}
+	if _, err := c.Publish(context.Background(), "orders.x", nil, client.Delay(time.Second)); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("publish: got %v, want ErrUnavailable", err)
+	}
+	// Nothing will ever send: the retrying call gives up at once.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.ScheduleRetrying(ctx, "orders.x", nil, client.Delay(time.Second)); !errors.Is(err, client.ErrUnavailable) || ctx.Err() != nil {
+		t.Fatalf("retrying: got %v after %v", err, ctx.Err())
+	}
+}
+
+// TestOverMaxPayloadIsTooLarge: a message the connection refuses as over
+// the server's max_payload is ErrTooLarge, like delayd's own 413.
+func TestOverMaxPayloadIsTooLarge(t *testing.T) {
+	n := testutil.StartNATS(t, func(o *server.Options) { o.MaxPayload = 1024 })
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c := client.New(nc)
+	_, err = c.Schedule(context.Background(), "orders.x", make([]byte, 2048), client.Delay(time.Second))
+	if !errors.Is(err, client.ErrTooLarge) {
+		t.Fatalf("schedule: got %v, want ErrTooLarge", err)
+	}
+	if _, err := c.Publish(context.Background(), "orders.x", make([]byte, 2048), client.Delay(time.Second)); !errors.Is(err, client.ErrTooLarge) {
+		t.Fatalf("publish: got %v, want ErrTooLarge", err)
 	}
 }

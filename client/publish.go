@@ -63,6 +63,8 @@ func (c *Client) Publish(ctx context.Context, target string, payload []byte, opt
 	case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders):
 		return Published{}, fmt.Errorf("delayd publish: no stream captures %s: is the stream intake enabled (intake.stream.enabled) and JetStream on? (%w: %w)",
 			m.Subject, ErrUnavailable, err)
+	case notSent(err) != nil:
+		return Published{}, fmt.Errorf("delayd publish: not sent: %w", notSent(err))
 	case err != nil && ctx.Err() != nil:
 		return Published{}, &unknownOutcome{verb: "publish", id: id, err: err}
 	case err != nil:

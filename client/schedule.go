@@ -235,7 +235,10 @@ func (c *Client) ScheduleRetrying(ctx context.Context, target string, payload []
 		// A fresh message per attempt: the request sets its reply subject.
 		err := c.request(actx, "schedule", id, &nats.Msg{Header: m.Header, Data: m.Data}, &out)
 		cancel()
-		if err == nil || !(errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOutcomeUnknown)) || ctx.Err() != nil {
+		// A closed connection never sends again: retrying would only wait
+		// for ctx.
+		if err == nil || !(errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOutcomeUnknown)) || ctx.Err() != nil ||
+			c.nc.IsClosed() {
 			return out, err
 		}
 		// Full jitter, so clients that failed together do not retry together.

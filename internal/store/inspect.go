@@ -71,11 +71,17 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	return e, nil
 }
 
-// parseAttempts reads a claims value: the attempts counted, "" for none.
-// Values of older versions ("attempt:due:token") start with the number.
+// parseAttempts reads a claims value as the scripts do (counted in
+// scripts.go): the attempts counted before the current lease, "" for none.
+// A value of an older version, "attempt:due:token", counted the current
+// claim too while it had a token.
 func parseAttempts(v string) int {
-	n, _ := strconv.Atoi(strings.SplitN(v, ":", 2)[0])
-	return n
+	parts := strings.SplitN(v, ":", 3)
+	n, _ := strconv.Atoi(parts[0])
+	if len(parts) == 3 && parts[2] != "" {
+		n--
+	}
+	return max(n, 0)
 }
 
 // Cursor is where a List call stopped: the due time and id of the last

@@ -406,12 +406,21 @@ for _, id in ipairs(ARGV) do
     ids[#ids+1] = id
   end
 end
-local again = {}
+local again, migrate = {}, {}
 for _, id in ipairs(ids) do
   again[#again+1] = now
   again[#again+1] = id
+  -- A value stored by a version without the value header keeps its due
+  -- time only in its claims value, which goes now: stamp it first.
+  local v = redis.call('HGET', KEYS[3], id)
+  if string.byte(v, 1) < 240 then
+    local c = redis.call('HGET', KEYS[4], id)
+    migrate[#migrate+1] = id
+    migrate[#migrate+1] = stamp((c and tonumber(string.match(c, '^%d+:(%d+)'))) or now, 0, v)
+  end
 end
 if #ids > 0 then
+  if #migrate > 0 then chunks('HSET', KEYS[3], migrate) end
   chunks('ZADD', KEYS[1], again)
   chunks('HDEL', KEYS[4], ids)
   chunks('HDEL', KEYS[6], ids)

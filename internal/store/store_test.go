@@ -501,6 +501,10 @@ func TestOlderVersionsData(t *testing.T) {
 	put("leased", "inflight", 2000, "1:1500:oldtoken")
 	put("retried", "due", 3000, "2:2500:")
 	mustBeConsistent(t, s)
+	// The old claim counted the attempt in flight itself.
+	if e, err := s.Get(ctx, "leased"); err != nil || e.Attempts != 1 || e.State != StateInflight {
+		t.Fatalf("get of an old lease: %+v, %v; want attempt 1 in flight", e, err)
+	}
 	got := claimAll(t, s, time.Minute)
 	want := map[string][2]int64{"pending": {1000, 1}, "leased": {1500, 2}, "retried": {2500, 3}}
 	for id, w := range want {
@@ -521,4 +525,35 @@ func TestOlderVersionsData(t *testing.T) {
 	if c.DueMs != 1000 || c.Attempt != 2 {
 		t.Fatalf("after a release: due %d attempt %d", c.DueMs, c.Attempt)
 	}
+}
+
+// TestOlderVersionsDeadReplay: a dead envelope of the version before the
+// value header keeps its original due time through a replay (it was only
+// in its claims value "attempt:due:"), so its redelivery carries the same
+// Delayd-Due and JetStream Nats-Msg-Id as before.
+func TestOlderVersionsDeadReplay(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	k := s.keys[s.Shard("d1")]
+	old := []byte("\x01\x00\x00\x00\x00\x00\x00\x00\x00\x03x.y\x00p")
+	if err := s.rdb.HSet(ctx, k.data, "d1", old).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.rdb.ZAdd(ctx, k.dead, redis.Z{Score: 9000, Member: "d1"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.rdb.HSet(ctx, k.attempts, "d1", "10:4242:").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.Get(ctx, "d1"); err != nil || e.Attempts != 10 {
+		t.Fatalf("get: %+v, %v", e, err)
+	}
+	if n, err := s.Replay(ctx, []string{"d1"}); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	c := claimAll(t, s, time.Minute)["d1"]
+	if c.DueMs != 4242 || c.Attempt != 1 || string(c.Data) != string(old) {
+		t.Fatalf("after replay: %+v", c)
+	}
+	mustBeConsistent(t, s)
 }
