@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -228,5 +229,58 @@ func TestDeadLetters(t *testing.T) {
 	}
 	if n := e.stored(c); n != 0 {
 		t.Fatalf("%d envelopes left", n)
+	}
+}
+
+// TestSlowJetStreamTargetDoesNotStall: a JetStream target whose PubAcks
+// come 1.2 s late, with a 4 s lease (2 s to publish, counted from the
+// claim). Envelopes due 300 ms apart are claimed in separate batches; had
+// each batch to wait for the PubAcks of the one before, the later ones
+// would spend their 2 s waiting and fail on every attempt (found by
+// review: they ended in the dead set). Each must go out once, attempt 1.
+func TestSlowJetStreamTargetDoesNotStall(t *testing.T) {
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.Lease = 4 * time.Second
+	c.Targets.JetStream = []string{"slowjs.>"}
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	var mu sync.Mutex
+	got := map[string][]string{} // id → attempts received
+	seq := 0
+	sub, err := nc.Subscribe("slowjs.x", func(m *nats.Msg) {
+		mu.Lock()
+		got[m.Header.Get("Delayd-Id")] = append(got[m.Header.Get("Delayd-Id")], m.Header.Get("Delayd-Attempt"))
+		seq++
+		ack := fmt.Sprintf(`{"stream":"SLOW","seq":%d}`, seq)
+		mu.Unlock()
+		// A stream that acknowledges, slowly.
+		time.AfterFunc(1200*time.Millisecond, func() { _ = m.Respond([]byte(ack)) })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	start := time.Now().Add(time.Second)
+	const n = 6
+	for i := range n {
+		at := start.Add(time.Duration(i) * 300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+		scheduleOK(t, nc, hdr("Delayd-Target", "slowjs.x", "Delayd-At", at, "Delayd-Id", "slow-"+strconv.Itoa(i)), "x")
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for e.stored(c) != 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		id := "slow-" + strconv.Itoa(i)
+		if a := got[id]; len(a) != 1 || a[0] != "1" {
+			t.Errorf("%s delivered with attempts %v, want once, attempt 1", id, a)
+		}
+	}
+	if left := e.stored(c); left != 0 {
+		t.Errorf("%d envelopes still stored (dead or retrying)", left)
 	}
 }

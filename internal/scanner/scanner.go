@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -400,14 +401,34 @@ type claimed struct {
 // envelopes wait there under their lease, so it stays small.
 const stageDepth = 4
 
+// publishWorkers is how many batches may be publishing at once. One would
+// do for core NATS, whose confirmation is a flush round trip; but a
+// JetStream target whose PubAcks are slow would hold every batch behind it,
+// and a batch that waits spends its publish deadline (half the lease from
+// its claim) waiting: it would fail, and fail again, though every publish
+// it sends is acknowledged in time.
+const publishWorkers = 4
+
 // publishStage publishes claimed batches, merging those that queued up into
 // one flush, and passes the outcome to the ack stage: ack when published,
-// release for a retry when not. On shutdown it finishes what was claimed.
+// release for a retry when not. Up to publishWorkers batches publish at
+// once. On shutdown it finishes what was claimed.
 func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out chan<- map[int][]store.Settle) {
+	var wg sync.WaitGroup
+	busy := make(chan struct{}, publishWorkers)
 	for items := range in {
+		busy <- struct{}{}
+		// Merged after a worker freed up: what queued meanwhile goes out
+		// in this one flush.
 		items = drain(items, in, func(a, b []claimed) []claimed { return append(a, b...) })
-		out <- s.publish(ctx, items)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out <- s.publish(ctx, items)
+			<-busy
+		}()
 	}
+	wg.Wait()
 }
 
 func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.Settle {
