@@ -233,7 +233,7 @@ if #ids > 0 then
   local count, leases, gone, migrate = {}, {}, {}, {}
   for j, id in ipairs(ids) do
     local data = datas[j]
-    if data and string.byte(data, 1) < 240 then
+    if data and (string.byte(data, 1) or 0) < 240 then
       -- Stored by a version without the value header: its due time is in
       -- its old claims value ("attempt:due:token") or its due score.
       local due = prevs[j] and tonumber(string.match(prevs[j], '^%d+:(%d+)'))
@@ -413,7 +413,7 @@ for _, id in ipairs(ids) do
   -- A value stored by a version without the value header keeps its due
   -- time only in its claims value, which goes now: stamp it first.
   local v = redis.call('HGET', KEYS[3], id)
-  if string.byte(v, 1) < 240 then
+  if (string.byte(v, 1) or 0) < 240 then
     local c = redis.call('HGET', KEYS[4], id)
     migrate[#migrate+1] = id
     migrate[#migrate+1] = stamp((c and tonumber(string.match(c, '^%d+:(%d+)'))) or now, 0, v)

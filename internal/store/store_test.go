@@ -557,3 +557,25 @@ func TestOlderVersionsDeadReplay(t *testing.T) {
 	}
 	mustBeConsistent(t, s)
 }
+
+// TestEmptyValueDoesNotStopTheShard: a data value emptied behind delayd's
+// back is handed out (its delivery fails to decode and it ends dead), and
+// the claim of the rest of its shard goes on.
+func TestEmptyValueDoesNotStopTheShard(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	schedule(t, s, Item{ID: "e1", Absolute: true, AtMicros: 1000, Data: enc("x")})
+	if err := s.rdb.HSet(ctx, s.keys[s.Shard("e1")].data, "e1", "").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c, ok := claimAll(t, s, time.Minute)["e1"]
+	if !ok || len(c.Data) != 0 || c.DueMs != 1 {
+		t.Fatalf("claim: %+v, %v", c, ok)
+	}
+	if settle(t, s, c, Bury, 0) != 1 {
+		t.Fatal("not buried")
+	}
+	if n, err := s.Replay(ctx, []string{"e1"}); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+}
