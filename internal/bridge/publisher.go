@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/textproto"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,6 +22,12 @@ var ErrNotConnected = fmt.Errorf("NATS not connected: %w", scanner.ErrUnreachabl
 // Publisher delivers due envelopes: over core NATS, or with the JetStream
 // API to targets matching the configured patterns.
 type Publisher struct {
+	// send serialises the sending part of concurrent batches (publish,
+	// flush, attributing refusals): the connection's refusal record is one
+	// for all of them, and a batch must see only its own refusals between
+	// its mark and its flush. Waiting for PubAcks happens outside it, so a
+	// slow stream holds no other batch.
+	send       sync.Mutex
 	nc         *nats.Conn
 	refusals   *Refusals
 	js         jetstream.JetStream
@@ -56,6 +63,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		return errs
 	}
 	core := 0
+	p.send.Lock()
 	// mark before the last error: an error recorded between the two is
 	// then after the mark, where since looks for it.
 	mark := p.refusals.mark()
@@ -91,6 +99,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		}
 		p.permissionDenied(ctx, ds, errs, futures, lastErr, mark)
 	}
+	p.send.Unlock()
 	for i, f := range futures {
 		if errs[i] != nil {
 			continue
