@@ -102,6 +102,16 @@ local function stamp(due, occurrence, data)
   end
   return '\240' .. be6(due) .. data
 end
+-- unstamped: a value stored by a version without the value header (its
+-- first byte is an envelope format, or it is empty).
+local function unstamped(v)
+  return (string.byte(v, 1) or 0) < 240
+end
+-- oldDue reads the due time from a claims value of such a version,
+-- "attempt:due:token"; nil for none.
+local function oldDue(c)
+  return c and tonumber(string.match(c, '^%d+:(%d+)'))
+end
 -- occurrenceOf reads a series value's occurrence and where its envelope
 -- starts; 0 for a one-shot.
 local function occurrenceOf(v)
@@ -233,10 +243,10 @@ if #ids > 0 then
   local count, leases, gone, migrate = {}, {}, {}, {}
   for j, id in ipairs(ids) do
     local data = datas[j]
-    if data and (string.byte(data, 1) or 0) < 240 then
+    if data and unstamped(data) then
       -- Stored by a version without the value header: its due time is in
       -- its old claims value ("attempt:due:token") or its due score.
-      local due = prevs[j] and tonumber(string.match(prevs[j], '^%d+:(%d+)'))
+      local due = oldDue(prevs[j])
       if not due and j > expired then due = tonumber(redis.call('ZSCORE', KEYS[1], id)) end
       data = stamp(due or now, 0, data)
       migrate[#migrate+1] = id
@@ -413,10 +423,9 @@ for _, id in ipairs(ids) do
   -- A value stored by a version without the value header keeps its due
   -- time only in its claims value, which goes now: stamp it first.
   local v = redis.call('HGET', KEYS[3], id)
-  if (string.byte(v, 1) or 0) < 240 then
-    local c = redis.call('HGET', KEYS[4], id)
+  if unstamped(v) then
     migrate[#migrate+1] = id
-    migrate[#migrate+1] = stamp((c and tonumber(string.match(c, '^%d+:(%d+)'))) or now, 0, v)
+    migrate[#migrate+1] = stamp(oldDue(redis.call('HGET', KEYS[4], id)) or now, 0, v)
   end
 end
 if #ids > 0 then
