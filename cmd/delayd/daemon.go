@@ -69,7 +69,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		defer srv.Stop()
 		c.Redis.Addrs = []string{srv.RedisAddr}
 		log.Warn("EMBEDDED MODE: in-process NATS and Redis emulation; NOTHING IS DURABLE, every scheduled message is lost when delayd stops",
-			"nats", c.NATS.URL, "redis", srv.RedisAddr)
+			"nats", config.RedactURL(c.NATS.URL), "redis", srv.RedisAddr)
 	}
 
 	metrics := admin.NewMetrics(buildVersion())

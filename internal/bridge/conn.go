@@ -6,7 +6,9 @@ package bridge
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"time"
 
@@ -66,14 +68,31 @@ func Dial(url, name string, auth Auth, timeout time.Duration) (*nats.Conn, error
 	}
 	nc, err := nats.Connect(url, append(opts, nats.Name(name), nats.Timeout(timeout))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", config.RedactURL(url), err)
+		return nil, connectErr("connect to NATS at", url, err)
 	}
 	return nc, nil
 }
 
+// connectErr says which server could not be reached, its credentials
+// hidden. The error of a URL that does not parse is not passed on: it
+// quotes the whole URL, and the parser's reason may quote part of a
+// password (config.Validate refuses such URLs; this is for other callers).
+func connectErr(what, url string, err error) error {
+	if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
+		return fmt.Errorf("%s %s: the URL does not parse", what, config.RedactURL(url))
+	}
+	return fmt.Errorf("%s %s: %w", what, config.RedactURL(url), err)
+}
+
+// connectedURL is the server c is connected to, its credentials hidden:
+// nats.go's ConnectedUrlRedacted hides a password but not a token given
+// as the user (nats://TOKEN@host:4222).
+func connectedURL(c *nats.Conn) string { return config.RedactURL(c.ConnectedUrl()) }
+
 // Connect opens a connection that keeps retrying, in the background, when
 // the server is down at start or goes away later: delayd must outlive NATS
-// outages rather than crash-loop. Reconnects are logged.
+// outages rather than crash-loop. Connections, disconnections and failed
+// attempts are logged with the server's reason and no credentials.
 // onReconnect, if not nil, is called after each reconnection; refusals, if
 // not nil, records the server's permission refusals for a Publisher.
 func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), refusals *Refusals) (*nats.Conn, error) {
@@ -81,6 +100,12 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 	if err != nil {
 		return nil, err
 	}
+	servers := config.RedactURL(url)
+	// Failed attempts since the last connection: the first is logged with
+	// its reason, then one a minute, so an outage does not flood the log.
+	// nats.go runs these handlers one at a time, on one goroutine.
+	var failed int
+	var logged time.Time
 	nc, err := nats.Connect(url, append(authOpts,
 		nats.Name(name),
 		nats.RetryOnFailedConnect(true),
@@ -89,17 +114,35 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
-				log.Warn("NATS disconnected", "error", err)
+				log.Warn("NATS disconnected", "url", servers, "error", err)
+			}
+		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			// Also called with the first failure of the initial connect,
+			// such as "nats: authorization violation".
+			if failed++; failed == 1 || time.Since(logged) >= time.Minute {
+				logged = time.Now()
+				log.Warn("NATS not reachable, retrying in the background", "url", servers, "attempts", failed, "error", err)
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
-			log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted())
+			failed = 0
+			log.Info("NATS reconnected", "url", connectedURL(c))
 			if onReconnect != nil {
 				onReconnect()
 			}
 		}),
 		nats.ConnectHandler(func(c *nats.Conn) {
-			log.Info("NATS connected", "url", c.ConnectedUrlRedacted())
+			failed = 0
+			log.Info("NATS connected", "url", connectedURL(c))
+		}),
+		nats.ClosedHandler(func(c *nats.Conn) {
+			// nats.go gives up after the same authentication error twice
+			// on a server. A Close of ours has no error, or "no servers"
+			// when it ends a reconnect loop (which has no limit).
+			if err := c.LastError(); err != nil && !errors.Is(err, nats.ErrNoServers) {
+				log.Error("NATS connection closed, no more retries", "url", servers, "error", err)
+			}
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
@@ -111,10 +154,7 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 		}),
 	)...)
 	if err != nil {
-		return nil, fmt.Errorf("bridge: connect %s: %w", config.RedactURL(url), err)
-	}
-	if !nc.IsConnected() {
-		log.Warn("NATS not reachable yet, retrying in the background", "url", config.RedactURL(url))
+		return nil, connectErr("bridge: connect", url, err)
 	}
 	return nc, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -303,6 +304,11 @@ func (c Config) Validate() error {
 	if c.NATS.URL == "" {
 		bad("nats.url", "must be set")
 	}
+	for _, u := range strings.Split(c.NATS.URL, ",") {
+		if err := checkNATSURL(u); err != nil {
+			bad("nats.url", "%s: %v", RedactURL(strings.TrimSpace(u)), err)
+		}
+	}
 	auth := 0
 	for _, set := range []bool{c.NATS.User != "" || c.NATS.Password != "", c.NATS.Token != "", c.NATS.NKeySeedFile != "", c.NATS.CredsFile != ""} {
 		if set {
@@ -485,17 +491,48 @@ func (c Config) Redacted() Config {
 const redacted = "REDACTED"
 
 // RedactURL hides the user info of URLs (comma-separated lists too):
-// nats://u:p@h:4222 becomes nats://REDACTED@h:4222.
+// nats://u:p@h:4222 becomes nats://REDACTED@h:4222, and u:p@h:4222 (NATS
+// and go-redis take addresses without a scheme) REDACTED@h:4222.
 func RedactURL(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
 		scheme, rest, ok := strings.Cut(p, "://")
-		if !ok {
-			continue
+		if ok {
+			scheme += "://"
+		} else {
+			scheme, rest = "", p
 		}
 		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			parts[i] = scheme + "://" + redacted + rest[at:]
+			parts[i] = scheme + redacted + rest[at:]
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// checkNATSURL checks one server of nats.url. Its credentials must be all
+// that comes before the last "@", what RedactURL hides: a "/", "?" or "#"
+// in them would end the host early in the URL parser, and the rest of a
+// password would reach dial errors and logs as a host name or port. The
+// parser's own error is not quoted when the URL has credentials, for the
+// same reason.
+func checkNATSURL(s string) error {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil // nats.go skips empty entries of the list
+	}
+	if !strings.Contains(s, "://") {
+		s = "nats://" + s // as nats.go reads it
+	}
+	_, rest, _ := strings.Cut(s, "://")
+	at := strings.LastIndex(rest, "@")
+	if at >= 0 && strings.ContainsAny(rest[:at], "/?#") {
+		return errors.New(`its user, password or token holds "/", "?" or "#": percent-encode them (%2F, %3F, %23)`)
+	}
+	if _, err := url.Parse(s); err != nil {
+		if at >= 0 {
+			return errors.New("does not parse as a URL (check the port; percent-encode special characters of the credentials, % as %25)")
+		}
+		return fmt.Errorf("does not parse as a URL: %w", err)
+	}
+	return nil
 }

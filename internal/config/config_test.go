@@ -78,6 +78,49 @@ func TestRedacted(t *testing.T) {
 	}
 }
 
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://h:4222":                      "nats://h:4222",
+		"nats://tok@h:4222":                  "nats://REDACTED@h:4222",
+		"nats://u:p@ss@h:4222":               "nats://REDACTED@h:4222",
+		"tls://u:p@h:1,nats://h2:2,tok@h3:3": "tls://REDACTED@h:1,nats://h2:2,REDACTED@h3:3",
+		"redis://:pw@h:6379":                 "redis://REDACTED@h:6379",
+		"u:pw@h:6379":                        "REDACTED@h:6379",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// A nats.url is refused when the URL parser would not see its credentials
+// where RedactURL hides them, and the refusal quotes none of them.
+func TestValidateNATSURL(t *testing.T) {
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"nats://h:4222", true},
+		{"nats://tok@h:4222, tls://u:p%2Fq@h2:4222", true},
+		{"tok@h:4222", true},
+		{"nats://u:SECRET/x@h:4222", false},
+		{"nats://SECRET?x@h:4222", false},
+		{"h:4222,nats://u:SE#CRET@h:4222", false},
+		{"nats://SECRET%zz@h:4222", false},
+		{"nats://h:port", false},
+	} {
+		c := Default()
+		c.NATS.URL = tc.url
+		err := c.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("%q: error %v, want ok %v", tc.url, err, tc.ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "nats.url:") || strings.Contains(err.Error(), "SE")) {
+			t.Errorf("%q: the error must name nats.url and no credentials: %v", tc.url, err)
+		}
+	}
+}
+
 // Limits that would let due times overflow, and the new hardening keys,
 // are checked at validation.
 func TestValidateBoundsTimeLimits(t *testing.T) {

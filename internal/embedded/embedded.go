@@ -14,6 +14,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/delayd/delayd/internal/config"
 )
 
 // Servers are the running embedded servers.
@@ -27,13 +29,15 @@ type Servers struct {
 // Start starts nats-server on the host:port of natsURL and miniredis on a
 // free loopback port.
 func Start(natsURL string) (*Servers, error) {
+	// The errors name the URL without its credentials, and not url.Parse's
+	// error, which quotes it whole.
 	u, err := url.Parse(natsURL)
 	if err != nil {
-		return nil, fmt.Errorf("embedded: nats.url %q: %w", natsURL, err)
+		return nil, fmt.Errorf("embedded: nats.url %s does not parse", config.RedactURL(natsURL))
 	}
 	host, portStr, err := net.SplitHostPort(u.Host)
 	if err != nil {
-		return nil, fmt.Errorf("embedded: nats.url %q needs host:port: %w", natsURL, err)
+		return nil, fmt.Errorf("embedded: nats.url %s needs host:port: %w", config.RedactURL(natsURL), err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
