@@ -131,7 +131,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	scanOpts.Announce = func(shard int, dueMs int64) { relay.Announce(shard, dueMs) }
 	sc := scanner.New(st, pub, metrics, scanOpts, log.Named("scanner"))
 	relay = bridge.NewWakeRelay(out, c.Subject, sc.WakeLocal, log.Named("wake"))
-	insp := inspector{Store: st, wake: sc.Wake}
+	insp := inspector{Store: st, wake: sc.Wake, obs: metrics}
 	intake := bridge.NewIntake(in, st, insp, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: o.now,
@@ -219,17 +219,26 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	return err
 }
 
-// inspector is the store as the operator endpoints see it: a replay also
-// wakes the scanner of the replayed envelopes' shards, so they go out now
-// rather than at the next idle tick.
+// inspector is the store as the operator endpoints (NATS and the console)
+// see it: a replay also wakes the scanner of the replayed envelopes'
+// shards, so they go out now rather than at the next idle tick; replays
+// and purges are counted, so the dead-set counters agree with the set.
 type inspector struct {
 	*store.Store
 	wake func(shard int, dueMs int64)
+	obs  *admin.Metrics
+}
+
+func (i inspector) Purge(ctx context.Context, ids []string) (int, error) {
+	n, err := i.Store.Purge(ctx, ids)
+	i.obs.Purged(n)
+	return n, err
 }
 
 func (i inspector) Replay(ctx context.Context, ids []string) (int, error) {
 	n, err := i.Store.Replay(ctx, ids)
 	if n > 0 {
+		i.obs.Redelivered("replay", n)
 		woken := map[int]bool{}
 		for _, id := range ids {
 			if sh := i.Shard(id); !woken[sh] {

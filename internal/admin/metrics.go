@@ -4,6 +4,7 @@ package admin
 
 import (
 	"runtime"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,8 @@ type Metrics struct {
 	redisErrors    *prometheus.CounterVec
 	natsReconnects prometheus.Counter
 	deadTotal      prometheus.Counter
+	purged         prometheus.Counter
+	unknownFormat  *prometheus.CounterVec
 	pending        prometheus.Gauge
 	inflight       prometheus.Gauge
 	dead           prometheus.Gauge
@@ -48,7 +51,7 @@ type Metrics struct {
 // Label values, created up front so every series exists from the start.
 var (
 	receivedResults  = []string{"stored", "bad_request", "forbidden", "too_large", "unavailable"}
-	streamResults    = []string{"stored", "bad_request", "forbidden", "too_large", "unavailable"}
+	streamResults    = []string{"stored", "redelivered", "bad_request", "forbidden", "too_large", "unavailable"}
 	cancelResults    = []string{"cancelled", "not_found", "bad_request", "unavailable"}
 	redeliveryCauses = []string{"lease_expiry", "retry", "replay"}
 	redisOps         = []string{"schedule", "cancel", "claim", "ack", "reap", "sample"}
@@ -76,7 +79,7 @@ func NewMetrics(version string) *Metrics {
 		received: counterVec("delayd_envelopes_received_total",
 			"Schedule requests by result: stored, bad_request, forbidden, too_large, unavailable.", "result", receivedResults),
 		streamIntake: counterVec("delayd_stream_intake_total",
-			"Messages taken from the intake stream by result: stored (acknowledged), bad_request, forbidden, too_large (terminated, published to <subject>.rejected), unavailable (Redis failed; left in the stream).",
+			"Messages taken from the intake stream by result: stored (acknowledged), redelivered (a redelivery of a message stored already, after its ack was lost: acknowledged, not stored again), bad_request, forbidden, too_large (terminated, published to <subject>.rejected), unavailable (Redis failed; left in the stream).",
 			"result", streamResults),
 		delivered: counterVec("delayd_envelopes_delivered_total",
 			"Delivery attempts by result: ok (publish confirmed) or failed (will retry).", "result", []string{"ok", "failed"}),
@@ -97,7 +100,12 @@ func NewMetrics(version string) *Metrics {
 		natsReconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_nats_reconnects_total",
 			Help: "NATS reconnections."}),
 		deadTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_envelopes_dead_total",
-			Help: "Envelopes moved to the dead set after max attempts."}),
+			Help: "Envelopes moved to the dead set after max attempts, as the store confirmed. Summed over the fleet, minus delayd_envelopes_purged_total and delayd_redeliveries_total{cause=\"replay\"}, it equals delayd_dead_envelopes (less dead envelopes cancelled or replaced by id)."}),
+		purged: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_envelopes_purged_total",
+			Help: "Dead envelopes deleted by a purge (NATS admin endpoint or console)."}),
+		unknownFormat: counterVec("delayd_unknown_format_total",
+			"Stored values of a format newer than this daemon reads, met by a claim and left for a daemon that reads it, by format (upgrade this daemon).",
+			"format", []string{"3"}),
 		pending: gauge("delayd_pending_envelopes",
 			"Envelopes waiting to fall due in the shards this daemon owns (sampled; sum over daemons)."),
 		inflight: gauge("delayd_inflight_envelopes",
@@ -122,7 +130,7 @@ func NewMetrics(version string) *Metrics {
 			Help: "Entries breaking the store's invariants, found by the background check, by kind (should stay 0)."}, []string{"kind"}),
 	}
 	for _, c := range []prometheus.Collector{m.received, m.streamIntake, m.delivered, m.cancels, m.redeliveries, m.lateness,
-		m.claimDuration, m.intakeDuration, m.redisErrors, m.natsReconnects, m.deadTotal, m.pending, m.inflight,
+		m.claimDuration, m.intakeDuration, m.redisErrors, m.natsReconnects, m.deadTotal, m.purged, m.unknownFormat, m.pending, m.inflight,
 		m.dead, m.oldestOverdue, m.shardsOwned, m.shardsTotal, m.redisConnected, m.backlog, m.backlogOverdue,
 		m.shardsUnowned, m.inconsistent, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		reg.MustRegister(c)
@@ -212,7 +220,16 @@ func (m *Metrics) Delivered(d envelope.Delivery, err error) {
 func (m *Metrics) Claimed(_ int, took time.Duration) { m.claimDuration.Observe(took.Seconds()) }
 
 // Dead counts envelopes moved to the dead set.
-func (m *Metrics) Dead(_, n int) { m.deadTotal.Add(float64(n)) }
+func (m *Metrics) Dead(n int) { m.deadTotal.Add(float64(n)) }
+
+// Purged counts n dead envelopes deleted.
+func (m *Metrics) Purged(n int) { m.purged.Add(float64(n)) }
+
+// UnknownFormat counts n stored values of a format this daemon cannot
+// read.
+func (m *Metrics) UnknownFormat(format, n int) {
+	m.unknownFormat.WithLabelValues(strconv.Itoa(format)).Add(float64(n))
+}
 
 // ShardsOwned sets how many shards this daemon scans.
 func (m *Metrics) ShardsOwned(n int) { m.shardsOwned.Set(float64(n)) }

@@ -186,9 +186,6 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 				return
 			}
 			out.Count += n
-			if verb == "replay" && in.obs != nil {
-				in.obs.Redelivered("replay", n)
-			}
 			if !r.All || n == 0 {
 				break
 			}

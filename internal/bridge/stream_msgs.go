@@ -39,6 +39,12 @@ func (s *StreamIntake) handle(m jetstream.Msg) {
 		_ = m.Term()
 		return
 	}
+	// The message's identity in the stream (its sequence, and its time in
+	// case the stream was made anew): a redelivery of a message whose ack
+	// was lost is then acked, not stored again.
+	if meta, err := m.Metadata(); err == nil {
+		it.StreamMsg = strconv.FormatUint(meta.Sequence.Stream, 10) + "@" + strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
+	}
 	s.queue <- streamItem{msg: m, item: it}
 }
 
@@ -124,7 +130,7 @@ func (s *StreamIntake) flush(batch []streamItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opt.StoreTimeout)
 	due, errs := s.store.Schedule(ctx, items)
 	cancel()
-	stored, failed := 0, 0
+	stored, failed, again := 0, 0, 0
 	var firstErr error
 	for i, b := range batch {
 		if errs[i] != nil {
@@ -137,7 +143,11 @@ func (s *StreamIntake) flush(batch []streamItem) {
 			}
 			continue
 		}
-		s.waker.Wake(s.store.Shard(b.item.ID), due[i])
+		if due[i] == 0 {
+			again++ // stored by an earlier delivery whose ack was lost
+		} else {
+			s.waker.Wake(s.store.Shard(b.item.ID), due[i])
+		}
 		if err := b.msg.Ack(); err != nil {
 			// Stored; the stream offers it again after ack_wait and the
 			// same id replaces it.
@@ -152,7 +162,11 @@ func (s *StreamIntake) flush(batch []streamItem) {
 		}
 		s.count("unavailable", failed)
 	}
-	if stored > 0 {
+	if again > 0 {
+		s.log.Debug("stream redeliveries of messages stored already were acked, not stored again", "count", again)
+		s.count("redelivered", again)
+	}
+	if stored -= again; stored > 0 {
 		s.count("stored", stored)
 	}
 }

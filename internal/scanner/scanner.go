@@ -29,7 +29,7 @@ import (
 type Store interface {
 	Shards() int
 	Claim(ctx context.Context, shards []int, o store.ClaimOptions) ([]store.ClaimResult, error)
-	Ack(ctx context.Context, byShard map[int][]store.Settle, retry time.Duration) (int, int64, error)
+	Ack(ctx context.Context, byShard map[int][]store.Settle, retry time.Duration) (store.Acked, error)
 }
 
 // Publisher delivers envelopes and confirms each: a nil error means the
@@ -55,12 +55,16 @@ var ErrUnreachable = errors.New("unreachable")
 type Observer interface {
 	Delivered(d envelope.Delivery, err error)
 	Claimed(shards int, took time.Duration)
-	Dead(shard, n int)
+	// Dead counts n envelopes the store confirmed moved to the dead set.
+	Dead(n int)
 	RedisError(op string)
 	ShardsOwned(n int)
 	// Redelivered counts n envelopes set to go out again, by cause
 	// (lease_expiry, retry).
 	Redelivered(cause string, n int)
+	// UnknownFormat counts n stored values of a format newer than this
+	// daemon reads, given back untouched for a daemon that reads it.
+	UnknownFormat(format, n int)
 }
 
 // Options tune the scanner; see config.Scanner.
@@ -109,6 +113,9 @@ type Scanner struct {
 	failing     map[int]time.Duration
 	backoff     time.Duration
 	lastFailLog time.Time
+	// unknown holds the stored formats met that this daemon cannot read,
+	// each logged once. Only the Run loop touches it.
+	unknown map[int]bool
 }
 
 // New builds a scanner over every shard of st.
@@ -360,6 +367,9 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		if r.Missing > 0 {
 			s.log.Error("due ids without stored data were dropped (data deleted outside delayd?)", "shard", r.Shard, "count", r.Missing)
 		}
+		if r.Unknown > 0 {
+			s.unknownFormat(r)
+		}
 		plan := r.NowMs() + s.opt.IdleInterval.Milliseconds()
 		switch {
 		case len(r.Items)+r.Missing >= s.opt.ClaimBatch:
@@ -377,6 +387,24 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		s.toPublish <- items
 	}
 	return nil
+}
+
+// unknownFormat reports values of a format this daemon cannot read: a
+// newer daemon wrote them while this one was not yet (or no longer)
+// announced. They stay as they are, due again in a second, for a daemon
+// that reads them.
+func (s *Scanner) unknownFormat(r store.ClaimResult) {
+	if s.obs != nil {
+		s.obs.UnknownFormat(r.UnknownFormat, r.Unknown)
+	}
+	if s.unknown == nil {
+		s.unknown = map[int]bool{}
+	}
+	if !s.unknown[r.UnknownFormat] {
+		s.unknown[r.UnknownFormat] = true
+		s.log.Warn("stored values of a newer format than this daemon reads are left for a daemon that reads it; "+
+			"upgrade this daemon (logged once per format)", "format", r.UnknownFormat, "shard", r.Shard, "count", r.Unknown)
+	}
 }
 
 // lower sets shard's plan to at unless a Wake already set an earlier one.
@@ -459,7 +487,7 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 			s.log.Debug("not sent, delivery postponed", "id", c.ID, "error", fail)
 		case fail != nil:
 			st.Outcome, st.Error = store.Retry, fail.Error()
-			if c.Attempt >= s.opt.MaxAttempts {
+			if c.Attempt-c.Base >= s.opt.MaxAttempts {
 				st.Outcome = store.Bury
 				target := ""
 				if d != nil {
@@ -469,9 +497,6 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 					}
 				}
 				s.log.Warn("envelope moved to the dead set", "id", c.ID, "target", target, "attempts", c.Attempt, "error", fail)
-				if s.obs != nil {
-					s.obs.Dead(c.shard, 1)
-				}
 			} else {
 				s.redelivered("retry", 1)
 				s.log.Warn("delivery failed, will retry", "id", c.ID, "attempt", c.Attempt, "error", fail)
@@ -490,9 +515,10 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 		}
 		d := envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Occurrence: c.Occurrence, Envelope: e}
 		switch {
-		case c.Attempt > s.opt.MaxAttempts:
+		case c.Attempt-c.Base > s.opt.MaxAttempts:
 			// Claimed again after its leases expired without an ack: its
-			// daemons died or stalled while delivering it.
+			// daemons died or stalled while delivering it. (Base: the
+			// attempts before a replay, which granted a fresh budget.)
 			settle(c, &d, errLeaseExpired)
 		case dctx.Err() != nil:
 			settle(c, &d, errStale)
@@ -645,7 +671,13 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 		}
 	}
 	for try := 0; ; try++ {
-		_, nowMs, err := s.store.Ack(actx, settles, s.opt.RetryBackoff)
+		a, err := s.store.Ack(actx, settles, s.opt.RetryBackoff)
+		// Counted as the store confirms: a stale settle (replaced,
+		// cancelled or re-claimed meanwhile) buries nothing.
+		if a.Buried > 0 && s.obs != nil {
+			s.obs.Dead(a.Buried)
+		}
+		nowMs := a.NowMs
 		if err == nil {
 			for sh := range again {
 				s.WakeLocal(sh, nowMs+s.opt.RetryBackoff.Milliseconds())

@@ -139,7 +139,7 @@ func benchClaim(b *testing.B, pending, per int) {
 				claimed++
 			}
 		}
-		if _, _, err := s.Ack(ctx, acks, time.Second); err != nil {
+		if _, err := s.Ack(ctx, acks, time.Second); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()

@@ -76,6 +76,11 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 // A value of an older version, "attempt:due:token", counted the current
 // claim too while it had a token.
 func parseAttempts(v string) int {
+	if n, _, ok := strings.Cut(v, "/"); ok {
+		// "n/b": b of them before the last replay.
+		a, _ := strconv.Atoi(n)
+		return a
+	}
 	parts := strings.SplitN(v, ":", 3)
 	n, _ := strconv.Atoi(parts[0])
 	if len(parts) == 3 && parts[2] != "" {

@@ -11,10 +11,22 @@ type shardKeys struct {
 	due      string // ZSET id → due ms
 	inflight string // ZSET id → lease expiry ms
 	data     string // HASH id → encoded envelope
-	attempts string // HASH id → "attempts:original due ms", only while claimed
+	// attempts: HASH id → "n" or "n/b": n attempts were counted before the
+	// current lease, b of them before the envelope's last replay (b only
+	// when > 0); only for n > 0. The Lua calls it "claims".
+	attempts string
 	dead     string // ZSET id → time of death ms
 	errors   string // HASH id → last delivery error, while retrying or dead
-	owner    string // STRING id of the daemon scanning the shard, with a TTL
+	// lease keeps the claim tokens unique: per lease length in use
+	// (ms) its class and the newest token handed out, "class:token",
+	// token as an integer, lease expiry ms × 1000 + k (scripts.go).
+	lease string // HASH
+	// seen remembers the intake stream's messages the shard stored, for
+	// the stream's redelivery horizon: "<stream seq>@<publish time ns>" →
+	// expiry ms. A redelivery of a message already stored is not stored
+	// again.
+	seen  string // ZSET
+	owner string // STRING id of the daemon scanning the shard, with a TTL
 }
 
 func keysFor(ns string, shard int) shardKeys {
@@ -26,6 +38,8 @@ func keysFor(ns string, shard int) shardKeys {
 		attempts: tag + "attempts",
 		dead:     tag + "dead",
 		errors:   tag + "errors",
+		lease:    tag + "lease",
+		seen:     tag + "seen",
 		owner:    tag + "owner",
 	}
 }
@@ -37,8 +51,12 @@ func membersKey(ns string) string { return "{" + ns + ":members}" }
 
 // list returns the keys in the order every script expects them in KEYS.
 func (k shardKeys) list() []string {
-	return []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors}
+	return []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen}
 }
+
+// keysPerShard is how many keys list returns: the scripts' KEYS come in
+// groups of this many.
+const keysPerShard = 8
 
 // ShardOf maps an id to its shard. FNV-1a is stable across versions and
 // languages, so the mapping never changes for stored data.

@@ -36,7 +36,7 @@ type mRunner struct {
 
 func newMRunner(ctx context.Context, s *Store, rc *redis.Client, checkEvery int, tracing bool) (*mRunner, error) {
 	r := &mRunner{ctx: ctx, s: s, rc: rc, checkEvery: checkEvery, tracing: tracing, seen: map[string]int{},
-		m: &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3)}}
+		m: &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3), leased: map[int]bool{}, tokens: map[string]bool{}}}
 	var err error
 	r.prev, _, err = readKeyspace(ctx, rc, s)
 	return r, err
@@ -109,6 +109,8 @@ func (r *mRunner) apply(o mOp) error {
 		return r.rc.ScriptFlush(r.ctx).Err()
 	case opFault:
 		return r.fault(o)
+	case opRace:
+		return r.race(o)
 	}
 	return fmt.Errorf("op %v cannot run alone", o)
 }
@@ -200,10 +202,10 @@ func (r *mRunner) claim(o mOp) error {
 		for j, c := range cr.Items {
 			e := r.m.ids[want[j]]
 			attempt, due := e.attempt+1, e.due
-			if c.ID != want[j] || c.Attempt != attempt || c.DueMs != due || string(c.Data) != e.data || c.Token == "" ||
+			if c.ID != want[j] || c.Attempt != attempt || c.Base != e.base || c.DueMs != due || string(c.Data) != e.data || c.Token == "" ||
 				c.Token != cr.Items[0].Token || c.Occurrence != e.occurrence {
-				return fmt.Errorf("claim of shard %d at %d: item %d is %s attempt %d due %d occurrence %d data %q token %q, want %s attempt %d due %d occurrence %d data %q",
-					shards[i], now, j, c.ID, c.Attempt, c.DueMs, c.Occurrence, c.Data, c.Token, want[j], attempt, due, e.occurrence, e.data)
+				return fmt.Errorf("claim of shard %d at %d: item %d is %s attempt %d/%d due %d occurrence %d data %q token %q, want %s attempt %d/%d due %d occurrence %d data %q",
+					shards[i], now, j, c.ID, c.Attempt, c.Base, c.DueMs, c.Occurrence, c.Data, c.Token, want[j], attempt, e.base, due, e.occurrence, e.data)
 			}
 			if e.at == mInflight {
 				expired++
@@ -214,7 +216,17 @@ func (r *mRunner) claim(o mOp) error {
 				r.seen["claimed"]++
 			}
 			*e = mEntry{shard: e.shard, data: e.data, at: mInflight, score: now + o.lease, exact: true,
-				attempt: attempt, due: due, token: c.Token, err: e.err, occurrence: e.occurrence}
+				attempt: attempt, base: e.base, due: due, token: c.Token, err: e.err, occurrence: e.occurrence}
+		}
+		if len(cr.Items) > 0 {
+			// A token is never handed out twice in a shard, whatever the
+			// hint (the model narrows it to provoke that).
+			tok := cr.Items[0].Token
+			if r.m.tokens[strconv.Itoa(shards[i])+"/"+tok] {
+				return fmt.Errorf("claim of shard %d at %d: token %s handed out before", shards[i], now, tok)
+			}
+			r.m.tokens[strconv.Itoa(shards[i])+"/"+tok] = true
+			r.m.leased[shards[i]] = true
 		}
 		if cr.Expired != expired {
 			return fmt.Errorf("claim of shard %d: %d expired leases re-claimed, want %d", shards[i], cr.Expired, expired)
@@ -308,10 +320,11 @@ func (r *mRunner) ack(sts []Settle, retry int64) error {
 		}
 	}
 	lo := r.now
-	n, now, err := r.s.Ack(r.ctx, byShard, time.Duration(retry)*time.Millisecond)
+	ackd, err := r.s.Ack(r.ctx, byShard, time.Duration(retry)*time.Millisecond)
 	if err != nil {
 		return err
 	}
+	n, now := ackd.Settled, ackd.NowMs
 	r.now = max(r.now, now)
 	var desc []string
 	for _, st := range sts {
@@ -372,8 +385,10 @@ func (r *mRunner) replay(ids []string) error {
 	for _, id := range ids {
 		if e := r.m.ids[id]; e != nil && e.at == mDead {
 			want++
-			*e = mEntry{shard: e.shard, data: e.data, at: mDue, lo: lo, hi: hi, due: e.due, occurrence: e.occurrence}
-			r.fx.reset[id] = true
+			// Attempts stay (they only go up); all of them now count
+			// before the replay: a fresh budget.
+			*e = mEntry{shard: e.shard, data: e.data, at: mDue, lo: lo, hi: hi, due: e.due, occurrence: e.occurrence,
+				attempt: e.attempt, base: e.attempt}
 		}
 	}
 	r.seen["replayed"] += n
@@ -381,6 +396,42 @@ func (r *mRunner) replay(ids []string) error {
 		return fmt.Errorf("replay %v: %d were dead, want %d", ids, n, want)
 	}
 	return nil
+}
+
+// race runs its four calls back to back, the second claim with a lease
+// shorter by the milliseconds that passed since the first, so that both
+// leases usually end in the same millisecond, then settles the first claim:
+// it is stale, and must not touch the new version.
+func (r *mRunner) race(o mOp) error {
+	sh := []int{ShardOf(o.items[0].id, modelShards)}
+	var first time.Time
+	for i, d := range []int{o.daemon, o.other} {
+		if err := r.schedule(o.items[i : i+1]); err != nil {
+			return err
+		}
+		lease := o.lease + raceSlack
+		if i == 1 {
+			lease -= min(time.Since(first).Milliseconds(), raceSlack)
+		}
+		if err := r.claim(mOp{kind: opClaim, daemon: d, batch: 8, lease: lease, shards: sh}); err != nil {
+			return err
+		}
+		first = time.Now()
+	}
+	cl := r.m.daemons[o.daemon]
+	var stale []Settle
+	for back := len(cl) - 1; back >= 0 && len(stale) == 0; back-- {
+		for _, c := range cl[back] {
+			if c.ID == o.items[0].id && string(c.Data) == o.items[0].data {
+				stale = append(stale, Settle{ID: c.ID, Token: c.Token, Outcome: Delivered})
+			}
+		}
+	}
+	if len(stale) == 0 {
+		return nil // the first version was not claimable (an older lease held the id)
+	}
+	r.seen["race"]++
+	return r.ack(stale, 0)
 }
 
 func (r *mRunner) purge(ids []string) error {
@@ -476,7 +527,7 @@ func (r *mRunner) failing(o mOp) error {
 			}
 			sts = append(sts, Settle{ID: id, Token: tok, Outcome: o.outcome, Error: "x"})
 		}
-		_, _, err := r.s.Ack(r.ctx, map[int][]Settle{r.s.Shard(o.ids[0]): sts}, 0)
+		_, err := r.s.Ack(r.ctx, map[int][]Settle{r.s.Shard(o.ids[0]): sts}, 0)
 		return err
 	case opReplay:
 		_, err := r.s.Replay(r.ctx, o.ids)

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -44,8 +45,9 @@ type mEntry struct {
 	score, lo, hi int64
 	exact         bool
 	// attempt is the attempt number of the latest claim while in flight,
-	// else the attempts counted so far.
-	attempt int
+	// else the attempts counted so far; base is how many were counted
+	// before the last replay.
+	attempt, base int
 	due     int64  // the original due time, from the schedule
 	token   string // the lease score of the current claim, "" once settled
 	// occurrence is the pending occurrence of a series, 0 for a one-shot.
@@ -58,13 +60,17 @@ type mEntry struct {
 type mModel struct {
 	ids     map[string]*mEntry
 	daemons [][][]Claimed // per daemon its latest claims, oldest first
+	// leased: the shard handed out a token, so its lease hash exists.
+	leased map[int]bool
+	// tokens are every token each shard handed out: none may repeat.
+	tokens map[string]bool
 }
 
 // mEffects are what the model allows one step to do, for the invariant
 // checks that compare the keyspace before and after it.
 type mEffects struct {
 	deleted map[string]bool // by a matching ack, a cancel or a purge
-	reset   map[string]bool // attempts start over: a replace, a replay
+	reset   map[string]bool // attempts start over: a replace, a series' next occurrence
 }
 
 // put stores a new version of id, as a schedule does.
@@ -202,10 +208,24 @@ func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []
 }
 
 // splitClaim reads a claims value as the scripts do: the attempts
-// counted; "" (no entry) is 0.
-func splitClaim(v string) int {
-	n, _ := strconv.Atoi(v)
-	return n
+// counted, and how many before the last replay; "" (no entry) is 0, 0.
+func splitClaim(v string) (n, b int, ok bool) {
+	a, c, replayed := strings.Cut(v, "/")
+	n, err := strconv.Atoi(a)
+	if replayed {
+		var err2 error
+		b, err2 = strconv.Atoi(c)
+		err = errors.Join(err, err2)
+	}
+	return n, b, err == nil && n > 0 && b >= 0 && b <= n && (!replayed || b > 0)
+}
+
+// claimsText is the claims value the scripts write for n and b.
+func claimsText(n, b int) string {
+	if b > 0 {
+		return strconv.Itoa(n) + "/" + strconv.Itoa(b)
+	}
+	return strconv.Itoa(n)
 }
 
 // checkInvariants checks the invariants of scripts.go on a read of the
@@ -246,8 +266,8 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 			}
 		}
 		for id, v := range st.claims {
-			if n, err := strconv.Atoi(v); err != nil || n <= 0 {
-				bad(sh, "claims entry of %q is %q, not a positive count", id, v)
+			if _, _, ok := splitClaim(v); !ok {
+				bad(sh, "claims entry of %q is %q, not a positive count n or n/b with 0 < b <= n", id, v)
 			}
 		}
 		for i, h := range []map[string]string{st.claims, st.errs} {
@@ -263,8 +283,8 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 			}
 		}
 		for id, v := range prev[sh].claims {
-			was := splitClaim(v)
-			now := splitClaim(st.claims[id])
+			was, _, _ := splitClaim(v)
+			now, _, _ := splitClaim(st.claims[id])
 			if now < was && !fx.reset[id] && !fx.deleted[id] {
 				bad(sh, "attempt of %q went down from %d to %d", id, was, now)
 			}
@@ -300,8 +320,8 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 			e.score, e.exact = score, true
 		}
 		if n := e.counted(); n > 0 {
-			if got, ok := st.claims[id]; !ok || got != strconv.Itoa(n) {
-				bad("%q: claims entry %q, model %d", id, got, n)
+			if got, ok := st.claims[id]; !ok || got != claimsText(n, e.base) {
+				bad("%q: claims entry %q, model %s", id, got, claimsText(n, e.base))
 			}
 		}
 		if e.at == mInflight {
@@ -338,6 +358,9 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 		extra(names.dead, maps.Keys(st.dead), at(mDead))
 		extra(names.attempts, maps.Keys(st.claims), func(e *mEntry) bool { return e.counted() > 0 })
 		extra(names.errors, maps.Keys(st.errs), func(e *mEntry) bool { return e.err != "" })
+		if m.leased[sh] {
+			want = append(want, names.lease)
+		}
 	}
 	slices.Sort(want)
 	if !slices.Equal(keys, want) {

@@ -35,6 +35,11 @@ const (
 	bigBatch    = 4096 // a claim this big crosses Lua's unpack limit unless chunked
 	keepClaims  = 16   // claims a simulated daemon remembers, to settle late
 	shrinkFor   = 2 * time.Minute
+	// raceSlack: a race's first lease is this much longer than an hour, and
+	// its second shorter by the ms that passed (at most this), so the two
+	// end in one millisecond. Few lease lengths: the lease hash keeps one
+	// class per length in use.
+	raceSlack = 3
 )
 
 func TestModel(t *testing.T) {
@@ -78,7 +83,9 @@ func modelPlan(t *testing.T) ([]uint64, int) {
 
 func runSeed(t *testing.T, seed uint64, steps int) {
 	s4, rs := newStore(t)
-	s := New(s4.rdb, "t", modelShards)
+	// Two token hints only: equal hints are common, so a token that was
+	// only as unique as its hint would be caught in a few steps.
+	s := New(s4.rdb, "t", modelShards, WithTokenHint(func() int { return 1 + rand.IntN(2) }))
 	rc := rs.Client()
 	ctx := context.Background()
 	g := newMGen(seed)
@@ -226,6 +233,7 @@ const (
 	opPurge
 	opFlush
 	opFault
+	opRace // replace an id while its old claim is unsettled, in one millisecond
 )
 
 // mOp is one step. It names what to do, never a value that only a run
@@ -244,6 +252,7 @@ type mOp struct {
 	all     bool     // settle: every item delivered
 	retry   int64    // settle, ms
 	outcome Outcome  // ack ids
+	other   int      // race: the daemon that claims the new version
 	shard   int      // bulk, fault
 	key     int      // fault: position of the key in shardKeys.list
 	seq     int      // bulk: names its ids
@@ -297,6 +306,9 @@ func (o mOp) String() string {
 		return "SCRIPT FLUSH"
 	case opFault:
 		return fmt.Sprintf("fault: shard %d key %s is a string during: %v", o.shard, mKeyNames[o.key], *o.inner)
+	case opRace:
+		return fmt.Sprintf("race: schedule %s@past, claim by d%d (lease %dms), replace with %s@past, claim by d%d "+
+			"ending in the same ms, d%d acks its stale claim", o.items[0].data, o.daemon, o.lease+raceSlack, o.items[1].data, o.other, o.daemon)
 	}
 	return fmt.Sprintf("op %d", o.kind)
 }
@@ -359,6 +371,8 @@ func (g *mGen) next(m *mModel) mOp {
 		return mOp{kind: opPurge, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
 	case w < 96:
 		return mOp{kind: opFlush}
+	case w < 98:
+		return g.race()
 	default:
 		return g.fault()
 	}
@@ -389,6 +403,17 @@ func (g *mGen) schedule(from []string, n int) mOp {
 		later := g.rng.IntN(2) == 0
 		o.items = append(o.items, mItem{id: id, data: id + "#" + strconv.Itoa(g.seq), later: later,
 			series: g.rng.IntN(3) == 0})
+	}
+	return o
+}
+
+// race draws an opRace on an id of the pool.
+func (g *mGen) race() mOp {
+	id := g.pool[g.rng.IntN(len(g.pool))]
+	o := mOp{kind: opRace, daemon: g.rng.IntN(g.daemons), other: g.rng.IntN(g.daemons), lease: hourMs}
+	for range 2 {
+		g.seq++
+		o.items = append(o.items, mItem{id: id, data: id + "#" + strconv.Itoa(g.seq)})
 	}
 	return o
 }

@@ -3,8 +3,11 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -115,4 +118,87 @@ func (s *Store) Owners(ctx context.Context) ([]string, error) {
 		out[i] = c.Val()
 	}
 	return out, nil
+}
+
+// formatsKey is the ZSET of every live daemon's newest readable format,
+// "<format>:<daemon id>" → expiry ms: intake-only daemons announce there
+// too, as they write values, while only scanners are members.
+func formatsKey(ns string) string { return membersKey(ns) + ":formats" }
+
+// formatsScript announces ARGV[1] ("<format>:<id>") for ARGV[2] ms (0:
+// leave), drops expired announcements, and returns {now ms, live ones...}.
+// KEYS[1] formats ZSET. Allowed over maxmemory, like the heartbeat.
+var formatsScript = newRawScript("allow-oom", `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[2] == '0' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+else
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = {now}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do out[#out+1] = m end
+return out
+`)
+
+// AgreeFormats announces the newest format daemon id reads, for ttl (0:
+// leave), and sets the format this store writes to the newest one that
+// every live daemon reads. A daemon of the version before this rule
+// announces nothing and reads only FormatBare, which no version writes any
+// more: it is not waited for (the one-time exception in the README's
+// Upgrading section). It returns the format written from now on.
+func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) (int, error) {
+	me := strconv.Itoa(s.newest) + ":" + id
+	raw, err := s.run(ctx, formatsScript, []string{formatsKey(s.ns)}, me, ttl.Milliseconds()).Slice()
+	if err != nil {
+		s.failed(err)
+		return int(s.write.Load()), fmt.Errorf("store: announce formats: %w", err)
+	}
+	if ttl == 0 {
+		return int(s.write.Load()), nil
+	}
+	w := s.newest
+	for _, m := range raw[1:] {
+		v, _ := m.(string)
+		f, _, _ := strings.Cut(v, ":")
+		if n, err := strconv.Atoi(f); err == nil {
+			w = min(w, max(n, FormatHeader))
+		}
+	}
+	s.write.Store(int32(w))
+	return w, nil
+}
+
+// RunFormats keeps this daemon's announcement fresh every third of ttl
+// until ctx is done, then withdraws it. It logs each change of the
+// format the fleet writes.
+func (s *Store) RunFormats(ctx context.Context, id string, ttl time.Duration, log hclog.Logger) error {
+	t := time.NewTicker(ttl / 3)
+	defer t.Stop()
+	last, failing := 0, false
+	for {
+		rctx, cancel := context.WithTimeout(ctx, ttl/3)
+		w, err := s.AgreeFormats(rctx, id, ttl)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			log.Warn("announcing the stored formats failed; writing the last agreed one", "format", w, "error", err)
+			failing = true
+		case err == nil:
+			failing = false
+			if w != last {
+				log.Info("stored format agreed with every live daemon", "writes", w, "reads up to", s.newest)
+				last = w
+			}
+		}
+		select {
+		case <-ctx.Done():
+			lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, _ = s.AgreeFormats(lctx, id, 0)
+			cancel()
+			return nil
+		case <-t.C:
+		}
+	}
 }

@@ -30,6 +30,37 @@ type Store struct {
 	lastReload atomic.Int64
 	// noFlags: the server does not know Lua script flags (see script).
 	noFlags atomic.Bool
+	// newest is the newest stored format this daemon reads; write is the
+	// format it writes now (AgreeFormats).
+	newest int
+	write  atomic.Int32
+	// hint picks the k of a claim's token (scripts.go); tests narrow it.
+	hint func() int
+	// seenFor is how long a shard remembers a stream message it stored.
+	seenFor time.Duration
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithNewestFormat makes the store read formats up to f (FormatHeader, or
+// one more, which only tests define) and write it once every live daemon
+// reads it: it stands in for the next version in tests of mixed fleets.
+func WithNewestFormat(f int) Option {
+	return func(s *Store) { s.newest = min(max(f, FormatHeader), formatNext) }
+}
+
+// WithTokenHint replaces the source of the k of claim tokens (1..991).
+// Tests narrow it to provoke equal hints; tokens stay unique regardless.
+func WithTokenHint(hint func() int) Option {
+	return func(s *Store) { s.hint = hint }
+}
+
+// WithStreamMemory sets how long a shard remembers the stream messages it
+// stored (default 5m): longer than the stream redelivers a message whose
+// ack was lost.
+func WithStreamMemory(d time.Duration) Option {
+	return func(s *Store) { s.seenFor = d }
 }
 
 // failed reacts to a failed call. Under Cluster, go-redis refreshes its
@@ -152,9 +183,16 @@ func redactAddr(a string) string {
 }
 
 // New returns a store over rdb with the namespace and fixed shard count.
-func New(rdb redis.UniversalClient, ns string, shards int) *Store {
+func New(rdb redis.UniversalClient, ns string, shards int, opts ...Option) *Store {
 	_, cluster := rdb.(*redis.ClusterClient)
-	s := &Store{rdb: rdb, ns: ns, shards: shards, keys: make([]shardKeys, shards), cluster: cluster}
+	s := &Store{rdb: rdb, ns: ns, shards: shards, keys: make([]shardKeys, shards), cluster: cluster,
+		newest: FormatHeader, hint: func() int { return 1 + rand.IntN(991) }, seenFor: 5 * time.Minute}
+	for _, o := range opts {
+		o(s)
+	}
+	// Until the fleet's formats are known, the oldest this rule knows:
+	// every daemon since it reads it.
+	s.write.Store(FormatHeader)
 	for i := range s.keys {
 		s.keys[i] = keysFor(ns, i)
 	}
@@ -196,10 +234,15 @@ type Item struct {
 	// occurrence is due at AtMicros or after DelayMicros.
 	Series bool
 	Data   []byte
+	// StreamMsg names the intake stream message the item came from
+	// (sequence and publish time), "" for a request: a shard that stored
+	// it already does not store it again (Schedule returns due 0).
+	StreamMsg string
 }
 
 // Schedule upserts items and returns each one's due time in ms since the
-// epoch, and per item the error that kept it from being stored (nil when
+// epoch (0 for a stream message stored already, which is left as it is),
+// and per item the error that kept it from being stored (nil when
 // stored). An error wraps ErrNotWritten when the item is certainly not
 // stored, else ErrOutcomeUnknown. On a single Redis the whole batch is one
 // script call; under Cluster it is one call per shard (a script must stay
@@ -213,12 +256,14 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 	}
 	var calls []*call
 	byShard := map[int]*call{}
+	mark := markOf(int(s.write.Load()))
+	lead := []any{int(mark), s.seenFor.Milliseconds()}
 	for i, it := range items {
 		sh := s.Shard(it.ID)
 		c := byShard[sh]
 		if c == nil {
 			if s.cluster || len(calls) == 0 {
-				c = &call{slots: map[int]int{}}
+				c = &call{slots: map[int]int{}, args: append([]any{}, lead...)}
 				calls = append(calls, c)
 			} else {
 				c = calls[0]
@@ -240,10 +285,10 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 			if it.Series {
 				occurrence = 1
 			}
-			mode, us, v = "v", it.AtMicros, stampValue(ceilMs(it.AtMicros), occurrence, it.Data)
+			mode, us, v = "v", it.AtMicros, stampValue(mark, ceilMs(it.AtMicros), occurrence, it.Data)
 		}
 		c.idx = append(c.idx, i)
-		c.args = append(c.args, off, it.ID, mode, us, v)
+		c.args = append(c.args, off, it.ID, mode, us, v, it.StreamMsg)
 	}
 	cmds, _ := s.pipelined(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
 		return calls[i].keys, calls[i].args
@@ -403,6 +448,9 @@ type Claimed struct {
 	ID      string
 	DueMs   int64 // the original due time, stable across redeliveries
 	Attempt int
+	// Base is how many attempts were made before the envelope's last
+	// replay: Attempt - Base is the try within its current budget.
+	Base int
 	// Occurrence is which occurrence of a series this is (from 1), 0 for
 	// a one-shot.
 	Occurrence int64
@@ -424,7 +472,11 @@ type ClaimResult struct {
 	// Expired counts the items re-claimed because their lease expired (a
 	// daemon died or stalled while delivering them).
 	Expired int
-	Items   []Claimed
+	// Unknown counts values of a format newer than this daemon reads,
+	// given back untouched; UnknownFormat is the newest of them.
+	Unknown       int
+	UnknownFormat int
+	Items         []Claimed
 }
 
 // NowMs is the claim's Redis time in whole milliseconds.
@@ -443,9 +495,9 @@ type ClaimOptions struct {
 // If some shards' Redis nodes fail (a Cluster master down), it returns the
 // results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
-	token := newToken()
+	hint, known := s.hint(), int(markOf(s.newest))+1
 	cmds, perr := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
-		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), token}
+		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), hint, known}
 	})
 	if perr != nil {
 		perr = fmt.Errorf("store: claim: %w", perr)
@@ -456,13 +508,17 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		if err != nil {
 			continue // this shard's node failed: perr says so
 		}
-		const head = 6
+		const head = 8
 		if len(raw) < head || (len(raw)-head)%3 != 0 {
 			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
 		}
 		r := ClaimResult{
 			Shard: shards[i], NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
-			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Items: make([]Claimed, 0, (len(raw)-head)/3),
+			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Unknown: int(asInt(raw[6])),
+			Items: make([]Claimed, 0, (len(raw)-head)/3),
+		}
+		if m := asInt(raw[7]); m > 0 {
+			r.UnknownFormat = formatOf(string([]byte{byte(m)}))
 		}
 		lease, _ := raw[5].(string)
 		for j := head; j < len(raw); j += 3 {
@@ -470,7 +526,8 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 			v, _ := raw[j+2].(string)
 			// The script stamps values stored by older versions.
 			due, occurrence, data := splitValue(v)
-			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: int(asInt(raw[j+1])), Occurrence: occurrence,
+			attempt, base := parseAttempt(raw[j+1])
+			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: attempt, Base: base, Occurrence: occurrence,
 				Data: data, Token: lease})
 		}
 		out = append(out, r)
@@ -478,18 +535,16 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	return out, perr
 }
 
-// newToken returns the fraction of a millisecond that makes a lease score
-// a claim token: ".ddd", a random k/1000 for k in [1, 999]. Three decimals
-// keep the score a short string for Redis to parse (a long one takes
-// glibc's slow exact path, measured as a tenth of Redis' time per
-// envelope with k/512), and stay distinct in a double until 2200 (the
-// spacing there is 2^-10 ms). 999 values are enough because a token only
-// has to differ from those of older claims of the same id whose lease ends
-// in the same millisecond, which needs a replace and two claims of it
-// within one millisecond; a re-claim after a lease expired always ends
-// later.
-func newToken() string {
-	return fmt.Sprintf(".%03d", 1+rand.IntN(999))
+// parseAttempt reads a claim's attempt: a number, or "attempt/base" for an
+// envelope replayed after base attempts.
+func parseAttempt(v any) (attempt, base int) {
+	if str, ok := v.(string); ok {
+		a, b, _ := strings.Cut(str, "/")
+		attempt, _ = strconv.Atoi(a)
+		base, _ = strconv.Atoi(b)
+		return attempt, base
+	}
+	return int(asInt(v)), 0
 }
 
 // Outcome is what becomes of a claimed envelope.
@@ -514,14 +569,26 @@ type Settle struct {
 	Error   string // why it failed, kept for inspection (Retry, Bury)
 	// NextDueMs is when the next occurrence is due (Next).
 	NextDueMs int64
+	// RetryDelay, if > 0, replaces Ack's retry delay for this one (Retry,
+	// Postpone).
+	RetryDelay time.Duration
+}
+
+// Acked is what an Ack did.
+type Acked struct {
+	// Settled counts the settles whose token was still the claim; Buried
+	// those of them that moved an envelope to the dead set.
+	Settled, Buried int
+	NowMs           int64 // Redis time
 }
 
 // Ack settles deliveries, one script call per shard, all in one pipeline.
-// On error, byShard is left holding only the shards that were not settled.
+// On error, byShard is left holding only the shards that were not settled,
+// and the result counts those that were.
 // Released envelopes are due again after retry. A settle whose token is no
 // longer the envelope's claim (replaced, cancelled or re-claimed meanwhile)
-// is ignored. It returns how many were settled and Redis' time in ms.
-func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (int, int64, error) {
+// is ignored.
+func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (Acked, error) {
 	// Calls of at most ackChunk envelopes keep one script call short.
 	type call struct {
 		shard int
@@ -537,7 +604,7 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 	}
 	cmds, err := s.pipelined(ctx, ackScript, len(calls), func(i int) ([]string, []any) {
 		items := calls[i].items
-		args := make([]any, 0, 1+4*len(items))
+		args := make([]any, 0, 1+5*len(items))
 		args = append(args, retry.Milliseconds())
 		for _, it := range items {
 			op := string(it.Outcome)
@@ -547,10 +614,22 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 			case Next:
 				op = "n:" + strconv.FormatInt(it.NextDueMs, 10)
 			}
-			args = append(args, it.ID, it.Token, op, it.Error)
+			delay := ""
+			if it.RetryDelay > 0 {
+				delay = strconv.FormatInt(it.RetryDelay.Milliseconds(), 10)
+			}
+			args = append(args, it.ID, it.Token, op, it.Error, delay)
 		}
 		return s.keys[calls[i].shard].list(), args
 	})
+	var a Acked
+	for _, c := range cmds {
+		if v, _ := c.Int64Slice(); len(v) == 3 {
+			a.NowMs = max(a.NowMs, v[0])
+			a.Settled += int(v[1])
+			a.Buried += int(v[2])
+		}
+	}
 	if err != nil {
 		// Keep only what was not settled, so a retry resends just that.
 		for sh := range byShard {
@@ -561,17 +640,9 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 				byShard[calls[i].shard] = append(byShard[calls[i].shard], calls[i].items...)
 			}
 		}
-		return 0, 0, fmt.Errorf("store: ack: %w", err)
+		return a, fmt.Errorf("store: ack: %w", err)
 	}
-	n, now := 0, int64(0)
-	for _, c := range cmds {
-		v, _ := c.Int64Slice()
-		if len(v) == 2 {
-			now = max(now, v[0])
-			n += int(v[1])
-		}
-	}
-	return n, now, nil
+	return a, nil
 }
 
 // ackChunk bounds the envelopes of one ack script call.

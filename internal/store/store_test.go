@@ -49,11 +49,11 @@ func schedule(t testing.TB, s *Store, items ...Item) []int64 {
 // settle acks or releases one claimed envelope; it returns how many settled.
 func settle(t testing.TB, s *Store, c Claimed, op Outcome, retry time.Duration) int {
 	t.Helper()
-	n, _, err := s.Ack(context.Background(), map[int][]Settle{s.Shard(c.ID): {{ID: c.ID, Token: c.Token, Outcome: op}}}, retry)
+	ackd, err := s.Ack(context.Background(), map[int][]Settle{s.Shard(c.ID): {{ID: c.ID, Token: c.Token, Outcome: op}}}, retry)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return ackd.Settled
 }
 
 // mustBeConsistent runs the read-only check on every shard.
@@ -242,8 +242,8 @@ func TestClaimLargeBatchStrandsNothing(t *testing.T) {
 	for _, it := range rs[0].Items {
 		acks[0] = append(acks[0], Settle{ID: it.ID, Token: it.Token, Outcome: Retry})
 	}
-	if settled, _, err := s1.Ack(ctx, acks, 0); err != nil || settled != 4096 {
-		t.Fatalf("big release: %d %v", settled, err)
+	if ackd, err := s1.Ack(ctx, acks, 0); err != nil || ackd.Settled != 4096 {
+		t.Fatalf("big release: %d %v", ackd.Settled, err)
 	}
 	mustBeConsistent(t, s1)
 }
@@ -284,8 +284,8 @@ func TestBuryReplayPurge(t *testing.T) {
 	for _, id := range []string{"d1", "d2"} {
 		bury[s.Shard(id)] = append(bury[s.Shard(id)], Settle{ID: id, Token: got[id].Token, Outcome: Bury, Error: "no stream"})
 	}
-	if n, _, err := s.Ack(ctx, bury, time.Second); err != nil || n != 2 {
-		t.Fatalf("bury: %d %v", n, err)
+	if ackd, err := s.Ack(ctx, bury, time.Second); err != nil || ackd.Settled != 2 || ackd.Buried != 2 {
+		t.Fatalf("bury: %+v %v", ackd, err)
 	}
 	e, err := s.Get(ctx, "d1")
 	if err != nil || e.State != StateDead || e.Error != "no stream" || e.Attempts != 1 {
@@ -295,8 +295,8 @@ func TestBuryReplayPurge(t *testing.T) {
 		t.Fatalf("replay: %d %v", n, err)
 	}
 	again := claimAll(t, s, time.Minute)
-	if c, ok := again["d1"]; !ok || c.Attempt != 1 {
-		t.Fatalf("replayed envelope must be due with a fresh attempt count: %+v", again)
+	if c, ok := again["d1"]; !ok || c.Attempt != 2 || c.Base != 1 {
+		t.Fatalf("replayed envelope must be due with the next attempt and a fresh budget: %+v", again)
 	}
 	if n, err := s.Purge(ctx, []string{"d1", "d2"}); err != nil || n != 1 {
 		t.Fatalf("purge takes only dead ids: %d %v", n, err)
@@ -315,9 +315,9 @@ func TestRelease(t *testing.T) {
 	ctx := context.Background()
 	schedule(t, s, Item{ID: "rel", Data: enc("x")})
 	c := claimAll(t, s, time.Minute)["rel"]
-	n, _, err := s.Ack(ctx, map[int][]Settle{s.Shard("rel"): {{ID: "rel", Token: c.Token, Outcome: Retry, Error: "boom"}}}, time.Hour)
-	if err != nil || n != 1 {
-		t.Fatalf("release: %d %v", n, err)
+	ackd, err := s.Ack(ctx, map[int][]Settle{s.Shard("rel"): {{ID: "rel", Token: c.Token, Outcome: Retry, Error: "boom"}}}, time.Hour)
+	if err != nil || ackd.Settled != 1 {
+		t.Fatalf("release: %d %v", ackd.Settled, err)
 	}
 	rs, _ := s.Claim(ctx, []int{s.Shard("rel")}, ClaimOptions{Batch: 10, Lease: time.Minute})
 	if res := rs[0]; len(res.Items) != 0 || res.NextDueMs < res.NowMs()+3000_000 {
@@ -347,10 +347,10 @@ func TestRepeatedIDsInOneCall(t *testing.T) {
 		id := "x" + string(pair[0]) + string(pair[1])
 		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1, Data: enc("x")})
 		c := claimAll(t, s, time.Minute)[id]
-		n, _, err := s.Ack(ctx, map[int][]Settle{s.Shard(id): {
+		ackd, err := s.Ack(ctx, map[int][]Settle{s.Shard(id): {
 			{ID: id, Token: c.Token, Outcome: pair[0]}, {ID: id, Token: c.Token, Outcome: pair[1]}}}, time.Hour)
-		if err != nil || n != 1 {
-			t.Fatalf("%c then %c: settled %d (%v), want 1", pair[0], pair[1], n, err)
+		if err != nil || ackd.Settled != 1 {
+			t.Fatalf("%c then %c: settled %d (%v), want 1", pair[0], pair[1], ackd.Settled, err)
 		}
 		mustBeConsistent(t, s)
 	}
@@ -429,13 +429,13 @@ func TestSeriesNextOccurrence(t *testing.T) {
 		t.Fatalf("retried occurrence: %+v", c)
 	}
 	next := now.Add(time.Hour).UnixMilli()
-	n, _, err := s.Ack(ctx, map[int][]Settle{s.Shard("s1"): {{ID: "s1", Token: c.Token, Outcome: Next, NextDueMs: next}}}, 0)
-	if err != nil || n != 1 {
-		t.Fatalf("next: %d, %v", n, err)
+	ackd, err := s.Ack(ctx, map[int][]Settle{s.Shard("s1"): {{ID: "s1", Token: c.Token, Outcome: Next, NextDueMs: next}}}, 0)
+	if err != nil || ackd.Settled != 1 {
+		t.Fatalf("next: %d, %v", ackd.Settled, err)
 	}
 	// Resent, the same settle must not advance it twice.
-	if n, _, _ := s.Ack(ctx, map[int][]Settle{s.Shard("s1"): {{ID: "s1", Token: c.Token, Outcome: Next, NextDueMs: next + 1000}}}, 0); n != 0 {
-		t.Fatalf("a resent next settled %d", n)
+	if ackd, _ := s.Ack(ctx, map[int][]Settle{s.Shard("s1"): {{ID: "s1", Token: c.Token, Outcome: Next, NextDueMs: next + 1000}}}, 0); ackd.Settled != 0 {
+		t.Fatalf("a resent next settled %d", ackd.Settled)
 	}
 	e, err := s.Get(ctx, "s1")
 	if err != nil || e.State != StatePending || e.DueMs != next || e.Occurrence != 2 || e.Attempts != 0 ||
@@ -552,7 +552,7 @@ func TestOlderVersionsDeadReplay(t *testing.T) {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	c := claimAll(t, s, time.Minute)["d1"]
-	if c.DueMs != 4242 || c.Attempt != 1 || string(c.Data) != string(old) {
+	if c.DueMs != 4242 || c.Attempt != 11 || c.Base != 10 || string(c.Data) != string(old) {
 		t.Fatalf("after replay: %+v", c)
 	}
 	mustBeConsistent(t, s)

@@ -21,14 +21,47 @@ const (
 	seriesValueHeader = 11
 )
 
+// Stored formats. A value's format is told by its first byte: below 0xF0
+// an envelope without the header (format 1), else 2 + (byte - 0xF0) / 2,
+// each format with a one-shot and a series mark. A daemon reads every
+// format up to the newest it knows, and writes the newest that every live
+// daemon reads (AgreeFormats), so a rolling upgrade that brings a new
+// format never meets a daemon that cannot read what it finds; a daemon
+// that meets a newer format anyway (a rollback) leaves it alone.
+const (
+	// FormatBare is the envelope alone, written by versions before the
+	// value header, which predate this rule.
+	FormatBare = 1
+	// FormatHeader is the header above: the newest format of this version.
+	FormatHeader = 2
+	// formatNext stands in for a future format in tests of mixed-version
+	// fleets (WithNewestFormat): format 2's layout under marks 0xF2, 0xF3.
+	formatNext = 3
+)
+
+// formatOf is the stored format of a value.
+func formatOf(v string) int {
+	if len(v) == 0 || v[0] < valueMark {
+		return FormatBare
+	}
+	return FormatHeader + int(v[0]-valueMark)/2
+}
+
+// markOf is the one-shot mark of format f (2 or later).
+func markOf(f int) byte { return valueMark + byte(2*(f-FormatHeader)) }
+
 // splitValue returns the due time, the occurrence (0 for a one-shot) and
 // the envelope of a stored value; due is -1 for a value without the header.
+// Formats 2 and 3 share the layout; a newer format is returned whole, with
+// due -1 (it is never claimed, and fails to decode where it is read).
 func splitValue(v string) (dueMs, occurrence int64, data []byte) {
-	switch {
-	case len(v) >= valueHeader && v[0] == valueMark:
-		return be(v[1:7]), 0, []byte(v[valueHeader:])
-	case len(v) >= seriesValueHeader && v[0] == seriesMark:
-		return be(v[1:7]), be(v[7:11]), []byte(v[seriesValueHeader:])
+	if f := formatOf(v); f == FormatHeader || f == formatNext {
+		switch {
+		case len(v) >= valueHeader && (v[0]-valueMark)%2 == 0:
+			return be(v[1:7]), 0, []byte(v[valueHeader:])
+		case len(v) >= seriesValueHeader:
+			return be(v[1:7]), be(v[7:11]), []byte(v[seriesValueHeader:])
+		}
 	}
 	return -1, 0, []byte(v)
 }
@@ -40,19 +73,20 @@ func be(s string) int64 {
 	return int64(binary.BigEndian.Uint64(b[:]))
 }
 
-// stampValue builds a stored value: the header for dueMs (with the
-// occurrence, if > 0, for a series), then data. The scripts build the same
-// (stamp in scripts.go) when only Redis knows the due time.
-func stampValue(dueMs, occurrence int64, data []byte) []byte {
+// stampValue builds a stored value of the format with one-shot mark: the
+// header for dueMs (with the occurrence, if > 0, for a series), then data.
+// The scripts build the same (stamp in scripts.go) when only Redis knows
+// the due time.
+func stampValue(mark byte, dueMs, occurrence int64, data []byte) []byte {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], uint64(dueMs))
 	if occurrence > 0 {
 		v := make([]byte, 0, seriesValueHeader+len(data))
-		v = append(append(append(v, seriesMark), b[2:]...), byte(occurrence>>24), byte(occurrence>>16), byte(occurrence>>8), byte(occurrence))
+		v = append(append(append(v, mark+1), b[2:]...), byte(occurrence>>24), byte(occurrence>>16), byte(occurrence>>8), byte(occurrence))
 		return append(v, data...)
 	}
 	v := make([]byte, 0, valueHeader+len(data))
-	return append(append(append(v, valueMark), b[2:]...), data...)
+	return append(append(append(v, mark), b[2:]...), data...)
 }
 
 // ceilMs is µs rounded up to the ms, as the schedule script rounds: a due

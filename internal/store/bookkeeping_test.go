@@ -1,0 +1,245 @@
+package store
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTokensNeverRepeat: an envelope claimed, replaced by a version due at
+// once and claimed again with a lease that ends in the same millisecond,
+// with the same hint: the old claim's token must not be the new one's, and
+// the old delivery's ack must leave the new version alone. Under the
+// scheme before (the token was the hint), the two claims shared a token
+// and the stale ack deleted the new version.
+func TestTokensNeverRepeat(t *testing.T) {
+	r, _ := newStore(t)
+	s := New(r.rdb, "t", 4, WithTokenHint(func() int { return 500 }))
+	ctx := context.Background()
+	same := 0
+	for i := 0; i < 200 && same < 20; i++ {
+		schedule(t, s, Item{ID: "x", Absolute: true, AtMicros: 1000, Data: enc("v1")})
+		first := claimOnly(t, s, "x", time.Minute)
+		start := time.Now()
+		schedule(t, s, Item{ID: "x", Absolute: true, AtMicros: 1000, Data: enc("v2")})
+		second := claimOnly(t, s, "x", time.Minute-time.Since(start).Truncate(time.Millisecond))
+		if first.Token == second.Token {
+			t.Fatalf("two claims of one id got the same token %s", first.Token)
+		}
+		if strings.Split(first.Token, ".")[0] == strings.Split(second.Token, ".")[0] {
+			same++ // the two leases end in the same millisecond
+		}
+		if settle(t, s, first, Delivered, 0) != 0 {
+			t.Fatal("the replaced version's ack settled the new claim")
+		}
+		e, err := s.Get(ctx, "x")
+		if err != nil || e.State != StateInflight || !strings.Contains(string(e.Data), "v2") {
+			t.Fatalf("the new version after the stale ack: %+v %v", e, err)
+		}
+		if settle(t, s, second, Delivered, 0) != 1 {
+			t.Fatal("the new claim did not settle")
+		}
+	}
+	if same == 0 {
+		t.Fatal("no two leases ended in the same millisecond: the test proved nothing")
+	}
+	mustBeConsistent(t, s)
+}
+
+// claimOnly claims id's shard and returns id's claim.
+func claimOnly(t *testing.T, s *Store, id string, lease time.Duration) Claimed {
+	t.Helper()
+	res, err := s.Claim(context.Background(), []int{s.Shard(id)}, ClaimOptions{Batch: 10, Lease: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res[0].Items {
+		if c.ID == id {
+			return c
+		}
+	}
+	t.Fatalf("%s not claimed: %+v", id, res)
+	return Claimed{}
+}
+
+// TestAttemptsOnlyGoUp: retries, a death, a replay and a lease expiry
+// each carry the next attempt; a replay grants a fresh budget.
+func TestAttemptsOnlyGoUp(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	schedule(t, s, Item{ID: "a", Absolute: true, AtMicros: 1000, Data: enc("x")})
+	c := claimOnly(t, s, "a", time.Minute)
+	if c.Attempt != 1 || c.Base != 0 {
+		t.Fatalf("first claim: %+v", c)
+	}
+	settle(t, s, c, Retry, 0)
+	c = claimOnly(t, s, "a", time.Minute)
+	if c.Attempt != 2 || c.Base != 0 {
+		t.Fatalf("after a retry: %+v", c)
+	}
+	settle(t, s, c, Bury, 0)
+	if n, err := s.Replay(ctx, []string{"a"}); err != nil || n != 1 {
+		t.Fatalf("replay: %d %v", n, err)
+	}
+	if e, _ := s.Get(ctx, "a"); e.Attempts != 2 {
+		t.Fatalf("replayed envelope shows %d attempts, want 2", e.Attempts)
+	}
+	c = claimOnly(t, s, "a", 0)
+	if c.Attempt != 3 || c.Base != 2 {
+		t.Fatalf("after a replay: %+v", c)
+	}
+	// Its lease (0) expires: the re-claim counts it.
+	time.Sleep(2 * time.Millisecond)
+	c = claimOnly(t, s, "a", time.Minute)
+	if c.Attempt != 4 || c.Base != 2 {
+		t.Fatalf("after a lease expiry: %+v", c)
+	}
+	settle(t, s, c, Postpone, 0)
+	c = claimOnly(t, s, "a", time.Minute)
+	if c.Attempt != 4 || c.Base != 2 {
+		t.Fatalf("after a postpone (the attempt given back): %+v", c)
+	}
+	settle(t, s, c, Bury, 0)
+	if n, _ := s.Replay(ctx, []string{"a"}); n != 1 {
+		t.Fatal("second replay")
+	}
+	if c = claimOnly(t, s, "a", time.Minute); c.Attempt != 5 || c.Base != 4 {
+		t.Fatalf("after a second replay: %+v", c)
+	}
+	mustBeConsistent(t, s)
+}
+
+// TestRetryDelayPerSettle: a settle's own retry delay replaces the call's.
+func TestRetryDelayPerSettle(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	schedule(t, s, Item{ID: "r1", Absolute: true, AtMicros: 1000, Data: enc("x")},
+		Item{ID: "r2", Absolute: true, AtMicros: 1000, Data: enc("y")})
+	got := claimAll(t, s, time.Minute)
+	sts := map[int][]Settle{}
+	sts[s.Shard("r1")] = append(sts[s.Shard("r1")], Settle{ID: "r1", Token: got["r1"].Token, Outcome: Retry, RetryDelay: time.Hour})
+	sts[s.Shard("r2")] = append(sts[s.Shard("r2")], Settle{ID: "r2", Token: got["r2"].Token, Outcome: Retry})
+	ackd, err := s.Ack(ctx, sts, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := ackd.NowMs
+	e1, _ := s.Get(ctx, "r1")
+	e2, _ := s.Get(ctx, "r2")
+	if e1.DueMs != now+time.Hour.Milliseconds() || e2.DueMs != now+1000 {
+		t.Fatalf("due %d and %d, want %d and %d", e1.DueMs, e2.DueMs, now+time.Hour.Milliseconds(), now+1000)
+	}
+}
+
+// TestStreamMessageStoredOnce: a stream message stored once is not stored
+// again within the memory, even after it was delivered and deleted; a new
+// message for the same id replaces as before; after the memory it is a
+// new message again.
+func TestStreamMessageStoredOnce(t *testing.T) {
+	r, _ := newStore(t)
+	s := New(r.rdb, "t", 4, WithStreamMemory(300*time.Millisecond))
+	ctx := context.Background()
+	msg := Item{ID: "m", Absolute: true, AtMicros: 1000, Data: enc("v1"), StreamMsg: "7@1700000000000000000"}
+	if due := schedule(t, s, msg); due[0] != 1 {
+		t.Fatalf("first delivery of the message: due %d", due[0])
+	}
+	settle(t, s, claimOnly(t, s, "m", time.Minute), Delivered, 0)
+	if due := schedule(t, s, msg); due[0] != 0 {
+		t.Fatalf("a redelivery of a message stored and delivered: due %d, want 0 (not stored)", due[0])
+	}
+	if _, err := s.Get(ctx, "m"); err != ErrNotFound {
+		t.Fatalf("the redelivery was stored: %v", err)
+	}
+	next := Item{ID: "m", Absolute: true, AtMicros: 2000, Data: enc("v2"), StreamMsg: "8@1700000000000000001"}
+	if due := schedule(t, s, next); due[0] != 2 {
+		t.Fatalf("a new message for the id: due %d", due[0])
+	}
+	if due := schedule(t, s, next, next); due[0] != 0 || due[1] != 0 {
+		t.Fatalf("the same message twice more in one batch: %v", due)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if due := schedule(t, s, msg); due[0] != 1 {
+		t.Fatalf("after the memory: due %d, want it stored", due[0])
+	}
+	mustBeConsistent(t, s)
+}
+
+// TestFormatsOfAMixedFleet: a daemon that meets a value of a format newer
+// than it reads gives it back untouched and uncounted; the newer daemon
+// writes the older format while the older one is alive, the newer one
+// after it left, and delivers both.
+func TestFormatsOfAMixedFleet(t *testing.T) {
+	r, _ := newStore(t)
+	ctx := context.Background()
+	older := New(r.rdb, "t", 4)
+	newer := New(r.rdb, "t", 4, WithNewestFormat(formatNext))
+	agree := func(s *Store, id string, want int) {
+		t.Helper()
+		if got, err := s.AgreeFormats(ctx, id, time.Minute); err != nil || got != want {
+			t.Fatalf("%s writes format %d (%v), want %d", id, got, err, want)
+		}
+	}
+	agree(older, "old", FormatHeader)
+	agree(newer, "new", FormatHeader)
+	schedule(t, newer, Item{ID: "f2", Absolute: true, AtMicros: 1000, Data: enc("two")})
+	if _, err := older.AgreeFormats(ctx, "old", 0); err != nil {
+		t.Fatal(err)
+	}
+	agree(newer, "new", formatNext)
+	schedule(t, newer, Item{ID: "f3", Absolute: true, AtMicros: 1000, Data: enc("three")},
+		Item{ID: "d3", DelayMicros: 0, Data: enc("delay")})
+	k := older.keys[older.Shard("f3")]
+	before, _ := r.rdb.HGet(ctx, k.data, "f3").Result()
+	if formatOf(before) != formatNext {
+		t.Fatalf("the newer daemon alone wrote format %d", formatOf(before))
+	}
+
+	// The older daemon meets f3 and d3: both stay, uncounted.
+	time.Sleep(2 * time.Millisecond)
+	var unknown int
+	got := map[string]Claimed{}
+	for sh := range 4 {
+		res, err := older.Claim(ctx, []int{sh}, ClaimOptions{Batch: 10, Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		unknown += res[0].Unknown
+		if res[0].Unknown > 0 && res[0].UnknownFormat != formatNext {
+			t.Fatalf("unknown format reported as %d", res[0].UnknownFormat)
+		}
+		for _, c := range res[0].Items {
+			got[c.ID] = c
+		}
+	}
+	if unknown != 2 || len(got) != 1 || got["f2"].ID == "" {
+		t.Fatalf("the older daemon claimed %v and gave back %d, want only f2 and 2 given back", got, unknown)
+	}
+	after, _ := r.rdb.HGet(ctx, k.data, "f3").Result()
+	if after != before {
+		t.Fatal("the older daemon rewrote a value of a newer format")
+	}
+	for _, id := range []string{"f3", "d3"} {
+		e, err := older.Get(ctx, id)
+		if err != nil || e.State != StatePending || e.Attempts != 0 {
+			t.Fatalf("%s after the older daemon's claim: %+v %v", id, e, err)
+		}
+	}
+	// The newer daemon delivers them, a second later.
+	time.Sleep(1100 * time.Millisecond)
+	got = map[string]Claimed{}
+	for sh := range 4 {
+		res, err := newer.Claim(ctx, []int{sh}, ClaimOptions{Batch: 10, Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range res[0].Items {
+			got[c.ID] = c
+		}
+	}
+	if got["f3"].Attempt != 1 || string(got["f3"].Data) != string(enc("three")) || got["f3"].DueMs != 1 ||
+		got["d3"].Attempt != 1 || string(got["d3"].Data) != string(enc("delay")) {
+		t.Fatalf("the newer daemon's claim: %+v", got)
+	}
+	mustBeConsistent(t, newer)
+}
