@@ -85,7 +85,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		ropts.OnConnect = guard.OnConnect
 	}
 	rdb := store.NewClient(ropts)
-	st := store.New(rdb, c.Namespace, c.Shards)
+	st := store.New(rdb, c.Namespace, c.Shards, append(o.store, store.WithStreamMemory(c.Intake.Stream.DedupeWindow))...)
 	defer st.Close()
 	if guard != nil {
 		// Refuse to start on an evicting Redis. An unreachable one is
@@ -139,6 +139,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	}, log.Named("intake"))
 	id := c.NATS.Name + "-" + nuid.Next()
 	own := scanner.NewOwnership(st, sc, id, c.Ownership.TTL, log.Named("ownership"))
+	formats := func(ctx context.Context) error { return st.RunFormats(ctx, id, c.Ownership.TTL, log.Named("formats")) }
 
 	// Stopped in this order: intake first (answer what was taken), then
 	// ownership (release the shards at once), the scanner (finish what was
@@ -167,6 +168,10 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 			comps = append(comps, component{"check", chk.Run})
 		}
 	}
+	// Every daemon writes values (intake) or reads them (scanner): each
+	// announces the newest format it reads, so the fleet writes one every
+	// live daemon reads. Stopped late: it withdraws the announcement.
+	comps = append(comps, component{"formats", formats})
 	if guard != nil {
 		comps = append(comps, component{"redis-guard", func(ctx context.Context) error { return guard.Run(ctx, rdb) }})
 	}
@@ -252,7 +257,14 @@ func (i inspector) Replay(ctx context.Context, ids []string) (int, error) {
 
 // daemonOptions are test seams of the daemon.
 type daemonOptions struct {
-	now func() time.Time // the local wall clock; Redis time decides due times
+	now   func() time.Time // the local wall clock; Redis time decides due times
+	store []store.Option
+}
+
+// withNewestFormat makes the daemon read (and, once the fleet agrees,
+// write) a simulated next stored format, as the next version would.
+func withNewestFormat(f int) daemonOption {
+	return func(o *daemonOptions) { o.store = append(o.store, store.WithNewestFormat(f)) }
 }
 
 type daemonOption func(*daemonOptions)

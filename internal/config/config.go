@@ -191,6 +191,12 @@ type Stream struct {
 	// RetryDelay is how long a message waits in the stream before it is
 	// offered again after Redis failed to store it.
 	RetryDelay time.Duration `koanf:"retry_delay"`
+	// DedupeWindow is how long delayd remembers each stream message it
+	// stored, so a redelivery after a lost ack (a daemon killed between
+	// the Redis write and the ack, a stream leader change) is acked and
+	// not stored again. It must outlast the redeliveries: ack_wait times
+	// the lost acks in a row it covers.
+	DedupeWindow time.Duration `koanf:"dedupe_window"`
 }
 
 // Limits bound one schedule request.
@@ -253,7 +259,7 @@ func Default() Config {
 			CheckInterval: time.Minute,
 		},
 		Intake: Intake{Batch: 256, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Replicas: 1,
-			Pull: 1024, AckWait: 30 * time.Second, RetryDelay: time.Second}},
+			Pull: 1024, AckWait: 30 * time.Second, RetryDelay: time.Second, DedupeWindow: 5 * time.Minute}},
 		Limits: Limits{
 			MaxPayload:     0, // the NATS server's max_payload
 			MaxIDLen:       256,
@@ -431,6 +437,9 @@ func (c Config) validateStream(bad func(key, format string, args ...any)) {
 	}
 	if s.AckWait < time.Second {
 		bad("intake.stream.ack_wait", "must be at least 1s, got %s", s.AckWait)
+	}
+	if s.DedupeWindow < 2*s.AckWait {
+		bad("intake.stream.dedupe_window", "must be at least twice ack_wait (%s), got %s", s.AckWait, s.DedupeWindow)
 	}
 	if s.RetryDelay <= 0 {
 		bad("intake.stream.retry_delay", "must be positive, got %s", s.RetryDelay)

@@ -378,3 +378,26 @@ func (s *Store) DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error)
 	}
 	return out, nil
 }
+
+// Formats counts the stored values of every shard by format (FormatBare,
+// FormatHeader, or newer ones a newer daemon wrote), for doctor: an
+// upgrade or rollback shows how much each version has written.
+func (s *Store) Formats(ctx context.Context) (map[int]int, error) {
+	out := map[int]int{}
+	for sh := range s.shards {
+		var cursor uint64
+		for {
+			kv, next, err := s.rdb.HScan(ctx, s.keys[sh].data, cursor, "", 500).Result()
+			if err != nil {
+				return nil, fmt.Errorf("store: formats of shard %d: %w", sh, err)
+			}
+			for i := 1; i < len(kv); i += 2 {
+				out[formatOf(kv[i])]++
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
+		}
+	}
+	return out, nil
+}

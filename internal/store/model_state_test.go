@@ -48,8 +48,8 @@ type mEntry struct {
 	// else the attempts counted so far; base is how many were counted
 	// before the last replay.
 	attempt, base int
-	due     int64  // the original due time, from the schedule
-	token   string // the lease score of the current claim, "" once settled
+	due           int64  // the original due time, from the schedule
+	token         string // the lease score of the current claim, "" once settled
 	// occurrence is the pending occurrence of a series, 0 for a one-shot.
 	occurrence int64
 	err        string // the errors entry, "" if none
