@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/urfave/cli/v3"
@@ -19,6 +20,9 @@ type doctorReport struct {
 	ByShard     map[int]map[string]int `json:"by_shard,omitempty"`
 	Repaired    bool                   `json:"repaired"`
 	Persistence *store.Persistence     `json:"persistence,omitempty"`
+	// Formats counts the stored values by format (1: before the value
+	// header, 2: this version's, higher: written by a newer version).
+	Formats map[int]int `json:"formats"`
 }
 
 // doctorCommand checks the delay set in Redis against the store's invariants:
@@ -61,6 +65,9 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		rep.Persistence = &p
 	}
 	cancel()
+	if rep.Formats, err = st.Formats(ctx); err != nil {
+		return err
+	}
 	for sh := range c.Shards {
 		found, err := st.Check(ctx, sh, store.CheckOptions{Repair: repair, Pause: pause})
 		if err != nil {
@@ -97,6 +104,21 @@ func printDoctor(w io.Writer, rep doctorReport) {
 		}
 	}
 	fmt.Fprintf(w, "checked %d shards\n", rep.Shards)
+	formats := make([]int, 0, len(rep.Formats))
+	for f := range rep.Formats {
+		formats = append(formats, f)
+	}
+	slices.Sort(formats)
+	for _, f := range formats {
+		note := ""
+		switch {
+		case f == store.FormatBare:
+			note = " (written before the value header; rewritten at its next claim)"
+		case f > store.FormatHeader:
+			note = " (written by a newer version: this version leaves them alone)"
+		}
+		fmt.Fprintf(w, "stored format %d: %d values%s\n", f, rep.Formats[f], note)
+	}
 	if len(rep.Found) == 0 {
 		fmt.Fprintln(w, "consistent: every stored envelope is indexed exactly once, and every index entry has its data")
 		return

@@ -41,6 +41,9 @@ func TestDoctor(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
+	if out, err := doctor(); err != nil || !strings.Contains(out, "stored format 2: 4 values") {
+		t.Fatalf("counts per format: %v\n%s", err, out)
+	}
 	st := e.inspectStore(c)
 	rc := e.redis.Client()
 	k := func(id, name string) string { return fmt.Sprintf("{delayd:%d}:%s", st.Shard(id), name) }
