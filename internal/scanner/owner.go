@@ -37,6 +37,10 @@ type Ownership struct {
 	log    hclog.Logger
 	owned  []bool
 	failed bool
+	// cut counts the rounds in a row that found the delivery connection
+	// down; away: this daemon left the member set for it.
+	cut  int
+	away bool
 	// health, for Ready: guarded by mu.
 	mu      sync.Mutex
 	lastOK  time.Time
@@ -69,6 +73,23 @@ func (o *Ownership) Run(ctx context.Context) error {
 }
 
 func (o *Ownership) round(ctx context.Context) {
+	// A daemon that cannot publish must not hold shards: their timers
+	// would stall while it reaches Redis but not NATS (a wrong password,
+	// a cut network path). Two rounds in a row, so a reconnect of a
+	// fraction of a second does not move every shard.
+	if !o.sc.pub.Connected() {
+		if o.cut++; o.cut >= 2 && !o.away {
+			o.standDown()
+		}
+		if o.away {
+			return
+		}
+	} else {
+		if o.away {
+			o.log.Info("NATS delivery connection back: rejoining the member set")
+		}
+		o.cut, o.away = 0, false
+	}
 	rctx, cancel := context.WithTimeout(ctx, o.ttl/3)
 	defer cancel()
 	members, _, err := o.st.Heartbeat(rctx, o.id, o.ttl)
@@ -103,6 +124,28 @@ func (o *Ownership) round(ctx context.Context) {
 	}
 }
 
+// errNoNATS: the daemon stood down because it cannot publish.
+var errNoNATS = errors.New("the NATS delivery connection is down: this daemon gave up its shards to daemons that can deliver")
+
+// standDown releases every shard and leaves the member set, so the other
+// daemons take the shards at their next round.
+func (o *Ownership) standDown() {
+	o.away = true
+	n := 0
+	for _, own := range o.owned {
+		if own {
+			n++
+		}
+	}
+	o.log.Warn("NATS delivery connection down: giving up the shards and leaving the member set until it is back",
+		"shards", n)
+	o.leave()
+	o.owned = make([]bool, len(o.owned))
+	o.mu.Lock()
+	o.lastErr, o.nOwned = errNoNATS, 0
+	o.mu.Unlock()
+}
+
 // Ready fails while due envelopes may wait for nobody: this daemon's
 // ownership rounds fail (its leases lapse), or it owns no shard and is the
 // only live member (so no one owns them). A daemon that owns nothing
@@ -111,6 +154,8 @@ func (o *Ownership) Ready(context.Context) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	switch {
+	case o.lastErr == errNoNATS:
+		return errNoNATS
 	case o.lastOK.IsZero() && o.lastErr == nil:
 		return errors.New("no ownership round yet")
 	case time.Since(o.lastOK) > o.ttl:

@@ -3,11 +3,13 @@ package scanner
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -18,7 +20,7 @@ func TestOwnershipReadyFollowsLeases(t *testing.T) {
 	r := testutil.StartRedis(t)
 	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 4)
 	defer st.Close()
-	sc := New(st, nil, nil, Options{Shared: true, IdleInterval: time.Second}, hclog.NewNullLogger())
+	sc := New(st, &linkPub{}, nil, Options{Shared: true, IdleInterval: time.Second}, hclog.NewNullLogger())
 	const ttl = 300 * time.Millisecond
 	own := NewOwnership(st, sc, "a", ttl, hclog.NewNullLogger())
 	ctx := context.Background()
@@ -44,5 +46,60 @@ func TestOwnershipReadyFollowsLeases(t *testing.T) {
 	own.round(ctx)
 	if err := own.Ready(ctx); err != nil {
 		t.Fatalf("after Redis came back: %v", err)
+	}
+}
+
+// linkPub is a Publisher whose connection the test cuts: it publishes
+// nothing.
+type linkPub struct{ down atomic.Bool }
+
+func (p *linkPub) Publish(_ context.Context, ds []envelope.Delivery) []error {
+	return make([]error, len(ds))
+}
+func (p *linkPub) Connected() bool { return !p.down.Load() }
+
+// A daemon that reaches Redis but not NATS gives its shards up and leaves
+// the member set, so a daemon that can deliver takes them; it says why in
+// Ready, and rejoins once connected. A single round without NATS (a
+// reconnect) moves nothing.
+func TestOwnershipStandsDownWithoutNATS(t *testing.T) {
+	r := testutil.StartRedis(t)
+	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 8)
+	defer st.Close()
+	const ttl = 3 * time.Second
+	pa, pb := &linkPub{}, &linkPub{}
+	sa := New(st, pa, nil, Options{Shared: true, IdleInterval: time.Second}, hclog.NewNullLogger())
+	sb := New(st, pb, nil, Options{Shared: true, IdleInterval: time.Second}, hclog.NewNullLogger())
+	a := NewOwnership(st, sa, "a", ttl, hclog.NewNullLogger())
+	b := NewOwnership(st, sb, "b", ttl, hclog.NewNullLogger())
+	ctx := context.Background()
+	rounds := func() { a.round(ctx); b.round(ctx); a.round(ctx); b.round(ctx) }
+	rounds()
+	if na, nb := len(sa.Owned()), len(sb.Owned()); na == 0 || nb == 0 || na+nb != 8 {
+		t.Fatalf("two connected daemons own %d and %d of 8 shards", na, nb)
+	}
+	pa.down.Store(true)
+	a.round(ctx)
+	if len(sa.Owned()) == 0 {
+		t.Fatal("one round without NATS (a reconnect) gave the shards up")
+	}
+	a.round(ctx)
+	b.round(ctx)
+	if na, nb := len(sa.Owned()), len(sb.Owned()); na != 0 || nb != 8 {
+		t.Fatalf("without NATS a still owns %d shards, b %d of 8", na, nb)
+	}
+	if err := a.Ready(ctx); err == nil || !strings.Contains(err.Error(), "NATS") {
+		t.Fatalf("Ready without NATS: %v", err)
+	}
+	if err := b.Ready(ctx); err != nil {
+		t.Fatalf("the connected daemon: %v", err)
+	}
+	pa.down.Store(false)
+	rounds()
+	if na, nb := len(sa.Owned()), len(sb.Owned()); na == 0 || na+nb != 8 {
+		t.Fatalf("after NATS came back a owns %d, b %d of 8", na, nb)
+	}
+	if err := a.Ready(ctx); err != nil {
+		t.Fatalf("Ready after NATS came back: %v", err)
 	}
 }
