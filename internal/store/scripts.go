@@ -203,7 +203,8 @@ for i = 3, #ARGV, 6 do
     local us = tonumber(ARGV[i+3])
     local mode = ARGV[i+2]
     if mode ~= 'v' then us = nowus + us end
-    local due = math.ceil(us / 1000)
+    -- At least 1: 0 means "stored already" in the reply.
+    local due = math.max(math.ceil(us / 1000), 1)
     -- Adds first, then removals: a cut leaves the id indexed twice, never
     -- unindexed.
     redis.call('ZADD', KEYS[k+1], due, id)
@@ -213,17 +214,16 @@ for i = 3, #ARGV, 6 do
     elseif mode == 'e' then
       v = stamp(due, 1, v, mark)
     end
-    local fresh = redis.call('HSET', KEYS[k+3], id, v)
-    -- Remembered after the write: a cut before it stores the message
-    -- again on redelivery, as before this memory existed.
-    if msg ~= '' then redis.call('ZADD', KEYS[k+8], nowms + window, msg) end
-    if fresh == 0 then
+    if redis.call('HSET', KEYS[k+3], id, v) == 0 then
       -- A replace: forget any claim, error or death of the old one.
       redis.call('HDEL', KEYS[k+4], id)
       redis.call('HDEL', KEYS[k+6], id)
       redis.call('ZREM', KEYS[k+2], id)
       redis.call('ZREM', KEYS[k+5], id)
     end
+    -- Remembered last: a cut before it stores the message again on
+    -- redelivery, which redoes the replace's removals too.
+    if msg ~= '' then redis.call('ZADD', KEYS[k+8], nowms + window, msg) end
     out[#out+1] = due
   end
 end
