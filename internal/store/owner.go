@@ -20,7 +20,8 @@ import (
 
 // heartbeatScript records member ARGV[1] as alive for ARGV[2] ms, drops
 // expired members, and returns {now ms, live member ids...}.
-// KEYS[1] members ZSET. Allowed over maxmemory, like ownScript: without
+// KEYS[1] members ZSET (or the formats ZSET, whose members are
+// "<format>:<id>"). Allowed over maxmemory, like ownScript: without
 // owners nothing is delivered, and delivering is what frees memory.
 var heartbeatScript = newRawScript("allow-oom", `
 local t = redis.call('TIME')
@@ -125,23 +126,6 @@ func (s *Store) Owners(ctx context.Context) ([]string, error) {
 // too, as they write values, while only scanners are members.
 func formatsKey(ns string) string { return membersKey(ns) + ":formats" }
 
-// formatsScript announces ARGV[1] ("<format>:<id>") for ARGV[2] ms (0:
-// leave), drops expired announcements, and returns {now ms, live ones...}.
-// KEYS[1] formats ZSET. Allowed over maxmemory, like the heartbeat.
-var formatsScript = newRawScript("allow-oom", `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if ARGV[2] == '0' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-else
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local out = {now}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do out[#out+1] = m end
-return out
-`)
-
 // AgreeFormats announces the newest format daemon id reads, for ttl (0:
 // leave), and sets the format this store writes to the newest one that
 // every live daemon reads. A daemon of the version before this rule
@@ -150,7 +134,8 @@ return out
 // Upgrading section). It returns the format written from now on.
 func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) (int, error) {
 	me := strconv.Itoa(s.newest) + ":" + id
-	raw, err := s.run(ctx, formatsScript, []string{formatsKey(s.ns)}, me, ttl.Milliseconds()).Slice()
+	// The heartbeat's script: a ZSET of announcements with their expiry.
+	raw, err := s.run(ctx, heartbeatScript, []string{formatsKey(s.ns)}, me, ttl.Milliseconds()).Slice()
 	if err != nil {
 		s.failed(err)
 		return int(s.write.Load()), fmt.Errorf("store: announce formats: %w", err)

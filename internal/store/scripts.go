@@ -570,4 +570,4 @@ return {now, #ids}
 `)
 
 var allScripts = []*script{scheduleScript, cancelScript, claimScript, ackScript, replayScript, checkScript,
-	heartbeatScript, ownScript, formatsScript}
+	heartbeatScript, ownScript}
