@@ -276,10 +276,56 @@ func TestStreamIntakeRedeliveryDoesNotDuplicate(t *testing.T) {
 	js := e.js()
 	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h"), "no id")
 	e.eventually("the message is offered again and acknowledged", func() bool {
-		return e.obs.get("unavailable") == 1 && e.obs.get("stored") == 1 && e.streamLeft(js) == 0
+		// The first copy was stored (only its reply was lost): the
+		// redelivery is acknowledged, not stored again.
+		return e.obs.get("unavailable") == 1 && e.obs.get("redelivered") == 1 && e.streamLeft(js) == 0
 	})
 	if n := e.pending(); n != 1 {
 		t.Fatalf("%d envelopes stored after a redelivery, want 1", n)
+	}
+}
+
+// deliveredThenLost stores each batch, then deletes what it stored (as if
+// the envelopes fell due and were delivered at once) and, the first time,
+// answers as if the reply were lost: the stream offers the message again.
+type deliveredThenLost struct {
+	*store.Store
+	failed atomic.Bool
+}
+
+func (s *deliveredThenLost) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+	due, errs := s.Store.Schedule(ctx, items)
+	for _, it := range items {
+		if _, err := s.Cancel(ctx, it.ID); err != nil {
+			for i := range errs {
+				errs[i] = err
+			}
+		}
+	}
+	if s.failed.CompareAndSwap(false, true) {
+		for i := range errs {
+			errs[i] = errors.Join(store.ErrOutcomeUnknown, errors.New("reply lost"))
+		}
+	}
+	return due, errs
+}
+
+// A message stored, delivered, and offered again because its ack was lost
+// is acknowledged and not stored again: a stream redelivery never
+// schedules a timer twice. (Before, the redelivery stored it again, and it
+// was delivered a second time as attempt 1.)
+func TestStreamRedeliveryAfterDeliveryIsNotStoredAgain(t *testing.T) {
+	e := newStreamEnv(t)
+	u := &deliveredThenLost{Store: e.st}
+	e.start(u, func(o *StreamOptions) { o.Batch = 1 })
+	js := e.js()
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h",
+		envelope.HeaderID, "once"), "x")
+	e.eventually("the message is offered again and acknowledged", func() bool {
+		return e.obs.get("unavailable") == 1 && e.obs.get("redelivered") == 1 && e.streamLeft(js) == 0
+	})
+	if got := e.obs.get("stored"); got != 0 {
+		t.Fatalf("the redelivery was stored %d times, want 0", got)
 	}
 }
 

@@ -141,16 +141,20 @@ type NATS struct {
 // stored in a temp dir. NATS_LOG=1 shows the server's log.
 func StartNATS(t testing.TB, opts ...func(*server.Options)) *NATS {
 	t.Helper()
-	n := &NATS{t: t, Opts: &server.Options{
-		Host: "127.0.0.1", Port: FreePort(t), NoLog: os.Getenv("NATS_LOG") == "", NoSigs: true,
-		JetStream: true, StoreDir: t.TempDir(), MaxPayload: 8 << 20,
-	}}
+	n := newNATS(t)
 	for _, o := range opts {
 		o(n.Opts)
 	}
 	n.Start()
 	t.Cleanup(n.Stop)
 	return n
+}
+
+func newNATS(t testing.TB) *NATS {
+	return &NATS{t: t, Opts: &server.Options{
+		Host: "127.0.0.1", Port: FreePort(t), NoLog: os.Getenv("NATS_LOG") == "", NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(), MaxPayload: 8 << 20,
+	}}
 }
 
 // URL is the client URL of the server.
