@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -242,4 +243,39 @@ func TestFormatsOfAMixedFleet(t *testing.T) {
 		t.Fatalf("the newer daemon's claim: %+v", got)
 	}
 	mustBeConsistent(t, newer)
+}
+
+// TestClaimBytes: a claim stops after the envelope whose bytes cross its
+// share of the budget, hands out at least one, and leaves the rest due
+// (and an expired lease in flight) for the next claim.
+func TestClaimBytes(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	var ids []string
+	for i := 0; len(ids) < 10; i++ {
+		if id := "b" + strconv.Itoa(i); s.Shard(id) == 0 {
+			ids = append(ids, id)
+			schedule(t, s, Item{ID: id, Absolute: true, AtMicros: int64(1000 * (len(ids))), Data: make([]byte, 993)})
+		}
+	}
+	claim := func(bytes int64) []Claimed {
+		t.Helper()
+		res, err := s.Claim(ctx, []int{0}, ClaimOptions{Batch: 100, Lease: time.Minute, Bytes: bytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0].Items
+	}
+	// Values are 1000 bytes (a 7-byte header): 1000, 2000 <= 2500, then
+	// the third crosses it and is the last.
+	if got := claim(2500); len(got) != 3 || got[0].ID != ids[0] || got[2].ID != ids[2] {
+		t.Fatalf("claim of 2500 bytes: %d envelopes %v", len(got), claimedIDs(got))
+	}
+	if got := claim(1); len(got) != 1 || got[0].ID != ids[3] {
+		t.Fatalf("a budget below one envelope must still hand out one: %v", claimedIDs(got))
+	}
+	if got := claim(0); len(got) != 6 {
+		t.Fatalf("no budget: %d envelopes, want the 6 left", len(got))
+	}
+	mustBeConsistent(t, s)
 }

@@ -179,7 +179,7 @@ func (r *mRunner) claim(o mOp) error {
 	if shards == nil {
 		shards = []int{0, 1, 2}
 	}
-	res, err := r.s.Claim(r.ctx, shards, ClaimOptions{Batch: o.batch, Lease: time.Duration(o.lease) * time.Millisecond})
+	res, err := r.s.Claim(r.ctx, shards, ClaimOptions{Batch: o.batch, Lease: time.Duration(o.lease) * time.Millisecond, Bytes: o.bytes})
 	if err != nil {
 		return err
 	}
@@ -193,6 +193,9 @@ func (r *mRunner) claim(o mOp) error {
 		want, err := r.m.claimable(shards[i], now, o.batch)
 		if err != nil {
 			return err
+		}
+		if o.bytes > 0 {
+			want = r.m.withinBytes(want, max(o.bytes/int64(len(shards)), 1))
 		}
 		if cr.Shard != shards[i] || cr.Missing != 0 || len(cr.Items) != len(want) {
 			return fmt.Errorf("claim of shard %d at %d: got %d items %v (missing %d), want %v",

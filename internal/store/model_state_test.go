@@ -141,6 +141,24 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 	return append(exp, due[:min(len(due), batch-len(exp))]...), nil
 }
 
+// withinBytes cuts ids as a claim with a byte budget does: it stops after
+// the value whose bytes cross the budget.
+func (m *mModel) withinBytes(ids []string, budget int64) []string {
+	var bytes int64
+	for i, id := range ids {
+		if bytes > budget {
+			return ids[:i]
+		}
+		e := m.ids[id]
+		header := int64(valueHeader)
+		if e.occurrence > 0 {
+			header = seriesValueHeader
+		}
+		bytes += header + int64(len(e.data))
+	}
+	return ids
+}
+
 // next returns the lowest score at p in shard, or -1; for leases, the
 // millisecond the lowest expires in (its score rounded up).
 func (m *mModel) next(shard int, p mPlace) int64 {

@@ -247,6 +247,7 @@ type mOp struct {
 	back    int      // settle: the daemon's claim before its latest
 	batch   int      // claim
 	lease   int64    // claim, ms
+	bytes   int64    // claim: the byte budget, 0 for none
 	shards  []int    // claim: nil is every shard
 	seed    uint64   // settle: picks the items, their outcomes and errors
 	all     bool     // settle: every item delivered
@@ -289,7 +290,7 @@ func (o mOp) String() string {
 		if o.shards != nil {
 			on = fmt.Sprintf("shards %v", o.shards)
 		}
-		return fmt.Sprintf("claim by d%d of %s, batch %d, lease %dms", o.daemon, on, o.batch, o.lease)
+		return fmt.Sprintf("claim by d%d of %s, batch %d, lease %dms, %d bytes", o.daemon, on, o.batch, o.lease, o.bytes)
 	case opSettle:
 		how := fmt.Sprintf("some items (seed %#x)", o.seed)
 		if o.all {
@@ -352,7 +353,11 @@ func (g *mGen) next(m *mModel) mOp {
 		if g.rng.IntN(2) == 0 {
 			lease = hourMs
 		}
-		return mOp{kind: opClaim, daemon: g.rng.IntN(g.daemons), batch: 1 + g.rng.IntN(8), lease: lease}
+		o := mOp{kind: opClaim, daemon: g.rng.IntN(g.daemons), batch: 1 + g.rng.IntN(8), lease: lease}
+		if g.rng.IntN(4) == 0 {
+			o.bytes = 1 + g.rng.Int64N(150) // values are 14 to 25 bytes: a few per shard
+		}
+		return o
 	case w < 75:
 		back := g.rng.IntN(3)
 		if g.rng.IntN(5) == 0 {

@@ -306,8 +306,12 @@ end
 // The expired lease was an attempt: it is counted in claims now.
 // The lease score is the claim's token: the expiry plus about k/1000 ms,
 // k = ARGV[3] (1..991), unique in the shard (leaseToken).
-// ARGV[4] is the newest value format this daemon reads, as its series
-// mark: a value of a newer format (a newer daemon wrote it) is not handed
+// ARGV[5] bounds the bytes of stored values handed out (0: no bound):
+// envelopes are added while the bytes so far are within it, so the one
+// that crosses it is the last, and a claim always hands out at least one.
+// The values are read 16 at a time, so Redis holds little more than the
+// bound either. ARGV[4] is the newest value format this daemon reads, as
+// its series mark: a value of a newer format (a newer daemon wrote it) is not handed
 // out, nor rewritten or counted: it is given back, due again in a second,
 // for a daemon that knows its format.
 // Returns {now µs, next due ms or -1, next lease expiry ms (rounded up) or
@@ -332,11 +336,29 @@ if expired < max then
   local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, max - expired)
   for i = 1, #due do ids[#ids+1] = due[i] end
 end
+local datas
+local budget = tonumber(ARGV[5]) or 0
+if budget > 0 and #ids > 0 then
+  datas = {}
+  local bytes = 0
+  for i = 1, #ids, 16 do
+    local part = redis.call('HMGET', KEYS[3], unpack(ids, i, math.min(i + 15, #ids)))
+    for j = 1, #part do
+      if bytes > budget then break end
+      datas[#datas+1] = part[j]
+      bytes = bytes + (part[j] and #part[j] or 0)
+    end
+    if bytes > budget then break end
+  end
+  -- The rest stays where it is: due, or an expired lease claimed next time.
+  for k = #ids, #datas + 1, -1 do ids[k] = nil end
+  expired = math.min(expired, #ids)
+end
 local fromDue = #ids - expired
 if #ids > 0 then
   local lease = leaseToken(now, ARGV[2], tonumber(ARGV[3]))
   out[6] = lease
-  local datas = hmget(KEYS[3], ids)
+  datas = datas or hmget(KEYS[3], ids)
   -- Most shards have no retries at all: then there is nothing to read.
   local prevs = {}
   if redis.call('HLEN', KEYS[4]) > 0 then prevs = hmget(KEYS[4], ids) end

@@ -486,6 +486,10 @@ func (r ClaimResult) NowMs() int64 { return r.NowMicros / 1000 }
 type ClaimOptions struct {
 	Batch int
 	Lease time.Duration
+	// Bytes bounds the stored bytes the whole claim hands out (0: no
+	// bound), split evenly over its shards; each shard hands out at least
+	// one envelope, and stops after the one that crosses its share.
+	Bytes int64
 }
 
 // Claim atomically takes up to Batch envelopes from each of shards, with a
@@ -496,8 +500,12 @@ type ClaimOptions struct {
 // results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
 	hint, known := s.hint(), int(markOf(s.newest))+1
+	var share int64
+	if o.Bytes > 0 && len(shards) > 0 {
+		share = max(o.Bytes/int64(len(shards)), 1)
+	}
 	cmds, perr := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
-		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), hint, known}
+		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), hint, known, share}
 	})
 	if perr != nil {
 		perr = fmt.Errorf("store: claim: %w", perr)
