@@ -133,6 +133,9 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 		return r, err
 	}
 	switch {
+	case r.Target == "" && ctl.seen[slotNATSSchedule]:
+		// The ADR-51 family names its target with its own header.
+		return r, reject(CodeBadRequest, "missing header %s (or %s)", HeaderNATSScheduleTarget, HeaderTarget)
 	case r.Target == "":
 		return r, reject(CodeBadRequest, "missing header %s", HeaderTarget)
 	case !ValidTarget(r.Target):

@@ -87,13 +87,14 @@ func (c control) when() (when, error) {
 
 // natsSchedule maps an ADR-51 Nats-Schedule value, as nats-server reads it:
 // "@at <RFC 3339>", "@every <duration>", else a 6-field cron spec or one
-// of its descriptors.
+// of its descriptors. Like nats-server, exactly one space follows the
+// keyword: the rest is parsed as it is, so "@at  2026-..." is refused.
 func natsSchedule(v string) when {
 	switch {
 	case strings.HasPrefix(v, "@at "):
-		return when{kind: slotAt, name: HeaderNATSSchedule + " @at", value: strings.TrimSpace(v[len("@at "):])}
+		return when{kind: slotAt, name: HeaderNATSSchedule + " @at", value: v[len("@at "):]}
 	case strings.HasPrefix(v, "@every "):
-		return when{kind: slotEvery, name: HeaderNATSSchedule + " @every", value: strings.TrimSpace(v[len("@every "):])}
+		return when{kind: slotEvery, name: HeaderNATSSchedule + " @every", value: v[len("@every "):]}
 	}
 	return when{kind: slotCron, name: HeaderNATSSchedule, value: v}
 }

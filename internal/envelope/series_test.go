@@ -113,6 +113,12 @@ func TestParseSeries(t *testing.T) {
 		{"ADR-51 target alone", h("Nats-Schedule-Target", "a.b", "Delayd-Delay", "1m"), "Nats-Schedule-Target is only read with Nats-Schedule"},
 		{"ADR-51 zone alone", h(tg, "a.b", "Delayd-Cron", "@daily", "Nats-Schedule-Time-Zone", "UTC"), "Nats-Schedule-Time-Zone is only read with Nats-Schedule"},
 		{"ADR-51 with Delayd-Time-Zone", h(tg, "a.b", "Nats-Schedule", "@daily", "Delayd-Time-Zone", "UTC"), "give the zone as Nats-Schedule-Time-Zone"},
+		// As nats-server 2.15 reads them (server/scheduler.go: the rest
+		// after "@at " or "@every " is parsed as it is).
+		{"ADR-51 two spaces after @at", h("Nats-Schedule-Target", "a.b", "Nats-Schedule", "@at  2026-11-30T10:30:00Z"), "Nats-Schedule @at"},
+		{"ADR-51 two spaces after @every", h("Nats-Schedule-Target", "a.b", "Nats-Schedule", "@every  5m"), "Nats-Schedule @every"},
+		{"ADR-51 without a target", h("Nats-Schedule", "@every 5m"), "missing header Nats-Schedule-Target"},
+		{"ADR-51 Local zone", h("Nats-Schedule-Target", "a.b", "Nats-Schedule", "0 0 6 * * *", "Nats-Schedule-Time-Zone", "Local"), `time zone "Local" is refused`},
 		{"ADR-51 @at with zone", h(tg, "a.b", "Nats-Schedule", "@at 2026-11-30T10:30:00Z", "Nats-Schedule-Time-Zone", "UTC"), "not to Nats-Schedule @at"},
 		{"ADR-51 @every with zone", h(tg, "a.b", "Nats-Schedule", "@every 1m", "Nats-Schedule-Time-Zone", "UTC"), "not to Nats-Schedule @every"},
 		{"ADR-51 @every under 1s", h(tg, "a.b", "Nats-Schedule", "@every 500ms"), "Nats-Schedule @every 500ms is under the minimum"},

@@ -137,7 +137,13 @@ func compile(spec, zone string) (schedule, error) {
 	}
 	s = schedule{spec: ss, loc: time.UTC}
 	if zone != "" {
-		if len(zone) > maxZoneLen || zone == "Local" {
+		if zone == "Local" {
+			// nats-server reads it as its own zone; delayd's daemons may
+			// run in different zones, and a series must not move with
+			// the daemon that happens to claim it.
+			return s, invalid("time zone \"Local\" is refused: daemons may run in different zones; name the zone, like Europe/Berlin or UTC")
+		}
+		if len(zone) > maxZoneLen {
 			return s, invalid("unknown time zone %q", zone)
 		}
 		if s.loc, err = time.LoadLocation(zone); err != nil {

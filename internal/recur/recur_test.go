@@ -264,7 +264,7 @@ func TestValidate(t *testing.T) {
 		{"neither", Rule{}, "neither every nor cron"},
 		{"zone with every", Rule{Every: time.Minute, Zone: "Europe/Berlin"}, "only applies to cron"},
 		{"bad zone", Rule{Cron: "@daily", Zone: "Mars/Olympus"}, "unknown time zone"},
-		{"Local zone", Rule{Cron: "@daily", Zone: "Local"}, "unknown time zone"},
+		{"Local zone", Rule{Cron: "@daily", Zone: "Local"}, "time zone \"Local\" is refused"},
 		{"five fields", Rule{Cron: "*/5 * * * *"}, "6 fields"},
 		{"bad field", Rule{Cron: "0 61 * * * *"}, "cron"},
 		{"@every in cron", Rule{Cron: "@every 1m"}, "use every"},
