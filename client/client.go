@@ -94,7 +94,9 @@ func (c *Client) Cancel(ctx context.Context, id string) (Cancelled, error) {
 func (c *Client) request(ctx context.Context, verb, id string, m *nats.Msg, out any) error {
 	m.Subject = c.prefix + "." + verb
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("delayd %s: not sent: %w", verb, err)
+		// Nothing reached delayd: as with any request that could not be
+		// sent, nothing was written.
+		return fmt.Errorf("delayd %s: not sent: %w: %w", verb, ErrUnavailable, err)
 	}
 	resp, err := c.nc.RequestMsgWithContext(ctx, m)
 	switch {

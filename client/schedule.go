@@ -229,16 +229,26 @@ func (c *Client) ScheduleRetrying(ctx context.Context, target string, payload []
 		m.Header.Set(headerID, id)
 	}
 	backoff := 50 * time.Millisecond
+	// unknown is the last attempt whose outcome is unknown: once one may
+	// have stored the envelope, a later attempt that wrote nothing does
+	// not make "nothing stored" true.
+	var unknown error
 	for {
 		actx, cancel := context.WithTimeout(ctx, c.retryTimeout)
 		var out Scheduled
 		// A fresh message per attempt: the request sets its reply subject.
 		err := c.request(actx, "schedule", id, &nats.Msg{Header: m.Header, Data: m.Data}, &out)
 		cancel()
+		if errors.Is(err, ErrOutcomeUnknown) {
+			unknown = err
+		}
 		// A closed connection never sends again: retrying would only wait
 		// for ctx.
-		if err == nil || !(errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOutcomeUnknown)) || ctx.Err() != nil ||
-			c.nc.IsClosed() {
+		retryable := errors.Is(err, ErrUnavailable) || errors.Is(err, ErrOutcomeUnknown)
+		if err == nil || !retryable || ctx.Err() != nil || c.nc.IsClosed() {
+			if retryable && unknown != nil {
+				return out, unknown
+			}
 			return out, err
 		}
 		// Full jitter, so clients that failed together do not retry together.
@@ -246,6 +256,9 @@ func (c *Client) ScheduleRetrying(ctx context.Context, target string, payload []
 		backoff = min(2*backoff, 5*time.Second)
 		select {
 		case <-ctx.Done():
+			if unknown != nil {
+				return out, unknown
+			}
 			return out, err
 		case <-time.After(wait):
 		}
