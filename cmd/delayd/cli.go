@@ -106,13 +106,26 @@ func newApp(o cliIO) *cli.Command {
 }
 
 // strict applies the settings every command shares: usage mistakes are
-// errUsage (exit 2), and list flags are not split at commas (--set
-// redis.addrs=a:1,b:2 is one value).
+// errUsage (exit 2), list flags are not split at commas (--set
+// redis.addrs=a:1,b:2 is one value), and a single-value flag given twice
+// (--delay 1s --delay 2s) is a usage mistake, not a silent last-wins.
 func strict(c *cli.Command) {
 	c.OnUsageError = func(_ context.Context, cmd *cli.Command, err error, _ bool) error {
 		return usageErr(cmd, "%v", err)
 	}
 	c.DisableSliceFlagSeparator = true
+	for _, f := range c.Flags {
+		switch f := f.(type) {
+		case *cli.StringFlag:
+			f.OnlyOnce = true
+		case *cli.DurationFlag:
+			f.OnlyOnce = true
+		case *cli.IntFlag:
+			f.OnlyOnce = true
+		case *cli.BoolFlag:
+			f.OnlyOnce = true
+		}
+	}
 	for _, sub := range c.Commands {
 		strict(sub)
 	}

@@ -268,3 +268,20 @@ func TestCLIScheduleRepeatFlags(t *testing.T) {
 		t.Errorf("%d refused schedules were sent", len(got))
 	}
 }
+
+// A single-value flag given twice is a usage mistake (exit 2) naming the
+// flag, not a silent last-wins; a list flag may repeat.
+func TestCLIRepeatedFlagIsAUsageError(t *testing.T) {
+	for _, args := range [][]string{
+		{"schedule", "--target", "a.b", "--delay", "1s", "--delay", "2s", "x"},
+		{"schedule", "--target", "a.b", "--target", "c.d", "--delay", "1s", "x"},
+		{"cancel", "--nats-url", "nats://127.0.0.1:1", "--nats-url", "nats://127.0.0.1:2", "id"},
+		{"run", "--embedded", "--embedded"},
+	} {
+		var out bytes.Buffer
+		err := run(context.Background(), append([]string{"delayd"}, args...), func(string) string { return "" }, &out, &out)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "duplicate") {
+			t.Errorf("%v: want a usage error about the duplicate flag, got %v", args, err)
+		}
+	}
+}

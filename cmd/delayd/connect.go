@@ -27,6 +27,9 @@ func redisOptions(c config.Config) (store.Options, error) {
 	r := c.Redis
 	o := store.Options{Addrs: r.Addrs, Username: r.Username, Password: r.Password, DB: r.DB,
 		Cluster: r.Cluster, MasterName: r.MasterName}
+	if r.WaitReplicas > 0 || r.WaitLocalFsync {
+		o.WaitTimeout = r.WaitTimeout
+	}
 	if r.TLS.Enabled || r.TLS.CAFile != "" || r.TLS.CertFile != "" {
 		t, err := tlsconf.Client(tlsconf.Files{CAFile: r.TLS.CAFile, CertFile: r.TLS.CertFile, KeyFile: r.TLS.KeyFile})
 		if err != nil {

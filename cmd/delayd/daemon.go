@@ -85,7 +85,12 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		ropts.OnConnect = guard.OnConnect
 	}
 	rdb := store.NewClient(ropts)
-	st := store.New(rdb, c.Namespace, c.Shards, append(o.store, store.WithStreamMemory(c.Intake.Stream.DedupeWindow))...)
+	sopts := append(o.store, store.WithStreamMemory(c.Intake.Stream.DedupeWindow))
+	if r := c.Redis; r.WaitReplicas > 0 || r.WaitLocalFsync {
+		sopts = append(sopts, store.WithWait(store.WaitOptions{Replicas: r.WaitReplicas, Timeout: r.WaitTimeout,
+			LocalFsync: r.WaitLocalFsync, Observer: metrics}))
+	}
+	st := store.New(rdb, c.Namespace, c.Shards, sopts...)
 	defer st.Close()
 	if guard != nil {
 		// Refuse to start on an evicting Redis. An unreachable one is
@@ -96,6 +101,9 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		if err != nil {
 			return err
 		}
+	}
+	if err := checkWait(ctx, c, st, log.Named("redis")); err != nil {
+		return err
 	}
 	auth, err := natsAuth(c)
 	if err != nil {
@@ -222,6 +230,33 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	_ = out.FlushWithContext(drainCtx)
 	log.Info("stopped")
 	return err
+}
+
+// checkWait refuses to start when Redis cannot confirm writes as the
+// redis.wait_* settings ask (WAITAOF missing), and warns when fewer
+// replicas are connected than wait_replicas. An unreachable Redis is left
+// to the retries: every wait then falls short, which is safe.
+func checkWait(ctx context.Context, c config.Config, st *store.Store, log hclog.Logger) error {
+	r := c.Redis
+	if r.WaitReplicas == 0 && !r.WaitLocalFsync {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	replicas, err := st.CheckWait(wctx)
+	cancel()
+	switch {
+	case errors.Is(err, store.ErrWaitUnsupported):
+		return err
+	case err != nil:
+		log.Warn("cannot check the wait settings against Redis yet", "error", err)
+	case replicas < r.WaitReplicas:
+		log.Warn("fewer replicas connected than redis.wait_replicas: schedules and cancels get 504 until they are back; deliveries go on",
+			"connected", replicas, "wait_replicas", r.WaitReplicas)
+	default:
+		log.Info("writes wait for replicas", "wait_replicas", r.WaitReplicas, "wait_timeout", r.WaitTimeout,
+			"wait_local_fsync", r.WaitLocalFsync, "connected", replicas)
+	}
+	return nil
 }
 
 // inspector is the store as the operator endpoints (NATS and the console)

@@ -27,6 +27,8 @@ type Metrics struct {
 	claimDuration  prometheus.Histogram
 	intakeDuration prometheus.Histogram
 	redisErrors    *prometheus.CounterVec
+	waitDuration   *prometheus.HistogramVec
+	waitShort      *prometheus.CounterVec
 	natsReconnects prometheus.Counter
 	deadTotal      prometheus.Counter
 	purged         prometheus.Counter
@@ -59,6 +61,8 @@ var (
 	intakeBuckets    = []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 5}
 	latenessBucketsS = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 5, 30, 300}
 	claimBucketsS    = []float64{.0002, .0005, .001, .002, .005, .01, .05, .1, .5, 1}
+	waitOps          = []string{"schedule", "cancel", "claim"}
+	waitBucketsS     = []float64{.0001, .0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2, 4}
 )
 
 // NewMetrics registers every metric, plus the Go and process collectors.
@@ -97,6 +101,18 @@ func NewMetrics(version string) *Metrics {
 			Buckets: intakeBuckets}),
 		redisErrors: counterVec("delayd_redis_errors_total",
 			"Failed Redis calls by operation: schedule, cancel, claim, ack, reap, sample.", "op", redisOps),
+		waitDuration: func() *prometheus.HistogramVec {
+			v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delayd_redis_wait_seconds",
+				Help:    "With redis.wait_replicas or wait_local_fsync: how long each WAIT blocked in Redis (one per pipeline and master), by operation: schedule, cancel, claim.",
+				Buckets: waitBucketsS}, []string{"op"})
+			for _, op := range waitOps {
+				v.WithLabelValues(op)
+			}
+			return v
+		}(),
+		waitShort: counterVec("delayd_redis_wait_short_total",
+			"WAITs that fell short (fewer replicas than redis.wait_replicas, or no fsync, within redis.wait_timeout), by operation: schedule and cancel answered 504, claim published anyway (idle claims count too).",
+			"op", waitOps),
 		natsReconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_nats_reconnects_total",
 			Help: "NATS reconnections."}),
 		deadTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "delayd_envelopes_dead_total",
@@ -130,7 +146,7 @@ func NewMetrics(version string) *Metrics {
 			Help: "Entries breaking the store's invariants, found by the background check, by kind (should stay 0)."}, []string{"kind"}),
 	}
 	for _, c := range []prometheus.Collector{m.received, m.streamIntake, m.delivered, m.cancels, m.redeliveries, m.lateness,
-		m.claimDuration, m.intakeDuration, m.redisErrors, m.natsReconnects, m.deadTotal, m.purged, m.unknownFormat, m.pending, m.inflight,
+		m.claimDuration, m.intakeDuration, m.redisErrors, m.waitDuration, m.waitShort, m.natsReconnects, m.deadTotal, m.purged, m.unknownFormat, m.pending, m.inflight,
 		m.dead, m.oldestOverdue, m.shardsOwned, m.shardsTotal, m.redisConnected, m.backlog, m.backlogOverdue,
 		m.shardsUnowned, m.inconsistent, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		reg.MustRegister(c)
@@ -236,6 +252,14 @@ func (m *Metrics) ShardsOwned(n int) { m.shardsOwned.Set(float64(n)) }
 
 // RedisError counts a failed Redis call of operation op.
 func (m *Metrics) RedisError(op string) { m.redisErrors.WithLabelValues(op).Inc() }
+
+// Waited observes one WAIT of the store (store.WaitObserver).
+func (m *Metrics) Waited(op string, took time.Duration, short bool) {
+	m.waitDuration.WithLabelValues(op).Observe(took.Seconds())
+	if short {
+		m.waitShort.WithLabelValues(op).Inc()
+	}
+}
 
 // NATSReconnect counts a NATS reconnection.
 func (m *Metrics) NATSReconnect() { m.natsReconnects.Inc() }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -93,6 +94,9 @@ type Intake struct {
 	log   hclog.Logger
 	queue chan pending
 	check validator
+	// shortLog rate-limits the warning about writes the replicas did not
+	// confirm (unix nanos of the last one).
+	shortLog atomic.Int64
 }
 
 type pending struct {
@@ -198,7 +202,12 @@ func (in *Intake) flush(batch []pending) {
 	logged := false
 	for i, p := range batch {
 		if err := errs[i]; err != nil {
-			if !logged {
+			if errors.Is(err, store.ErrNotReplicated) {
+				// On the master and due there: wake its scanner, though the
+				// client hears 504 (a failover may still lose it).
+				in.waker.Wake(in.store.Shard(p.item.ID), due[i])
+				in.notReplicated(err)
+			} else if !logged {
 				in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
 				in.redisError("schedule")
 				logged = true
@@ -224,8 +233,23 @@ func (in *Intake) storeFailed(reply, id string, err error) int {
 		return envelope.CodeUnavailable
 	}
 	b, _ := json.Marshal(UnknownReply{ID: id})
-	in.failWith(reply, CodeOutcomeUnknown, "store timed out: the envelope may or may not be stored; retry with Delayd-Id "+id, b)
+	msg := "store timed out: the envelope may or may not be stored; retry with Delayd-Id " + id
+	if errors.Is(err, store.ErrNotReplicated) {
+		msg = "not confirmed by the Redis replicas redis.wait_replicas asks for: written on the master, but a failover may lose it; retry with Delayd-Id " + id
+	}
+	in.failWith(reply, CodeOutcomeUnknown, msg, b)
 	return CodeOutcomeUnknown
+}
+
+// notReplicated warns, at most every 5 s, that requests get 504 because
+// the replicas did not confirm their writes.
+func (in *Intake) notReplicated(err error) {
+	now, last := time.Now().UnixNano(), in.shortLog.Load()
+	if now-last < int64(5*time.Second) || !in.shortLog.CompareAndSwap(last, now) {
+		return
+	}
+	in.log.Warn("requests answered 504: the Redis replicas did not confirm their writes (redis.wait_replicas); "+
+		"they are on the master and will be delivered unless it fails over first", "error", err)
 }
 
 func (in *Intake) handleSchedule(req micro.Request) {
@@ -250,8 +274,12 @@ func (in *Intake) handleCancel(req micro.Request) {
 	c, err := in.store.Cancel(ctx, id)
 	cancel()
 	if err != nil {
-		in.log.Error("cancel failed", "id", id, "error", err)
-		in.redisError("cancel")
+		if errors.Is(err, store.ErrNotReplicated) {
+			in.notReplicated(err)
+		} else {
+			in.log.Error("cancel failed", "id", id, "error", err)
+			in.redisError("cancel")
+		}
 		if in.storeFailed(req.Reply(), id, err) == CodeOutcomeUnknown {
 			in.cancelled("outcome_unknown")
 		} else {

@@ -134,6 +134,11 @@ func (s *StreamIntake) flush(batch []streamItem) {
 	var firstErr error
 	for i, b := range batch {
 		if errs[i] != nil {
+			if errors.Is(errs[i], store.ErrNotReplicated) && due[i] > 0 {
+				// On the master and due there; the message comes again and
+				// is acked once a replica confirms it.
+				s.waker.Wake(s.store.Shard(b.item.ID), due[i])
+			}
 			failed++
 			if firstErr == nil {
 				firstErr = errs[i]

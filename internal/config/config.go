@@ -132,6 +132,17 @@ type Redis struct {
 	// AllowEviction lets delayd run on a Redis whose maxmemory-policy may
 	// delete keys, which loses acknowledged envelopes. Off, delayd refuses.
 	AllowEviction bool `koanf:"allow_eviction"`
+	// WaitReplicas > 0: a schedule or cancel is answered, a stream message
+	// acknowledged and a claim published only once WAIT confirmed that
+	// this many replicas hold it; otherwise the request gets 504 (the
+	// stream message comes again), and a claim is published anyway,
+	// counted and warned about. 0 waits for none (asynchronous replication).
+	WaitReplicas int `koanf:"wait_replicas"`
+	// WaitTimeout bounds each wait.
+	WaitTimeout time.Duration `koanf:"wait_timeout"`
+	// WaitLocalFsync also waits for the master's AOF fsync (WAITAOF, Redis
+	// 7.2 or newer with appendonly yes; delayd refuses to start otherwise).
+	WaitLocalFsync bool `koanf:"wait_local_fsync"`
 }
 
 // Scanner tunes the clock that claims and delivers due envelopes.
@@ -248,7 +259,7 @@ func Default() Config {
 		Mode:      "all",
 		Ownership: Ownership{TTL: 5 * time.Second},
 		NATS:      NATS{URL: "nats://127.0.0.1:4222", Name: "delayd", InboxPrefix: "_INBOX"},
-		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}},
+		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}, WaitTimeout: time.Second},
 		Scanner: Scanner{
 			ClaimBatch:   256,
 			Lease:        10 * time.Second,
@@ -301,6 +312,7 @@ func (c Config) Validate() error {
 	if c.Redis.Cluster && c.Redis.MasterName != "" {
 		bad("redis", "cluster and master_name exclude each other")
 	}
+	c.validateWait(bad)
 	if c.Shards < 1 || c.Shards > 16384 {
 		bad("shards", "must be 1..16384, got %d", c.Shards)
 	}
@@ -411,6 +423,25 @@ func (c Config) Validate() error {
 		bad("log.level", "must be one of trace, debug, info, warn, error, got %q", c.Log.Level)
 	}
 	return errors.Join(errs...)
+}
+
+// validateWait checks the redis.wait_* settings.
+func (c Config) validateWait(bad func(key, format string, args ...any)) {
+	r := c.Redis
+	if r.WaitReplicas < 0 || r.WaitReplicas > 16 {
+		bad("redis.wait_replicas", "must be 0 (no wait) up to 16, got %d", r.WaitReplicas)
+	}
+	if r.WaitReplicas == 0 && !r.WaitLocalFsync {
+		return
+	}
+	if c.Embedded {
+		bad("redis", "wait_replicas and wait_local_fsync need a real Redis; the embedded emulation has no replicas and no AOF")
+	}
+	// A claim waits before it publishes, and a publish must end within
+	// half the lease: a wait of a quarter leaves the other quarter.
+	if r.WaitTimeout < time.Millisecond || r.WaitTimeout > 4*time.Second || r.WaitTimeout > c.Scanner.Lease/4 {
+		bad("redis.wait_timeout", "must be 1ms..4s and at most a quarter of scanner.lease (%s), got %s", c.Scanner.Lease, r.WaitTimeout)
+	}
 }
 
 func (c Config) validateStream(bad func(key, format string, args ...any)) {

@@ -161,3 +161,35 @@ func TestValidateStream(t *testing.T) {
 		t.Fatalf("env: %v %+v", err, c.Intake.Stream)
 	}
 }
+
+func TestValidateWait(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*Config)
+		want string // "" for valid
+	}{
+		{"default waits for nothing", func(*Config) {}, ""},
+		{"one replica", func(c *Config) { c.Redis.WaitReplicas = 1 }, ""},
+		{"local fsync alone", func(c *Config) { c.Redis.WaitLocalFsync = true }, ""},
+		{"negative", func(c *Config) { c.Redis.WaitReplicas = -1 }, "redis.wait_replicas:"},
+		{"no timeout", func(c *Config) { c.Redis.WaitReplicas = 1; c.Redis.WaitTimeout = 0 }, "redis.wait_timeout:"},
+		{"a timeout the lease cannot hold", func(c *Config) {
+			c.Redis.WaitReplicas = 1
+			c.Scanner.Lease = 2 * time.Second
+			c.Redis.WaitTimeout = time.Second
+		}, "redis.wait_timeout:"},
+		{"embedded", func(c *Config) { c.Redis.WaitReplicas = 1; c.Embedded = true }, "embedded emulation"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			tc.set(&c)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("want valid, got %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("want an error naming %q, got %v", tc.want, err)
+			}
+		})
+	}
+}

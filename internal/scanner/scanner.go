@@ -116,6 +116,8 @@ type Scanner struct {
 	// unknown holds the stored formats met that this daemon cannot read,
 	// each logged once. Only the Run loop touches it.
 	unknown map[int]bool
+	// short: claims published though their wait fell short (wait.go).
+	short shortClaims
 }
 
 // New builds a scanner over every shard of st.
@@ -355,6 +357,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		s.obs.Claimed(len(shards), returned.Sub(start))
 	}
 	s.clock.set(res[0].NowMicros, returned)
+	s.claimUnconfirmed(res)
 
 	var items []claimed
 	for _, r := range res {

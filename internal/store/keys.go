@@ -27,6 +27,9 @@ type shardKeys struct {
 	// again.
 	seen  string // ZSET
 	owner string // STRING id of the daemon scanning the shard, with a TTL
+	// fence is written (with a 60 s TTL) before a WAIT that follows
+	// scripts that may have written nothing (wait.go).
+	fence string // STRING
 }
 
 func keysFor(ns string, shard int) shardKeys {
@@ -41,6 +44,7 @@ func keysFor(ns string, shard int) shardKeys {
 		lease:    tag + "lease",
 		seen:     tag + "seen",
 		owner:    tag + "owner",
+		fence:    tag + "fence",
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -38,6 +39,9 @@ type Store struct {
 	hint func() int
 	// seenFor is how long a shard remembers a stream message it stored.
 	seenFor time.Duration
+	// wait: writes are confirmed by replicas (wait.go).
+	wait    WaitOptions
+	waiting waiting
 }
 
 // Option configures a Store.
@@ -101,6 +105,9 @@ type Options struct {
 	// OnConnect, if set, runs on every new connection (to every node):
 	// delayd checks there that Redis does not evict keys.
 	OnConnect func(ctx context.Context, cn *redis.Conn) error
+	// WaitTimeout is redis.wait_timeout when writes wait for replicas: a
+	// pipeline's reply then takes that much longer (WithWait).
+	WaitTimeout time.Duration
 }
 
 // NewClient builds a go-redis client for the options. A single address
@@ -163,7 +170,7 @@ func NewClient(o Options) redis.UniversalClient {
 		// callers retry with their own backoff.
 		DialerRetries:      1,
 		DialerRetryTimeout: 10 * time.Millisecond,
-		ReadTimeout:        3 * time.Second,
+		ReadTimeout:        3*time.Second + o.WaitTimeout,
 		WriteTimeout:       3 * time.Second,
 		// No silent retries: a retry after a timeout would hide that the
 		// first try may have written, and the intake must know whether
@@ -190,6 +197,7 @@ func New(rdb redis.UniversalClient, ns string, shards int, opts ...Option) *Stor
 	for _, o := range opts {
 		o(s)
 	}
+	s.installWait()
 	// Until the fleet's formats are known, the oldest this rule knows:
 	// every daemon since it reads it.
 	s.write.Store(FormatHeader)
@@ -256,6 +264,8 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 	}
 	var calls []*call
 	byShard := map[int]*call{}
+	ctx, req := s.waitCtx(ctx, "schedule")
+	var fences []int // shards whose calls may write nothing (wait.go)
 	mark := markOf(int(s.write.Load()))
 	lead := []any{int(mark), s.seenFor.Milliseconds()}
 	for i, it := range items {
@@ -289,10 +299,14 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 		}
 		c.idx = append(c.idx, i)
 		c.args = append(c.args, off, it.ID, mode, us, v, it.StreamMsg)
+		if req != nil && it.StreamMsg != "" && (s.cluster || len(fences) == 0) && !slices.Contains(fences, sh) {
+			// A stream message stored already is answered without a write.
+			fences = append(fences, sh)
+		}
 	}
-	cmds, _ := s.pipelined(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
+	cmds, _ := s.pipelinedOnce(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
 		return calls[i].keys, calls[i].args
-	})
+	}, fences, true)
 	due := make([]int64, len(items))
 	errs := make([]error, len(items))
 	for ci, cmd := range cmds {
@@ -303,10 +317,21 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 		if err != nil {
 			err = fmt.Errorf("store: schedule: %w", classify(err, s.cluster))
 		}
+		// Written but not confirmed: the due time is still returned, the
+		// envelope is on the master and falls due there.
+		short := req.confirmed(cmd)
 		for j, i := range calls[ci].idx {
 			due[i], errs[i] = -1, err
-			if err == nil {
-				due[i] = vals[j]
+			if err != nil {
+				continue
+			}
+			due[i] = vals[j]
+			why := short
+			if why == nil && vals[j] == 0 {
+				why = req.fenceFailed()
+			}
+			if why != nil {
+				errs[i] = fmt.Errorf("store: schedule: %w", why)
 			}
 		}
 	}
@@ -320,10 +345,13 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 // returned too, each with its own result: under Cluster one node can fail
 // while the others answer.
 func (s *Store) pipelined(ctx context.Context, sc *script, n int, call func(i int) ([]string, []any)) ([]*redis.Cmd, error) {
-	return s.pipelinedOnce(ctx, sc, n, call, true)
+	return s.pipelinedOnce(ctx, sc, n, call, nil, true)
 }
 
-func (s *Store) pipelinedOnce(ctx context.Context, sc *script, n int, call func(i int) ([]string, []any), reload bool) ([]*redis.Cmd, error) {
+// pipelinedOnce is pipelined, reloading the script once if reload is set;
+// the pipeline ends with the fences of the shards in fences (wait.go).
+func (s *Store) pipelinedOnce(ctx context.Context, sc *script, n int, call func(i int) ([]string, []any), fences []int,
+	reload bool) ([]*redis.Cmd, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, n)
 	rs := s.pick(sc)
@@ -331,7 +359,17 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *script, n int, call func(
 		keys, args := call(i)
 		cmds[i] = rs.EvalSha(ctx, pipe, keys, args...)
 	}
-	if _, err := pipe.Exec(ctx); err == nil {
+	fenced := make([]*redis.Cmd, len(fences))
+	for i, sh := range fences {
+		fenced[i] = s.fence(ctx, pipe, sh)
+	}
+	_, err := pipe.Exec(ctx)
+	for _, f := range fenced {
+		if f.Err() != nil {
+			waitFrom(ctx).fenced(f.Err())
+		}
+	}
+	if err == nil {
 		return cmds, nil
 	}
 	var redo []int
@@ -341,7 +379,7 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *script, n int, call func(
 		}
 	}
 	if len(redo) > 0 && s.load(ctx, sc) == nil {
-		again, _ := s.pipelinedOnce(ctx, sc, len(redo), func(j int) ([]string, []any) { return call(redo[j]) }, false)
+		again, _ := s.pipelinedOnce(ctx, sc, len(redo), func(j int) ([]string, []any) { return call(redo[j]) }, fences, false)
 		for j, i := range redo {
 			cmds[i] = again[j]
 		}
@@ -374,12 +412,28 @@ type Cancelled struct {
 // Cancel removes the envelope with id, wherever it is. An error wraps
 // ErrNotWritten or ErrOutcomeUnknown.
 func (s *Store) Cancel(ctx context.Context, id string) (Cancelled, error) {
-	codes, err := s.run(ctx, cancelScript, s.keys[s.Shard(id)].list(), id).Int64Slice()
+	sh := s.Shard(id)
+	ctx, req := s.waitCtx(ctx, "cancel")
+	var fences []int
+	if req != nil {
+		fences = []int{sh} // a cancel of an id not stored writes nothing
+	}
+	cmds, _ := s.pipelinedOnce(ctx, cancelScript, 1, func(int) ([]string, []any) { return s.keys[sh].list(), []any{id} },
+		fences, true)
+	codes, err := cmds[0].Int64Slice()
 	if err == nil && len(codes) != 1 {
 		err = fmt.Errorf("bad reply %v", codes)
 	}
 	if err != nil {
 		return Cancelled{}, fmt.Errorf("store: cancel: %w", classify(err, s.cluster))
+	}
+	if err := req.confirmed(cmds[0]); err != nil {
+		return Cancelled{}, fmt.Errorf("store: cancel: %w", err)
+	}
+	if codes[0] == 0 {
+		if err := req.fenceFailed(); err != nil {
+			return Cancelled{}, fmt.Errorf("store: cancel: %w", err)
+		}
 	}
 	return Cancelled{Existed: codes[0] > 0, InFlight: codes[0] == 2}, nil
 }
@@ -477,6 +531,12 @@ type ClaimResult struct {
 	Unknown       int
 	UnknownFormat int
 	Items         []Claimed
+	// Unconfirmed: with redis.wait_replicas, the claim's wait fell short
+	// (Why says how). Its items are handed out all the same: a failover
+	// before the replicas have it can bring back the previous attempt
+	// number, so a redelivery may repeat an attempt.
+	Unconfirmed bool
+	Why         error
 }
 
 // NowMs is the claim's Redis time in whole milliseconds.
@@ -500,6 +560,7 @@ type ClaimOptions struct {
 // results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
 	hint, known := s.hint(), int(markOf(s.newest))+1
+	ctx, req := s.waitCtx(ctx, "claim")
 	var share int64
 	if o.Bytes > 0 && len(shards) > 0 {
 		share = max(o.Bytes/int64(len(shards)), 1)
@@ -511,11 +572,14 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		perr = fmt.Errorf("store: claim: %w", perr)
 	}
 	out := make([]ClaimResult, 0, len(shards))
+	short := false
 	for i, cmd := range cmds {
 		raw, err := cmd.Slice()
 		if err != nil {
 			continue // this shard's node failed: perr says so
 		}
+		why := req.confirmed(cmd)
+		short = short || why != nil
 		const head = 8
 		if len(raw) < head || (len(raw)-head)%3 != 0 {
 			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
@@ -523,7 +587,7 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		r := ClaimResult{
 			Shard: shards[i], NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
 			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Unknown: int(asInt(raw[6])),
-			Items: make([]Claimed, 0, (len(raw)-head)/3),
+			Items: make([]Claimed, 0, (len(raw)-head)/3), Unconfirmed: why != nil, Why: why,
 		}
 		if m := asInt(raw[7]); m > 0 {
 			r.UnknownFormat = formatOf(string([]byte{byte(m)}))
@@ -539,6 +603,9 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 				Data: data, Token: lease})
 		}
 		out = append(out, r)
+	}
+	if req != nil && len(out) > 0 {
+		s.claimWaited(short)
 	}
 	return out, perr
 }

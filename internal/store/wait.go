@@ -1,0 +1,364 @@
+package store
+
+// Replicated durability on request (redis.wait_replicas, wait_local_fsync).
+//
+// Redis replicates asynchronously: a write it answered can vanish in a
+// failover. WAIT n t blocks the connection that sent it until n replicas
+// acknowledged every write that connection made (or t passed) and answers
+// how many did; WAITAOF 1 0 t does the same for the master's own AOF fsync.
+// So the WAIT must run on the connection of the writes, right after them.
+//
+// The store asks for that by marking a pipeline's context (waitCtx); a
+// go-redis pipeline hook then appends TIME, WAIT, [WAITAOF,] TIME to the
+// commands of each connection the pipeline writes on. On a single Redis
+// and under Sentinel that is the client's one pipeline connection. Under
+// Cluster the hook sits on every node's client (OnNewNode), where go-redis
+// hands it the commands it sends to that node on one connection: one WAIT
+// per master the batch wrote to, and a call redirected by MOVED or ASK is
+// confirmed by the WAIT of the node it finally ran on. The two TIMEs give
+// the wait's own duration in Redis time, however long the writes took.
+//
+// WAIT is documented to count the connection's own previous writes. A
+// script that wrote nothing (a stream redelivery stored already, a cancel
+// of an id not found) would then be confirmed by an older write of its
+// pooled connection, while the write it answers for (an earlier try, on
+// another connection) may not have reached a replica yet. Those pipelines
+// therefore end with a fence: a tiny write (a 60 s key in the shard's
+// slot) that the WAIT then covers, and with it every write the master made
+// before. (Redis up to 7.0 moves a connection's offset to the master's on
+// every command, so there WAIT alone would do; the fence keeps it right
+// whichever way a server counts.)
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNotReplicated marks a write that Redis made on the master but that
+// fewer replicas than redis.wait_replicas confirmed in time (or the master
+// did not fsync, with wait_local_fsync): a failover may still lose it. It
+// wraps ErrOutcomeUnknown, so a request gets 504 with its id.
+var ErrNotReplicated = fmt.Errorf("%w: the write is on the master but was not confirmed by the replicas redis.wait_replicas asks for", ErrOutcomeUnknown)
+
+// WaitObserver is told of every WAIT the store sent: the operation
+// (schedule, cancel, claim), how long it blocked in Redis, and whether it
+// fell short. It must be cheap.
+type WaitObserver interface {
+	Waited(op string, took time.Duration, short bool)
+}
+
+// WaitOptions ask for writes to be confirmed before they count.
+type WaitOptions struct {
+	// Replicas is how many replicas must hold a write (WAIT); 0 asks none.
+	Replicas int
+	// Timeout bounds each wait (at least 1 ms: WAIT 0 would block forever).
+	Timeout time.Duration
+	// LocalFsync also waits for the master's AOF fsync (WAITAOF, Redis 7.2).
+	LocalFsync bool
+	Observer   WaitObserver
+}
+
+func (o WaitOptions) on() bool { return o.Replicas > 0 || o.LocalFsync }
+
+// WithWait makes schedules, cancels and claims wait for o (see wait.go).
+func WithWait(o WaitOptions) Option {
+	return func(s *Store) {
+		s.wait = o
+		if s.wait.Timeout < time.Millisecond {
+			s.wait.Timeout = time.Millisecond
+		}
+	}
+}
+
+// claimProbe is the wait of a claim while claims fall short: one missing
+// replica must not add the whole timeout to every delivery. The first
+// short claim waits the full timeout; then claims wait this long until one
+// is confirmed again. Intake always waits the full timeout.
+const claimProbe = 20 * time.Millisecond
+
+// waiting is the store's wait state.
+type waiting struct {
+	// claimShort: the last claim's wait fell short (claimProbe applies).
+	claimShort atomic.Bool
+}
+
+type waitKey struct{}
+
+// waitReq is one store call's request to wait, carried in its context to
+// the pipeline hook, which records there what each call's wait found.
+type waitReq struct {
+	op       string
+	replicas int
+	fsync    bool
+	timeout  time.Duration
+	obs      WaitObserver
+	mu       sync.Mutex
+	ours     map[redis.Cmder]bool  // commands the hook added: never resent
+	result   map[redis.Cmder]error // per call: nil once its wait confirmed it
+	// fenceErr: a fence failed, so a call that wrote nothing is not
+	// confirmed by its wait.
+	fenceErr error
+}
+
+// waitCtx marks ctx so that the pipelines of op wait, or returns it as it
+// is (and a nil request) when the store does not wait.
+func (s *Store) waitCtx(ctx context.Context, op string) (context.Context, *waitReq) {
+	if !s.wait.on() {
+		return ctx, nil
+	}
+	timeout := s.wait.Timeout
+	if op == "claim" && s.waiting.claimShort.Load() {
+		timeout = min(timeout, claimProbe)
+	}
+	r := &waitReq{op: op, replicas: s.wait.Replicas, fsync: s.wait.LocalFsync, timeout: timeout, obs: s.wait.Observer,
+		ours: map[redis.Cmder]bool{}, result: map[redis.Cmder]error{}}
+	return context.WithValue(ctx, waitKey{}, r), r
+}
+
+// confirmed reports whether cmd's wait confirmed it: nil, or an error
+// wrapping ErrNotReplicated. With no request (no waiting) all is confirmed.
+func (r *waitReq) confirmed(cmd redis.Cmder) error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err, ok := r.result[cmd]
+	if !ok {
+		// Sent on a connection without the hook: nothing confirmed it.
+		return fmt.Errorf("%w (no wait ran after it)", ErrNotReplicated)
+	}
+	return err
+}
+
+// waitFrom is the request ctx carries, nil for none.
+func waitFrom(ctx context.Context) *waitReq {
+	r, _ := ctx.Value(waitKey{}).(*waitReq)
+	return r
+}
+
+// fenced records that a fence failed.
+func (r *waitReq) fenced(err error) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fenceErr = err
+}
+
+// fenceFailed is the error of a failed fence, wrapping ErrNotReplicated.
+func (r *waitReq) fenceFailed() error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fenceErr == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: the fence before the wait failed: %v", ErrNotReplicated, r.fenceErr)
+}
+
+// installWait puts the hook on the client, or under Cluster on every node
+// client go-redis creates. A node client made before New (a cluster client
+// used before it was given to the store) lacks it, and its calls then
+// count as not confirmed: never as confirmed.
+func (s *Store) installWait() {
+	if !s.wait.on() {
+		return
+	}
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		c.OnNewNode(func(n *redis.Client) { n.AddHook(waitHook{}) })
+	case *redis.Client:
+		c.AddHook(waitHook{})
+	}
+}
+
+// waitHook appends the wait to the commands of one connection.
+type waitHook struct{}
+
+func (waitHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if r := waitFrom(ctx); r != nil {
+			return r.send(ctx, cmds, next)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// send runs cmds followed by the wait, on one connection, and records the
+// outcome for each of them.
+func (r *waitReq) send(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+	calls := make([]redis.Cmder, 0, len(cmds))
+	scripts := false
+	r.mu.Lock()
+	for _, c := range cmds {
+		// A retry (MOVED, a broken connection) hands back the commands of
+		// an earlier wait too: they are not sent again.
+		if !r.ours[c] {
+			calls = append(calls, c)
+			scripts = scripts || c.Name() == "evalsha" || c.Name() == "eval"
+		}
+	}
+	r.mu.Unlock()
+	if len(calls) == 0 {
+		return nil
+	}
+	if !scripts {
+		// go-redis' own pipeline on a new connection (HELLO, CLIENT
+		// SETINFO), run with the caller's context.
+		return next(ctx, calls)
+	}
+	ms := max(r.timeout.Milliseconds(), 1)
+	before, after := redis.NewTimeCmd(ctx, "time"), redis.NewTimeCmd(ctx, "time")
+	var wait *redis.IntCmd
+	var aof *redis.IntSliceCmd
+	sent := append(calls, before)
+	if r.replicas > 0 {
+		wait = redis.NewIntCmd(ctx, "wait", r.replicas, ms)
+		sent = append(sent, wait)
+	}
+	if r.fsync {
+		aof = redis.NewIntSliceCmd(ctx, "waitaof", 1, 0, ms)
+		sent = append(sent, aof)
+	}
+	sent = append(sent, after)
+	r.mu.Lock()
+	for _, c := range sent[len(calls):] {
+		r.ours[c] = true
+	}
+	r.mu.Unlock()
+	start := time.Now()
+	err := next(ctx, sent)
+
+	var short error
+	switch {
+	case wait != nil && wait.Err() != nil:
+		short = fmt.Errorf("%w: WAIT: %v", ErrNotReplicated, wait.Err())
+	case wait != nil && wait.Val() < int64(r.replicas):
+		short = fmt.Errorf("%w: %d of %d replicas within %dms", ErrNotReplicated, wait.Val(), r.replicas, ms)
+	case aof != nil && aof.Err() != nil:
+		short = fmt.Errorf("%w: WAITAOF: %v", ErrNotReplicated, aof.Err())
+	case aof != nil && (len(aof.Val()) < 1 || aof.Val()[0] < 1):
+		short = fmt.Errorf("%w: the master did not fsync within %dms", ErrNotReplicated, ms)
+	}
+	took := time.Since(start)
+	if before.Err() == nil && after.Err() == nil {
+		took = after.Val().Sub(before.Val())
+	}
+	if r.obs != nil {
+		r.obs.Waited(r.op, took, short != nil)
+	}
+	r.mu.Lock()
+	for _, c := range calls {
+		// The last wait a call went through is the one of the node it ran
+		// on: a redirected call goes through the hook again, later.
+		r.result[c] = short
+	}
+	r.mu.Unlock()
+	return err
+}
+
+// fenceScript is the fence of a pipeline whose scripts may have written
+// nothing: KEYS[1] a shard's fence key. allow-oom: cancels run over
+// maxmemory, and their fence must too.
+var fenceScript = newRawScript("allow-oom", `redis.call('SET', KEYS[1], '1', 'PX', 60000) return 1`)
+
+// fence adds the fence of shard to pipe (see wait.go).
+func (s *Store) fence(ctx context.Context, pipe redis.Pipeliner, shard int) *redis.Cmd {
+	return s.pick(fenceScript).Eval(ctx, pipe, []string{s.keys[shard].fence})
+}
+
+// claimWaited notes whether a claim's wait fell short, which sets the
+// next claims' wait (claimProbe).
+func (s *Store) claimWaited(short bool) {
+	s.waiting.claimShort.Store(short)
+}
+
+// CheckWait checks, at start, that Redis can do what the wait options ask:
+// WAITAOF (Redis 7.2 or newer, appendonly yes on the master) for
+// wait_local_fsync. It returns the fewest replicas connected to any master,
+// for a warning when that is below wait_replicas (schedules then get 504
+// until they are back). An error that is no refusal (Redis unreachable) is
+// returned as it is; the caller may go on, as the waits themselves fail safe.
+func (s *Store) CheckWait(ctx context.Context) (replicas int, err error) {
+	if !s.wait.on() {
+		return 0, nil
+	}
+	replicas = -1
+	check := func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "server", "replication").Result()
+		if err != nil {
+			return fmt.Errorf("store: read INFO: %w", err)
+		}
+		version := infoField(info, "redis_version")
+		n, _ := strconv.Atoi(infoField(info, "connected_slaves"))
+		if replicas < 0 || n < replicas {
+			replicas = n
+		}
+		if !s.wait.LocalFsync {
+			return nil
+		}
+		// A probe that waits for nothing: WAITAOF 0 0 answers at once.
+		if err := c.Do(ctx, "waitaof", 0, 0, 1).Err(); err != nil {
+			if isUnknownCommand(err) {
+				return fmt.Errorf("%w: redis.wait_local_fsync needs WAITAOF, which Redis %s at %s does not have (Redis 7.2 or newer has it); "+
+					"upgrade Redis or set redis.wait_local_fsync: false", ErrWaitUnsupported, version, c.Options().Addr)
+			}
+			return fmt.Errorf("store: WAITAOF probe: %w", err)
+		}
+		if err := c.Do(ctx, "waitaof", 1, 0, 1).Err(); err != nil {
+			var re redis.Error
+			if asRedisError(err, &re) {
+				return fmt.Errorf("%w: redis.wait_local_fsync needs appendonly yes on the master %s: %v", ErrWaitUnsupported, c.Options().Addr, err)
+			}
+			return fmt.Errorf("store: WAITAOF probe: %w", err)
+		}
+		return nil
+	}
+	var mu sync.Mutex
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return check(ctx, n)
+		})
+	case *redis.Client:
+		err = check(ctx, c)
+	default:
+		return 0, fmt.Errorf("store: wait: unsupported client %T", s.rdb)
+	}
+	return max(replicas, 0), err
+}
+
+// ErrWaitUnsupported: the Redis deployment cannot do what the wait
+// settings ask for; the daemon refuses to start.
+var ErrWaitUnsupported = errors.New("redis cannot confirm writes as configured")
+
+func isUnknownCommand(err error) bool {
+	var re redis.Error
+	return asRedisError(err, &re) && strings.Contains(strings.ToLower(err.Error()), "unknown command")
+}
+
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
