@@ -95,7 +95,7 @@ func newApp(o cliIO) *cli.Command {
 					if cmd.Args().Present() {
 						return usageErr(cmd, "unexpected argument %q", cmd.Args().First())
 					}
-					fmt.Fprintln(o.stdout, "delayd", buildVersion())
+					fmt.Fprintln(o.stdout, versionLine())
 					return nil
 				},
 			},
@@ -152,6 +152,36 @@ func buildVersion() string {
 		return bi.Main.Version
 	}
 	return version
+}
+
+// versionLine is what `delayd version` prints: the version, and from the
+// build info the commit (with "+dirty" for a modified tree) and the Go
+// version, so a `go build` or `go install` binary identifies itself.
+func versionLine() string {
+	line := "delayd " + buildVersion()
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return line
+	}
+	commit, dirty := "", false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			commit = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if commit != "" {
+		if len(commit) > 12 {
+			commit = commit[:12]
+		}
+		if dirty {
+			commit += "+dirty"
+		}
+		line += " commit " + commit
+	}
+	return line + " " + bi.GoVersion
 }
 
 // exitCode prints err and maps it to a process status: 0 ok, 2 usage,

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -283,5 +284,17 @@ func TestCLIRepeatedFlagIsAUsageError(t *testing.T) {
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "duplicate") {
 			t.Errorf("%v: want a usage error about the duplicate flag, got %v", args, err)
 		}
+	}
+}
+
+// delayd version names the version and the Go toolchain from the build
+// info (and the commit when the binary was built from a checkout).
+func TestVersionFromBuildInfo(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"delayd", "version"}, func(string) string { return "" }, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if line := strings.TrimSpace(out.String()); !strings.HasPrefix(line, "delayd ") || !strings.HasSuffix(line, runtime.Version()) {
+		t.Fatalf("version: %q, want delayd <version> [commit <sha>] %s", line, runtime.Version())
 	}
 }
