@@ -77,6 +77,11 @@ func TestHelmFleet(t *testing.T) {
 	if probePath(c.ReadinessProbe) != "/readyz" || probePath(c.LivenessProbe) != "/livez" {
 		t.Errorf("fleet probes: readiness %s, liveness %s", probePath(c.ReadinessProbe), probePath(c.LivenessProbe))
 	}
+	// Start-up waits on /livez: a pod started during a Redis or NATS
+	// outage must not be killed and backed off for minutes.
+	if probePath(c.StartupProbe) != "/livez" {
+		t.Errorf("fleet startup probe asks %s, want /livez", probePath(c.StartupProbe))
+	}
 	if c.Ports[0].ContainerPort != 9479 {
 		t.Errorf("admin port %d", c.Ports[0].ContainerPort)
 	}
@@ -182,6 +187,28 @@ func TestHelmExistingSecret(t *testing.T) {
 	}
 }
 
+// TestHelmSidecarChecksum: the parent's pod template carries a digest of
+// delayd's config, so a helm upgrade with a new delayd config rolls the
+// application pods.
+func TestHelmSidecarChecksum(t *testing.T) {
+	sum := func(args ...string) string {
+		for _, d := range find[*appsv1.Deployment](decodeStrict(t, template(t, parentChart(t), args...))) {
+			if d.Name == "orders" {
+				return d.Spec.Template.Annotations["checksum/delayd"]
+			}
+		}
+		t.Fatal("parent Deployment not rendered")
+		return ""
+	}
+	a, b := sum(), sum("--set", "delayd.config.shards=32")
+	if a == "" || a == b {
+		t.Fatalf("checksum %q before and %q after a config change: want two different digests", a, b)
+	}
+	if c := sum("--set", "delayd.secrets.redisPassword=new"); c == a {
+		t.Fatal("a new secret did not change the checksum")
+	}
+}
+
 // TestHelmSidecarParent renders a parent chart that includes the sidecar
 // template, as users do, and checks the native sidecar.
 func TestHelmSidecarParent(t *testing.T) {
@@ -264,6 +291,8 @@ func TestHelmSchemaRejects(t *testing.T) {
 		{"config.nats.token=x", "config/nats"},
 		{"config.nats.password=x", "config/nats"},
 		{"config.redis.password=x", "config/redis"},
+		{`config.redis\.password=x`, "redis.password"}, // a flat dotted key
+		{`config.nats\.token=x`, "nats.token"},
 		{"config.ui.bearer_token=x", "config/ui"},
 		{"config.ui.basic_auth_password=x", "config/ui"},
 		{"config.http.addr=", "config/http/addr"},

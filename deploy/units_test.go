@@ -15,10 +15,18 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	unit := string(b)
-	for _, want := range []string{"LoadCredential=", "SystemCallErrorNumber=EPERM", "MemoryMax=", "Environment=GOMEMLIMIT=", "DynamicUser=yes"} {
+	for _, want := range []string{"SystemCallErrorNumber=EPERM", "MemoryMax=", "Environment=GOMEMLIMIT=", "DynamicUser=yes"} {
 		if !strings.Contains(unit, "\n"+want) {
 			t.Errorf("unit lacks %s", want)
 		}
+	}
+	// Credentials are documented, and none is required by default: a
+	// listed file that is missing stops the unit from starting.
+	if !strings.Contains(unit, "#   LoadCredential=nats.creds:") {
+		t.Error("the unit does not show how to hand it the NATS creds file")
+	}
+	if strings.Contains(unit, "\nLoadCredential=") {
+		t.Error("the unit requires a credential file by default")
 	}
 	analyze := tool(t, "systemd-analyze", "apt-get install systemd")
 	// verify checks that ExecStart exists: point it at a fresh build.

@@ -106,7 +106,10 @@ Service.
       containerPort: {{ include "delayd.adminPort" $ }}
       protocol: TCP
   startupProbe:
-    httpGet: {path: {{ $ready }}, port: admin}
+    # /livez: a pod started during a Redis or NATS outage must not be
+    # killed and backed off for minutes (blocking drains under the PDB);
+    # readiness keeps it out of the Service meanwhile.
+    httpGet: {path: /livez, port: admin}
     {{- toYaml $v.probes.startup | nindent 4 }}
   readinessProbe:
     httpGet: {path: {{ $ready }}, port: admin}
@@ -136,6 +139,22 @@ delayd's own.
 {{- $ctx := . -}}
 {{- if and .Subcharts (hasKey .Subcharts "delayd") }}{{ $ctx = .Subcharts.delayd }}{{ end -}}
 {{- include "delayd.container" (dict "ctx" $ctx "sidecar" true) -}}
+{{- end -}}
+
+{{/*
+delayd.checksum is a digest of delayd's rendered ConfigMap and Secret, for
+the parent's pod annotations, so `helm upgrade` with a new delayd config
+rolls the application pods (the sidecar reads its config at start):
+  annotations:
+    checksum/delayd: {{ include "delayd.checksum" . }}
+Same "." as delayd.sidecar.
+*/}}
+{{- define "delayd.checksum" -}}
+{{- $ := . -}}
+{{- if and .Subcharts (hasKey .Subcharts "delayd") }}{{ $ = .Subcharts.delayd }}{{ end -}}
+{{- $cm := toYaml $.Values.config -}}
+{{- $sec := toYaml (dict "secrets" $.Values.secrets "existingSecret" $.Values.existingSecret) -}}
+{{- print $cm $sec | sha256sum -}}
 {{- end -}}
 
 {{/* delayd.volumes: the volumes the delayd container mounts. Same "." as delayd.sidecar. */}}
