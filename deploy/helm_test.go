@@ -61,6 +61,12 @@ func TestHelmFleet(t *testing.T) {
 		}
 	}
 
+	// Several fleets in one Prometheus: the alerts group by (namespace,
+	// fleet), and the ServiceMonitor sets fleet.
+	if out := template(t, chartDir, everything...); !strings.Contains(out, "targetLabel: fleet") {
+		t.Error("the ServiceMonitor sets no fleet label")
+	}
+
 	d := find[*appsv1.Deployment](objs)[0]
 	ps := d.Spec.Template.Spec
 	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {

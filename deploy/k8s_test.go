@@ -37,6 +37,11 @@ type serviceMonitor struct {
 			Port     string `json:"port"`
 			Path     string `json:"path"`
 			Interval string `json:"interval"`
+			// RelabelConfig of the operator's API: the fields the chart sets.
+			Relabelings []struct {
+				TargetLabel string `json:"targetLabel"`
+				Replacement string `json:"replacement"`
+			} `json:"relabelings"`
 		} `json:"endpoints"`
 	} `json:"spec"`
 }
