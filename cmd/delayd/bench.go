@@ -17,6 +17,7 @@ import (
 
 	"github.com/delayd/delayd/internal/bench"
 	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/embedded"
 )
 
@@ -66,23 +67,27 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if err != nil {
 		return err
 	}
+	// A child of its own answers on a subject prefix (and keeps its
+	// stream) nobody else uses: whatever else runs on that NATS can
+	// neither answer the bench nor be loaded by it.
+	own := ""
+	if local || embedded {
+		own = strconv.FormatInt(time.Now().UnixNano(), 36)
+		c.Subject = "bench" + own
+		c.Intake.Stream.Name = "BENCH_" + strings.ToUpper(own)
+	}
 	if w.Target == c.Subject || len(w.Target) > len(c.Subject) && w.Target[:len(c.Subject)+1] == c.Subject+"." {
 		// The service refuses its own subjects as targets.
 		w.Target = "bench.target"
 	}
 
-	var child *exec.Cmd
+	var child *benchChild
 	if local || embedded {
-		child, err = startChild(c.NATS.URL, c.Redis.Addrs, embedded, stderr)
+		child, err = startChild(c, own, embedded, stream, stderr)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if child.ProcessState == nil {
-				_ = child.Process.Kill()
-				_ = child.Wait()
-			}
-		}()
+		defer child.kill()
 	}
 
 	clients := make([]*bridge.Probe, conns)
@@ -103,7 +108,7 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		defer nc.Close()
 		clients[i] = bridge.NewProbe(nc, c.Subject)
 	}
-	if err := waitService(ctx, clients[0]); err != nil {
+	if err := waitService(ctx, clients[0], child); err != nil {
 		return err
 	}
 
@@ -138,8 +143,15 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		r.BaselineRate, r.IntakeRatio = base, r.IntakeRate/base
 	}
 	if child != nil {
-		if r.Daemon, err = stopChild(child); err != nil {
+		if r.Daemon, err = child.stop(); err != nil {
 			return err
+		}
+		if stream {
+			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := clients[0].DeleteStream(dctx, c.Intake.Stream.Name); err != nil {
+				fmt.Fprintf(stderr, "delayd bench: deleting the child's stream %s: %v\n", c.Intake.Stream.Name, err)
+			}
+			cancel()
 		}
 	}
 	var peer *bench.Result
@@ -206,31 +218,54 @@ func printBench(stdout io.Writer, r bench.Result, peer *bench.Result, asJSON boo
 	return nil
 }
 
-// startChild runs this binary as "delayd run" in its own namespace, so the
-// bench can read its CPU time and peak RSS when it exits.
-func startChild(natsURL string, redisAddrs []string, embedded bool, stderr io.Writer) (*exec.Cmd, error) {
+// benchChild is the delayd the bench started, watched so that a child
+// that exits early (its port taken, a bad setting) stops the bench at once.
+type benchChild struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	err    error // once exited is closed
+}
+
+// startChild runs this binary as "delayd run" with the bench's own
+// subject prefix (c.Subject), namespace and intake stream (enabled only
+// for --stream), so the bench can tell its child from any other delayd and
+// read its CPU time and peak RSS when it exits.
+func startChild(c config.Config, own string, embedded, stream bool, stderr io.Writer) (*benchChild, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"run", "--nats-url", natsURL, "--log-level", "warn", "--set", "http.addr=127.0.0.1:0", "--set", "ui.enabled=false",
-		"--set", "namespace=bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	args := []string{"run", "--nats-url", c.NATS.URL, "--log-level", "warn", "--set", "http.addr=127.0.0.1:0", "--set", "ui.enabled=false",
+		"--subject", c.Subject, "--set", "namespace=bench-" + own,
+		"--set", "intake.stream.enabled=" + strconv.FormatBool(stream), "--set", "intake.stream.name=" + c.Intake.Stream.Name}
 	if embedded {
 		args = append(args, "--embedded")
-	} else if len(redisAddrs) > 0 {
-		args = append(args, "--redis-addrs", strings.Join(redisAddrs, ","))
+	} else if len(c.Redis.Addrs) > 0 {
+		args = append(args, "--redis-addrs", strings.Join(c.Redis.Addrs, ","))
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start delayd: %w", err)
 	}
-	return cmd, nil
+	ch := &benchChild{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		ch.err = cmd.Wait()
+		close(ch.exited)
+	}()
+	return ch, nil
 }
 
-func stopChild(cmd *exec.Cmd) (*bench.Usage, error) {
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	if err := cmd.Wait(); err != nil {
+func (ch *benchChild) kill() {
+	_ = ch.cmd.Process.Kill()
+	<-ch.exited
+}
+
+func (ch *benchChild) stop() (*bench.Usage, error) {
+	_ = ch.cmd.Process.Signal(syscall.SIGTERM)
+	<-ch.exited
+	cmd := ch.cmd
+	if err := ch.err; err != nil {
 		return nil, fmt.Errorf("delayd child: %w", err)
 	}
 	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
@@ -242,10 +277,20 @@ func stopChild(cmd *exec.Cmd) (*bench.Usage, error) {
 }
 
 // waitService waits until a delayd answers, so a just-started child is
-// not measured while it connects.
-func waitService(ctx context.Context, c *bridge.Probe) error {
+// not measured while it connects. With a child, only the child can answer
+// (its own subject prefix), and a child that exits first ends the bench
+// before anything was sent.
+func waitService(ctx context.Context, c *bridge.Probe, child *benchChild) error {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
+		if child != nil {
+			select {
+			case <-child.exited:
+				return fmt.Errorf("the delayd child exited before it answered (%v): nothing was sent; "+
+					"is its NATS port already in use (another server, another delayd)?", child.err)
+			default:
+			}
+		}
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		_, err := c.Delayd.Cancel(rctx, "bench-probe")
 		cancel()

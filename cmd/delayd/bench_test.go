@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/delayd/delayd/internal/bench"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // TestBenchCommand runs `delayd bench` against a running daemon and checks
@@ -65,4 +68,28 @@ func TestBenchStreamCompare(t *testing.T) {
 	}
 	t.Logf("stream intake %.0f/s (baseline %.0f/s), p99 %.2f ms; JetStream schedules %.0f/s, p99 %.2f ms, early %d",
 		d.IntakeRate, d.BaselineRate, d.LatenessMs.P99, js.IntakeRate, js.LatenessMs.P99, js.Early)
+}
+
+// TestBenchEmbeddedNeverLoadsAnotherDelayd: bench --embedded whose child
+// cannot bind its NATS port (a server with a real delayd has it) must exit
+// non-zero before sending anything, and load nothing into that delayd.
+// Before, it ran its whole workload against whatever answered there.
+func TestBenchEmbeddedNeverLoadsAnotherDelayd(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cfg()
+	c.HTTP.Addr = ""
+	e.startDaemon(c)
+	bin := testutil.BuildBinary(t)
+	cmd := exec.Command(bin, "bench", "--embedded", "--nats-url", e.nats.URL(), "--count", "100", "--baseline=false")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("bench against a port another server holds succeeded:\n%s", out)
+	}
+	if !strings.Contains(string(out), "exited before it answered") {
+		t.Fatalf("bench did not say its child failed:\n%s", out)
+	}
+	if n := e.stored(c); n != 0 {
+		t.Fatalf("bench loaded %d envelopes into the other delayd", n)
+	}
 }

@@ -168,3 +168,13 @@ func (c *Probe) WaitStream(ctx context.Context, name string) error {
 		}
 	}
 }
+
+// DeleteStream removes stream name: a bench child's own intake stream,
+// so a bench against a real NATS leaves nothing behind.
+func (c *Probe) DeleteStream(ctx context.Context, name string) error {
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return err
+	}
+	return js.DeleteStream(ctx, name)
+}
