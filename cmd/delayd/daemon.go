@@ -124,13 +124,16 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 
 	metrics.WatchNATS(func() bool { return out.IsConnected() && (c.Mode == "scanner" || in.IsConnected()) })
 
-	pub, err := bridge.NewPublisher(out, refusals, c.Targets.JetStream)
+	pub, err := bridge.NewPublisher(out, refusals, bridge.PublisherOptions{
+		JetStream: c.Targets.JetStream, FireAndForget: c.Targets.FireAndForget})
 	if err != nil {
 		return err
 	}
+	defer pub.Close()
 	scanOpts := scanner.Options{
 		ClaimBatch: c.Scanner.ClaimBatch, Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
-		RetryBackoff: c.Scanner.RetryBackoff, MaxAttempts: c.Scanner.MaxAttempts, Shared: true,
+		RetryBackoff: c.Scanner.RetryBackoff, RetryBackoffMax: c.Scanner.RetryBackoffMax,
+		MaxAttempts: c.Scanner.MaxAttempts, NoInterestRetryFor: c.Scanner.NoInterestRetryFor, Shared: true,
 	}
 	if c.Dead.Publish {
 		scanOpts.DeadSubject = c.Subject + ".dead"

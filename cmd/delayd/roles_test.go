@@ -44,7 +44,7 @@ func readmePermissions(t *testing.T) string {
 func TestPermissionBlocks(t *testing.T) {
 	dir := t.TempDir()
 	port := testutil.FreePort(t)
-	conf := fmt.Sprintf("PUBLISHER_PASSWORD: pub-pw\nOPERATOR_PASSWORD: op-pw\nDELAYD_PASSWORD: delayd-pw\n"+
+	conf := fmt.Sprintf("PUBLISHER_PASSWORD: pub-pw\nOPERATOR_PASSWORD: op-pw\nCONSUMER_PASSWORD: con-pw\nDELAYD_PASSWORD: delayd-pw\n"+
 		"listen: 127.0.0.1:%d\njetstream { store_dir: %q }\n%s", port, filepath.Join(dir, "js"), readmePermissions(t))
 	path := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
@@ -197,8 +197,12 @@ func TestPermissionBlocks(t *testing.T) {
 	}
 
 	// Daemon: its block lets it deliver (acknowledged only after the
-	// server took the publish, so the envelope leaves the store) and send
-	// wake-ups (a refused one is logged as a permissions violation).
+	// server took the publish and found a subscriber, the consumer, so the
+	// envelope leaves the store; the no-responders check needs its inbox)
+	// and send wake-ups (a refused one is logged as a permissions
+	// violation).
+	consumer := connect("consumer", "con-pw")
+	got := e.sink(consumer, "orders.cancel")
 	scheduleServed(t, pub, hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "10ms", "Delayd-Id", "r-3"))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -210,6 +214,12 @@ func TestPermissionBlocks(t *testing.T) {
 			t.Fatalf("r-3 not delivered under the daemon block: %v %s\n%s", err, out, logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if got.waitCount(1, 5*time.Second) != 1 || len(got.get("r-3")) != 1 {
+		t.Errorf("the consumer block got %d deliveries, want r-3 once", got.count())
+	}
+	if !refused(consumer, "orders.cancel") {
+		t.Error("the consumer block may publish; it should not need to")
 	}
 	if strings.Contains(logs.String(), "tok-xyz") {
 		t.Error("a redacted header value appears in the log")

@@ -3,6 +3,7 @@
 package admin
 
 import (
+	"errors"
 	"runtime"
 	"strconv"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/scanner"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -86,7 +88,8 @@ func NewMetrics(version string) *Metrics {
 			"Messages taken from the intake stream by result: stored (acknowledged), redelivered (a redelivery of a message stored already, after its ack was lost: acknowledged, not stored again), bad_request, forbidden, too_large (terminated, published to <subject>.rejected), unavailable (Redis failed; left in the stream).",
 			"result", streamResults),
 		delivered: counterVec("delayd_envelopes_delivered_total",
-			"Delivery attempts by result: ok (publish confirmed) or failed (will retry).", "result", []string{"ok", "failed"}),
+			"Delivery attempts by result: ok (publish confirmed), no_interest (a core NATS delivery that reached no subscriber: retried with backoff) or failed (will retry).",
+			"result", []string{"ok", "failed", "no_interest"}),
 		cancels: counterVec("delayd_cancels_total",
 			"Cancel requests by result: cancelled, not_found, bad_request, unavailable.", "result", cancelResults),
 		redeliveries: counterVec("delayd_redeliveries_total",
@@ -223,7 +226,11 @@ func (m *Metrics) Redelivered(cause string, n int) {
 
 // Delivered records one delivery attempt.
 func (m *Metrics) Delivered(d envelope.Delivery, err error) {
-	if err != nil {
+	switch {
+	case errors.Is(err, scanner.ErrNoInterest):
+		m.delivered.WithLabelValues("no_interest").Inc()
+		return
+	case err != nil:
 		m.delivered.WithLabelValues("failed").Inc()
 		return
 	}

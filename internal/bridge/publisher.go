@@ -32,26 +32,51 @@ type Publisher struct {
 	refusals   *Refusals
 	js         jetstream.JetStream
 	jsPatterns []string
+	plain      []string // fire-and-forget patterns
+	interest   *interest
+	batch      uint64 // the last batch number; under send
+}
+
+// PublisherOptions pick how each target is delivered.
+type PublisherOptions struct {
+	// JetStream lists the patterns of targets published with the
+	// JetStream API: confirmed by their PubAck.
+	JetStream []string
+	// FireAndForget lists the patterns of core targets published without
+	// the interest check: a delivery nobody subscribed to counts as
+	// delivered. Every other core delivery that reaches no subscriber
+	// fails with scanner.ErrNoInterest.
+	FireAndForget []string
 }
 
 // NewPublisher returns a publisher on nc, whose permission refusals are
-// recorded in refusals (see Connect). Targets matching a pattern in
-// jsPatterns are published with JetStream and need a PubAck.
-func NewPublisher(nc *nats.Conn, refusals *Refusals, jsPatterns []string) (*Publisher, error) {
-	p := &Publisher{nc: nc, refusals: refusals, jsPatterns: jsPatterns}
-	if len(jsPatterns) > 0 {
+// recorded in refusals (see Connect). It subscribes to a subject of nc's
+// inbox for the interest check; Close ends that.
+func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publisher, error) {
+	p := &Publisher{nc: nc, refusals: refusals, jsPatterns: o.JetStream, plain: o.FireAndForget}
+	if len(o.JetStream) > 0 {
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return nil, fmt.Errorf("bridge: jetstream: %w", err)
 		}
 		p.js = js
 	}
+	in, err := newInterest(nc)
+	if err != nil {
+		return nil, err
+	}
+	p.interest = in
 	return p, nil
 }
 
+// Close stops the interest check; the connection stays open.
+func (p *Publisher) Close() { p.interest.close() }
+
 // Publish sends every delivery and confirms each. Core NATS deliveries are
 // confirmed by one flush round trip: the PONG comes back only after the
-// server processed everything sent before the PING. JetStream deliveries
+// server processed everything sent before the PING, and after the
+// no-responders status of each delivery that reached no subscriber (see
+// interest), which fails with scanner.ErrNoInterest. JetStream deliveries
 // are confirmed by their PubAck; their Nats-Msg-Id (id@due) makes the
 // stream drop a redelivery inside its duplicate window.
 func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error {
@@ -62,12 +87,14 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		}
 		return errs
 	}
-	core := 0
+	core, checked := 0, 0
 	p.send.Lock()
 	// mark before the last error: an error recorded between the two is
 	// then after the mark, where since looks for it.
 	mark := p.refusals.mark()
 	lastErr := p.nc.LastError()
+	p.batch++
+	dropped := p.interest.begin(p.batch, len(ds))
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
 		m := DeliveryMsg(d)
@@ -78,8 +105,15 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 			futures[i], errs[i] = p.js.PublishMsgAsync(m, jetstream.WithMsgID(MsgID(d)), jetstream.WithRetryAttempts(0))
 			continue
 		}
+		check := !matchAny(p.plain, d.Target)
+		if check {
+			m.Reply = p.interest.reply(i)
+		}
 		if errs[i] = p.nc.PublishMsg(m); errs[i] == nil {
 			core++
+			if check {
+				checked++
+			}
 		}
 	}
 	// A flush also when the batch is JetStream only: a refused JetStream
@@ -98,6 +132,11 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 			}
 		}
 		p.permissionDenied(ctx, ds, errs, futures, lastErr, mark)
+	}
+	if checked > 0 {
+		p.noInterest(ctx, ds, errs, futures, dropped)
+	} else {
+		p.interest.abort()
 	}
 	p.send.Unlock()
 	for i, f := range futures {
@@ -161,6 +200,25 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 			errs[i] = fmt.Errorf("publish to %s: %w", d.Target, err)
 		} else if !complete {
 			errs[i] = fmt.Errorf("publish to %s: the server reported an error in this batch that could not be attributed: %w", d.Target, last)
+		}
+	}
+}
+
+// noInterest fails the core deliveries of the batch that reached no
+// subscriber, once their statuses are all in. If that cannot be known, the
+// checked deliveries not failed already fail too, to be retried: a
+// duplicate is better than a delivery counted that reached no one.
+func (p *Publisher) noInterest(ctx context.Context, ds []envelope.Delivery, errs []error, js map[int]jetstream.PubAckFuture, dropped int) {
+	hit, ok := p.interest.end(ctx, dropped)
+	for i, d := range ds {
+		if _, isJS := js[i]; isJS || errs[i] != nil || matchAny(p.plain, d.Target) {
+			continue
+		}
+		switch {
+		case hit[i]:
+			errs[i] = errNoInterest(d.Target)
+		case !ok:
+			errs[i] = fmt.Errorf("publish to %s: whether it reached a subscriber is unknown (statuses not all read in time, or dropped)", d.Target)
 		}
 	}
 }

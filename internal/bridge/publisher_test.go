@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats-server/v2/server"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/recur"
+	"github.com/delayd/delayd/internal/scanner"
 	"github.com/delayd/delayd/internal/testutil"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,19 +62,53 @@ func TestDeliverySizeMatchesTheMessage(t *testing.T) {
 
 // BenchmarkPublish measures the delivery path per envelope: building the
 // message (the headers copied, delayd's added) and publishing it over core
-// NATS to an in-process server, 256 per flush as a busy scanner batch;
-// -benchmem gives the allocations per delivery.
+// NATS to an in-process server with one subscriber, 256 per flush as a busy
+// scanner batch; -benchmem gives the allocations per delivery. Variants:
+// interest_check (the default: a reply subject per delivery, the statuses
+// read after the flush), fire_and_forget (a plain publish, the delivery
+// path before the check), and no_subscriber (the check, every delivery
+// answered by a no-responders status).
 func BenchmarkPublish(b *testing.B) {
+	for _, bc := range []struct {
+		name       string
+		opt        PublisherOptions
+		subscriber bool
+	}{
+		{"interest_check", PublisherOptions{}, true},
+		{"fire_and_forget", PublisherOptions{FireAndForget: []string{"orders.>"}}, true},
+		{"no_subscriber", PublisherOptions{}, false},
+	} {
+		b.Run(bc.name, func(b *testing.B) { benchPublish(b, bc.opt, bc.subscriber) })
+	}
+}
+
+func benchPublish(b *testing.B, opt PublisherOptions, subscriber bool) {
 	n := testutil.StartNATS(b)
 	nc, err := nats.Connect(n.URL())
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer nc.Close()
-	p, err := NewPublisher(nc, NewRefusals(), nil)
+	if subscriber {
+		consumer, err := nats.Connect(n.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer consumer.Close()
+		sub, err := consumer.Subscribe("orders.cancel", func(*nats.Msg) {})
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = sub.SetPendingLimits(-1, -1)
+		if err := consumer.Flush(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p, err := NewPublisher(nc, NewRefusals(), opt)
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer p.Close()
 	ds := make([]envelope.Delivery, 256)
 	for i := range ds {
 		ds[i] = envelope.Delivery{ID: "order-" + strconv.Itoa(i), Due: time.UnixMilli(1_800_000_000_000), Attempt: 1,
@@ -85,7 +121,7 @@ func BenchmarkPublish(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i += len(ds) {
 		for _, err := range p.Publish(ctx, ds) {
-			if err != nil {
+			if err != nil && (subscriber || !errors.Is(err, scanner.ErrNoInterest)) {
 				b.Fatal(err)
 			}
 		}
@@ -108,8 +144,21 @@ func TestConcurrentBatchesKeepTheirRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	p, err := NewPublisher(nc, ref, nil)
+	p, err := NewPublisher(nc, ref, PublisherOptions{})
 	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// Someone listens, so the allowed deliveries reach a subscriber.
+	consumer, err := nats.Connect(n.URL(), nats.UserInfo("d", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	if _, err := consumer.Subscribe("orders.>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := consumer.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	batch := func(target string, k int) []envelope.Delivery {

@@ -154,11 +154,19 @@ type Scanner struct {
 	// IdleInterval caps how long a shard sleeps when nothing is due, so
 	// envelopes written by other daemons are found without a wake-up.
 	IdleInterval time.Duration `koanf:"idle_interval"`
-	// RetryBackoff delays the next try after a failed publish.
-	RetryBackoff time.Duration `koanf:"retry_backoff"`
+	// RetryBackoff delays the next try after a failed publish, doubled per
+	// try of the envelope up to RetryBackoffMax (0, or less than
+	// RetryBackoff: a constant RetryBackoff).
+	RetryBackoff    time.Duration `koanf:"retry_backoff"`
+	RetryBackoffMax time.Duration `koanf:"retry_backoff_max"`
 	// MaxAttempts moves an envelope to the dead set after this many
 	// deliveries without an ack.
 	MaxAttempts int `koanf:"max_attempts"`
+	// NoInterestRetryFor is how long a core delivery that reaches no
+	// subscriber keeps being retried, by the backoff schedule, before the
+	// dead set, when that is longer than MaxAttempts tries take; 0 holds
+	// it to MaxAttempts like any failure.
+	NoInterestRetryFor time.Duration `koanf:"no_interest_retry_for"`
 	// CheckInterval: every interval one owned shard is checked, slowly
 	// and read-only, for data that breaks the store's invariants (what
 	// delayd doctor checks). 0 turns the background check off.
@@ -231,6 +239,10 @@ type Targets struct {
 	// JetStream lists patterns of targets published with the JetStream API
 	// (PubAck required, Nats-Msg-Id set for deduplication).
 	JetStream []string `koanf:"jetstream"`
+	// FireAndForget lists patterns of core targets published without the
+	// interest check: a delivery that reaches no subscriber counts as
+	// delivered instead of being retried.
+	FireAndForget []string `koanf:"fire_and_forget"`
 }
 
 // Dead configures what happens to envelopes that cannot be delivered.
@@ -261,11 +273,15 @@ func Default() Config {
 		NATS:      NATS{URL: "nats://127.0.0.1:4222", Name: "delayd", InboxPrefix: "_INBOX"},
 		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}, WaitTimeout: time.Second},
 		Scanner: Scanner{
-			ClaimBatch:   256,
-			Lease:        10 * time.Second,
-			IdleInterval: time.Second,
-			RetryBackoff: time.Second,
-			MaxAttempts:  10,
+			ClaimBatch:      256,
+			Lease:           10 * time.Second,
+			IdleInterval:    time.Second,
+			RetryBackoff:    time.Second,
+			RetryBackoffMax: time.Minute,
+			MaxAttempts:     10,
+			// With the backoff above: 16 tries, the last 10m3s after the
+			// first, where 10 attempts end after 4m3s.
+			NoInterestRetryFor: 10 * time.Minute,
 			// A shard every minute: 16 shards are all checked in 16 min.
 			CheckInterval: time.Minute,
 		},
@@ -363,6 +379,12 @@ func (c Config) Validate() error {
 	positive("scanner.idle_interval", int64(c.Scanner.IdleInterval))
 	positive("scanner.retry_backoff", int64(c.Scanner.RetryBackoff))
 	positive("scanner.max_attempts", int64(c.Scanner.MaxAttempts))
+	if c.Scanner.RetryBackoffMax < 0 {
+		bad("scanner.retry_backoff_max", "must not be negative (0 keeps scanner.retry_backoff constant), got %s", c.Scanner.RetryBackoffMax)
+	}
+	if c.Scanner.NoInterestRetryFor < 0 {
+		bad("scanner.no_interest_retry_for", "must not be negative (0: scanner.max_attempts, as for any failure), got %s", c.Scanner.NoInterestRetryFor)
+	}
 	if c.Scanner.CheckInterval != 0 && c.Scanner.CheckInterval < time.Second {
 		bad("scanner.check_interval", "must be 0 (off) or at least 1s, got %s", c.Scanner.CheckInterval)
 	}
@@ -412,7 +434,8 @@ func (c Config) Validate() error {
 	for _, key := range []struct {
 		name string
 		pats []string
-	}{{"targets.allow", c.Targets.Allow}, {"targets.deny", c.Targets.Deny}, {"targets.jetstream", c.Targets.JetStream}} {
+	}{{"targets.allow", c.Targets.Allow}, {"targets.deny", c.Targets.Deny}, {"targets.jetstream", c.Targets.JetStream},
+		{"targets.fire_and_forget", c.Targets.FireAndForget}} {
 		for _, p := range key.pats {
 			if !envelope.ValidPattern(p) {
 				bad(key.name, "%q is not a subject pattern", p)

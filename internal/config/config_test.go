@@ -162,6 +162,33 @@ func TestValidateStream(t *testing.T) {
 	}
 }
 
+// The retry and interest-check keys: defaults as the README gives them,
+// and each bad value named by its key.
+func TestValidateRetryKeys(t *testing.T) {
+	d := Default()
+	if d.Scanner.RetryBackoff != time.Second || d.Scanner.RetryBackoffMax != time.Minute ||
+		d.Scanner.NoInterestRetryFor != 10*time.Minute || len(d.Targets.FireAndForget) != 0 {
+		t.Fatalf("defaults %+v %+v", d.Scanner, d.Targets)
+	}
+	c := Default()
+	c.Scanner.RetryBackoffMax = -time.Second
+	c.Scanner.NoInterestRetryFor = -time.Second
+	c.Targets.FireAndForget = []string{"a.>.b"}
+	err := c.Validate()
+	for _, key := range []string{"scanner.retry_backoff_max:", "scanner.no_interest_retry_for:", "targets.fire_and_forget:"} {
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("error does not name %s: %v", key, err)
+		}
+	}
+	c = Default()
+	c.Scanner.RetryBackoffMax = 0 // constant backoff
+	c.Scanner.NoInterestRetryFor = 0
+	c.Targets.FireAndForget = []string{"signals.>", "metrics.*.tick"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestValidateWait(t *testing.T) {
 	for _, tc := range []struct {
 		name string

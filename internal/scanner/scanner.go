@@ -36,7 +36,8 @@ type Store interface {
 // target has the message (core NATS: flushed; JetStream: PubAck). Errors
 // wrapping ErrUnreachable mean nothing was written to the network; they do
 // not count as delivery attempts. Any other error may follow a message
-// that left the process, and counts.
+// that left the process, and counts; ErrNoInterest (the server saw no
+// subscriber) gets a longer budget.
 type Publisher interface {
 	Publish(ctx context.Context, ds []envelope.Delivery) []error
 	// Connected reports whether publishing can work now; while it cannot,
@@ -72,10 +73,18 @@ type Options struct {
 	ClaimBatch   int
 	Lease        time.Duration
 	IdleInterval time.Duration
-	RetryBackoff time.Duration
+	// RetryBackoff is the delay after a failed try, doubled per try of the
+	// envelope up to RetryBackoffMax.
+	RetryBackoff    time.Duration
+	RetryBackoffMax time.Duration
 	// MaxAttempts deliveries without success send an envelope to the dead
 	// set.
 	MaxAttempts int
+	// NoInterestRetryFor: a delivery that found no subscriber
+	// (ErrNoInterest) goes to the dead set only at the first try that
+	// starts this long after its first by the backoff schedule, if that
+	// is later than MaxAttempts. 0: MaxAttempts, as for every failure.
+	NoInterestRetryFor time.Duration
 	// DeadSubject, if set, is the prefix dead envelopes are also published
 	// under: <DeadSubject>.<target>, with a Delayd-Error header.
 	DeadSubject string
@@ -118,6 +127,12 @@ type Scanner struct {
 	unknown map[int]bool
 	// short: claims published though their wait fell short (wait.go).
 	short shortClaims
+	// noInterestTries is the budget of a delivery nobody subscribed to,
+	// maxTries the larger of it and MaxAttempts (see Options).
+	noInterestTries, maxTries int
+	// noInterestLog rate-limits the warning about deliveries that found
+	// no subscriber: a consumer that is away makes one per envelope.
+	noInterestLog rateLog
 }
 
 // New builds a scanner over every shard of st.
@@ -125,7 +140,9 @@ func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *
 	n := st.Shards()
 	s := &Scanner{store: st, pub: pub, obs: obs, opt: opt, log: log,
 		next: make([]atomic.Int64, n), owned: make([]atomic.Bool, n), announced: make([]atomic.Int64, n),
-		wake: make(chan struct{}, 1), failing: map[int]time.Duration{}}
+		wake: make(chan struct{}, 1), failing: map[int]time.Duration{},
+		noInterestTries: opt.noInterestTries(), noInterestLog: rateLog{every: failLogEvery}}
+	s.maxTries = max(opt.MaxAttempts, s.noInterestTries)
 	s.clock.base = time.Now()
 	for i := range s.owned {
 		s.owned[i].Store(!opt.Shared)
@@ -490,7 +507,12 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 			s.log.Debug("not sent, delivery postponed", "id", c.ID, "error", fail)
 		case fail != nil:
 			st.Outcome, st.Error = store.Retry, fail.Error()
-			if c.Attempt-c.Base >= s.opt.MaxAttempts {
+			try, last := c.Attempt-c.Base, s.opt.MaxAttempts
+			noInterest := d != nil && errors.Is(fail, ErrNoInterest)
+			if noInterest {
+				last = s.noInterestTries
+			}
+			if try >= last {
 				st.Outcome = store.Bury
 				target := ""
 				if d != nil {
@@ -501,8 +523,15 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 				}
 				s.log.Warn("envelope moved to the dead set", "id", c.ID, "target", target, "attempts", c.Attempt, "error", fail)
 			} else {
+				st.RetryDelay = s.opt.retryDelay(try)
 				s.redelivered("retry", 1)
-				s.log.Warn("delivery failed, will retry", "id", c.ID, "attempt", c.Attempt, "error", fail)
+				if noInterest {
+					s.log.Debug("delivery reached no subscriber, will retry", "id", c.ID, "attempt", c.Attempt, "retry_in", st.RetryDelay)
+					s.noInterestLog.warn(s.log, "core NATS delivery reached no subscriber, will retry with backoff",
+						"id", c.ID, "target", d.Target, "attempt", c.Attempt, "retry_in", st.RetryDelay)
+				} else {
+					s.log.Warn("delivery failed, will retry", "id", c.ID, "attempt", c.Attempt, "retry_in", st.RetryDelay, "error", fail)
+				}
 			}
 		}
 		settles[c.shard] = append(settles[c.shard], st)
@@ -518,10 +547,12 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 		}
 		d := envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Occurrence: c.Occurrence, Envelope: e}
 		switch {
-		case c.Attempt-c.Base > s.opt.MaxAttempts:
+		case c.Attempt-c.Base > s.maxTries:
 			// Claimed again after its leases expired without an ack: its
 			// daemons died or stalled while delivering it. (Base: the
-			// attempts before a replay, which granted a fresh budget.)
+			// attempts before a replay, which granted a fresh budget.) The
+			// longer budget of deliveries that found no subscriber, since
+			// tries past MaxAttempts are expected then.
 			settle(c, &d, errLeaseExpired)
 		case dctx.Err() != nil:
 			settle(c, &d, errStale)
@@ -659,14 +690,20 @@ func drain[T any](first T, in <-chan T, merge func(T, T) T) T {
 func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease)
 	defer cancel()
-	// Released envelopes are due again after the retry backoff: plan their
-	// shards' next claim for then, as for a new envelope.
-	again := map[int]bool{}
-	nexts := map[int]int64{} // shard → earliest next occurrence
+	// Released envelopes are due again after their retry delay: plan their
+	// shards' next claim for the earliest, as for a new envelope.
+	again := map[int]time.Duration{} // shard → earliest retry delay
+	nexts := map[int]int64{}         // shard → earliest next occurrence
 	for sh, v := range settles {
 		for _, st := range v {
 			if st.Outcome == store.Retry || st.Outcome == store.Postpone {
-				again[sh] = true
+				d := st.RetryDelay
+				if d <= 0 {
+					d = s.opt.RetryBackoff // the store's default for the call
+				}
+				if cur, ok := again[sh]; !ok || d < cur {
+					again[sh] = d
+				}
 			}
 			if st.Outcome == store.Next && (nexts[sh] == 0 || st.NextDueMs < nexts[sh]) {
 				nexts[sh] = st.NextDueMs
@@ -682,8 +719,8 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 		}
 		nowMs := a.NowMs
 		if err == nil {
-			for sh := range again {
-				s.WakeLocal(sh, nowMs+s.opt.RetryBackoff.Milliseconds())
+			for sh, d := range again {
+				s.WakeLocal(sh, nowMs+d.Milliseconds())
 			}
 			for sh, due := range nexts {
 				s.WakeLocal(sh, due)

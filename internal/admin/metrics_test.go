@@ -1,0 +1,52 @@
+package admin
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/scanner"
+)
+
+// A delivery that reached no subscriber counts as no_interest, not failed;
+// every result exists from the start, at 0, so a rate() over it works
+// before the first one.
+func TestDeliveredResults(t *testing.T) {
+	m := NewMetrics("test")
+	value := func(c prometheus.Counter) float64 {
+		var out dto.Metric
+		if err := c.Write(&out); err != nil {
+			t.Fatal(err)
+		}
+		return out.GetCounter().GetValue()
+	}
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "delayd_envelopes_delivered_total" && len(f.GetMetric()) != 3 {
+			t.Fatalf("%d series before any delivery, want 3 (ok, failed, no_interest)", len(f.GetMetric()))
+		}
+	}
+	for _, r := range []string{"ok", "failed", "no_interest"} {
+		if v := value(m.delivered.WithLabelValues(r)); v != 0 {
+			t.Fatalf("%s starts at %v", r, v)
+		}
+	}
+	d := envelope.Delivery{ID: "a", Due: time.Now(), Envelope: envelope.Envelope{Target: "t"}}
+	m.Delivered(d, fmt.Errorf("publish to t: %w", scanner.ErrNoInterest))
+	m.Delivered(d, fmt.Errorf("publish to t: %w", scanner.ErrNoInterest))
+	m.Delivered(d, errors.New("flush not confirmed"))
+	m.Delivered(d, nil)
+	for r, want := range map[string]float64{"ok": 1, "failed": 1, "no_interest": 2} {
+		if v := value(m.delivered.WithLabelValues(r)); v != want {
+			t.Errorf("%s = %v, want %v", r, v, want)
+		}
+	}
+}

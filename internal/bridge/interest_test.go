@@ -1,0 +1,180 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/scanner"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+func deliveries(targets ...string) []envelope.Delivery {
+	ds := make([]envelope.Delivery, len(targets))
+	for i, t := range targets {
+		ds[i] = envelope.Delivery{ID: fmt.Sprintf("e%d", i), Due: time.UnixMilli(1_800_000_000_000), Attempt: 1,
+			Envelope: envelope.Envelope{Target: t, Payload: []byte("p")}}
+	}
+	return ds
+}
+
+// Within one batch, each delivery the server found no subscriber for (its
+// no-responders status) fails with ErrNoInterest, and only those: the
+// statuses are attributed by reply subject, in a batch that mixes targets
+// with and without subscribers. Subscribers that reply (with a body, or
+// an empty message without the status) do not count as no-interest; a
+// queue group or a wildcard subscription is interest; a fire-and-forget
+// target keeps the plain publish (no reply subject, never retried).
+func TestNoInterestAttributedWithinBatch(t *testing.T) {
+	n := testutil.StartNATS(t, func(o *server.Options) {
+		// delayd's user may subscribe to its own inbox prefix only, as in
+		// the README's permission blocks.
+		o.Users = []*server.User{
+			{Username: "d", Password: "p", Permissions: &server.Permissions{
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_delayd.>"}}}},
+			{Username: "c", Password: "p"},
+		}
+	})
+	ref := NewRefusals()
+	nc, err := Connect(n.URL(), "t", Auth{User: "d", Password: "p", InboxPrefix: "_INBOX_delayd"}, hclog.NewNullLogger(), nil, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := NewPublisher(nc, ref, PublisherOptions{FireAndForget: []string{"signal.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	consumer, err := nats.Connect(n.URL(), nats.UserInfo("c", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	var mu sync.Mutex
+	replies := map[string]string{} // subject → reply subject seen
+	record := func(m *nats.Msg) {
+		mu.Lock()
+		replies[m.Subject] = m.Reply
+		mu.Unlock()
+	}
+	subs := []struct {
+		subject, queue string
+		cb             nats.MsgHandler
+	}{
+		{"has.plain", "", record},
+		{"has.reply", "", func(m *nats.Msg) { record(m); _ = m.Respond([]byte("thanks")) }},
+		{"has.empty", "", func(m *nats.Msg) { record(m); _ = m.Respond(nil) }},
+		{"has.queue", "workers", record},
+		{"wild.*", "", record},
+		{"signal.heard", "", record},
+	}
+	for _, s := range subs {
+		if _, err := consumer.QueueSubscribe(s.subject, s.queue, s.cb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := consumer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	targets := []string{"has.plain", "none.a", "has.reply", "none.a", "has.empty", "none.b", "has.queue",
+		"wild.card", "signal.nobody", "signal.heard", "none.c", "has.plain"}
+	want := map[string]bool{"none.a": true, "none.b": true, "none.c": true} // no interest
+	for round := range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs := p.Publish(ctx, deliveries(targets...))
+		cancel()
+		for i, err := range errs {
+			switch {
+			case want[targets[i]] && !errors.Is(err, scanner.ErrNoInterest):
+				t.Fatalf("round %d: %s (#%d) had no subscriber, got %v", round, targets[i], i, err)
+			case want[targets[i]] && errors.Is(err, scanner.ErrUnreachable):
+				t.Fatalf("round %d: %s: a message that reached the server is not unreachable: %v", round, targets[i], err)
+			case !want[targets[i]] && err != nil:
+				t.Fatalf("round %d: %s (#%d) has a subscriber or is fire-and-forget, got %v", round, targets[i], i, err)
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if r := replies["has.plain"]; len(r) < len("_INBOX_delayd.") || r[:len("_INBOX_delayd.")] != "_INBOX_delayd." {
+		t.Errorf("a checked delivery's reply subject is %q, want one under nats.inbox_prefix", r)
+	}
+	if r, ok := replies["signal.heard"]; !ok || r != "" {
+		t.Errorf("a fire-and-forget delivery came with reply %q (seen %v), want a plain publish", r, ok)
+	}
+}
+
+// Batches publish concurrently (the scanner's publish workers): each sees
+// exactly its own no-interest statuses, and a subscriber that comes later
+// makes the same target succeed.
+func TestNoInterestConcurrentBatches(t *testing.T) {
+	n := testutil.StartNATS(t)
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	consumer, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	if _, err := consumer.Subscribe("yes.>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	_ = consumer.Flush()
+	for round := range 30 {
+		var g sync.WaitGroup
+		results := make([][]error, 4)
+		batches := [][]string{
+			{"yes.1", "yes.2", "yes.3"},
+			{"no.1", "no.2"},
+			{"yes.4", "no.3", "yes.5", "no.4"},
+			{"no.5", "yes.6"},
+		}
+		for i, b := range batches {
+			g.Add(1)
+			go func() {
+				defer g.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				results[i] = p.Publish(ctx, deliveries(b...))
+			}()
+		}
+		g.Wait()
+		for i, b := range batches {
+			for j, target := range b {
+				noInterest := errors.Is(results[i][j], scanner.ErrNoInterest)
+				if noInterest != (target[:3] == "no.") || (!noInterest && results[i][j] != nil) {
+					t.Fatalf("round %d: %s: %v", round, target, results[i][j])
+				}
+			}
+		}
+	}
+	// The target gains a subscriber: delivered.
+	if _, err := consumer.Subscribe("no.1", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	_ = consumer.Flush()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.Publish(ctx, deliveries("no.1"))[0]; err != nil {
+		t.Fatalf("a subscriber came: %v", err)
+	}
+}
