@@ -604,8 +604,8 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		}
 		out = append(out, r)
 	}
-	if req != nil && len(out) > 0 {
-		s.claimWaited(short)
+	if len(out) > 0 {
+		s.claimWaited(req, short)
 	}
 	return out, perr
 }

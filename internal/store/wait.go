@@ -78,17 +78,28 @@ func WithWait(o WaitOptions) Option {
 	}
 }
 
-// claimProbe is the wait of a claim while claims fall short: one missing
-// replica must not add the whole timeout to every delivery. The first
-// short claim waits the full timeout; then claims wait this long until one
-// is confirmed again. Intake always waits the full timeout.
-const claimProbe = 20 * time.Millisecond
+// While claims fall short, one missing replica must not add the whole
+// timeout to every delivery: the first short claim waits the full
+// timeout; after it, claims do not wait (they are unconfirmed anyway),
+// except one probe every claimProbeEvery that waits claimProbe (Redis
+// rounds a WAIT's timeout up to its event loop's tick, 100 ms at the
+// default hz 10), until a probe is confirmed. Intake always waits the
+// full timeout: a 504 is what wait_replicas asks for.
+const (
+	claimProbe      = 20 * time.Millisecond
+	claimProbeEvery = time.Second
+)
 
 // waiting is the store's wait state.
 type waiting struct {
-	// claimShort: the last claim's wait fell short (claimProbe applies).
+	// claimShort: the last claim that waited fell short; lastProbe is
+	// when a claim last waited (unix nanos).
 	claimShort atomic.Bool
+	lastProbe  atomic.Int64
 }
+
+// errNotWaited marks a claim sent without a wait while claims fall short.
+var errNotWaited = fmt.Errorf("%w: not waited for, as the last claims' waits fell short (probed every %s)", ErrNotReplicated, claimProbeEvery)
 
 type waitKey struct{}
 
@@ -106,6 +117,8 @@ type waitReq struct {
 	// fenceErr: a fence failed, so a call that wrote nothing is not
 	// confirmed by its wait.
 	fenceErr error
+	// skipped: no wait was sent (errNotWaited).
+	skipped bool
 }
 
 // waitCtx marks ctx so that the pipelines of op wait, or returns it as it
@@ -116,6 +129,10 @@ func (s *Store) waitCtx(ctx context.Context, op string) (context.Context, *waitR
 	}
 	timeout := s.wait.Timeout
 	if op == "claim" && s.waiting.claimShort.Load() {
+		now, last := time.Now().UnixNano(), s.waiting.lastProbe.Load()
+		if now-last < int64(claimProbeEvery) || !s.waiting.lastProbe.CompareAndSwap(last, now) {
+			return ctx, &waitReq{op: op, skipped: true}
+		}
 		timeout = min(timeout, claimProbe)
 	}
 	r := &waitReq{op: op, replicas: s.wait.Replicas, fsync: s.wait.LocalFsync, timeout: timeout, obs: s.wait.Observer,
@@ -128,6 +145,9 @@ func (s *Store) waitCtx(ctx context.Context, op string) (context.Context, *waitR
 func (r *waitReq) confirmed(cmd redis.Cmder) error {
 	if r == nil {
 		return nil
+	}
+	if r.skipped {
+		return errNotWaited
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -282,9 +302,15 @@ func (s *Store) fence(ctx context.Context, pipe redis.Pipeliner, shard int) *red
 	return s.pick(fenceScript).Eval(ctx, pipe, []string{s.keys[shard].fence})
 }
 
-// claimWaited notes whether a claim's wait fell short, which sets the
-// next claims' wait (claimProbe).
-func (s *Store) claimWaited(short bool) {
+// claimWaited notes whether the wait of a claim that waited fell short,
+// which sets the next claims' (claimProbe).
+func (s *Store) claimWaited(r *waitReq, short bool) {
+	if r == nil || r.skipped {
+		return
+	}
+	if short && !s.waiting.claimShort.Load() {
+		s.waiting.lastProbe.Store(time.Now().UnixNano())
+	}
 	s.waiting.claimShort.Store(short)
 }
 

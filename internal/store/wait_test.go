@@ -132,7 +132,23 @@ func TestWaitReplicas(t *testing.T) {
 		t.Errorf("claimed %d with the replica stopped, want the 1 due", got)
 	}
 	if !s.waiting.claimShort.Load() {
-		t.Error("a short claim did not shorten the next claims' wait")
+		t.Fatal("a short claim was not noted")
+	}
+	// While claims fall short, the next ones do not wait (one probe a
+	// second does), so a missing replica does not slow every delivery.
+	all := []int{0, 1, 2, 3}
+	waitsBefore = commandCalls(t, mc, "wait")
+	res, err = s.Claim(ctx, all, ClaimOptions{Batch: 10, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := commandCalls(t, mc, "wait") - waitsBefore; n != 0 || !res[0].Unconfirmed || !errors.Is(res[0].Why, errNotWaited) {
+		t.Errorf("claim right after a short one: %d WAITs, unconfirmed %v (%v); want none, unconfirmed", n, res[0].Unconfirmed, res[0].Why)
+	}
+	s.waiting.lastProbe.Store(0) // the probe is due
+	if res, _ = s.Claim(ctx, all, ClaimOptions{Batch: 10, Lease: time.Minute}); commandCalls(t, mc, "wait")-waitsBefore != 1 ||
+		!errors.Is(res[0].Why, ErrNotReplicated) || errors.Is(res[0].Why, errNotWaited) {
+		t.Errorf("the probe did not wait, or was confirmed with the replica stopped: %v", res[0].Why)
 	}
 
 	r.Resume()
@@ -144,7 +160,8 @@ func TestWaitReplicas(t *testing.T) {
 	if c, err := s.Cancel(ctx, "a1"); err != nil || c.Existed {
 		t.Errorf("cancel after the replica is back: %+v, %v; want not found", c, err)
 	}
-	res, err = s.Claim(ctx, []int{0, 1, 2, 3}, ClaimOptions{Batch: 10, Lease: time.Minute})
+	s.waiting.lastProbe.Store(0) // the probe is due
+	res, err = s.Claim(ctx, all, ClaimOptions{Batch: 10, Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

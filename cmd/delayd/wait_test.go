@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// waitSchedule sends one schedule request with id and returns the error
+// code ("" for success) and the 504 body's id.
+func waitSchedule(t *testing.T, nc *nats.Conn, id, target string, at time.Time) (code, bodyID string) {
+	t.Helper()
+	m := &nats.Msg{Subject: "delayd.schedule", Data: []byte(id),
+		Header: hdr("Delayd-Target", target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
+	rep, err := nc.RequestMsg(m, 5*time.Second)
+	if err != nil {
+		return "timeout", ""
+	}
+	var body struct{ ID string }
+	_ = json.Unmarshal(rep.Data, &body)
+	return rep.Header.Get(micro.ErrorCodeHeader), body.ID
+}
+
+// answers schedules ids concurrently (8 at a time) and returns each id's
+// code.
+func answers(t *testing.T, nc *nats.Conn, ids []string, target string, at func(i int) time.Time) map[string]string {
+	t.Helper()
+	var mu sync.Mutex
+	out := map[string]string{}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(ids); i += 8 {
+				code, bodyID := waitSchedule(t, nc, ids[i], target, at(i))
+				if code == "504" && bodyID != ids[i] {
+					t.Errorf("%s: 504 without its id (%q)", ids[i], bodyID)
+				}
+				mu.Lock()
+				out[ids[i]] = code
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func countCode(answers map[string]string, code string) int {
+	n := 0
+	for _, c := range answers {
+		if c == code {
+			n++
+		}
+	}
+	return n
+}
+
+func idsOf(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = prefix + "-" + string(rune('a'+i/26%26)) + string(rune('a'+i%26))
+	}
+	return out
+}
+
+// With wait_replicas 1 and the replica stopped (SIGSTOP), a schedule gets
+// 504 with its id, not 200, and so does a cancel; deliveries go on (the
+// claims' waits fall short, and they are published anyway). After SIGCONT
+// the same schedule gets 200.
+func TestWaitReplicasStoppedReplica(t *testing.T) {
+	m := testutil.StartRedis(t)
+	r := testutil.StartReplica(t, m)
+	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
+	c := e.cfg()
+	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "wait.a")
+
+	if code, _ := waitSchedule(t, nc, "early", "wait.a", time.Now().Add(1500*time.Millisecond)); code != "" {
+		t.Fatalf("schedule with the replica up: %q, want 200", code)
+	}
+	r.Pause()
+	paused := time.Now()
+	if code, id := waitSchedule(t, nc, "during", "wait.a", time.Now().Add(time.Second)); code != "504" || id != "during" {
+		t.Fatalf("schedule with the replica stopped: code %q id %q, want 504 with the id", code, id)
+	}
+	cm := nats.NewMsg("delayd.cancel")
+	cm.Header.Set("Delayd-Id", "early-not-there")
+	if rep, err := nc.RequestMsg(cm, 5*time.Second); err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "504" {
+		t.Errorf("cancel with the replica stopped: %v %v, want 504", err, rep)
+	}
+	// Acknowledged before the stop and due during it: delivered; and so
+	// is the one that got 504 (it is on the master, which did not fail).
+	got.waitCount(2, 5*time.Second)
+	if len(got.get("early")) == 0 || len(got.get("during")) == 0 {
+		t.Fatalf("envelopes due while the replica is stopped were not delivered (got %d)", got.count())
+	}
+	t.Logf("delivered %s after the replica stopped", time.Since(paused).Round(time.Millisecond))
+	r.Resume()
+	testutil.WaitReplicas(t, m, 1, 10*time.Second)
+	if code, _ := waitSchedule(t, nc, "during", "wait.a", time.Now().Add(500*time.Millisecond)); code != "" {
+		t.Fatalf("schedule after SIGCONT: %q, want 200", code)
+	}
+	got.waitCount(3, 5*time.Second)
+	if len(got.get("during")) != 2 {
+		t.Error("the envelope acknowledged after SIGCONT was not delivered")
+	}
+	mm := scrape(t, c.HTTP.Addr)
+	if mm[`delayd_redis_wait_short_total{op="schedule"}`] < 1 || mm[`delayd_redis_wait_short_total{op="claim"}`] < 1 ||
+		mm[`delayd_redis_wait_short_total{op="cancel"}`] < 1 {
+		t.Errorf("short waits not counted: %v %v %v", mm[`delayd_redis_wait_short_total{op="schedule"}`],
+			mm[`delayd_redis_wait_short_total{op="claim"}`], mm[`delayd_redis_wait_short_total{op="cancel"}`])
+	}
+}
+
+// wait_local_fsync needs WAITAOF (Redis 7.2): on an older server the
+// daemon refuses to start, saying so.
+func TestWaitLocalFsyncRefusedWithoutWAITAOF(t *testing.T) {
+	e := newEnv(t, "--appendonly", "yes")
+	if v := e.redis.Client().Info(context.Background(), "server").Val(); !strings.Contains(v, "redis_version:7.0") &&
+		!strings.Contains(v, "redis_version:6.") && !strings.Contains(v, "redis_version:7.1") {
+		t.Skip("this redis-server has WAITAOF")
+	}
+	c := e.cfg()
+	c.Redis.WaitLocalFsync = true
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := daemon(ctx, c, hclog.NewNullLogger())
+	if err == nil || !strings.Contains(err.Error(), "WAITAOF") || !strings.Contains(err.Error(), "7.2") ||
+		!strings.Contains(err.Error(), "redis.wait_local_fsync") {
+		t.Fatalf("want a refusal naming WAITAOF, Redis 7.2 and the setting, got %v", err)
+	}
+	t.Log(err)
+}
+
+// sentinelWithWait is a Sentinel set-up whose replica acknowledges within
+// a second, and a daemon on it with wait_replicas 1.
+func sentinelWithWait(t *testing.T) (*testutil.Sentinel, *env, string) {
+	sn := testutil.StartSentinel(t)
+	testutil.FastReplication(t, sn.Master)
+	testutil.WaitReplicas(t, sn.Master, 1, 15*time.Second)
+	e := &env{t: t, redis: sn.Replica, nats: testutil.StartNATS(t)}
+	c := e.cfg()
+	c.Redis.Addrs = []string{sn.Addr}
+	c.Redis.MasterName = "mymaster"
+	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
+	e.startDaemon(c)
+	return sn, e, c.HTTP.Addr
+}
+
+func waitFailover(t *testing.T, sn *testutil.Sentinel, to string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for sn.MasterAddr(t) != to {
+		if time.Now().After(deadline) {
+			t.Fatalf("no failover to %s", to)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A Sentinel failover with a stopped replica (the issue's reproduction):
+// the replica is stopped and its link filled with a 30 MB write, so what
+// the master writes next stays in the master's buffers; then the master is
+// killed and the replica promoted. Without the wait the schedules
+// acknowledged meanwhile are lost; with it they got 504, and every
+// envelope that got 200 arrives.
+func TestWaitSentinelFailoverStoppedReplica(t *testing.T) {
+	sn, e, _ := sentinelWithWait(t)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "wf.x")
+	due := time.Now().Add(15 * time.Second)
+	at := func(int) time.Time { return due }
+
+	before := answers(t, nc, idsOf("before", 100), "wf.x", at)
+	sn.Replica.Pause()
+	if err := sn.Master.Client().Set(context.Background(), "flood", strings.Repeat("x", 30<<20), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	during := answers(t, nc, idsOf("during", 50), "wf.x", at)
+	sn.Master.Kill()
+	sn.Replica.Resume()
+	failedOver := time.Now()
+	waitFailover(t, sn, sn.Replica.Addr)
+	t.Logf("failover in %s", time.Since(failedOver).Round(100*time.Millisecond))
+
+	acked, unknown := []string{}, 0
+	for _, set := range []map[string]string{before, during} {
+		for id, code := range set {
+			switch code {
+			case "":
+				acked = append(acked, id)
+			case "504":
+				unknown++
+			default:
+				t.Errorf("%s: answered %q, want 200 or 504", id, code)
+			}
+		}
+	}
+	for id, code := range before {
+		if code != "" {
+			t.Errorf("%s, scheduled with the replica up: %q, want 200", id, code)
+		}
+	}
+	if unknown == 0 {
+		t.Error("no schedule got 504 while the replica was stopped: the test proves nothing")
+	}
+	got.waitCount(len(acked), time.Until(due)+20*time.Second)
+	time.Sleep(time.Second)
+	lost := 0
+	for _, id := range acked {
+		if len(got.get(id)) == 0 {
+			lost++
+		}
+	}
+	lateDelivered := 0
+	for id, code := range during {
+		if code == "504" && len(got.get(id)) > 0 {
+			lateDelivered++
+		}
+	}
+	t.Logf("%d acknowledged (200), %d answered 504 (%d of them delivered anyway), %d lost", len(acked), unknown, lateDelivered, lost)
+	if lost > 0 {
+		t.Errorf("%d of %d envelopes acknowledged with 200 were lost in the failover", lost, len(acked))
+	}
+}
+
+// A clean failover (the replica up to date) that leaves the new master
+// without a replica: nothing acknowledged is lost, and deliveries go on
+// though no claim can be confirmed any more; new schedules get 504 and are
+// delivered all the same (they are on the master).
+func TestWaitCleanFailoverNoReplicaLeft(t *testing.T) {
+	sn, e, httpAddr := sentinelWithWait(t)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "wc.x")
+	start := time.Now().Add(time.Second)
+	ids := idsOf("c", 100)
+	first := answers(t, nc, ids, "wc.x", func(i int) time.Time { return start.Add(time.Duration(i) * 80 * time.Millisecond) })
+	for id, code := range first {
+		if code != "" {
+			t.Fatalf("%s: %q with the replica up, want 200", id, code)
+		}
+	}
+	time.Sleep(time.Until(start.Add(2 * time.Second)))
+	sn.Master.Kill()
+	waitFailover(t, sn, sn.Replica.Addr)
+	// The daemon follows the failover within a moment; until then a
+	// schedule gets 503 (nothing written) and is retried.
+	var after map[string]string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		after = answers(t, nc, idsOf("after", 20), "wc.x", func(int) time.Time { return time.Now().Add(500 * time.Millisecond) })
+		if !slices.Contains(slices.Collect(maps.Values(after)), "503") || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("after the failover, without a replica: %d schedules answered 504", countCode(after, "504"))
+	for id, code := range after {
+		if code != "504" && code != "" {
+			t.Errorf("%s after the failover: %q, want 504 (no replica left) or 200", id, code)
+		}
+	}
+	want := len(ids) + len(after)
+	got.waitCount(want, 20*time.Second)
+	for _, id := range append(ids, idsOf("after", 20)...) {
+		if len(got.get(id)) == 0 {
+			t.Errorf("%s not delivered", id)
+		}
+	}
+	if short := scrape(t, httpAddr)[`delayd_redis_wait_short_total{op="claim"}`]; short < 1 {
+		t.Errorf("no claim counted short on a master without a replica (%v)", short)
+	}
+}
