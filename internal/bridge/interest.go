@@ -41,11 +41,15 @@ type interest struct {
 	replies string
 	ends    []int
 
-	mu      sync.Mutex
-	batch   uint64 // the batch being sent; 0 between batches
-	hit     []bool // hit[i]: the batch's delivery i reached no subscriber
-	taken   int64  // messages taken off ch
-	changed chan struct{}
+	mu    sync.Mutex
+	batch uint64 // the batch being sent; 0 between batches
+	hit   []bool // hit[i]: the batch's delivery i reached no subscriber
+	taken int64  // messages taken off ch
+	// woken is closed once taken reaches until: a batch waits for it. nil
+	// while no batch waits, so the messages between batches (replies,
+	// PubAcks of a stream that captures a core target) cost no wake-up.
+	woken chan struct{}
+	until int64
 }
 
 // statusBuffer is the channel between nats.go's read loop and the
@@ -56,7 +60,7 @@ const statusBuffer = 1 << 16
 
 func newInterest(nc *nats.Conn) (*interest, error) {
 	in := &interest{ch: make(chan *nats.Msg, statusBuffer), base: nc.NewInbox() + ".",
-		done: make(chan struct{}), changed: make(chan struct{})}
+		done: make(chan struct{})}
 	sub, err := nc.ChanSubscribe(in.base+">", in.ch)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: subscribe to the delivery statuses: %w", err)
@@ -77,8 +81,10 @@ func (in *interest) run() {
 				in.hit[i] = true
 			}
 			in.taken++
-			close(in.changed)
-			in.changed = make(chan struct{})
+			if in.woken != nil && in.taken >= in.until {
+				close(in.woken)
+				in.woken = nil
+			}
 			in.mu.Unlock()
 		}
 	}
@@ -159,18 +165,20 @@ func (in *interest) reply(i int) string {
 func (in *interest) end(ctx context.Context, dropped int) (hit []bool, ok bool) {
 	delivered, err := in.sub.Delivered()
 	ok = err == nil
-	for ok {
+	if ok {
 		in.mu.Lock()
-		if in.taken >= delivered {
-			in.mu.Unlock()
-			break
+		var woken chan struct{}
+		if in.taken < delivered {
+			woken = make(chan struct{})
+			in.woken, in.until = woken, delivered
 		}
-		wait := in.changed
 		in.mu.Unlock()
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			ok = false
+		if woken != nil {
+			select {
+			case <-woken:
+			case <-ctx.Done():
+				ok = false
+			}
 		}
 	}
 	if now, err := in.sub.Dropped(); err != nil || now != dropped {
@@ -178,7 +186,7 @@ func (in *interest) end(ctx context.Context, dropped int) (hit []bool, ok bool) 
 	}
 	in.mu.Lock()
 	hit = append([]bool(nil), in.hit...)
-	in.batch = 0
+	in.batch, in.woken = 0, nil
 	in.mu.Unlock()
 	return hit, ok
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/scanner"
@@ -176,5 +177,42 @@ func TestNoInterestConcurrentBatches(t *testing.T) {
 	defer cancel()
 	if err := p.Publish(ctx, deliveries("no.1"))[0]; err != nil {
 		t.Fatalf("a subscriber came: %v", err)
+	}
+}
+
+// A core target captured by a stream (not listed in targets.jetstream) has
+// a subscriber, the stream: delivered, and the PubAcks the stream sends to
+// the reply subjects are read and dropped, batch after batch.
+func TestNoInterestStreamIsInterest(t *testing.T) {
+	n := testutil.StartNATS(t)
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAPTURED", Subjects: []string{"captured.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for round := range 10 {
+		for i, err := range p.Publish(ctx, deliveries("captured.a", "nobody.here", "captured.b")) {
+			if (i == 1) != errors.Is(err, scanner.ErrNoInterest) || (i != 1 && err != nil) {
+				t.Fatalf("round %d, delivery %d: %v", round, i, err)
+			}
+		}
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 20 {
+		t.Fatalf("stream holds %v messages (%v), want 20", info, err)
 	}
 }
