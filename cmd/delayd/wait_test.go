@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/testutil"
@@ -285,5 +286,57 @@ func TestWaitCleanFailoverNoReplicaLeft(t *testing.T) {
 	}
 	if short := scrape(t, httpAddr)[`delayd_redis_wait_short_total{op="claim"}`]; short < 1 {
 		t.Errorf("no claim counted short on a master without a replica (%v)", short)
+	}
+}
+
+// The stream intake acks a message only once the replicas confirmed it:
+// with the replica stopped it stays in the stream (offered again, the same
+// id replacing), and it is acked, and delivered once, after SIGCONT.
+func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
+	m := testutil.StartRedis(t)
+	r := testutil.StartReplica(t, m)
+	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
+	c := e.cfg()
+	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
+	c.Intake.Stream.RetryDelay = 200 * time.Millisecond
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "ws.x")
+	js, _ := jetstream.New(nc)
+	intake, err := js.Stream(context.Background(), "DELAYD_INTAKE")
+	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		intake, err = js.Stream(context.Background(), "DELAYD_INTAKE")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	inStream := func() uint64 {
+		info, err := intake.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	r.Pause()
+	if _, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: "delayd.intake", Data: []byte("s1"),
+		Header: hdr("Delayd-Target", "ws.x", "Delayd-Delay", "3s", "Delayd-Id", "s1")}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // several offers, each stored and not confirmed
+	if n := inStream(); n != 1 {
+		t.Fatalf("%d messages in the intake stream with the replica stopped, want 1 (not acked)", n)
+	}
+	r.Resume()
+	testutil.WaitReplicas(t, m, 1, 10*time.Second)
+	for deadline := time.Now().Add(10 * time.Second); inStream() != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the message was not acked after SIGCONT")
+		}
+	}
+	got.waitCount(1, 10*time.Second)
+	time.Sleep(time.Second)
+	if n := len(got.get("s1")); n != 1 {
+		t.Errorf("s1 delivered %d times, want once", n)
 	}
 }
