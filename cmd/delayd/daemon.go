@@ -131,7 +131,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	}
 	defer pub.Close()
 	scanOpts := scanner.Options{
-		ClaimBatch: c.Scanner.ClaimBatch, Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
+		ClaimBatch: c.Scanner.ClaimBatch, ClaimBytes: claimBytes(c, log), Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
 		RetryBackoff: c.Scanner.RetryBackoff, RetryBackoffMax: c.Scanner.RetryBackoffMax,
 		MaxAttempts: c.Scanner.MaxAttempts, NoInterestRetryFor: c.Scanner.NoInterestRetryFor, Shared: true,
 	}

@@ -5,6 +5,9 @@ import (
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/scanner"
 )
 
 // setMemoryLimit sets the Go runtime's soft memory limit to 90% of the
@@ -22,4 +25,15 @@ func setMemoryLimit(log hclog.Logger) {
 	default:
 		log.Debug("the cgroup sets no memory limit; GOMEMLIMIT left unset")
 	}
+}
+
+// claimBytes is scanner.claim_bytes, derived from the Go memory limit
+// (set just before, from the cgroup or GOMEMLIMIT) when it is 0.
+func claimBytes(c config.Config, log hclog.Logger) int64 {
+	if c.Scanner.ClaimBytes > 0 {
+		return c.Scanner.ClaimBytes
+	}
+	n := scanner.AutoClaimBytes()
+	log.Info("claim byte budget derived", "scanner.claim_bytes", n, "held at most", 4*n)
+	return n
 }

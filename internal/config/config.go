@@ -148,6 +148,11 @@ type Redis struct {
 // Scanner tunes the clock that claims and delivers due envelopes.
 type Scanner struct {
 	ClaimBatch int `koanf:"claim_batch"`
+	// ClaimBytes bounds the stored bytes one claim takes, so large
+	// payloads cannot pull more into memory than the limit holds; four
+	// claims' worth at most is held between claim and publish. 0 derives
+	// it: 8 MiB, or a sixteenth of the Go memory limit when one is set.
+	ClaimBytes int64 `koanf:"claim_bytes"`
 	// Lease is how long a claimed envelope may stay unacknowledged before
 	// another scan delivers it again (at-least-once after a crash).
 	Lease time.Duration `koanf:"lease"`
@@ -368,6 +373,9 @@ func (c Config) Validate() error {
 		if !strings.Contains(a, ":") {
 			bad("redis.addrs", "%q is not host:port", a)
 		}
+	}
+	if c.Scanner.ClaimBytes < 0 {
+		bad("scanner.claim_bytes", "must be 0 (derived from the memory limit) or positive, got %d", c.Scanner.ClaimBytes)
 	}
 	if c.Scanner.ClaimBatch < 1 || c.Scanner.ClaimBatch > 4096 {
 		bad("scanner.claim_batch", "must be 1..4096, got %d", c.Scanner.ClaimBatch)

@@ -71,6 +71,10 @@ type Observer interface {
 // Options tune the scanner; see config.Scanner.
 type Options struct {
 	ClaimBatch   int
+	// ClaimBytes bounds the stored bytes one claim takes (0: no bound);
+	// no claim starts while four claims' worth is between claim and the
+	// end of its publish (memory.go).
+	ClaimBytes int64
 	Lease        time.Duration
 	IdleInterval time.Duration
 	// RetryBackoff is the delay after a failed try, doubled per try of the
@@ -122,6 +126,9 @@ type Scanner struct {
 	failing     map[int]time.Duration
 	backoff     time.Duration
 	lastFailLog time.Time
+	// budget bounds the bytes of claimed envelopes until their publish
+	// ends.
+	budget *byteBudget
 	// unknown holds the stored formats met that this daemon cannot read,
 	// each logged once. Only the Run loop touches it.
 	unknown map[int]bool
@@ -141,7 +148,8 @@ func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *
 	s := &Scanner{store: st, pub: pub, obs: obs, opt: opt, log: log,
 		next: make([]atomic.Int64, n), owned: make([]atomic.Bool, n), announced: make([]atomic.Int64, n),
 		wake: make(chan struct{}, 1), failing: map[int]time.Duration{},
-		noInterestTries: opt.noInterestTries(), noInterestLog: rateLog{every: failLogEvery}}
+		noInterestTries: opt.noInterestTries(), noInterestLog: rateLog{every: failLogEvery},
+		budget: newByteBudget(opt.ClaimBytes)}
 	s.maxTries = max(opt.MaxAttempts, s.noInterestTries)
 	s.clock.base = time.Now()
 	for i := range s.owned {
@@ -299,6 +307,17 @@ func (s *Scanner) Run(ctx context.Context) error {
 			s.log.Info("NATS back: deliveries resumed")
 			paused = false
 		}
+		if _, ok := s.budget.next(); !ok {
+			// Claimed bytes are at their bound: claim again once a
+			// publish ends, so large payloads cannot pile up in memory.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-s.budget.freed:
+			case <-time.After(pausePoll):
+			}
+			continue
+		}
 		if err := s.scan(ctx, due); err != nil {
 			// Only before the first claim ever succeeded, when there is no
 			// Redis time to plan per-shard retries with.
@@ -322,7 +341,8 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		s.next[sh].Store(math.MaxInt64)
 	}
 	start := time.Now()
-	res, err := s.store.Claim(ctx, shards, store.ClaimOptions{Batch: s.opt.ClaimBatch, Lease: s.opt.Lease})
+	bytes, _ := s.budget.next()
+	res, err := s.store.Claim(ctx, shards, store.ClaimOptions{Batch: s.opt.ClaimBatch, Lease: s.opt.Lease, Bytes: bytes})
 	if took := time.Since(start); took > 100*time.Millisecond {
 		s.log.Debug("slow claim", "took", took, "shards", len(shards), "ok", len(res), "error", err)
 	}
@@ -404,6 +424,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		s.lower(r.Shard, plan)
 	}
 	if len(items) > 0 {
+		s.budget.take(bytesOf(items))
 		s.toPublish <- items
 	}
 	return nil
@@ -472,7 +493,11 @@ func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out cha
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out <- s.publish(ctx, items)
+			settles := s.publish(ctx, items)
+			// The payloads are published (or given back): only ids and
+			// tokens go on to the ack.
+			s.budget.release(bytesOf(items))
+			out <- settles
 			<-busy
 		}()
 	}

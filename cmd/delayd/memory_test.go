@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// TestLargePayloadsUnderMemoryLimit: 200 envelopes of 900 kB fall due at
+// once at a daemon process with the chart's 96 MiB memory limit. Claims
+// are bounded by bytes (scanner.claim_bytes, derived from the limit), so
+// the daemon's peak RSS stays under the limit and every envelope is
+// delivered. (Before, one claim pulled all 200, about 180 MB, and the
+// sidecar was OOM-killed in a loop.)
+func TestLargePayloadsUnderMemoryLimit(t *testing.T) {
+	t.Parallel()
+	skipShort(t, "180 MB of payloads")
+	e := newEnv(t)
+	c := e.cfg()
+	bin := testutil.BuildBinary(t)
+	st := e.inspectStore(c)
+	const n, size = 200, 900 << 10
+	payload := envelope.Encode(envelope.Envelope{Target: "big.t", Payload: make([]byte, size)})
+	due := time.Now().Add(3 * time.Second).UnixMicro()
+	for i := 0; i < n; i += 10 {
+		items := make([]store.Item, 10)
+		for j := range items {
+			items[j] = store.Item{ID: "big-" + strconv.Itoa(i+j), Absolute: true, AtMicros: due, Data: payload}
+		}
+		if _, errs := st.Schedule(context.Background(), items); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}
+	nc := e.conn()
+	defer nc.Close()
+	var got atomic.Int64
+	if _, err := nc.Subscribe("big.t", func(m *nats.Msg) {
+		if len(m.Data) == size {
+			got.Add(1)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	p := e.startProcEnv(bin, c, "GOMEMLIMIT=96MiB")
+	deadline := time.Now().Add(60 * time.Second)
+	for got.Load() < n && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	peak := peakRSS(t, p.cmd.Process.Pid)
+	t.Logf("%d of %d delivered; peak RSS %d MiB", got.Load(), n, peak>>20)
+	if got.Load() < n {
+		t.Fatalf("%d of %d delivered", got.Load(), n)
+	}
+	if peak > 96<<20 {
+		t.Fatalf("peak RSS %d MiB over the 96 MiB limit", peak>>20)
+	}
+}
+
+// peakRSS reads a process' peak resident set (VmHWM) in bytes.
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}

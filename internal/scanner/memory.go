@@ -1,0 +1,77 @@
+package scanner
+
+import (
+	"math"
+	"runtime/debug"
+	"sync/atomic"
+)
+
+// Memory: the bytes of claimed envelopes are bounded from the claim to the
+// end of their publish, so large payloads cannot pull more into a sidecar
+// than its memory limit holds. A claim takes at most Options.ClaimBytes,
+// and no claim starts while inflightFactor claims' worth is held.
+
+// DefaultClaimBytes is the claim budget without a Go memory limit.
+const DefaultClaimBytes = 8 << 20
+
+// inflightFactor is how many claims' bytes may be held at once: one
+// claiming, the rest queued or publishing.
+const inflightFactor = 4
+
+// AutoClaimBytes is the default claim budget: DefaultClaimBytes, or a
+// sixteenth of the Go memory limit when one is set and that is smaller (6
+// MiB for the chart's 96 MiB), so the bytes held, four claims' worth, take
+// a quarter of the limit.
+func AutoClaimBytes() int64 {
+	limit := debug.SetMemoryLimit(-1)
+	if limit <= 0 || limit == math.MaxInt64 {
+		return DefaultClaimBytes
+	}
+	return max(min(DefaultClaimBytes, limit/16), 64<<10)
+}
+
+// byteBudget counts the bytes held between claim and publish.
+type byteBudget struct {
+	limit int64 // per claim; 0: no bound
+	held  atomic.Int64
+	freed chan struct{} // a release happened
+}
+
+func newByteBudget(claimBytes int64) *byteBudget {
+	return &byteBudget{limit: claimBytes, freed: make(chan struct{}, 1)}
+}
+
+// next is the byte budget of the next claim, and false while too much is
+// held to claim at all.
+func (b *byteBudget) next() (int64, bool) {
+	if b.limit <= 0 {
+		return 0, true
+	}
+	room := inflightFactor*b.limit - b.held.Load()
+	if room <= 0 {
+		return 0, false
+	}
+	return min(b.limit, room), true
+}
+
+func (b *byteBudget) take(n int64) { b.held.Add(n) }
+
+func (b *byteBudget) release(n int64) {
+	if n == 0 {
+		return
+	}
+	b.held.Add(-n)
+	select {
+	case b.freed <- struct{}{}:
+	default:
+	}
+}
+
+// bytesOf sums the stored bytes of claimed envelopes.
+func bytesOf(items []claimed) int64 {
+	var n int64
+	for _, c := range items {
+		n += int64(len(c.Data))
+	}
+	return n
+}
