@@ -70,11 +70,11 @@ type Observer interface {
 
 // Options tune the scanner; see config.Scanner.
 type Options struct {
-	ClaimBatch   int
+	ClaimBatch int
 	// ClaimBytes bounds the stored bytes one claim takes (0: no bound);
 	// no claim starts while four claims' worth is between claim and the
 	// end of its publish (memory.go).
-	ClaimBytes int64
+	ClaimBytes   int64
 	Lease        time.Duration
 	IdleInterval time.Duration
 	// RetryBackoff is the delay after a failed try, doubled per try of the
