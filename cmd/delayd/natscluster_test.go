@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -217,5 +220,43 @@ func TestNATSClusterDelaydNodeKilled(t *testing.T) {
 	}
 	if left := e.stored(c); left != 0 {
 		t.Fatalf("%d envelopes still in Redis", left)
+	}
+}
+
+// TestDaemonWithoutNATSGivesUpItsShards: one daemon reaches Redis but not
+// NATS (a wrong password), beside a healthy one. It gives up its shards,
+// so the healthy daemon delivers every timer within ownership.ttl + 2 s of
+// its due time. (Before, it kept heartbeating and owning about half the
+// shards, whose timers stalled until it stopped.)
+func TestDaemonWithoutNATSGivesUpItsShards(t *testing.T) {
+	t.Parallel()
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "delayd", Password: "right"}, {Username: "app", Password: "app"}}
+	})}
+	c := e.cfg()
+	c.HTTP.Addr = ""
+	c.NATS.User, c.NATS.Password = "delayd", "right"
+	bad := c
+	bad.NATS.Password = "wrong"
+	for _, cfg := range []config.Config{c, bad} {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- daemon(ctx, cfg, hclog.NewNullLogger()) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	nc, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "app"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	time.Sleep(2 * c.Ownership.TTL) // both joined; with the fix the bad one left again
+	got := e.sink(nc, "np.t")
+	due := time.Now().Add(2 * time.Second)
+	ids := scheduleMany(t, nc, 200, 16, "np", func(i int, h nats.Header) {
+		h.Set(envelope.HeaderTarget, "np.t")
+		h.Set(envelope.HeaderAt, due.UTC().Format(time.RFC3339Nano))
+	})
+	if n := got.waitCount(len(ids), time.Until(due.Add(c.Ownership.TTL+2*time.Second))); n < len(ids) {
+		t.Fatalf("%d of %d delivered within ownership.ttl + 2s of their due time", n, len(ids))
 	}
 }
