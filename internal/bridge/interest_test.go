@@ -212,7 +212,17 @@ func TestNoInterestStreamIsInterest(t *testing.T) {
 			}
 		}
 	}
-	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 20 {
-		t.Fatalf("stream holds %v messages (%v), want 20", info, err)
+	// The flush confirms the server took the messages; the stream stores
+	// them a moment later (its PubAcks are what tells).
+	var msgs uint64
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if info, err := s.Info(ctx); err == nil {
+			if msgs = info.State.Msgs; msgs >= 20 {
+				break
+			}
+		}
+	}
+	if msgs != 20 {
+		t.Fatalf("stream holds %d messages, want 20", msgs)
 	}
 }
