@@ -81,12 +81,15 @@ func WithWait(o WaitOptions) Option {
 // While claims fall short, one missing replica must not add the whole
 // timeout to every delivery: the first short claim waits the full
 // timeout; after it, claims do not wait (they are unconfirmed anyway),
-// except one probe every claimProbeEvery that waits claimProbe (Redis
-// rounds a WAIT's timeout up to its event loop's tick, 100 ms at the
-// default hz 10), until a probe is confirmed. Intake always waits the
-// full timeout: a 504 is what wait_replicas asks for.
+// except one probe every claimProbeEvery that waits up to claimProbe, until
+// a probe is confirmed. The probe must outlast a healthy replica's round
+// trip: a busy Redis checks WAIT timeouts on every pass of its event loop,
+// so a short probe would time out before a replica in another zone acks,
+// and claims would never wait again. A probe holds one claim round a
+// second for at most that long while a replica is missing. Intake always
+// waits the full timeout: a 504 is what wait_replicas asks for.
 const (
-	claimProbe      = 20 * time.Millisecond
+	claimProbe      = 250 * time.Millisecond
 	claimProbeEvery = time.Second
 )
 
