@@ -19,9 +19,9 @@ const DefaultClaimBytes = 8 << 20
 const inflightFactor = 4
 
 // AutoClaimBytes is the default claim budget: DefaultClaimBytes, or a
-// sixteenth of the Go memory limit when one is set and that is smaller (6
-// MiB for the chart's 96 MiB), so the bytes held, four claims' worth, take
-// a quarter of the limit.
+// sixteenth of the Go memory limit when one is set and that is smaller
+// (5.4 MiB under the chart's 96 Mi, whose GOMEMLIMIT is 90% of it), so the
+// bytes held, four claims' worth, take a quarter of the limit.
 func AutoClaimBytes() int64 {
 	limit := debug.SetMemoryLimit(-1)
 	if limit <= 0 || limit == math.MaxInt64 {

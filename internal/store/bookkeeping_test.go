@@ -245,9 +245,10 @@ func TestFormatsOfAMixedFleet(t *testing.T) {
 	mustBeConsistent(t, newer)
 }
 
-// TestClaimBytes: a claim stops after the envelope whose bytes cross its
-// share of the budget, hands out at least one, and leaves the rest due
-// (and an expired lease in flight) for the next claim.
+// TestClaimBytes: a claim hands out what fits in its share of the budget,
+// one shard per claim its first envelope even when that alone is larger,
+// and leaves the rest due for the next claim; over many shards a claim
+// holds at most its budget plus one payload.
 func TestClaimBytes(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
@@ -266,16 +267,46 @@ func TestClaimBytes(t *testing.T) {
 		}
 		return res[0].Items
 	}
-	// Values are 1000 bytes (a 7-byte header): 1000, 2000 <= 2500, then
-	// the third crosses it and is the last.
-	if got := claim(2500); len(got) != 3 || got[0].ID != ids[0] || got[2].ID != ids[2] {
+	// Values are 1000 bytes (a 7-byte header): two fit in 2500.
+	if got := claim(2500); len(got) != 2 || got[0].ID != ids[0] || got[1].ID != ids[1] {
 		t.Fatalf("claim of 2500 bytes: %d envelopes %v", len(got), claimedIDs(got))
 	}
-	if got := claim(1); len(got) != 1 || got[0].ID != ids[3] {
+	if got := claim(1); len(got) != 1 || got[0].ID != ids[2] {
 		t.Fatalf("a budget below one envelope must still hand out one: %v", claimedIDs(got))
 	}
-	if got := claim(0); len(got) != 6 {
-		t.Fatalf("no budget: %d envelopes, want the 6 left", len(got))
+	if got := claim(0); len(got) != 7 {
+		t.Fatalf("no budget: %d envelopes, want the 7 left", len(got))
+	}
+	// One envelope of 1000 bytes in each of the 4 shards, a budget of 100:
+	// each claim hands out exactly one, from the shard whose turn it is,
+	// and four claims hand out all four.
+	for sh := range 4 {
+		for i := 0; ; i++ {
+			if id := "o" + strconv.Itoa(sh) + "-" + strconv.Itoa(i); s.Shard(id) == sh {
+				schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1000, Data: make([]byte, 993)})
+				break
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for range 4 {
+		res, err := s.Claim(ctx, []int{0, 1, 2, 3}, ClaimOptions{Batch: 100, Lease: time.Minute, Bytes: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range res {
+			for _, c := range r.Items {
+				n++
+				seen[c.ID] = true
+			}
+		}
+		if n != 1 {
+			t.Fatalf("a claim over 4 shards with a budget below one envelope handed out %d, want 1", n)
+		}
+	}
+	if len(seen) != 4 {
+		t.Fatalf("four claims handed out %v, want one of each shard", seen)
 	}
 	mustBeConsistent(t, s)
 }

@@ -187,6 +187,7 @@ func (r *mRunner) claim(o mOp) error {
 		return fmt.Errorf("claim: %d results for %d shards", len(res), len(shards))
 	}
 	var got []Claimed
+	oversized := 0
 	for i, cr := range res {
 		now := cr.NowMs()
 		r.now = max(r.now, now)
@@ -195,7 +196,10 @@ func (r *mRunner) claim(o mOp) error {
 			return err
 		}
 		if o.bytes > 0 {
-			want = r.m.withinBytes(want, max(o.bytes/int64(len(shards)), 1))
+			want = r.m.withinBytes(want, max(o.bytes/int64(len(shards)), 1), cr.Oversize)
+			if cr.Oversize {
+				oversized++
+			}
 		}
 		if cr.Shard != shards[i] || cr.Missing != 0 || len(cr.Items) != len(want) {
 			return fmt.Errorf("claim of shard %d at %d: got %d items %v (missing %d), want %v",
@@ -242,6 +246,9 @@ func (r *mRunner) claim(o mOp) error {
 			r.tracef("   shard %d at %d ms: %s", shards[i], now, describeClaims(cr.Items))
 		}
 		got = append(got, cr.Items...)
+	}
+	if o.bytes > 0 && oversized != 1 {
+		return fmt.Errorf("claim with a byte budget: %d shards could go over their share, want 1", oversized)
 	}
 	if len(got) > 0 {
 		d := &r.m.daemons[o.daemon]

@@ -141,20 +141,20 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 	return append(exp, due[:min(len(due), batch-len(exp))]...), nil
 }
 
-// withinBytes cuts ids as a claim with a byte budget does: it stops after
-// the value whose bytes cross the budget.
-func (m *mModel) withinBytes(ids []string, budget int64) []string {
+// withinBytes cuts ids as a claim with a byte budget does: it takes what
+// fits, and with oversize the first value even when it alone is larger.
+func (m *mModel) withinBytes(ids []string, budget int64, oversize bool) []string {
 	var bytes int64
 	for i, id := range ids {
-		if bytes > budget {
+		e := m.ids[id]
+		size := int64(valueHeader) + int64(len(e.data))
+		if e.occurrence > 0 {
+			size = seriesValueHeader + int64(len(e.data))
+		}
+		if bytes+size > budget && (i > 0 || !oversize) {
 			return ids[:i]
 		}
-		e := m.ids[id]
-		header := int64(valueHeader)
-		if e.occurrence > 0 {
-			header = seriesValueHeader
-		}
-		bytes += header + int64(len(e.data))
+		bytes += size
 	}
 	return ids
 }

@@ -307,10 +307,11 @@ end
 // The lease score is the claim's token: the expiry plus about k/1000 ms,
 // k = ARGV[3] (1..991), unique in the shard (leaseToken).
 // ARGV[5] bounds the bytes of stored values handed out (0: no bound):
-// envelopes are added while the bytes so far are within it, so the one
-// that crosses it is the last, and a claim always hands out at least one.
-// The values are read 16 at a time, so Redis holds little more than the
-// bound either. ARGV[4] is the newest value format this daemon reads, as
+// envelopes are added while they fit in it; with ARGV[6] "1" the first is
+// handed out even if it alone is larger (so one over-large envelope can
+// never stall its shard; the caller grants that to one shard per claim,
+// so a claim holds at most its bound plus one payload). The values are
+// read 16 at a time, so Redis holds little more than the bound either. ARGV[4] is the newest value format this daemon reads, as
 // its series mark: a value of a newer format (a newer daemon wrote it) is not handed
 // out, nor rewritten or counted: it is given back, due again in a second,
 // for a daemon that knows its format.
@@ -340,15 +341,20 @@ local datas
 local budget = tonumber(ARGV[5]) or 0
 if budget > 0 and #ids > 0 then
   datas = {}
-  local bytes = 0
+  local bytes, full = 0, false
+  local oversize = ARGV[6] == '1'
   for i = 1, #ids, 16 do
     local part = redis.call('HMGET', KEYS[3], unpack(ids, i, math.min(i + 15, #ids)))
     for j = 1, #part do
-      if bytes > budget then break end
+      local size = part[j] and #part[j] or 0
+      if bytes + size > budget and (#datas > 0 or not oversize) then
+        full = true
+        break
+      end
       datas[#datas+1] = part[j]
-      bytes = bytes + (part[j] and #part[j] or 0)
+      bytes = bytes + size
     end
-    if bytes > budget then break end
+    if full then break end
   end
   -- The rest stays where it is: due, or an expired lease claimed next time.
   for k = #ids, #datas + 1, -1 do ids[k] = nil end

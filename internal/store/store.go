@@ -39,6 +39,9 @@ type Store struct {
 	hint func() int
 	// seenFor is how long a shard remembers a stream message it stored.
 	seenFor time.Duration
+	// claimTurn picks the shard of a byte-bounded claim that may hand out
+	// one envelope beyond its share.
+	claimTurn atomic.Uint64
 	// wait: writes are confirmed by replicas (wait.go).
 	wait    WaitOptions
 	waiting waiting
@@ -526,6 +529,9 @@ type ClaimResult struct {
 	// Expired counts the items re-claimed because their lease expired (a
 	// daemon died or stalled while delivering them).
 	Expired int
+	// Oversize: this shard could hand out its first envelope beyond its
+	// share of ClaimOptions.Bytes.
+	Oversize bool
 	// Unknown counts values of a format newer than this daemon reads,
 	// given back untouched; UnknownFormat is the newest of them.
 	Unknown       int
@@ -547,8 +553,10 @@ type ClaimOptions struct {
 	Batch int
 	Lease time.Duration
 	// Bytes bounds the stored bytes the whole claim hands out (0: no
-	// bound), split evenly over its shards; each shard hands out at least
-	// one envelope, and stops after the one that crosses its share.
+	// bound), split evenly over its shards; each shard hands out what fits
+	// in its share, and one shard, in turn from claim to claim, its first
+	// envelope even if that alone is larger: a claim holds at most Bytes
+	// plus one payload, and no envelope is too large to ever go out.
 	Bytes int64
 }
 
@@ -562,11 +570,17 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	hint, known := s.hint(), int(markOf(s.newest))+1
 	ctx, req := s.waitCtx(ctx, "claim")
 	var share int64
+	oversize := -1
 	if o.Bytes > 0 && len(shards) > 0 {
 		share = max(o.Bytes/int64(len(shards)), 1)
+		oversize = int(s.claimTurn.Add(1) % uint64(len(shards)))
 	}
 	cmds, perr := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
-		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), hint, known, share}
+		over := "0"
+		if i == oversize {
+			over = "1"
+		}
+		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), hint, known, share, over}
 	})
 	if perr != nil {
 		perr = fmt.Errorf("store: claim: %w", perr)
@@ -585,7 +599,7 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
 		}
 		r := ClaimResult{
-			Shard: shards[i], NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
+			Shard: shards[i], Oversize: i == oversize, NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
 			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Unknown: int(asInt(raw[6])),
 			Items: make([]Claimed, 0, (len(raw)-head)/3), Unconfirmed: why != nil, Why: why,
 		}
