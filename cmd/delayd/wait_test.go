@@ -340,3 +340,28 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 		t.Errorf("s1 delivered %d times, want once", n)
 	}
 }
+
+// The README's ACL refuses INFO (@dangerous): the start-up check of the
+// wait settings must still refuse wait_local_fsync on a Redis without
+// WAITAOF, not start with a warning that it could not check.
+func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
+	e := newEnv(t, "--appendonly", "yes")
+	if v := e.redis.Client().Info(context.Background(), "server").Val(); !strings.Contains(v, "redis_version:7.0") &&
+		!strings.Contains(v, "redis_version:6.") && !strings.Contains(v, "redis_version:7.1") {
+		t.Skip("this redis-server has WAITAOF")
+	}
+	acl := []any{"ACL", "SETUSER", "delayd", "on", ">pw", "resetkeys", "~{delayd:*", "-@all", "+@read", "+@write",
+		"+@scripting", "+@connection", "+time", "-@dangerous", "+script|load", "+script|exists"}
+	if err := e.redis.Client().Do(context.Background(), acl...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := e.cfg()
+	c.Redis.Username, c.Redis.Password = "delayd", "pw"
+	c.Redis.WaitLocalFsync = true
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := daemon(ctx, c, hclog.NewNullLogger())
+	if err == nil || !strings.Contains(err.Error(), "WAITAOF") {
+		t.Fatalf("want a refusal naming WAITAOF under the README's ACL, got %v", err)
+	}
+}

@@ -329,12 +329,24 @@ func (s *Store) CheckWait(ctx context.Context) (replicas int, err error) {
 	}
 	replicas = -1
 	check := func(ctx context.Context, c *redis.Client) error {
+		var version string
+		var n int
 		info, err := c.Info(ctx, "server", "replication").Result()
-		if err != nil {
+		switch {
+		case err == nil:
+			version = infoField(info, "redis_version")
+			n, _ = strconv.Atoi(infoField(info, "connected_slaves"))
+		case redis.HasErrorPrefix(err, "NOPERM"):
+			// The README's ACL refuses INFO (@dangerous): count the
+			// replicas with a WAIT that waits for nothing, and probe
+			// WAITAOF below all the same.
+			version = "(INFO not permitted)"
+			if n, err = c.Do(ctx, "wait", 0, 0).Int(); err != nil {
+				return fmt.Errorf("store: count replicas: %w", err)
+			}
+		default:
 			return fmt.Errorf("store: read INFO: %w", err)
 		}
-		version := infoField(info, "redis_version")
-		n, _ := strconv.Atoi(infoField(info, "connected_slaves"))
 		if replicas < 0 || n < replicas {
 			replicas = n
 		}
