@@ -89,6 +89,7 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		}
 		defer child.kill()
 	}
+	var cleanup *bridge.Probe // deletes the child's stream, on every way out
 
 	clients := make([]*bridge.Probe, conns)
 	for i := range clients {
@@ -107,6 +108,17 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		}
 		defer nc.Close()
 		clients[i] = bridge.NewProbe(nc, c.Subject)
+	}
+	if child != nil && stream {
+		cleanup = clients[0]
+		defer func() {
+			child.kill() // first: a running child would set its stream up again
+			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := cleanup.DeleteStream(dctx, c.Intake.Stream.Name); err != nil {
+				fmt.Fprintf(stderr, "delayd bench: deleting the child's stream %s: %v\n", c.Intake.Stream.Name, err)
+			}
+		}()
 	}
 	if err := waitService(ctx, clients[0], child); err != nil {
 		return err
@@ -145,13 +157,6 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if child != nil {
 		if r.Daemon, err = child.stop(); err != nil {
 			return err
-		}
-		if stream {
-			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			if err := clients[0].DeleteStream(dctx, c.Intake.Stream.Name); err != nil {
-				fmt.Fprintf(stderr, "delayd bench: deleting the child's stream %s: %v\n", c.Intake.Stream.Name, err)
-			}
-			cancel()
 		}
 	}
 	var peer *bench.Result

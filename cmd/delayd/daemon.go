@@ -85,7 +85,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		ropts.OnConnect = guard.OnConnect
 	}
 	rdb := store.NewClient(ropts)
-	sopts := append(o.store, store.WithStreamMemory(c.Intake.Stream.DedupeWindow))
+	sopts := append(o.store, store.WithStreamMemory(c.StreamDedupeWindow()))
 	if r := c.Redis; r.WaitReplicas > 0 || r.WaitLocalFsync {
 		sopts = append(sopts, store.WithWait(store.WaitOptions{Replicas: r.WaitReplicas, Timeout: r.WaitTimeout,
 			LocalFsync: r.WaitLocalFsync, Observer: metrics}))

@@ -220,6 +220,7 @@ type Stream struct {
 	// the Redis write and the ack, a stream leader change) is acked and
 	// not stored again. It must outlast the redeliveries: ack_wait times
 	// the lost acks in a row it covers.
+	// 0 derives it: 5m, or twice ack_wait when that is longer.
 	DedupeWindow time.Duration `koanf:"dedupe_window"`
 }
 
@@ -291,7 +292,7 @@ func Default() Config {
 			CheckInterval: time.Minute,
 		},
 		Intake: Intake{Batch: 256, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Replicas: 1,
-			Pull: 1024, AckWait: 30 * time.Second, RetryDelay: time.Second, DedupeWindow: 5 * time.Minute}},
+			Pull: 1024, AckWait: 30 * time.Second, RetryDelay: time.Second}},
 		Limits: Limits{
 			MaxPayload:     0, // the NATS server's max_payload
 			MaxIDLen:       256,
@@ -500,12 +501,21 @@ func (c Config) validateStream(bad func(key, format string, args ...any)) {
 	if s.AckWait < time.Second {
 		bad("intake.stream.ack_wait", "must be at least 1s, got %s", s.AckWait)
 	}
-	if s.DedupeWindow < 2*s.AckWait {
-		bad("intake.stream.dedupe_window", "must be at least twice ack_wait (%s), got %s", s.AckWait, s.DedupeWindow)
+	if s.DedupeWindow != 0 && s.DedupeWindow < 2*s.AckWait {
+		bad("intake.stream.dedupe_window", "must be 0 (derived) or at least twice ack_wait (%s), got %s", s.AckWait, s.DedupeWindow)
 	}
 	if s.RetryDelay <= 0 {
 		bad("intake.stream.retry_delay", "must be positive, got %s", s.RetryDelay)
 	}
+}
+
+// StreamDedupeWindow is intake.stream.dedupe_window, derived when 0: 5m,
+// or twice ack_wait when that is longer.
+func (c Config) StreamDedupeWindow() time.Duration {
+	if w := c.Intake.Stream.DedupeWindow; w > 0 {
+		return w
+	}
+	return max(5*time.Minute, 2*c.Intake.Stream.AckWait)
 }
 
 // StreamEnabled reports whether the stream intake may run (auto or true).
