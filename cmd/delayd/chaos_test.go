@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -22,9 +23,14 @@ import (
 
 // TestChaosSoak runs schedules, replaces and cancels through three daemon
 // processes while a seeded nemesis kills (-9) and pauses daemons, restarts
-// and pauses Redis (AOF, appendfsync always), restarts NATS, and slows or
-// cuts daemons' Redis links. Deliveries go to a JetStream stream, which
-// keeps every one across the faults. Then it checks:
+// and pauses Redis (AOF, appendfsync always), restarts NATS (with a core
+// consumer that reconnects after delayd), slows or cuts daemons' Redis
+// links, cuts one daemon's NATS path while its Redis path stays, and sends
+// the core consumer away. Most deliveries go to a JetStream stream, which
+// keeps every one across the faults; a quarter go to a core NATS subject,
+// whose consumer records each it receives; one in 200 carries a
+// 256 kB payload, and daemon 0 runs under a 96 MiB memory limit. Then it
+// checks:
 //   - every acknowledged, uncancelled envelope was delivered at least once;
 //   - nothing was early;
 //   - everything delivered had been acknowledged (or answered 504);
@@ -59,16 +65,24 @@ func TestChaosSoak(t *testing.T) {
 	extra := []string{"DELAYD_TARGETS_JETSTREAM=chaos.>", "DELAYD_SCANNER_MAX_ATTEMPTS=1000",
 		"DELAYD_SCANNER_RETRY_BACKOFF=100ms", "DELAYD_UI_ENABLED=false"}
 	proxies := make([]*testutil.Proxy, daemons)
+	natsProxies := make([]*testutil.Proxy, daemons)
 	procs := make([]*proc, daemons)
 	start := func(i int) {
 		ci := c
 		ci.Redis.Addrs = []string{proxies[i].Addr()}
-		procs[i] = e.startProcEnv(bin, ci, extra...)
+		ci.NATS.URL = "nats://" + natsProxies[i].Addr()
+		env := extra
+		if i == 0 {
+			env = append(slices.Clone(extra), "GOMEMLIMIT=96MiB")
+		}
+		procs[i] = e.startProcEnv(bin, ci, env...)
 	}
 	for i := range daemons {
 		proxies[i] = testutil.StartProxy(t, e.redis.Addr)
+		natsProxies[i] = testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
 		start(i)
 	}
+	consumer := startChaosConsumer(t, e)
 
 	w := &chaosWorkload{acked: map[string]time.Time{}, unknown: map[string]bool{}, cancelled: map[string]time.Time{},
 		uncertain: map[string]bool{}, resent: map[string]bool{}, busy: map[string]bool{}}
@@ -93,7 +107,7 @@ func TestChaosSoak(t *testing.T) {
 		}
 		hold := time.Duration(300+rng.IntN(1700)) * time.Millisecond
 		i := rng.IntN(daemons)
-		switch k := rng.IntN(7); k {
+		switch k := rng.IntN(9); k {
 		case 0:
 			faults["kill -9 daemon"]++
 			procs[i].kill()
@@ -129,6 +143,18 @@ func TestChaosSoak(t *testing.T) {
 			proxies[i].Set(testutil.Up, testutil.Fault{CutAfter: 1 + rng.IntN(2000)})
 			time.Sleep(hold)
 			proxies[i].Clear()
+		case 7:
+			// Long enough for the daemon to give its shards up (two
+			// ownership rounds) and the others to take them.
+			faults["cut a daemon's NATS path"]++
+			natsProxies[i].Set(testutil.Up, testutil.Fault{CutAfter: 1})
+			natsProxies[i].Set(testutil.Down, testutil.Fault{CutAfter: 1})
+			natsProxies[i].Cut()
+			time.Sleep(hold + time.Second)
+			natsProxies[i].Clear()
+		case 8:
+			faults["core consumer away"]++
+			consumer.away(hold + time.Second)
 		}
 	}
 	wg.Wait()
@@ -137,12 +163,81 @@ func TestChaosSoak(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		info, err := stream.Info(context.Background())
-		if err == nil && info.State.Msgs >= uint64(len(w.acked)) && time.Now().After(w.lastDue.Add(3*time.Second)) {
+		if err == nil && info.State.Msgs+uint64(len(consumer.received())) >= uint64(len(w.acked)) &&
+			time.Now().After(w.lastDue.Add(3*time.Second)) {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	w.check(t, stream, faults)
+	w.check(t, stream, consumer.received(), faults)
+	if peak := peakRSS(t, procs[0].cmd.Process.Pid); peak > 96<<20 {
+		t.Errorf("daemon 0 peaked at %d MiB RSS under its 96 MiB limit", peak>>20)
+	} else {
+		t.Logf("daemon 0 (GOMEMLIMIT=96MiB) peak RSS %d MiB", peak>>20)
+	}
+}
+
+// chaosConsumer subscribes to the core target on a connection of its own
+// that reconnects only 3 s after a NATS restart (well after delayd), and
+// records each delivery it receives.
+type chaosConsumer struct {
+	t   *testing.T
+	nc  *nats.Conn
+	mu  sync.Mutex
+	sub *nats.Subscription
+	got []chaosDelivery
+}
+
+// chaosDelivery is one delivery seen, from the stream or the consumer.
+type chaosDelivery struct {
+	id, due, attempt string
+	at               time.Time
+}
+
+func startChaosConsumer(t *testing.T, e *env) *chaosConsumer {
+	t.Helper()
+	nc, err := nats.Connect(e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(3*time.Second), nats.ReconnectJitter(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	c := &chaosConsumer{t: t, nc: nc}
+	c.subscribe()
+	return c
+}
+
+func (c *chaosConsumer) subscribe() {
+	sub, err := c.nc.Subscribe("core.t", func(m *nats.Msg) {
+		d := chaosDelivery{id: m.Header.Get("Delayd-Id"), due: m.Header.Get("Delayd-Due"),
+			attempt: m.Header.Get("Delayd-Attempt"), at: time.Now()}
+		c.mu.Lock()
+		c.got = append(c.got, d)
+		c.mu.Unlock()
+	})
+	if err != nil {
+		c.t.Errorf("core consumer: %v", err)
+		return
+	}
+	c.mu.Lock()
+	c.sub = sub
+	c.mu.Unlock()
+}
+
+// away unsubscribes for d: deliveries meanwhile find nobody and must be
+// retried.
+func (c *chaosConsumer) away(d time.Duration) {
+	c.mu.Lock()
+	sub := c.sub
+	c.mu.Unlock()
+	_ = sub.Unsubscribe()
+	time.Sleep(d)
+	c.subscribe()
+}
+
+func (c *chaosConsumer) received() []chaosDelivery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.got)
 }
 
 // chaosStream is the stream deliveries land in. Its duplicate window is
@@ -233,8 +328,9 @@ func (w *chaosWorkload) schedule(ctx context.Context, nc *nats.Conn, id string, 
 			w.mu.Unlock()
 			return
 		}
-		m := &nats.Msg{Subject: "delayd.schedule", Data: []byte(id),
-			Header: hdr("Delayd-Target", "chaos.t", "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
+		target, data := chaosTarget(id)
+		m := &nats.Msg{Subject: "delayd.schedule", Data: data,
+			Header: hdr("Delayd-Target", target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
 		rep, err := nc.RequestMsg(m, 2*time.Second)
 		if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
 			w.mu.Lock()
@@ -256,6 +352,22 @@ func (w *chaosWorkload) schedule(ctx context.Context, nc *nats.Conn, id string, 
 	}
 }
 
+// chaosTarget picks an id's target and payload from the id, so a replace
+// keeps them: a quarter go to the core subject, one in 200 carries 256 kB.
+func chaosTarget(id string) (string, []byte) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	n := h.Sum32()
+	target, data := "chaos.t", []byte(id)
+	if n%4 == 0 {
+		target = "core.t"
+	}
+	if n%200 == 1 {
+		data = append(data, make([]byte, 256<<10)...)
+	}
+	return target, data
+}
+
 func (w *chaosWorkload) cancel(nc *nats.Conn, id string) {
 	m := &nats.Msg{Subject: "delayd.cancel", Header: hdr("Delayd-Id", id)}
 	sent := time.Now()
@@ -273,8 +385,9 @@ func (w *chaosWorkload) cancel(nc *nats.Conn, id string) {
 	w.cancelled[id] = sent
 }
 
-// check reads every delivery from the stream and verifies the guarantees.
-func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, faults map[string]int) {
+// check reads every delivery from the stream, adds those the core
+// consumer received, and verifies the guarantees.
+func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chaosDelivery, faults map[string]int) {
 	t.Helper()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -288,30 +401,36 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, faults map[
 	got := map[string]*seen{}
 	dupRedelivery, dupResent := 0, 0
 	var lateness []time.Duration
+	all := core
 	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
 		m, err := stream.GetMsg(context.Background(), seq)
 		if err != nil {
 			t.Fatalf("get msg %d: %v", seq, err)
 		}
-		id := m.Header.Get("Delayd-Id")
-		due, _ := time.Parse(time.RFC3339Nano, m.Header.Get("Delayd-Due"))
-		attempt, _ := strconv.Atoi(m.Header.Get("Delayd-Attempt"))
-		if m.Time.Before(due) {
-			t.Errorf("%s stored %s before its due time", id, due.Sub(m.Time))
+		all = append(all, chaosDelivery{id: m.Header.Get("Delayd-Id"), due: m.Header.Get("Delayd-Due"),
+			attempt: m.Header.Get("Delayd-Attempt"), at: m.Time})
+	}
+	slices.SortStableFunc(all, func(a, b chaosDelivery) int { return a.at.Compare(b.at) })
+	for _, m := range all {
+		id := m.id
+		due, _ := time.Parse(time.RFC3339Nano, m.due)
+		attempt, _ := strconv.Atoi(m.attempt)
+		if m.at.Before(due) {
+			t.Errorf("%s received %s before its due time", id, due.Sub(m.at))
 		}
 		if _, ok := w.acked[id]; !ok && !w.unknown[id] {
 			t.Errorf("%s delivered but never acknowledged", id)
 		}
 		// An earlier version may have been delivered before a replace and
 		// the cancel; nothing may arrive after the cancel was sent.
-		if at, ok := w.cancelled[id]; ok && m.Time.After(at) {
-			t.Errorf("%s delivered %s after a confirmed cancel", id, m.Time.Sub(at))
+		if at, ok := w.cancelled[id]; ok && m.at.After(at) {
+			t.Errorf("%s delivered %s after a confirmed cancel", id, m.at.Sub(at))
 		}
 		s := got[id]
 		if s == nil {
 			s = &seen{}
 			got[id] = s
-			lateness = append(lateness, m.Time.Sub(due))
+			lateness = append(lateness, m.at.Sub(due))
 		} else {
 			switch {
 			case attempt > slices.Max(s.attempts):
