@@ -55,7 +55,7 @@ func TestMetricsMove(t *testing.T) {
 		"delayd_delivery_lateness_seconds_bucket", "delayd_pending_envelopes", "delayd_inflight_envelopes",
 		"delayd_dead_envelopes", "delayd_oldest_overdue_seconds", "delayd_claim_duration_seconds_count",
 		"delayd_redis_errors_total", "delayd_nats_reconnects_total", "delayd_shards_owned", "delayd_build_info",
-		"delayd_shards_total", "delayd_nats_connected", "delayd_redis_connected", "delayd_cancels_total",
+		"delayd_shards", "delayd_nats_connected", "delayd_redis_connected", "delayd_cancels_total",
 		"delayd_redeliveries_total", "delayd_intake_duration_seconds_count"}
 	for _, n := range names {
 		if _, ok := metric(before, n); !ok {
@@ -91,7 +91,7 @@ func TestMetricsMove(t *testing.T) {
 		{"delayd_delivery_lateness_seconds_count", 10},
 		{"delayd_pending_envelopes", 10},
 		{"delayd_shards_owned", float64(c.Shards)},
-		{"delayd_shards_total", float64(c.Shards)},
+		{"delayd_shards", float64(c.Shards)},
 		{"delayd_intake_duration_seconds_count", 20},
 		// This daemon owns shard 0, so it reports every shard.
 		{`delayd_backlog_envelopes{state="pending"}`, 10},

@@ -54,9 +54,9 @@ type Metrics struct {
 
 // Label values, created up front so every series exists from the start.
 var (
-	receivedResults  = []string{"stored", "bad_request", "forbidden", "too_large", "unavailable"}
+	receivedResults  = []string{"stored", "bad_request", "forbidden", "too_large", "unavailable", "outcome_unknown"}
 	streamResults    = []string{"stored", "redelivered", "bad_request", "forbidden", "too_large", "unavailable"}
-	cancelResults    = []string{"cancelled", "not_found", "bad_request", "unavailable"}
+	cancelResults    = []string{"cancelled", "not_found", "bad_request", "unavailable", "outcome_unknown"}
 	redeliveryCauses = []string{"lease_expiry", "retry", "replay"}
 	redisOps         = []string{"schedule", "cancel", "claim", "ack", "reap", "sample"}
 	backlogStates    = []string{"pending", "inflight", "dead"}
@@ -83,7 +83,7 @@ func NewMetrics(version string) *Metrics {
 	m := &Metrics{
 		Registry: reg,
 		received: counterVec("delayd_envelopes_received_total",
-			"Schedule requests by result: stored, bad_request, forbidden, too_large, unavailable.", "result", receivedResults),
+			"Schedule requests by result: stored, bad_request, forbidden, too_large, unavailable (503: nothing written), outcome_unknown (504: Redis may have stored it, or redis.wait_replicas was not confirmed; the reply carries the id to retry with).", "result", receivedResults),
 		streamIntake: counterVec("delayd_stream_intake_total",
 			"Messages taken from the intake stream by result: stored (acknowledged), redelivered (a redelivery of a message stored already, after its ack was lost: acknowledged, not stored again), bad_request, forbidden, too_large (terminated, published to <subject>.rejected), unavailable (Redis failed; left in the stream).",
 			"result", streamResults),
@@ -91,7 +91,7 @@ func NewMetrics(version string) *Metrics {
 			"Delivery attempts by result: ok (publish confirmed), no_interest (a core NATS delivery that reached no subscriber: retried with backoff) or failed (will retry).",
 			"result", []string{"ok", "failed", "no_interest"}),
 		cancels: counterVec("delayd_cancels_total",
-			"Cancel requests by result: cancelled, not_found, bad_request, unavailable.", "result", cancelResults),
+			"Cancel requests by result: cancelled, not_found, bad_request, unavailable (503), outcome_unknown (504: the cancel may have happened).", "result", cancelResults),
 		redeliveries: counterVec("delayd_redeliveries_total",
 			"Envelopes set to be delivered again, by cause: lease_expiry (returned by the reaper), retry (publish failed), replay (from the dead set).",
 			"cause", redeliveryCauses),
@@ -134,7 +134,7 @@ func NewMetrics(version string) *Metrics {
 		oldestOverdue: gauge("delayd_oldest_overdue_seconds",
 			"How far past due the earliest pending envelope of the owned shards is; 0 when none is (sampled)."),
 		shardsOwned: gauge("delayd_shards_owned", "Shards this daemon scans."),
-		shardsTotal: gauge("delayd_shards_total", "Shards of the delay set (config shards)."),
+		shardsTotal: gauge("delayd_shards", "Shards of the delay set (config shards). Named delayd_shards_total before 0.2."),
 		redisConnected: gauge("delayd_redis_connected",
 			"1 when the last sampling call to Redis succeeded, else 0."),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_backlog_envelopes",
