@@ -41,7 +41,7 @@ func (in *Intake) addInspect(g micro.Group) error {
 func (in *Intake) handleGet(req micro.Request) {
 	id, err := envelope.ParseID(req.Headers(), in.opt.Limits)
 	if err != nil {
-		in.reject(req.Reply(), err)
+		in.reject(now(req), err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
@@ -49,14 +49,14 @@ func (in *Intake) handleGet(req micro.Request) {
 	e, err := in.insp.Get(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		in.fail(req.Reply(), 404, "no envelope with id "+id)
+		in.fail(now(req), 404, "no envelope with id "+id)
 	case err != nil:
 		in.log.Error("get failed", "id", id, "error", err)
-		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+		in.fail(now(req), envelope.CodeUnavailable, "store unavailable")
 	default:
 		info := entryInfo(e, true)
 		info.Header = envelope.RedactHeaders(info.Header, in.opt.RedactHeaders)
-		in.respond(req.Reply(), info)
+		in.respond(now(req), info)
 	}
 }
 
@@ -64,7 +64,7 @@ func (in *Intake) handleList(req micro.Request) {
 	var r client.ListRequest
 	if len(req.Data()) > 0 {
 		if err := json.Unmarshal(req.Data(), &r); err != nil {
-			in.fail(req.Reply(), envelope.CodeBadRequest, "list body must be JSON: "+err.Error())
+			in.fail(now(req), envelope.CodeBadRequest, "list body must be JSON: "+err.Error())
 			return
 		}
 	}
@@ -76,24 +76,24 @@ func (in *Intake) handleList(req micro.Request) {
 	case o.Limit == 0:
 		o.Limit = 100
 	case o.Limit < 0 || o.Limit > maxListLimit:
-		in.fail(req.Reply(), envelope.CodeBadRequest, fmt.Sprintf("limit must be 1..%d, got %d", maxListLimit, o.Limit))
+		in.fail(now(req), envelope.CodeBadRequest, fmt.Sprintf("limit must be 1..%d, got %d", maxListLimit, o.Limit))
 		return
 	}
 	if r.DueBefore != "" {
 		t, err := time.Parse(time.RFC3339Nano, r.DueBefore)
 		if err != nil {
-			in.fail(req.Reply(), envelope.CodeBadRequest, "due_before is not an RFC 3339 time")
+			in.fail(now(req), envelope.CodeBadRequest, "due_before is not an RFC 3339 time")
 			return
 		}
 		o.DueBefore = t.UnixMilli()
 	}
 	if r.Target != "" && !envelope.ValidPattern(r.Target) {
-		in.fail(req.Reply(), envelope.CodeBadRequest, "target is not a subject pattern")
+		in.fail(now(req), envelope.CodeBadRequest, "target is not a subject pattern")
 		return
 	}
 	var err error
 	if o.Cursor, err = store.ParseCursor(r.Cursor); err != nil {
-		in.fail(req.Reply(), envelope.CodeBadRequest, err.Error())
+		in.fail(now(req), envelope.CodeBadRequest, err.Error())
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
@@ -101,7 +101,7 @@ func (in *Intake) handleList(req micro.Request) {
 	entries, next, done, err := in.insp.List(ctx, o)
 	if err != nil {
 		in.log.Error("list failed", "error", err)
-		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+		in.fail(now(req), envelope.CodeUnavailable, "store unavailable")
 		return
 	}
 	out := client.Page{Entries: []client.Entry{}}
@@ -114,19 +114,19 @@ func (in *Intake) handleList(req micro.Request) {
 	if !done {
 		out.Next = next.String()
 	}
-	in.respond(req.Reply(), out)
+	in.respond(now(req), out)
 }
 
 func (in *Intake) handleStats(req micro.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
 	defer cancel()
-	shards, now, err := in.insp.Stats(ctx)
+	shards, nowMs, err := in.insp.Stats(ctx)
 	if err != nil {
 		in.log.Error("stats failed", "error", err)
-		in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+		in.fail(now(req), envelope.CodeUnavailable, "store unavailable")
 		return
 	}
-	out := client.Stats{Now: envelope.FormatMs(now), Shards: make([]client.ShardStats, len(shards))}
+	out := client.Stats{Now: envelope.FormatMs(nowMs), Shards: make([]client.ShardStats, len(shards))}
 	next := int64(-1)
 	for i, s := range shards {
 		out.Pending += s.Counts.Pending
@@ -143,7 +143,7 @@ func (in *Intake) handleStats(req micro.Request) {
 	if next >= 0 {
 		out.NextDue = envelope.FormatMs(next)
 	}
-	in.respond(req.Reply(), out)
+	in.respond(now(req), out)
 }
 
 // maxDeadBatch bounds how many dead envelopes one replay or purge call
@@ -156,7 +156,7 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 	return func(req micro.Request) {
 		var r client.DeadSelection
 		if err := json.Unmarshal(req.Data(), &r); err != nil || (len(r.IDs) == 0) == !r.All {
-			in.fail(req.Reply(), envelope.CodeBadRequest, verb+` body must be {"ids": [...]} or {"all": true}`)
+			in.fail(now(req), envelope.CodeBadRequest, verb+` body must be {"ids": [...]} or {"all": true}`)
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 4*in.opt.StoreTimeout)
@@ -168,7 +168,7 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 				// Always the first page: what was acted on left the set.
 				page, _, _, err := in.insp.List(ctx, store.ListOptions{State: store.StateDead, Limit: maxListLimit})
 				if err != nil {
-					in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+					in.fail(now(req), envelope.CodeUnavailable, "store unavailable")
 					return
 				}
 				ids = ids[:0]
@@ -182,7 +182,7 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 			n, err := act(ctx, ids)
 			if err != nil {
 				in.log.Error(verb+" failed", "error", err)
-				in.fail(req.Reply(), envelope.CodeUnavailable, "store unavailable")
+				in.fail(now(req), envelope.CodeUnavailable, "store unavailable")
 				return
 			}
 			out.Count += n
@@ -195,7 +195,7 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 			}
 		}
 		in.log.Info("dead envelopes handled", "action", verb, "count", out.Count)
-		in.respond(req.Reply(), out)
+		in.respond(now(req), out)
 	}
 }
 
@@ -216,8 +216,8 @@ func entryInfo(e store.Entry, withHeaders bool) client.Entry {
 }
 
 // respond sends a JSON reply, if the request has a reply subject.
-func (in *Intake) respond(reply string, v any) {
-	if reply == "" {
+func (in *Intake) respond(reply answer, v any) {
+	if reply.subject == "" {
 		return
 	}
 	b, err := json.Marshal(v)
@@ -225,7 +225,12 @@ func (in *Intake) respond(reply string, v any) {
 		in.fail(reply, 500, "encoding reply: "+err.Error())
 		return
 	}
-	if err := in.nc.Publish(reply, b); err != nil {
+	if reply.req != nil {
+		err = reply.req.Respond(b)
+	} else {
+		err = in.nc.Publish(reply.subject, b)
+	}
+	if err != nil {
 		in.log.Warn("reply failed", "error", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -97,11 +98,13 @@ type Intake struct {
 	// shortLog rate-limits the warning about writes the replicas did not
 	// confirm (unix nanos of the last one).
 	shortLog atomic.Int64
+	// late counts the error replies micro cannot see (answer).
+	late lateErrors
 }
 
 type pending struct {
 	item  store.Item
-	reply string
+	reply answer
 	start time.Time // when the request was received
 }
 
@@ -131,6 +134,14 @@ func (in *Intake) Run(ctx context.Context) error {
 		Version:     in.opt.Version,
 		Description: "Delayed delivery of NATS messages",
 		QueueGroup:  "delayd",
+		// A schedule's Redis outcome (503, 504) is answered after its
+		// handler returned, where micro's num_errors cannot count it.
+		StatsHandler: func(e *micro.Endpoint) any {
+			if e.Name == "schedule" {
+				return in.late.stats()
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("bridge: add service: %w", err)
@@ -227,7 +238,7 @@ func (in *Intake) flush(batch []pending) {
 // written, so a retry cannot duplicate; 504 with the id when the write may
 // have happened, so a retry with that id replaces it.
 // It returns the code it answered.
-func (in *Intake) storeFailed(reply, id string, err error) int {
+func (in *Intake) storeFailed(reply answer, id string, err error) int {
 	if errors.Is(err, store.ErrNotWritten) {
 		in.fail(reply, envelope.CodeUnavailable, "store unavailable, nothing stored")
 		return envelope.CodeUnavailable
@@ -257,17 +268,17 @@ func (in *Intake) handleSchedule(req micro.Request) {
 	it, err := in.check.item(req.Headers(), req.Data(), func() (string, error) { return nuid.Next(), nil })
 	if err != nil {
 		in.count(envelope.CodeOf(err))
-		in.reject(req.Reply(), err)
+		in.reject(now(req), err)
 		return
 	}
-	in.queue <- pending{item: it, reply: req.Reply(), start: start}
+	in.queue <- pending{item: it, reply: later(req.Reply()), start: start}
 }
 
 func (in *Intake) handleCancel(req micro.Request) {
 	id, err := envelope.ParseID(req.Headers(), in.opt.Limits)
 	if err != nil {
 		in.cancelled("bad_request")
-		in.reject(req.Reply(), err)
+		in.reject(now(req), err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
@@ -280,7 +291,7 @@ func (in *Intake) handleCancel(req micro.Request) {
 			in.log.Error("cancel failed", "id", id, "error", err)
 			in.redisError("cancel")
 		}
-		if in.storeFailed(req.Reply(), id, err) == CodeOutcomeUnknown {
+		if in.storeFailed(now(req), id, err) == CodeOutcomeUnknown {
 			in.cancelled("outcome_unknown")
 		} else {
 			in.cancelled("unavailable")
@@ -292,35 +303,81 @@ func (in *Intake) handleCancel(req micro.Request) {
 	} else {
 		in.cancelled("not_found")
 	}
-	in.respond(req.Reply(), client.Cancelled{ID: id, Cancelled: c.Existed, InFlight: c.InFlight})
+	in.respond(now(req), client.Cancelled{ID: id, Cancelled: c.Existed, InFlight: c.InFlight})
 }
 
-func (in *Intake) reject(reply string, err error) {
+func (in *Intake) reject(reply answer, err error) {
 	code := envelope.CodeOf(err)
-	if reply == "" {
+	if reply.subject == "" {
 		in.log.Warn("rejected a request without a reply subject", "code", code, "error", err)
 	}
 	in.fail(reply, code, err.Error())
 }
 
-// fail answers with the NATS micro error convention. It counts nothing:
-// each endpoint counts its own outcomes.
-func (in *Intake) fail(reply string, code int, msg string) {
+// answer is where a reply goes: the micro request while its handler runs,
+// so micro counts an error reply in $SRV.STATS (num_errors, last_error), or
+// a reply subject for a reply sent after the handler returned (a batched
+// schedule), whose errors the intake counts itself (lateErrors).
+type answer struct {
+	req     micro.Request // nil once the handler returned
+	subject string
+}
+
+// now answers req from within its handler.
+func now(req micro.Request) answer { return answer{req: req, subject: req.Reply()} }
+
+// later answers a request after its handler returned.
+func later(subject string) answer { return answer{subject: subject} }
+
+// fail answers with the NATS micro error convention. It counts nothing in
+// delayd's metrics: each endpoint counts its own outcomes.
+func (in *Intake) fail(reply answer, code int, msg string) {
 	in.failWith(reply, code, msg, nil)
 }
 
 // failWith is fail with a body (the id of a 504).
-func (in *Intake) failWith(reply string, code int, msg string, body []byte) {
-	if reply == "" {
+func (in *Intake) failWith(reply answer, code int, msg string, body []byte) {
+	if reply.req != nil {
+		// Counted by micro even without a reply subject (a plain
+		// publish), as the refusal it is.
+		if err := reply.req.Error(strconv.Itoa(code), msg, body); err != nil && reply.subject != "" {
+			in.log.Warn("error reply failed", "error", err)
+		}
 		return
 	}
-	m := &nats.Msg{Subject: reply, Data: body, Header: nats.Header{
+	in.late.record(code, msg)
+	if reply.subject == "" {
+		return
+	}
+	m := &nats.Msg{Subject: reply.subject, Data: body, Header: nats.Header{
 		micro.ErrorHeader:     []string{msg},
 		micro.ErrorCodeHeader: []string{strconv.Itoa(code)},
 	}}
 	if err := in.nc.PublishMsg(m); err != nil {
 		in.log.Warn("error reply failed", "error", err)
 	}
+}
+
+// lateErrors counts the error replies sent after their handler returned,
+// which micro cannot see: they are reported in the schedule endpoint's
+// stats data (late_errors, last_late_error).
+type lateErrors struct {
+	mu   sync.Mutex
+	n    int
+	last string
+}
+
+func (l *lateErrors) record(code int, msg string) {
+	l.mu.Lock()
+	l.n++
+	l.last = strconv.Itoa(code) + ": " + msg
+	l.mu.Unlock()
+}
+
+func (l *lateErrors) stats() map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return map[string]any{"late_errors": l.n, "last_late_error": l.last}
 }
 
 func (in *Intake) redisError(op string) {
