@@ -184,12 +184,22 @@ func versionLine() string {
 	return line + " " + bi.GoVersion
 }
 
+// loggedErr is an error the daemon's logger already wrote (as JSON with
+// log.json): main exits 1 without printing it again.
+type loggedErr struct{ err error }
+
+func (e *loggedErr) Error() string { return e.err.Error() }
+func (e *loggedErr) Unwrap() error { return e.err }
+
 // exitCode prints err and maps it to a process status: 0 ok, 2 usage,
 // 1 anything else (a failure, or an id that is not stored).
 func exitCode(err error, stderr io.Writer) int {
+	var logged *loggedErr
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &logged):
+		return 1
 	case errors.Is(err, errUsage):
 		fmt.Fprintln(stderr, "delayd:", err)
 		return 2

@@ -298,3 +298,26 @@ func TestVersionFromBuildInfo(t *testing.T) {
 		t.Fatalf("version: %q, want delayd <version> [commit <sha>] %s", line, runtime.Version())
 	}
 }
+
+// With log.json a daemon's fatal error is a JSON line too, and main prints
+// nothing else: every line of its output parses.
+func TestFatalErrorIsJSONWithLogJSON(t *testing.T) {
+	n := testutil.StartNATS(t) // holds the port the embedded server wants
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"delayd", "run", "--embedded", "--log-json", "--nats-url", n.URL(),
+		"--set", "http.addr=127.0.0.1:0", "--set", "ui.enabled=false"}, func(string) string { return "" }, &out, &out)
+	if err == nil {
+		t.Fatal("the daemon started on a port another server holds")
+	}
+	exitCode(err, &out)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	for _, l := range lines {
+		var v map[string]any
+		if json.Unmarshal([]byte(l), &v) != nil {
+			t.Fatalf("not a JSON line: %q\nall output:\n%s", l, out.String())
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, `"@level":"error"`) || !strings.Contains(last, "delayd stopped") {
+		t.Fatalf("last line %q: want the fatal error as a JSON error line", last)
+	}
+}

@@ -46,7 +46,14 @@ func runCommand(o cliIO) *cli.Command {
 			if err != nil {
 				return err
 			}
-			return daemon(ctx, c, newLogger(c, o.stderr))
+			log := newLogger(c, o.stderr)
+			if err := daemon(ctx, c, log); err != nil {
+				// Through the logger, so that with log.json the last
+				// line is JSON too; main then prints nothing more.
+				log.Error("delayd stopped", "error", err)
+				return &loggedErr{err}
+			}
+			return nil
 		},
 	}
 }
