@@ -307,6 +307,11 @@ func TestHelmSchemaRejects(t *testing.T) {
 		{"config.nats.url=nats://u:pw@n:4222", "config/nats/url"},
 		{"secrets.redis=x", "secrets"},
 		{"updateStrategy.type=Sometimes", "updateStrategy"},
+		// What delayd refuses at start, refused at render.
+		{"config.bogus=1", "bogus"},                         // an unknown key
+		{"config.scanner.leese=10s", "leese"},               // a misspelt one
+		{"config.scanner.lease=30", "lease"},                // a duration without a unit
+		{"config.shutdown.timeout=45s", "shutdown.timeout"}, // longer than the pod's grace period (30s)
 	} {
 		out, err := tryRun(h, "template", "rel", chartDir, "--kube-version", kubeVersion, "--set", tc.set)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -173,3 +173,31 @@ Same "." as delayd.sidecar.
 {{- define "delayd.volume" -}}
 {{ include "delayd.volumes" . }}
 {{- end -}}
+
+{{/*
+delayd.seconds is a Go duration string ("1m30s", "500ms") in seconds, for
+the checks below; the schema already refused anything else.
+*/}}
+{{- define "delayd.seconds" -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9.]+(ns|us|µs|ms|s|m|h)" (toString .) -1 -}}
+{{- $n := regexFind "^[0-9.]+" . | float64 -}}
+{{- $u := regexFind "(ns|us|µs|ms|s|m|h)$" . -}}
+{{- $mul := dict "ns" 1e-9 "us" 1e-6 "µs" 1e-6 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total = addf $total (mulf $n (get $mul $u)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/*
+delayd.checkShutdown fails the render when delayd's shutdown.timeout does
+not fit the pod's grace period: the kubelet would kill it mid-drain, and
+what it had claimed would wait for its lease.
+*/}}
+{{- define "delayd.checkShutdown" -}}
+{{- $timeout := 10.0 -}}
+{{- with .Values.config.shutdown }}{{ with .timeout }}{{ $timeout = include "delayd.seconds" . | float64 }}{{ end }}{{ end -}}
+{{- if ge $timeout (float64 .Values.terminationGracePeriodSeconds) -}}
+{{- fail (printf "config.shutdown.timeout (%vs) must be shorter than terminationGracePeriodSeconds (%v), or the kubelet kills delayd mid-drain" $timeout .Values.terminationGracePeriodSeconds) -}}
+{{- end -}}
+{{- end -}}
