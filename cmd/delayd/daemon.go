@@ -153,7 +153,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 	intake := bridge.NewIntake(in, st, insp, sc, metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: buildVersion(), Batch: c.Intake.Batch, Linger: c.Intake.Linger,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: o.now,
-		JetStream: c.Targets.JetStream,
+		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c),
 	}, log.Named("intake"))
 	id := c.NATS.Name + "-" + nuid.Next()
 	own := scanner.NewOwnership(st, sc, id, c.Ownership.TTL, log.Named("ownership"))

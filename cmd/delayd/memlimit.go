@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"runtime/debug"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/hashicorp/go-hclog"
@@ -25,6 +26,19 @@ func setMemoryLimit(log hclog.Logger) {
 	default:
 		log.Debug("the cgroup sets no memory limit; GOMEMLIMIT left unset")
 	}
+}
+
+// intakeBytes is intake.pending_bytes, derived from the Go memory limit
+// when it is 0: a sixteenth of it, or 32 MiB without one.
+func intakeBytes(c config.Config) int64 {
+	if c.Intake.PendingBytes > 0 {
+		return c.Intake.PendingBytes
+	}
+	limit := debug.SetMemoryLimit(-1)
+	if limit <= 0 || limit == math.MaxInt64 {
+		return 32 << 20
+	}
+	return max(min(32<<20, limit/16), 1<<20)
 }
 
 // claimBytes is scanner.claim_bytes, derived from the Go memory limit

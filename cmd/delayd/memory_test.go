@@ -5,11 +5,14 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/client"
 
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
@@ -82,4 +85,46 @@ func peakRSS(t *testing.T, pid int) int64 {
 	}
 	t.Fatal("no VmHWM")
 	return 0
+}
+
+// TestLargeRequestsUnderMemoryLimit: 200 schedule requests of 900 kB sent
+// at once to a daemon process under a 96 MiB limit. The intake holds at
+// most intake.pending_bytes of them (the NATS client as much again, and
+// drops the rest, whose publishers retry), so the peak RSS stays under the
+// limit and every one is stored.
+func TestLargeRequestsUnderMemoryLimit(t *testing.T) {
+	t.Parallel()
+	skipShort(t, "180 MB of requests")
+	e := newEnv(t)
+	c := e.cfg()
+	bin := testutil.BuildBinary(t)
+	p := e.startProcEnv(bin, c, "GOMEMLIMIT=96MiB")
+	nc := e.conn()
+	defer nc.Close()
+	cl := client.New(nc, client.RetryTimeout(5*time.Second))
+	payload := make([]byte, 900<<10)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			if _, err := cl.ScheduleRetrying(ctx, "big.req", payload, client.Delay(time.Hour), client.ID("req-"+strconv.Itoa(i))); err != nil {
+				failed.Add(1)
+				t.Logf("request %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	peak := peakRSS(t, p.cmd.Process.Pid)
+	stored := e.stored(c)
+	t.Logf("%d stored, %d failed; peak RSS %d MiB", stored, failed.Load(), peak>>20)
+	if failed.Load() > 0 || stored != 200 {
+		t.Fatalf("%d of 200 stored, %d requests failed", stored, failed.Load())
+	}
+	if peak > 96<<20 {
+		t.Fatalf("peak RSS %d MiB over the 96 MiB limit", peak>>20)
+	}
 }

@@ -68,6 +68,10 @@ type IntakeOptions struct {
 	// Now is the local clock, used only for the coarse limit checks on
 	// Delayd-At; due times are Redis time. Injected so tests can skew it.
 	Now func() time.Time
+	// PendingBytes bounds the bytes of schedule requests taken but not yet
+	// answered, and of those waiting in the NATS client for the handler
+	// (0: no bound).
+	PendingBytes int64
 }
 
 // UnknownReply is the body of a 504 answer: the outcome is unknown, and a
@@ -100,12 +104,15 @@ type Intake struct {
 	shortLog atomic.Int64
 	// late counts the error replies micro cannot see (answer).
 	late lateErrors
+	// held bounds the bytes of requests between handler and reply.
+	held *heldBytes
 }
 
 type pending struct {
 	item  store.Item
 	reply answer
 	start time.Time // when the request was received
+	bytes int64     // held until answered
 }
 
 // NewIntake builds the service on its own connection nc, which it closes
@@ -118,7 +125,7 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 		opt.Now = time.Now
 	}
 	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan pending, 4*opt.Batch),
+		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes),
 		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now}}
 }
 
@@ -147,7 +154,13 @@ func (in *Intake) Run(ctx context.Context) error {
 		return fmt.Errorf("bridge: add service: %w", err)
 	}
 	g := svc.AddGroup(in.opt.Subject)
-	if err := g.AddEndpoint("schedule", micro.HandlerFunc(in.handleSchedule)); err != nil {
+	var pend []micro.EndpointOpt
+	if in.opt.PendingBytes > 0 {
+		// Past this, the NATS client drops requests (the publisher times
+		// out and retries) rather than buffer without bound.
+		pend = append(pend, micro.WithEndpointPendingLimits(-1, int(in.opt.PendingBytes)))
+	}
+	if err := g.AddEndpoint("schedule", micro.HandlerFunc(in.handleSchedule), pend...); err != nil {
 		return fmt.Errorf("bridge: add schedule endpoint: %w", err)
 	}
 	if err := g.AddEndpoint("cancel", micro.HandlerFunc(in.handleCancel)); err != nil {
@@ -195,6 +208,7 @@ func (in *Intake) flush(batch []pending) {
 			in.count(envelope.CodeUnavailable)
 			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable: waited too long for Redis, nothing stored")
 			in.replied(p.start)
+			in.held.release(p.bytes)
 			continue
 		}
 		fresh = append(fresh, p)
@@ -225,12 +239,14 @@ func (in *Intake) flush(batch []pending) {
 			}
 			in.count(in.storeFailed(p.reply, p.item.ID, err))
 			in.replied(p.start)
+			in.held.release(p.bytes)
 			continue
 		}
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
 		in.count(0)
 		in.respond(p.reply, client.Scheduled{ID: p.item.ID, DeliverAt: time.UnixMilli(due[i]).UTC()})
 		in.replied(p.start)
+		in.held.release(p.bytes)
 	}
 }
 
@@ -271,7 +287,9 @@ func (in *Intake) handleSchedule(req micro.Request) {
 		in.reject(now(req), err)
 		return
 	}
-	in.queue <- pending{item: it, reply: later(req.Reply()), start: start}
+	n := requestBytes(req.Data(), req.Headers())
+	in.held.acquire(n)
+	in.queue <- pending{item: it, reply: later(req.Reply()), start: start, bytes: n}
 }
 
 func (in *Intake) handleCancel(req micro.Request) {

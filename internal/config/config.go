@@ -184,6 +184,11 @@ type Scanner struct {
 type Intake struct {
 	Batch  int           `koanf:"batch"`
 	Linger time.Duration `koanf:"linger"`
+	// PendingBytes bounds the bytes of schedule requests taken and not yet
+	// answered, and again those the NATS client buffers for the handler
+	// (beyond which it drops requests: their publishers time out and
+	// retry). 0 derives it: 32 MiB, or a sixteenth of the Go memory limit.
+	PendingBytes int64 `koanf:"pending_bytes"`
 	// Stream is the durable intake: a JetStream stream that holds
 	// envelopes published to <subject>.intake while no delayd runs.
 	Stream Stream `koanf:"stream"`
@@ -398,6 +403,9 @@ func (c Config) Validate() error {
 		bad("scanner.check_interval", "must be 0 (off) or at least 1s, got %s", c.Scanner.CheckInterval)
 	}
 	positive("intake.batch", int64(c.Intake.Batch))
+	if c.Intake.PendingBytes < 0 {
+		bad("intake.pending_bytes", "must be 0 (derived from the memory limit) or positive, got %d", c.Intake.PendingBytes)
+	}
 	if c.Intake.Linger < 0 {
 		bad("intake.linger", "must not be negative, got %s", c.Intake.Linger)
 	}

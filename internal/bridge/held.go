@@ -1,0 +1,54 @@
+package bridge
+
+import "sync"
+
+// heldBytes bounds the bytes of schedule requests taken but not yet
+// answered: a handler waits while the bound is reached, so a burst of large
+// payloads waits in the NATS client's pending buffer (bounded too, by the
+// endpoint's pending limits) instead of piling up in the batches. One
+// request larger than the bound still passes when nothing else is held.
+type heldBytes struct {
+	limit int64 // 0: no bound
+	mu    sync.Mutex
+	cond  *sync.Cond
+	held  int64
+}
+
+func newHeldBytes(limit int64) *heldBytes {
+	h := &heldBytes{limit: limit}
+	h.cond = sync.NewCond(&h.mu)
+	return h
+}
+
+func (h *heldBytes) acquire(n int64) {
+	if h.limit <= 0 {
+		return
+	}
+	h.mu.Lock()
+	for h.held > 0 && h.held+n > h.limit {
+		h.cond.Wait()
+	}
+	h.held += n
+	h.mu.Unlock()
+}
+
+func (h *heldBytes) release(n int64) {
+	if h.limit <= 0 || n == 0 {
+		return
+	}
+	h.mu.Lock()
+	h.held -= n
+	h.mu.Unlock()
+	h.cond.Broadcast()
+}
+
+// requestBytes is what a schedule request holds: its payload and headers.
+func requestBytes(data []byte, h map[string][]string) int64 {
+	n := len(data)
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return int64(n)
+}
