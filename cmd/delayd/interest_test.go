@@ -160,3 +160,38 @@ func waitGone(t *testing.T, e *env, c config.Config) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A consumer away for 30 s (a deployment rolled out slowly) while its
+// timers fall due, with the default backoff and budget: it gets every one
+// once it is back, at most one backoff step (here 16 s) later.
+func TestConsumerAway30s(t *testing.T) {
+	t.Parallel()
+	skipShort(t, "a consumer away for 30 s")
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.RetryBackoff, c.Scanner.RetryBackoffMax = time.Second, time.Minute // the defaults
+	c.HTTP.Addr = ""
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	consumer := e.conn()
+	defer consumer.Close()
+	sub, err := consumer.SubscribeSync("away.consumer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = consumer.Flush()
+	_ = sub.Unsubscribe() // away from now on
+	const n = 100
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "away-" + strconv.Itoa(i)
+		scheduleServed(t, nc, hdr("Delayd-Target", "away.consumer", "Delayd-Delay", "1s", "Delayd-Id", ids[i]))
+	}
+	time.Sleep(31 * time.Second)
+	got := e.sink(consumer, "away.consumer")
+	if have := got.waitCount(n, 40*time.Second); have < n {
+		t.Fatalf("%d of %d delivered after the consumer came back", have, n)
+	}
+	got.check(t, ids)
+}
