@@ -155,7 +155,7 @@ func daemon(ctx context.Context, c config.Config, log hclog.Logger, opts ...daem
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: o.now,
 		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c),
 	}, log.Named("intake"))
-	id := c.NATS.Name + "-" + nuid.Next()
+	id := daemonID(c.NATS.Name)
 	own := scanner.NewOwnership(st, sc, id, c.Ownership.TTL, log.Named("ownership"))
 	formats := func(ctx context.Context) error { return st.RunFormats(ctx, id, c.Ownership.TTL, log.Named("formats")) }
 
@@ -408,4 +408,15 @@ func waitReady(ctx context.Context, st *store.Store, natsUp func() bool, log hcl
 		}
 	}
 	log.Info("ready")
+}
+
+// daemonID names this daemon in the member set and as a shard's owner:
+// the NATS name, the host, so an operator sees where a shard is scanned,
+// and a unique suffix.
+func daemonID(name string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	return name + "@" + host + "-" + nuid.Next()
 }

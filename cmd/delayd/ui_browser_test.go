@@ -168,6 +168,18 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("cancelled in the console, still in Redis: %v", err)
 	}
 
+	// A dead envelope's page offers Replay and Purge, not Cancel.
+	step("find dead",
+		chromedp.Navigate(base+"#find"),
+		chromedp.WaitVisible(`#find-id-input`),
+		chromedp.SetValue(`#find-id-input`, "ui-dead"),
+		chromedp.Click(`#find-id button`),
+		chromedp.WaitVisible(`#replay-btn`),
+		chromedp.WaitVisible(`#purge-btn`))
+	if n := count(`document.querySelectorAll('#cancel-btn').length`); n != 0 {
+		t.Fatal("a dead envelope's page offers Cancel")
+	}
+
 	// 3. Dead letters: replay once the stream exists; it is delivered.
 	js := e.stream("UISTREAM", "uistream.>")
 	step("dead", chromedp.Navigate(base+"#dead"), chromedp.WaitVisible(`tr[data-id="ui-dead"]`))

@@ -193,7 +193,7 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request) {
 		tot.Dead += s.Counts.Dead
 		rows[i] = shardRow{Shard: s.Shard, Pending: s.Counts.Pending, Inflight: s.Counts.Inflight, Dead: s.Counts.Dead}
 		if s.NextDueMs >= 0 {
-			rows[i].NextDue = envelope.FormatMs(s.NextDueMs)
+			rows[i].NextDue = consoleTime(s.NextDueMs)
 		}
 		if i < len(owners) {
 			rows[i].Owner = owners[i]
@@ -251,7 +251,7 @@ func (u *UI) detail(e store.Entry) entryView {
 }
 
 func view(e store.Entry, detail bool) entryView {
-	v := entryView{ID: e.ID, State: string(e.State), Due: envelope.FormatMs(e.DueMs), Attempts: e.Attempts, Error: e.Error}
+	v := entryView{ID: e.ID, State: string(e.State), Due: consoleTime(e.DueMs), Attempts: e.Attempts, Error: e.Error}
 	env, err := envelope.Decode(e.Data)
 	if err != nil {
 		v.Target = "(undecodable)"
@@ -441,4 +441,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// consoleTime is a time as the console shows it: RFC 3339 in UTC with
+// exactly three fraction digits, so every due time in a column has one
+// width (RFC 3339 nano drops trailing zeros).
+func consoleTime(ms int64) string {
+	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z")
 }

@@ -177,3 +177,16 @@ func TestUIListPaging(t *testing.T) {
 		t.Fatalf("overview: %s", body)
 	}
 }
+
+// Due times in the console have one width: three fraction digits always.
+func TestConsoleTimeHasOneWidth(t *testing.T) {
+	for ms, want := range map[int64]string{
+		1_000:             "1970-01-01T00:00:01.000Z",
+		1_796_118_690_554: "2026-12-01T09:51:30.554Z",
+		1_796_118_690_500: "2026-12-01T09:51:30.500Z",
+	} {
+		if got := consoleTime(ms); got != want {
+			t.Errorf("consoleTime(%d) = %q, want %q", ms, got, want)
+		}
+	}
+}

@@ -107,9 +107,18 @@ function renderDetail(e) {
       ? `<div class="note" id="payload-hidden">Payload and header values are hidden (ui.show_payloads is false).</div>`
       : `<div class="note">Payload${e.hex ? " (hex)" : ""}${e.size > 512 ? ", first 512 bytes" : ""}:</div>
     <pre>${esc(e.preview)}</pre>`}
-    <button id="cancel-btn" class="danger" ${state.actions ? "" : `disabled title="${READ_ONLY}"`}>Cancel</button>
+    ${e.state === "dead"
+      ? `<button id="replay-btn" ${state.actions ? "" : `disabled title="${READ_ONLY}"`}>Replay</button>
+    <button id="purge-btn" class="danger" ${state.actions ? "" : `disabled title="${READ_ONLY}"`}>Purge</button>`
+      : `<button id="cancel-btn" class="danger" ${state.actions ? "" : `disabled title="${READ_ONLY}"`}>Cancel</button>`}
     ${state.actions ? "" : `<p class="note read-only-note">${READ_ONLY}</p>`}`;
   d.hidden = false;
+  if (e.state === "dead") {
+    // A dead envelope is replayed or purged, as on the dead-set page.
+    $("#replay-btn").onclick = () => deadAction("replay", [e.id]);
+    $("#purge-btn").onclick = () => deadAction("purge", [e.id]);
+    return;
+  }
   $("#cancel-btn").onclick = async () => {
     if (!confirm(`Cancel envelope ${e.id}? It will not be delivered.`)) return;
     try {
