@@ -247,8 +247,8 @@ func (r *mRunner) claim(o mOp) error {
 		}
 		got = append(got, cr.Items...)
 	}
-	if o.bytes > 0 && oversized != 1 {
-		return fmt.Errorf("claim with a byte budget: %d shards could go over their share, want 1", oversized)
+	if o.bytes > 0 && (oversized < 1 || oversized > maxOversize) {
+		return fmt.Errorf("claim with a byte budget: %d shards could go over their share, want 1..%d", oversized, maxOversize)
 	}
 	if len(got) > 0 {
 		d := &r.m.daemons[o.daemon]

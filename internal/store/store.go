@@ -39,9 +39,11 @@ type Store struct {
 	hint func() int
 	// seenFor is how long a shard remembers a stream message it stored.
 	seenFor time.Duration
-	// claimTurn picks the shard of a byte-bounded claim that may hand out
-	// one envelope beyond its share.
+	// claimTurn picks the first shard of a byte-bounded claim that may
+	// hand out one envelope beyond its share; claimMax is the largest
+	// value the last claim handed out.
 	claimTurn atomic.Uint64
+	claimMax  atomic.Int64
 	// wait: writes are confirmed by replicas (wait.go).
 	wait    WaitOptions
 	waiting waiting
@@ -554,9 +556,12 @@ type ClaimOptions struct {
 	Lease time.Duration
 	// Bytes bounds the stored bytes the whole claim hands out (0: no
 	// bound), split evenly over its shards; each shard hands out what fits
-	// in its share, and one shard, in turn from claim to claim, its first
-	// envelope even if that alone is larger: a claim holds at most Bytes
-	// plus one payload, and no envelope is too large to ever go out.
+	// in its share, and a few shards, in turn from claim to claim, their
+	// first envelope even if that alone is larger: as many as Bytes holds
+	// of the largest value the last claim handed out (one when unknown, at
+	// most maxOversize). So large envelopes still go out several per claim,
+	// no envelope is too large to ever go out, and a claim holds about
+	// Bytes plus one payload, at most Bytes plus maxOversize payloads.
 	Bytes int64
 }
 
@@ -570,14 +575,23 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	hint, known := s.hint(), int(markOf(s.newest))+1
 	ctx, req := s.waitCtx(ctx, "claim")
 	var share int64
-	oversize := -1
+	first, over := 0, 0 // shards first.. (wrapping) may hand out one envelope beyond their share
 	if o.Bytes > 0 && len(shards) > 0 {
 		share = max(o.Bytes/int64(len(shards)), 1)
-		oversize = int(s.claimTurn.Add(1) % uint64(len(shards)))
+		first = int(s.claimTurn.Add(1) % uint64(len(shards)))
+		// As many as the budget holds of the largest value the last claim
+		// handed out (one when unknown), at most maxOversize: envelopes
+		// larger than a shard's share still go out several per claim.
+		over = 1
+		if m := s.claimMax.Load(); m > 0 {
+			over = int(min(max(o.Bytes/m, 1), maxOversize))
+		}
+		over = min(over, len(shards))
 	}
+	oversize := func(i int) bool { return over > 0 && (i-first+len(shards))%len(shards) < over }
 	cmds, perr := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
 		over := "0"
-		if i == oversize {
+		if oversize(i) {
 			over = "1"
 		}
 		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), hint, known, share, over}
@@ -587,6 +601,7 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	}
 	out := make([]ClaimResult, 0, len(shards))
 	short := false
+	var largest int64
 	for i, cmd := range cmds {
 		raw, err := cmd.Slice()
 		if err != nil {
@@ -599,7 +614,7 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
 		}
 		r := ClaimResult{
-			Shard: shards[i], Oversize: i == oversize, NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
+			Shard: shards[i], Oversize: oversize(i), NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
 			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Unknown: int(asInt(raw[6])),
 			Items: make([]Claimed, 0, (len(raw)-head)/3), Unconfirmed: why != nil, Why: why,
 		}
@@ -612,6 +627,7 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 			v, _ := raw[j+2].(string)
 			// The script stamps values stored by older versions.
 			due, occurrence, data := splitValue(v)
+			largest = max(largest, int64(len(v)))
 			attempt, base := parseAttempt(raw[j+1])
 			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: attempt, Base: base, Occurrence: occurrence,
 				Data: data, Token: lease})
@@ -621,8 +637,16 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	if len(out) > 0 {
 		s.claimWaited(req, short)
 	}
+	if largest > 0 {
+		s.claimMax.Store(largest)
+	}
 	return out, perr
 }
+
+// maxOversize bounds the shards of one claim that may hand out an envelope
+// beyond their share of its byte budget: a claim holds at most the budget
+// plus this many payloads, even right after payloads grew.
+const maxOversize = 16
 
 // parseAttempt reads a claim's attempt: a number, or "attempt/base" for an
 // envelope replayed after base attempts.
