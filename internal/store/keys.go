@@ -58,10 +58,6 @@ func (k shardKeys) list() []string {
 	return []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen}
 }
 
-// keysPerShard is how many keys list returns: the scripts' KEYS come in
-// groups of this many.
-const keysPerShard = 8
-
 // ShardOf maps an id to its shard. FNV-1a is stable across versions and
 // languages, so the mapping never changes for stored data.
 func ShardOf(id string, shards int) int {
