@@ -41,23 +41,9 @@ import (
 // repeats a run's nemesis.
 func TestChaosSoak(t *testing.T) {
 	skipShort(t, "chaos soak")
-	dur := 60 * time.Second
-	if v := os.Getenv("DELAYD_CHAOS_DURATION"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dur = d
-	}
-	seed := uint64(time.Now().UnixNano())
-	if v := os.Getenv("DELAYD_CHAOS_SEED"); v != "" {
-		seed, _ = strconv.ParseUint(v, 10, 64)
-	}
-	t.Logf("chaos seed %d (DELAYD_CHAOS_SEED=%d reruns this nemesis), duration %s", seed, seed, dur)
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-
+	dur, seed, rng := soakParams(t)
 	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
-	stream := chaosStream(t, e)
+	stream := chaosStream(t, e.conn(), 1)
 	bin := testutil.BuildBinary(t)
 	const daemons = 3
 	c := e.cfg()
@@ -82,22 +68,12 @@ func TestChaosSoak(t *testing.T) {
 		natsProxies[i] = testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
 		start(i)
 	}
-	consumer := startChaosConsumer(t, e)
-
-	w := &chaosWorkload{acked: map[string]time.Time{}, unknown: map[string]bool{}, cancelled: map[string]time.Time{},
-		uncertain: map[string]bool{}, resent: map[string]bool{}, busy: map[string]bool{}}
+	consumer := startChaosConsumer(t, e.nats.URL())
 	nc := e.conn()
 	defer nc.Close()
 	ctx, stop := context.WithTimeout(context.Background(), dur)
 	defer stop()
-	var wg sync.WaitGroup
-	for worker := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.run(ctx, nc, rand.New(rand.NewPCG(seed+uint64(worker)+1, 7)), worker)
-		}()
-	}
+	w, wg := startChaosWorkload(ctx, nc, seed)
 
 	// The nemesis: one fault at a time, every 2-5 s, healed before the next.
 	faults := map[string]int{}
@@ -158,17 +134,7 @@ func TestChaosSoak(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	// Everything acknowledged is due within 5 s of the end: give the fleet
-	// time to deliver it, then check.
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		info, err := stream.Info(context.Background())
-		if err == nil && info.State.Msgs+uint64(len(consumer.received())) >= uint64(len(w.acked)) &&
-			time.Now().After(w.lastDue.Add(3*time.Second)) {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	w.settle(stream, consumer)
 	w.check(t, stream, consumer.received(), faults)
 	if peak := peakRSS(t, procs[0].cmd.Process.Pid); peak > 96<<20 {
 		t.Errorf("daemon 0 peaked at %d MiB RSS under its 96 MiB limit", peak>>20)
@@ -194,9 +160,9 @@ type chaosDelivery struct {
 	at               time.Time
 }
 
-func startChaosConsumer(t *testing.T, e *env) *chaosConsumer {
+func startChaosConsumer(t *testing.T, url string) *chaosConsumer {
 	t.Helper()
-	nc, err := nats.Connect(e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(3*time.Second), nats.ReconnectJitter(0, 0))
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(3*time.Second), nats.ReconnectJitter(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,23 +206,75 @@ func (c *chaosConsumer) received() []chaosDelivery {
 	return slices.Clone(c.got)
 }
 
-// chaosStream is the stream deliveries land in. Its duplicate window is
-// the server's minimum, so the check sees redeliveries instead of JetStream
-// dropping them.
-func chaosStream(t *testing.T, e *env) jetstream.Stream {
+// chaosStream is the stream deliveries land in, with the given replicas,
+// on nc (closed with the test). Its duplicate window is the server's
+// minimum, so the check sees redeliveries instead of JetStream dropping
+// them.
+func chaosStream(t *testing.T, nc *nats.Conn, replicas int) jetstream.Stream {
 	t.Helper()
-	nc := e.conn()
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CHAOS", Subjects: []string{"chaos.>"},
-		Duplicates: 100 * time.Millisecond, Storage: jetstream.FileStorage})
+		Duplicates: 100 * time.Millisecond, Storage: jetstream.FileStorage, Replicas: replicas})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// soakParams reads a soak's duration (60 s, or DELAYD_CHAOS_DURATION) and
+// its nemesis seed (random, or DELAYD_CHAOS_SEED), and logs both.
+func soakParams(t *testing.T) (time.Duration, uint64, *rand.Rand) {
+	t.Helper()
+	dur := 60 * time.Second
+	if v := os.Getenv("DELAYD_CHAOS_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dur = d
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("DELAYD_CHAOS_SEED"); v != "" {
+		seed, _ = strconv.ParseUint(v, 10, 64)
+	}
+	t.Logf("chaos seed %d (DELAYD_CHAOS_SEED=%d reruns this nemesis), duration %s", seed, seed, dur)
+	return dur, seed, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// startChaosWorkload runs four workers on nc until ctx ends.
+func startChaosWorkload(ctx context.Context, nc *nats.Conn, seed uint64) (*chaosWorkload, *sync.WaitGroup) {
+	w := &chaosWorkload{acked: map[string]time.Time{}, unknown: map[string]bool{}, cancelled: map[string]time.Time{},
+		uncertain: map[string]bool{}, resent: map[string]bool{}, busy: map[string]bool{}}
+	var wg sync.WaitGroup
+	for worker := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(ctx, nc, rand.New(rand.NewPCG(seed+uint64(worker)+1, 7)), worker)
+		}()
+	}
+	return w, &wg
+}
+
+// settle waits, after the workload stopped, until everything acknowledged
+// could have arrived: it is all due within 5 s of the end.
+func (w *chaosWorkload) settle(stream jetstream.Stream, consumer *chaosConsumer) {
+	w.mu.Lock()
+	acked, lastDue := len(w.acked), w.lastDue
+	w.mu.Unlock()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		info, err := stream.Info(context.Background())
+		if err == nil && info.State.Msgs+uint64(len(consumer.received())) >= uint64(acked) &&
+			time.Now().After(lastDue.Add(3*time.Second)) {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 type chaosWorkload struct {
@@ -271,6 +289,10 @@ type chaosWorkload struct {
 	busy      map[string]bool // a request for it is being sent or retried
 	lastDue   time.Time
 	replaced  int
+	// repeatOK allows a duplicate with the same attempt number: the one
+	// documented case, a failover that loses a claim whose wait for the
+	// replicas fell short (the replica lagged) after it was published.
+	repeatOK bool
 }
 
 // run sends schedules (new and replacing) and cancels until ctx ends.
@@ -399,7 +421,7 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 		attempts []int
 	}
 	got := map[string]*seen{}
-	dupRedelivery, dupResent := 0, 0
+	dupRedelivery, dupResent, dupRepeat := 0, 0, 0
 	var lateness []time.Duration
 	all := core
 	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
@@ -437,6 +459,8 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 				dupRedelivery++
 			case w.resent[id] || w.uncertain[id] || w.unknown[id]:
 				dupResent++
+			case w.repeatOK:
+				dupRepeat++
 			default:
 				t.Errorf("%s: duplicate with attempt %d after attempts %v", id, attempt, s.attempts)
 			}
@@ -460,9 +484,10 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 		total += n
 	}
 	t.Logf("chaos: %d acknowledged (%d replaced, %d cancelled, %d unknown outcomes, %d uncertain), %d delivered; "+
-		"faults %d %v; lost %d; duplicates: %d redeliveries with a higher attempt, %d after a resent request; lateness p50 %s p99 %s",
+		"faults %d %v; lost %d; duplicates: %d redeliveries with a higher attempt, %d after a resent request, "+
+		"%d with the same attempt after a failover with a lagging replica; lateness p50 %s p99 %s",
 		len(w.acked), w.replaced, len(w.cancelled), len(w.unknown), len(w.uncertain), len(got), total, faults, lost,
-		dupRedelivery, dupResent, p50, p99)
+		dupRedelivery, dupResent, dupRepeat, p50, p99)
 }
 
 func sleepCtxT(ctx context.Context, d time.Duration) bool {

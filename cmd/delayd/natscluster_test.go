@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,13 +32,7 @@ func newClusterEnv(t *testing.T) *clusterEnv {
 // connTo connects to node i first, with the others to fail over to.
 func (e *clusterEnv) connTo(i int) *nats.Conn {
 	e.t.Helper()
-	urls := []string{e.nodes[i].URL()}
-	for j, n := range e.nodes {
-		if j != i {
-			urls = append(urls, n.URL())
-		}
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(e.urlsFrom(i), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		e.t.Fatal(err)
 	}

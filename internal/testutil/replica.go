@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // StartReplica starts a redis-server replicating master (--replicaof) and
@@ -40,17 +42,25 @@ func FastReplication(t testing.TB, master *Redis) {
 func WaitReplicas(t testing.TB, master *Redis, n int, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
-	c := master.Client()
 	for {
-		info, _ := c.Info(context.Background(), "replication").Result()
-		if caughtUp(info) >= n {
+		if CaughtUpReplicas(master) >= n {
 			return
 		}
 		if time.Now().After(deadline) {
+			info, _ := master.Client().Info(context.Background(), "replication").Result()
 			t.Fatalf("redis %s: %d replicas caught up not reached in %s:\n%s", master.Addr, n, d, info)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// CaughtUpReplicas counts master's online replicas that have acknowledged
+// all it wrote (0 when master does not answer).
+func CaughtUpReplicas(master *Redis) int {
+	c := redis.NewClient(&redis.Options{Addr: master.Addr, TLSConfig: master.tls})
+	defer c.Close()
+	info, _ := c.Info(context.Background(), "replication").Result()
+	return caughtUp(info)
 }
 
 // caughtUp counts the online replicas in INFO replication whose
