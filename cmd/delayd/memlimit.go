@@ -29,11 +29,26 @@ func setMemoryLimit(log hclog.Logger) {
 }
 
 // intakeBytes is intake.pending_bytes, derived from the Go memory limit
-// when it is 0: a sixteenth of it, or 32 MiB without one.
+// when it is 0 (derivedIntakeBytes).
 func intakeBytes(c config.Config) int64 {
 	if c.Intake.PendingBytes > 0 {
 		return c.Intake.PendingBytes
 	}
+	return derivedIntakeBytes()
+}
+
+// streamBytes is intake.stream.pull_bytes, derived like intake.pending_bytes
+// when it is 0.
+func streamBytes(c config.Config) int64 {
+	if c.Intake.Stream.PullBytes > 0 {
+		return c.Intake.Stream.PullBytes
+	}
+	return derivedIntakeBytes()
+}
+
+// derivedIntakeBytes is a sixteenth of the Go memory limit (at least 1 MiB,
+// at most 32 MiB), or 32 MiB without one.
+func derivedIntakeBytes() int64 {
 	limit := debug.SetMemoryLimit(-1)
 	if limit <= 0 || limit == math.MaxInt64 {
 		return 32 << 20

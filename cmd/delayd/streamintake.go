@@ -24,7 +24,7 @@ func streamIntake(c config.Config, auth bridge.Auth, st *store.Store, w bridge.W
 	s := c.Intake.Stream
 	return bridge.NewStreamIntake(nc, st, w, m, bridge.StreamOptions{
 		Subject: c.Subject, Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas,
-		MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, AckWait: s.AckWait, RetryDelay: s.RetryDelay,
+		MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
 		Batch: c.Intake.Batch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: o.now,
 	}, log.Named("stream")), nil
 }

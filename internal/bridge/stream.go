@@ -45,8 +45,13 @@ type StreamOptions struct {
 	MaxAge   time.Duration
 	MaxBytes int64
 	// Pull is how many messages this daemon keeps requested.
-	Pull    int
-	AckWait time.Duration
+	Pull int
+	// PullBytes bounds the bytes of stream messages the NATS client
+	// buffers for this daemon, and again those it holds taken and not yet
+	// acknowledged (0: only Pull bounds them). It is raised to the largest
+	// valid envelope, so that one always fits.
+	PullBytes int64
+	AckWait   time.Duration
 	// RetryDelay is the Nak delay of a message Redis did not store.
 	RetryDelay time.Duration
 	// Batch bounds one Redis pipeline.
@@ -56,6 +61,15 @@ type StreamOptions struct {
 	Policy       envelope.Policy
 	JetStream    []string
 	Now          func() time.Time
+}
+
+// pullSize is how much the consumer keeps requested: Pull messages, and
+// at most PullBytes of them when that is set.
+func (s *StreamIntake) pullSize() jetstream.PullConsumeOpt {
+	if s.opt.PullBytes > 0 {
+		return jetstream.PullMaxMessagesWithBytesLimit(s.opt.Pull, int(s.opt.PullBytes))
+	}
+	return jetstream.PullMaxMessages(s.opt.Pull)
 }
 
 // IntakeSubject is the subject publishers publish durable envelopes to
@@ -79,6 +93,7 @@ type StreamIntake struct {
 	opt   StreamOptions
 	log   hclog.Logger
 	queue chan streamItem
+	held  *heldBytes // taken from the stream, not yet settled
 	check validator
 	// idPrefix makes the id of an envelope without Delayd-Id from the
 	// stream's creation time and the message's sequence: the same on
@@ -88,13 +103,23 @@ type StreamIntake struct {
 }
 
 type streamItem struct {
-	msg  jetstream.Msg
-	item store.Item
+	msg   jetstream.Msg
+	item  store.Item
+	bytes int64 // held until the message is settled
 }
 
+// nopStreamObserver is the observer of a stream intake built without one.
+type nopStreamObserver struct{}
+
+func (nopStreamObserver) StreamIntake(string, int) {}
+func (nopStreamObserver) RedisError(string)        {}
+
 // NewStreamIntake builds the stream intake on its own connection nc, which
-// it closes when it stops.
+// it closes when it stops. A nil obs counts nothing.
 func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver, opt StreamOptions, log hclog.Logger) *StreamIntake {
+	if obs == nil {
+		obs = nopStreamObserver{}
+	}
 	if opt.StoreTimeout == 0 {
 		opt.StoreTimeout = 5 * time.Second
 	}
@@ -107,8 +132,12 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 	if opt.Pull < 1 {
 		opt.Pull = 1024
 	}
+	if fit := int64(opt.Limits.MaxPayload+opt.Limits.MaxHeaderBytes) + 4<<10; opt.PullBytes > 0 && opt.PullBytes < fit {
+		// A pull's byte bound below one message would stall the consumer.
+		opt.PullBytes = fit
+	}
 	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan streamItem, 2*opt.Pull),
+		queue: make(chan streamItem, 2*opt.Pull), held: newHeldBytes(opt.PullBytes),
 		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now}}
 }
 
@@ -129,7 +158,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 	drained := pipeline(s.queue, s.opt.Batch, 0, s.flush)
 	for {
 		lost := make(chan error, 1)
-		cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(s.opt.Pull),
+		cc, err := cons.Consume(s.handle, s.pullSize(),
 			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 				// Deleted while connected (409, 404), or while away: then the
 				// pulls after the reconnect find no responder. Setting up

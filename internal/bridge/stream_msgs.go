@@ -45,7 +45,11 @@ func (s *StreamIntake) handle(m jetstream.Msg) {
 	if meta, err := m.Metadata(); err == nil {
 		it.StreamMsg = strconv.FormatUint(meta.Sequence.Stream, 10) + "@" + strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
 	}
-	s.queue <- streamItem{msg: m, item: it}
+	// Wait while the messages taken and not yet settled hold PullBytes: a
+	// burst of large payloads then waits in the stream, not in memory.
+	n := requestBytes(m.Data(), m.Headers())
+	s.held.acquire(n)
+	s.queue <- streamItem{msg: m, item: it, bytes: n}
 }
 
 // intakeHeaders drops the headers that were addressed to the intake
@@ -133,6 +137,7 @@ func (s *StreamIntake) flush(batch []streamItem) {
 	stored, failed, again := 0, 0, 0
 	var firstErr error
 	for i, b := range batch {
+		s.held.release(b.bytes)
 		if errs[i] != nil {
 			if errors.Is(errs[i], store.ErrNotReplicated) && due[i] > 0 {
 				// On the master and due there; the message comes again and
@@ -162,9 +167,7 @@ func (s *StreamIntake) flush(batch []streamItem) {
 	}
 	if failed > 0 {
 		s.log.Error("storing stream envelopes failed; they stay in the stream", "count", failed, "error", firstErr)
-		if s.obs != nil {
-			s.obs.RedisError("schedule")
-		}
+		s.obs.RedisError("schedule")
 		s.count("unavailable", failed)
 	}
 	if again > 0 {
@@ -177,7 +180,5 @@ func (s *StreamIntake) flush(batch []streamItem) {
 }
 
 func (s *StreamIntake) count(result string, n int) {
-	if s.obs != nil {
-		s.obs.StreamIntake(result, n)
-	}
+	s.obs.StreamIntake(result, n)
 }

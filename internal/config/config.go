@@ -214,6 +214,13 @@ type Stream struct {
 	MaxBytes int64         `koanf:"max_bytes"`
 	// Pull is how many messages a daemon keeps requested from the stream.
 	Pull int `koanf:"pull"`
+	// PullBytes bounds the bytes of stream messages the NATS client
+	// buffers for a daemon, and again those it holds taken and not yet
+	// acknowledged, so a burst of large envelopes waits in the stream
+	// instead of in memory. Raised to one largest envelope. 0 derives it
+	// like intake.pending_bytes: 32 MiB, or a sixteenth of the Go memory
+	// limit.
+	PullBytes int64 `koanf:"pull_bytes"`
 	// AckWait: a message taken and not acknowledged within it (its daemon
 	// died) is delivered again, to any daemon.
 	AckWait time.Duration `koanf:"ack_wait"`
@@ -505,6 +512,9 @@ func (c Config) validateStream(bad func(key, format string, args ...any)) {
 	}
 	if s.Pull < 1 || s.Pull > 65536 {
 		bad("intake.stream.pull", "must be 1..65536, got %d", s.Pull)
+	}
+	if s.PullBytes < 0 {
+		bad("intake.stream.pull_bytes", "must be 0 (derived from the memory limit) or positive, got %d", s.PullBytes)
 	}
 	if s.AckWait < time.Second {
 		bad("intake.stream.ack_wait", "must be at least 1s, got %s", s.AckWait)

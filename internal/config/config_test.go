@@ -145,12 +145,12 @@ func TestValidateBoundsTimeLimits(t *testing.T) {
 func TestValidateStream(t *testing.T) {
 	c := Default()
 	c.Intake.Stream = Stream{Enabled: "yes", Name: "DELAYD.INTAKE", Replicas: 7, MaxAge: -time.Second,
-		MaxBytes: -1, Pull: 0, AckWait: time.Millisecond, RetryDelay: 0}
+		MaxBytes: -1, Pull: 0, PullBytes: -1, AckWait: time.Millisecond, RetryDelay: 0}
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("want errors")
 	}
-	for _, key := range []string{"enabled", "name", "replicas", "max_age", "max_bytes", "pull", "ack_wait", "retry_delay"} {
+	for _, key := range []string{"enabled", "name", "replicas", "max_age", "max_bytes", "pull", "pull_bytes", "ack_wait", "retry_delay"} {
 		if !strings.Contains(err.Error(), "intake.stream."+key+":") {
 			t.Errorf("error does not name intake.stream.%s: %v", key, err)
 		}
