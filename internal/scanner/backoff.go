@@ -63,13 +63,14 @@ func (o Options) noInterestTries() int {
 type rateLog struct {
 	mu         sync.Mutex
 	every      time.Duration
+	now        func() time.Time // the local clock
 	last       time.Time
 	suppressed int
 }
 
 func (r *rateLog) warn(log hclog.Logger, msg string, args ...any) {
 	r.mu.Lock()
-	now := time.Now()
+	now := r.now()
 	if !r.last.IsZero() && now.Sub(r.last) < r.every {
 		r.suppressed++
 		r.mu.Unlock()

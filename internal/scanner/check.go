@@ -31,10 +31,18 @@ type Checker struct {
 	log      hclog.Logger
 }
 
-// NewChecker checks one owned shard every interval.
+// NewChecker checks one owned shard every interval. A nil obs counts
+// nothing.
 func NewChecker(st CheckStore, sc *Scanner, obs CheckObserver, interval time.Duration, log hclog.Logger) *Checker {
+	if obs == nil {
+		obs = nopCheckObserver{}
+	}
 	return &Checker{st: st, sc: sc, obs: obs, interval: interval, log: log}
 }
+
+type nopCheckObserver struct{}
+
+func (nopCheckObserver) Inconsistent(string, int) {}
 
 // checkPause between pages keeps the check's share of Redis small.
 const checkPause = 20 * time.Millisecond
@@ -64,9 +72,7 @@ func (c *Checker) Run(ctx context.Context) error {
 			continue
 		}
 		for _, kind := range store.Kinds(found) {
-			if c.obs != nil {
-				c.obs.Inconsistent(kind, found[kind])
-			}
+			c.obs.Inconsistent(kind, found[kind])
 			c.log.Warn("inconsistent data found; run delayd doctor --repair", "shard", shard, "kind", kind, "count", found[kind])
 		}
 	}

@@ -30,7 +30,7 @@ func (s *Scanner) claimUnconfirmed(res []store.ClaimResult) {
 	if why == nil {
 		return
 	}
-	if now := time.Now(); now.Sub(s.short.last) >= failLogEvery {
+	if now := s.opt.Now(); now.Sub(s.short.last) >= failLogEvery {
 		s.log.Warn("claims not confirmed by the Redis replicas redis.wait_replicas asks for: delivering anyway "+
 			"(a failover now may repeat these deliveries with the same attempt number)", "envelopes", s.short.n, "error", why)
 		s.short.last, s.short.n = now, 0

@@ -1,0 +1,108 @@
+package scanner
+
+// The ack stage: settles of published batches are written in one pipeline,
+// and shards with envelopes due again are planned for them.
+
+import (
+	"context"
+	"time"
+
+	"github.com/delayd/delayd/internal/store"
+)
+
+// ackStage settles published batches, merging those that queued up into one
+// pipeline.
+func (s *Scanner) ackStage(ctx context.Context, in <-chan map[int][]store.Settle) {
+	for settles := range in {
+		settles = drain(settles, in, func(a, b map[int][]store.Settle) map[int][]store.Settle {
+			for sh, v := range b {
+				a[sh] = append(a[sh], v...)
+			}
+			return a
+		})
+		s.ack(ctx, settles)
+	}
+}
+
+// drain merges into first every batch already waiting in in, without
+// blocking, so a stage that fell behind catches up in one round trip.
+func drain[T any](first T, in <-chan T, merge func(T, T) T) T {
+	for {
+		select {
+		case more, ok := <-in:
+			if !ok {
+				return first
+			}
+			first = merge(first, more)
+		default:
+			return first
+		}
+	}
+}
+
+// ack writes one merged batch of settles, trying twice; then it plans the
+// shards of released envelopes and next occurrences for when they are due.
+func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease)
+	defer cancel()
+	// Released envelopes are due again after their retry delay: plan their
+	// shards' next claim for the earliest, as for a new envelope.
+	again := map[int]time.Duration{} // shard → earliest retry delay
+	nexts := map[int]int64{}         // shard → earliest next occurrence
+	for sh, v := range settles {
+		for _, st := range v {
+			if st.Outcome == store.Retry || st.Outcome == store.Postpone {
+				d := st.RetryDelay
+				if d <= 0 {
+					d = s.opt.RetryBackoff // the store's default for the call
+				}
+				if cur, ok := again[sh]; !ok || d < cur {
+					again[sh] = d
+				}
+			}
+			if st.Outcome == store.Next && (nexts[sh] == 0 || st.NextDueMs < nexts[sh]) {
+				nexts[sh] = st.NextDueMs
+			}
+		}
+	}
+	for try := 0; ; try++ {
+		a, err := s.store.Ack(actx, settles, s.opt.RetryBackoff)
+		// Counted as the store confirms: a stale settle (replaced,
+		// cancelled or re-claimed meanwhile) buries nothing.
+		if a.Buried > 0 {
+			s.obs.Dead(a.Buried)
+		}
+		nowMs := a.NowMs
+		if err == nil {
+			for sh, d := range again {
+				s.WakeLocal(sh, nowMs+d.Milliseconds())
+			}
+			for sh, due := range nexts {
+				s.WakeLocal(sh, due)
+			}
+			return
+		}
+		s.obs.RedisError("ack")
+		if try == 1 || actx.Err() != nil {
+			// The leases expire and the envelopes are delivered again:
+			// a duplicate, never a loss.
+			n := 0
+			for _, v := range settles {
+				n += len(v)
+			}
+			s.log.Error("ack failed, envelopes will be redelivered after their lease", "count", n, "error", err)
+			return
+		}
+		sleepCtx(actx, time.Duration(try+1)*50*time.Millisecond)
+	}
+}
+
+// sleepCtx sleeps for d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,238 @@
+package scanner
+
+// The publish stage: claimed envelopes go out, and each publish result
+// becomes the settle the ack stage writes (outcome).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+)
+
+// stageDepth is how many batches may wait between stages. Claimed
+// envelopes wait there under their lease, so it stays small.
+const stageDepth = 4
+
+// publishWorkers is how many batches may be publishing at once. One would
+// do for core NATS, whose confirmation is a flush round trip; but a
+// JetStream target whose PubAcks are slow would hold every batch behind it,
+// and a batch that waits spends its publish deadline (half the lease from
+// its claim) waiting: it would fail, and fail again, though every publish
+// it sends is acknowledged in time.
+const publishWorkers = 4
+
+// maxOccurrence is the largest occurrence number the store keeps.
+const maxOccurrence = 1<<32 - 1
+
+// errStale: a batch waited so long for the publish stage that too little of
+// its lease was left to publish safely. Nothing was sent.
+var errStale = fmt.Errorf("claimed too long ago to publish within its lease: %w", ErrUnreachable)
+
+var errLeaseExpired = errors.New("lease expired without an ack on every attempt (daemon crashed or stalled)")
+
+// publishStage publishes claimed batches, merging those that queued up into
+// one flush, and passes the outcome to the ack stage: ack when published,
+// release for a retry when not. Up to publishWorkers batches publish at
+// once. On shutdown it finishes what was claimed.
+func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out chan<- map[int][]store.Settle) {
+	var wg sync.WaitGroup
+	busy := make(chan struct{}, publishWorkers)
+	for items := range in {
+		busy <- struct{}{}
+		// Merged after a worker freed up: what queued meanwhile goes out
+		// in this one flush.
+		items = drain(items, in, func(a, b []claimed) []claimed { return append(a, b...) })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			settles := s.publish(ctx, items)
+			// The payloads are published (or given back): only ids and
+			// tokens go on to the ack.
+			s.budget.release(bytesOf(items))
+			out <- settles
+			<-busy
+		}()
+	}
+	wg.Wait()
+}
+
+func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.Settle {
+	// A publish must end well inside its lease: once the lease expires,
+	// another claim may deliver the envelope again, and a publish still
+	// going on then would be a duplicate under the same attempt. So each
+	// batch gets half the lease from its claim, and envelopes that waited
+	// longer than that are given back unsent.
+	deadline := time.Time{}
+	for _, c := range items {
+		if d := c.at.Add(s.opt.Lease / 2); deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	}
+	// As a timeout from Options.Now, which c.at was read from.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deadline.Sub(s.opt.Now()))
+	defer cancel()
+	ds := make([]envelope.Delivery, 0, len(items))
+	from := make([]claimed, 0, len(items)) // from[i] was decoded into ds[i]
+	settles := make(map[int][]store.Settle)
+	var dead []envelope.Delivery // with the error in Delayd-Error
+	settle := func(c claimed, d *envelope.Delivery, fail error) {
+		st, letter := s.outcome(c, d, fail)
+		settles[c.shard] = append(settles[c.shard], st)
+		if letter != nil {
+			dead = append(dead, *letter)
+		}
+	}
+	for _, c := range items {
+		e, err := envelope.Decode(c.Data)
+		if err != nil {
+			// Keep it rather than drop it: it retries until max attempts and
+			// then sits in the dead set for inspection.
+			s.log.Error("stored envelope cannot be decoded", "id", c.ID, "shard", c.shard, "error", err)
+			settle(c, nil, err)
+			continue
+		}
+		d := envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Occurrence: c.Occurrence, Envelope: e}
+		switch {
+		case c.Attempt-c.Base > s.maxTries:
+			// Claimed again after its leases expired without an ack: its
+			// daemons died or stalled while delivering it. (Base: the
+			// attempts before a replay, which granted a fresh budget.) The
+			// longer budget of deliveries that found no subscriber, since
+			// tries past MaxAttempts are expected then.
+			settle(c, &d, errLeaseExpired)
+		case dctx.Err() != nil:
+			settle(c, &d, errStale)
+		default:
+			ds = append(ds, d)
+			from = append(from, c)
+		}
+	}
+	var errs []error
+	if len(ds) > 0 {
+		errs = s.pub.Publish(dctx, ds)
+	}
+	for i, c := range from {
+		s.obs.Delivered(ds[i], errs[i])
+		settle(c, &ds[i], errs[i])
+	}
+	// Dead letters get their own deadline: the batch's may be spent, and
+	// the envelopes are safely in the dead set whatever happens here.
+	lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease/2)
+	defer lcancel()
+	s.publishDead(lctx, dead)
+	return settles
+}
+
+// outcome maps a claimed envelope and the result of its publish (fail, nil
+// when it was published) to the settle the ack stage writes, and, when it
+// goes to the dead set and dead letters are published (DeadSubject), to
+// its dead letter. d is the decoded delivery, nil when the stored value
+// could not be decoded.
+func (s *Scanner) outcome(c claimed, d *envelope.Delivery, fail error) (store.Settle, *envelope.Delivery) {
+	st := store.Settle{ID: c.ID, Token: c.Token, Outcome: store.Delivered}
+	switch {
+	case fail == nil && d != nil && d.Series != nil:
+		s.nextOccurrence(&st, *d)
+	case errors.Is(fail, ErrUnreachable):
+		st.Outcome, st.Error = store.Postpone, fail.Error()
+		s.log.Debug("not sent, delivery postponed", "id", c.ID, "error", fail)
+	case fail != nil:
+		st.Outcome, st.Error = store.Retry, fail.Error()
+		try, last := c.Attempt-c.Base, s.opt.MaxAttempts
+		noInterest := d != nil && errors.Is(fail, ErrNoInterest)
+		if noInterest {
+			last = s.noInterestTries
+		}
+		if try >= last {
+			st.Outcome = store.Bury
+			target := ""
+			var letter *envelope.Delivery
+			if d != nil {
+				target = d.Target
+				if s.opt.DeadSubject != "" {
+					dl := deadLetter(*d, s.opt.DeadSubject, fail)
+					letter = &dl
+				}
+			}
+			s.log.Warn("envelope moved to the dead set", "id", c.ID, "target", target, "attempts", c.Attempt, "error", fail)
+			return st, letter
+		}
+		st.RetryDelay = s.opt.retryDelay(try)
+		s.obs.Redelivered("retry", 1)
+		if noInterest {
+			s.log.Debug("delivery reached no subscriber, will retry", "id", c.ID, "attempt", c.Attempt, "retry_in", st.RetryDelay)
+			s.noInterestLog.warn(s.log, "core NATS delivery reached no subscriber, will retry with backoff",
+				"id", c.ID, "target", d.Target, "attempt", c.Attempt, "retry_in", st.RetryDelay)
+		} else {
+			s.log.Warn("delivery failed, will retry", "id", c.ID, "attempt", c.Attempt, "retry_in", st.RetryDelay, "error", fail)
+		}
+	}
+	return st, nil
+}
+
+// nextOccurrence turns the ack of a delivered occurrence of a series into
+// the move to its next one, which the ack script writes in the same step:
+// a crash before the ack delivers this occurrence again (a higher attempt),
+// never skips or doubles the next. "Now" is Redis time, as for due times;
+// with the default catch-up, an occurrence delivered after an outage is
+// followed by the first one after now, not by every one missed. A series
+// without a next occurrence (its count or until reached) is deleted.
+func (s *Scanner) nextOccurrence(st *store.Settle, d envelope.Delivery) {
+	now := s.clock.nowMs()
+	if now == 0 {
+		now = s.opt.Now().UnixMilli()
+	}
+	occurrence := max(d.Occurrence, 1)
+	next, ok := d.Series.Next(d.Due, time.UnixMilli(now), occurrence)
+	// The store keeps occurrence numbers in 4 bytes: a series ends at the
+	// last one it can number (136 years of a 1 s period).
+	if !ok || !next.Before(envelope.MaxDue) || occurrence >= maxOccurrence {
+		s.log.Debug("series finished", "id", d.ID, "occurrences", occurrence)
+		return
+	}
+	st.Outcome, st.NextDueMs = store.Next, ceilMs(next)
+}
+
+// ceilMs is t in whole ms, rounded up: the store's due times are ms, and
+// never early.
+func ceilMs(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if t.After(time.UnixMilli(ms)) {
+		ms++
+	}
+	return ms
+}
+
+// deadLetter is the copy of a dead envelope published to
+// <prefix>.<target>, with the last error in Delayd-Error.
+func deadLetter(d envelope.Delivery, prefix string, fail error) envelope.Delivery {
+	h := make(map[string][]string, len(d.Header)+1)
+	for k, v := range d.Header {
+		// Nats-* headers an operator let through (headers.allow_nats) were
+		// meant for the target's stream, not for the dead-letter subject.
+		if !envelope.IsNATSHeader(k) {
+			h[k] = v
+		}
+	}
+	h[envelope.HeaderError] = []string{fail.Error()}
+	d.Header, d.Target = h, prefix+"."+d.Target
+	return d
+}
+
+// publishDead tells whoever listens on <DeadSubject>.<target> about dead
+// envelopes. It is best effort: the dead set in Redis is the record.
+func (s *Scanner) publishDead(ctx context.Context, dead []envelope.Delivery) {
+	if s.opt.DeadSubject == "" || len(dead) == 0 {
+		return
+	}
+	for i, err := range s.pub.Publish(ctx, dead) {
+		if err != nil {
+			s.log.Warn("publishing dead letter failed; it stays in the dead set", "id", dead[i].ID, "subject", dead[i].Target, "error", err)
+		}
+	}
+}
