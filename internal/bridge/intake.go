@@ -66,7 +66,8 @@ type IntakeOptions struct {
 	// deliveries carry a Nats-Msg-Id, which counts against max_payload).
 	JetStream []string
 	// Now is the local clock, used only for the coarse limit checks on
-	// Delayd-At; due times are Redis time. Injected so tests can skew it.
+	// Delayd-At and to time a request from receipt to reply; due times are
+	// Redis time. Injected so tests can skew it.
 	Now func() time.Time
 	// PendingBytes bounds the bytes of schedule requests taken but not yet
 	// answered, and of those waiting in the NATS client for the handler
@@ -115,9 +116,21 @@ type pending struct {
 	bytes int64     // held until answered
 }
 
+// nopIntakeObserver is the observer of an intake built without one.
+type nopIntakeObserver struct{}
+
+func (nopIntakeObserver) Received(int)            {}
+func (nopIntakeObserver) Replied(time.Duration)   {}
+func (nopIntakeObserver) Cancelled(string)        {}
+func (nopIntakeObserver) Redelivered(string, int) {}
+func (nopIntakeObserver) RedisError(string)       {}
+
 // NewIntake builds the service on its own connection nc, which it closes
-// when it stops.
+// when it stops. A nil obs counts nothing.
 func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObserver, opt IntakeOptions, log hclog.Logger) *Intake {
+	if obs == nil {
+		obs = nopIntakeObserver{}
+	}
 	if opt.StoreTimeout == 0 {
 		opt.StoreTimeout = 5 * time.Second
 	}
@@ -204,7 +217,7 @@ func (in *Intake) flush(batch []pending) {
 	// cancelled, and a late write would overtake that.
 	fresh := batch[:0]
 	for _, p := range batch {
-		if time.Since(p.start) > in.opt.StoreTimeout {
+		if in.opt.Now().Sub(p.start) > in.opt.StoreTimeout {
 			in.count(envelope.CodeUnavailable)
 			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable: waited too long for Redis, nothing stored")
 			in.replied(p.start)
@@ -280,7 +293,7 @@ func (in *Intake) notReplicated(err error) {
 }
 
 func (in *Intake) handleSchedule(req micro.Request) {
-	start := time.Now()
+	start := in.opt.Now()
 	it, err := in.check.item(req.Headers(), req.Data(), func() (string, error) { return nuid.Next(), nil })
 	if err != nil {
 		in.count(envelope.CodeOf(err))
@@ -399,25 +412,17 @@ func (l *lateErrors) stats() map[string]any {
 }
 
 func (in *Intake) redisError(op string) {
-	if in.obs != nil {
-		in.obs.RedisError(op)
-	}
+	in.obs.RedisError(op)
 }
 
 func (in *Intake) replied(start time.Time) {
-	if in.obs != nil {
-		in.obs.Replied(time.Since(start))
-	}
+	in.obs.Replied(in.opt.Now().Sub(start))
 }
 
 func (in *Intake) cancelled(result string) {
-	if in.obs != nil {
-		in.obs.Cancelled(result)
-	}
+	in.obs.Cancelled(result)
 }
 
 func (in *Intake) count(code int) {
-	if in.obs != nil {
-		in.obs.Received(code)
-	}
+	in.obs.Received(code)
 }
