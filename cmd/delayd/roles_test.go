@@ -19,40 +19,41 @@ import (
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-// readmePermissions returns the NATS authorization block the README
+// docPermissions returns the NATS authorization block docs/security.md
 // documents, so that the test runs exactly what users copy.
-func readmePermissions(t *testing.T) string {
+func docPermissions(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "security.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, rest, ok := strings.Cut(string(b), "<!-- permissions:begin")
 	block, _, ok2 := strings.Cut(rest, "<!-- permissions:end -->")
 	if !ok || !ok2 {
-		t.Fatal("README has no permissions block")
+		t.Fatal("docs/security.md has no permissions block")
 	}
 	_, block, _ = strings.Cut(block, "```\n")
 	block, _, _ = strings.Cut(block, "```")
 	return block
 }
 
-// TestPermissionBlocks runs a real nats-server with the README's three
-// users. The publisher can schedule and cancel but cannot read, replay,
-// purge or send wake-ups; the operator can inspect and repair with the CLI
-// and find the service as `nats micro ls` does; the daemon delivers.
+// TestPermissionBlocks runs a real nats-server with the users of the
+// permission block in docs/security.md. The publisher can schedule and
+// cancel but cannot read, replay, purge or send wake-ups; the operator can
+// inspect and repair with the CLI and find the service as `nats micro ls`
+// does; the daemon delivers.
 func TestPermissionBlocks(t *testing.T) {
 	dir := t.TempDir()
 	port := testutil.FreePort(t)
 	conf := fmt.Sprintf("PUBLISHER_PASSWORD: pub-pw\nOPERATOR_PASSWORD: op-pw\nCONSUMER_PASSWORD: con-pw\nDELAYD_PASSWORD: delayd-pw\n"+
-		"listen: 127.0.0.1:%d\njetstream { store_dir: %q }\n%s", port, filepath.Join(dir, "js"), readmePermissions(t))
+		"listen: 127.0.0.1:%d\njetstream { store_dir: %q }\n%s", port, filepath.Join(dir, "js"), docPermissions(t))
 	path := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(path)
 	if err != nil {
-		t.Fatalf("README permissions do not load: %v\n%s", err, conf)
+		t.Fatalf("docs/security.md permissions do not load: %v\n%s", err, conf)
 	}
 	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
 		opts.NoLog, opts.NoSigs = o.NoLog, true
