@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nuid"
 )
 
-// The request headers of a schedule (see the README's Protocol section).
+// The request headers of a schedule (see docs/protocol.md).
 const (
 	headerTarget   = "Delayd-Target"
 	headerAt       = "Delayd-At"

@@ -1,5 +1,5 @@
 // Package deploy holds deployment artifacts; this test keeps the
-// Kubernetes manifests honest about what the README promises.
+// Kubernetes manifests honest about what docs/operations.md promises.
 package deploy
 
 import (

@@ -341,7 +341,7 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 	}
 }
 
-// The README's ACL refuses INFO (@dangerous): the start-up check of the
+// The Redis ACL of docs/security.md refuses INFO (@dangerous): the start-up check of the
 // wait settings must still refuse wait_local_fsync on a Redis without
 // WAITAOF, not start with a warning that it could not check.
 func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
@@ -362,6 +362,6 @@ func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
 	defer cancel()
 	err := daemon(ctx, c, hclog.NewNullLogger())
 	if err == nil || !strings.Contains(err.Error(), "WAITAOF") {
-		t.Fatalf("want a refusal naming WAITAOF under the README's ACL, got %v", err)
+		t.Fatalf("want a refusal naming WAITAOF under the ACL of docs/security.md, got %v", err)
 	}
 }

@@ -1,6 +1,6 @@
 // Schedule, receive and cancel a delayed message through delayd with the
 // official nats client, and show an error reply. Exits non-zero on the first
-// thing that does not match the protocol (README.md, "Protocol").
+// thing that does not match the protocol (docs/protocol.md).
 //
 //   NATS_URL        NATS server (default nats://127.0.0.1:4222)
 //   DELAYD_EXAMPLE_PREFIX  prefix of the target subjects (default examples.node)

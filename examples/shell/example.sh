@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Schedule, receive and cancel a delayed message through delayd with the nats
 # CLI (natscli v0.5.0), and show an error reply. Exits non-zero on the first
-# thing that does not match the protocol (README.md, "Protocol").
+# thing that does not match the protocol (docs/protocol.md).
 #
 #   NATS_URL  NATS server (default nats://127.0.0.1:4222)
 #

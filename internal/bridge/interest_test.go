@@ -37,7 +37,7 @@ func deliveries(targets ...string) []envelope.Delivery {
 func TestNoInterestAttributedWithinBatch(t *testing.T) {
 	n := testutil.StartNATS(t, func(o *server.Options) {
 		// delayd's user may subscribe to its own inbox prefix only, as in
-		// the README's permission blocks.
+		// the permission blocks of docs/security.md.
 		o.Users = []*server.User{
 			{Username: "d", Password: "p", Permissions: &server.Permissions{
 				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_delayd.>"}}}},

@@ -59,9 +59,10 @@ func TestRetryDelaySequence(t *testing.T) {
 	}
 }
 
-// The figures the README gives: with the defaults, the 10th and last try
-// of a failing delivery starts 4m3s after the first; a delivery nobody
-// subscribes to is tried 16 times, the last 10m3s after the first.
+// The figures docs/protocol.md gives (Delivery guarantees): with the
+// defaults, the 10th and last try of a failing delivery starts 4m3s after
+// the first; a delivery nobody subscribes to is tried 16 times, the last
+// 10m3s after the first.
 func TestNoInterestBudget(t *testing.T) {
 	start := func(o Options, try int) time.Duration { // nominal start of try, from the first
 		var at time.Duration
@@ -71,13 +72,13 @@ func TestNoInterestBudget(t *testing.T) {
 		return at
 	}
 	if got := start(defaultOpts, defaultOpts.MaxAttempts); got != 4*time.Minute+3*time.Second {
-		t.Errorf("defaults: try %d starts %s after the first, README says 4m3s", defaultOpts.MaxAttempts, got)
+		t.Errorf("defaults: try %d starts %s after the first, docs/protocol.md says 4m3s", defaultOpts.MaxAttempts, got)
 	}
 	if n := defaultOpts.noInterestTries(); n != 16 {
-		t.Errorf("defaults: %d tries without a subscriber, README says 16", n)
+		t.Errorf("defaults: %d tries without a subscriber, docs/protocol.md says 16", n)
 	}
 	if got := start(defaultOpts, 16); got != 10*time.Minute+3*time.Second {
-		t.Errorf("defaults: try 16 starts %s after the first, README says 10m3s", got)
+		t.Errorf("defaults: try 16 starts %s after the first, docs/protocol.md says 10m3s", got)
 	}
 	for _, tc := range []struct {
 		name string
@@ -88,9 +89,9 @@ func TestNoInterestBudget(t *testing.T) {
 		{"shorter than max_attempts covers", Options{RetryBackoff: time.Second, RetryBackoffMax: time.Minute, MaxAttempts: 10, NoInterestRetryFor: time.Minute}, 10},
 		// 50, 100, then 200 ms: tries at 0, 50, 150, 350 ... 1150 ms.
 		{"test timings", Options{RetryBackoff: 50 * time.Millisecond, RetryBackoffMax: 200 * time.Millisecond, MaxAttempts: 3, NoInterestRetryFor: time.Second}, 8},
-		// The README's example: 0.1, 0.2, 0.4, 0.8 s, then 1 s: the 34th
+		// docs/protocol.md's example: 0.1, 0.2, 0.4, 0.8 s, then 1 s: the 34th
 		// try starts 30.5 s after the first.
-		{"README example", Options{RetryBackoff: 100 * time.Millisecond, RetryBackoffMax: time.Second, MaxAttempts: 3, NoInterestRetryFor: 30 * time.Second}, 34},
+		{"protocol.md example", Options{RetryBackoff: 100 * time.Millisecond, RetryBackoffMax: time.Second, MaxAttempts: 3, NoInterestRetryFor: 30 * time.Second}, 34},
 		{"exactly on a try", Options{RetryBackoff: time.Second, RetryBackoffMax: time.Second, MaxAttempts: 1, NoInterestRetryFor: 5 * time.Second}, 6},
 		// The constant tail is computed, not walked: a nanosecond backoff
 		// over a day must not loop 8.64e13 times.
