@@ -96,7 +96,7 @@ func NewMetrics(version string) *Metrics {
 			"Envelopes set to be delivered again, by cause: lease_expiry (returned by the reaper), retry (publish failed), replay (from the dead set).",
 			"cause", redeliveryCauses),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_delivery_lateness_seconds",
-			Help: "Time from due to confirmed publish, per delivery.", Buckets: latenessBucketsS}),
+			Help: "Time from due (or from when it was stored, if later: a Delayd-At accepted in the past) to confirmed publish, per delivery.", Buckets: latenessBucketsS}),
 		claimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_claim_duration_seconds",
 			Help: "Duration of one claim round trip (all due shards in one pipeline).", Buckets: claimBucketsS}),
 		intakeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_intake_duration_seconds",
@@ -235,7 +235,7 @@ func (m *Metrics) Delivered(d envelope.Delivery, err error) {
 		return
 	}
 	m.delivered.WithLabelValues("ok").Inc()
-	m.lateness.Observe(time.Since(d.Due).Seconds())
+	m.lateness.Observe(time.Since(d.LateSince()).Seconds())
 	m.recent.add(d.Target, time.Now())
 }
 

@@ -50,3 +50,21 @@ func TestDeliveredResults(t *testing.T) {
 		}
 	}
 }
+
+// A Delayd-At accepted 2 h in the past and delivered at once is not 2 h
+// late: lateness counts from when it was stored, so it lands in the first
+// buckets, not +Inf, and cannot trip the lateness alert.
+func TestLatenessOfAPastDueEnvelope(t *testing.T) {
+	m := NewMetrics("test")
+	now := time.Now()
+	m.Delivered(envelope.Delivery{ID: "old", Due: now.Add(-2 * time.Hour),
+		Envelope: envelope.Envelope{Target: "t", Stored: now}}, nil)
+	var out dto.Metric
+	if err := m.lateness.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	h := out.GetHistogram()
+	if h.GetSampleCount() != 1 || h.GetSampleSum() > 1 {
+		t.Fatalf("lateness: %d samples summing to %.1f s, want one under 1 s", h.GetSampleCount(), h.GetSampleSum())
+	}
+}

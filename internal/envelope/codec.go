@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/delayd/delayd/internal/recur"
@@ -18,7 +20,18 @@ type Envelope struct {
 	Header  map[string][]string
 	Series  *recur.Rule // nil for a one-shot
 	Payload []byte
+	// Stored is when an envelope accepted with a due time already past
+	// was stored (zero otherwise): its lateness counts from then, not
+	// from a due time hours ago. It travels in the stored value as the
+	// header headerStored, which Decode takes out again.
+	Stored time.Time
 }
+
+// headerStored carries Envelope.Stored in a stored value. No request can
+// set it (unknown Delayd-* headers are refused) and Decode removes it, so
+// it never reaches a target; a format-2 reader that predates it (an older
+// daemon during an upgrade) delivers it as a plain header.
+const headerStored = "Delayd-Stored"
 
 // Layout of the stored value, format 2:
 //
@@ -44,6 +57,12 @@ var ErrCorrupt = errors.New("envelope: corrupt or unknown encoding")
 
 // Encode returns the stored form of e, in format 2. A Series must be valid.
 func Encode(e Envelope) []byte {
+	if !e.Stored.IsZero() {
+		h := make(map[string][]string, len(e.Header)+1)
+		maps.Copy(h, e.Header)
+		h[headerStored] = []string{strconv.FormatInt(e.Stored.UnixMilli(), 10)}
+		e.Header = h
+	}
 	var series []byte
 	if e.Series != nil {
 		series = e.Series.Encode()
@@ -126,6 +145,16 @@ func Decode(b []byte) (Envelope, error) {
 	if r.err != nil {
 		return Envelope{}, r.err
 	}
+	if vs, ok := e.Header[headerStored]; ok {
+		ms, err := strconv.ParseInt(vs[0], 10, 64)
+		if len(vs) != 1 || err != nil || ms <= 0 || strconv.FormatInt(ms, 10) != vs[0] {
+			return Envelope{}, fmt.Errorf("%w: %s %q", ErrCorrupt, headerStored, vs)
+		}
+		e.Stored = time.UnixMilli(ms)
+		if delete(e.Header, headerStored); len(e.Header) == 0 {
+			e.Header = nil
+		}
+	}
 	e.Payload = r.b
 	return e, nil
 }
@@ -183,4 +212,14 @@ type Delivery struct {
 	// a one-shot.
 	Occurrence int64
 	Envelope
+}
+
+// LateSince is what a delivery's lateness counts from: its due time, or
+// when it was stored if that is later (a Delayd-At accepted in the past
+// is late only by the time delayd took, not by its age).
+func (d Delivery) LateSince() time.Time {
+	if d.Stored.After(d.Due) {
+		return d.Stored
+	}
+	return d.Due
 }

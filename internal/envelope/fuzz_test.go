@@ -70,7 +70,7 @@ func FuzzCodec(f *testing.F) {
 	f.Add("a", "k", "v", []byte{2, 1, 'a', 0, 5, 1, 0, 0xe8, 7, 0}, int64(3600), "@daily")
 	f.Fuzz(func(t *testing.T, target, key, val string, payload []byte, everySec int64, cron string) {
 		e := Envelope{Target: target, Payload: payload}
-		if key != "" {
+		if key != "" && key != headerStored { // reserved: refused at intake, taken out by Decode
 			e.Header = map[string][]string{key: {val}}
 		}
 		if r := (recur.Rule{Every: time.Duration(everySec) * time.Second, Cron: cron}); r.Validate() == nil {

@@ -177,6 +177,9 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 			return r, reject(CodeBadRequest, "%s is %s in the past, limit is %s", w.name, now.Sub(t).Round(time.Second), lim.MaxPast)
 		}
 		r.At, r.HasAt = t, true
+		if t.Before(now) {
+			r.Stored = now
+		}
 	default:
 		d, err := time.ParseDuration(w.value)
 		switch {
