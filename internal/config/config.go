@@ -96,7 +96,7 @@ type NATS struct {
 	TLS          TLS    `koanf:"tls"`
 	// InboxPrefix replaces "_INBOX" in this process's reply subjects, so
 	// its NATS user may subscribe to its own replies only (one prefix per
-	// user: see the README's permission blocks).
+	// user: see the permission blocks of docs/security.md).
 	InboxPrefix string `koanf:"inbox_prefix"`
 }
 

@@ -162,8 +162,8 @@ func TestValidateStream(t *testing.T) {
 	}
 }
 
-// The retry and interest-check keys: defaults as the README gives them,
-// and each bad value named by its key.
+// The retry and interest-check keys: defaults as docs/configuration.md
+// gives them, and each bad value named by its key.
 func TestValidateRetryKeys(t *testing.T) {
 	d := Default()
 	if d.Scanner.RetryBackoff != time.Second || d.Scanner.RetryBackoffMax != time.Minute ||
