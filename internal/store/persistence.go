@@ -142,7 +142,7 @@ func (g *Guard) Check(ctx context.Context, c Conn) error {
 		}
 	}
 	if p.Evicts() && !g.allow {
-		err := fmt.Errorf("Redis maxmemory-policy is %q: it may delete acknowledged envelopes; set maxmemory-policy noeviction (or redis.allow_eviction: true to accept the loss)", p.EvictionPolicy)
+		err := fmt.Errorf("store: Redis maxmemory-policy is %q: it may delete acknowledged envelopes; set maxmemory-policy noeviction (or redis.allow_eviction: true to accept the loss)", p.EvictionPolicy)
 		select {
 		case g.bad <- err:
 		default:

@@ -2,7 +2,9 @@ package testutil
 
 import (
 	"context"
+	"net"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -89,14 +91,25 @@ func (c *Cluster) MasterOf(t testing.TB, slot int) *Redis {
 		if n.cmd == nil {
 			continue
 		}
-		slots, err := n.Client().ClusterSlots(context.Background()).Result()
+		shards, err := n.Client().ClusterShards(context.Background()).Result()
 		if err != nil {
 			continue
 		}
-		for _, s := range slots {
-			if slot >= s.Start && slot <= s.End {
+		for _, sh := range shards {
+			if !servesSlot(sh, slot) {
+				continue
+			}
+			for _, node := range sh.Nodes {
+				if node.Role != "master" {
+					continue
+				}
+				port := node.Port
+				if port == 0 {
+					port = node.TLSPort
+				}
+				addr := net.JoinHostPort(node.IP, strconv.FormatInt(port, 10))
 				for _, m := range c.Nodes {
-					if m.Addr == s.Nodes[0].Addr {
+					if m.Addr == addr {
 						return m
 					}
 				}
@@ -105,6 +118,16 @@ func (c *Cluster) MasterOf(t testing.TB, slot int) *Redis {
 	}
 	t.Fatalf("no master for slot %d", slot)
 	return nil
+}
+
+// servesSlot reports whether the cluster shard sh holds slot.
+func servesSlot(sh redis.ClusterShard, slot int) bool {
+	for _, r := range sh.Slots {
+		if int64(slot) >= r.Start && int64(slot) <= r.End {
+			return true
+		}
+	}
+	return false
 }
 
 // NodeID is the cluster id of n.
