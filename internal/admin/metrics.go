@@ -52,18 +52,20 @@ type Metrics struct {
 	recent         recent
 }
 
+// opSample labels the failed Redis calls of the gauges' sampling (sample.go).
+const opSample = "sample"
+
 // Label values, created up front so every series exists from the start.
 var (
 	receivedResults  = []string{"stored", "bad_request", "forbidden", "too_large", "unavailable", "outcome_unknown"}
 	streamResults    = []string{"stored", "redelivered", "bad_request", "forbidden", "too_large", "unavailable"}
 	cancelResults    = []string{"cancelled", "not_found", "bad_request", "unavailable", "outcome_unknown"}
 	redeliveryCauses = []string{"lease_expiry", "retry", "replay"}
-	redisOps         = []string{"schedule", "cancel", "claim", "ack", "reap", "sample"}
-	backlogStates    = []string{"pending", "inflight", "dead"}
+	redisOps         = []string{store.OpSchedule, store.OpCancel, store.OpClaim, store.OpAck, opSample}
 	intakeBuckets    = []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 5}
 	latenessBucketsS = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 5, 30, 300}
 	claimBucketsS    = []float64{.0002, .0005, .001, .002, .005, .01, .05, .1, .5, 1}
-	waitOps          = []string{"schedule", "cancel", "claim"}
+	waitOps          = []string{store.OpSchedule, store.OpCancel, store.OpClaim}
 	waitBucketsS     = []float64{.0001, .0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2, 4}
 )
 
@@ -93,7 +95,7 @@ func NewMetrics(version string) *Metrics {
 		cancels: counterVec("delayd_cancels_total",
 			"Cancel requests by result: cancelled, not_found, bad_request, unavailable (503), outcome_unknown (504: the cancel may have happened).", "result", cancelResults),
 		redeliveries: counterVec("delayd_redeliveries_total",
-			"Envelopes set to be delivered again, by cause: lease_expiry (returned by the reaper), retry (publish failed), replay (from the dead set).",
+			"Envelopes set to be delivered again, by cause: lease_expiry (re-claimed after its lease expired), retry (publish failed), replay (from the dead set).",
 			"cause", redeliveryCauses),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_delivery_lateness_seconds",
 			Help: "Time from due (or from when it was stored, if later: a Delayd-At accepted in the past) to confirmed publish, per delivery.", Buckets: latenessBucketsS}),
@@ -103,7 +105,7 @@ func NewMetrics(version string) *Metrics {
 			Help:    "Schedule requests that reached Redis: time from request received to reply sent.",
 			Buckets: intakeBuckets}),
 		redisErrors: counterVec("delayd_redis_errors_total",
-			"Failed Redis calls by operation: schedule, cancel, claim, ack, reap, sample.", "op", redisOps),
+			"Failed Redis calls by operation: schedule, cancel, claim, ack, sample.", "op", redisOps),
 		waitDuration: func() *prometheus.HistogramVec {
 			v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delayd_redis_wait_seconds",
 				Help:    "With redis.wait_replicas or wait_local_fsync: how long each WAIT blocked in Redis (one per pipeline and master), by operation: schedule, cancel, claim.",

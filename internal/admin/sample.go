@@ -61,7 +61,7 @@ func (m *Metrics) sampleOnce(ctx context.Context, src StatsSource, owned []int, 
 		if ctx.Err() != nil {
 			return
 		}
-		m.redisErrors.WithLabelValues("sample").Inc()
+		m.redisErrors.WithLabelValues(opSample).Inc()
 		m.redisConnected.Set(0)
 		log.Debug("sampling gauges failed", "error", err)
 		return

@@ -71,10 +71,11 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	return e, nil
 }
 
-// parseAttempts reads a claims value as the scripts do (counted in
-// scripts.go): the attempts counted before the current lease, "" for none.
-// A value of an older version, "attempt:due:token", counted the current
-// claim too while it had a token.
+// parseAttempts reads an attempts value (keys.go) as the scripts do
+// (attemptsOf in lua/prelude.lua): the attempts counted before the current
+// lease, "" for none. A value of an older version, "attempt:due:token",
+// counted the current claim too while it had a token; its reading goes
+// with the prelude's fenced block of older formats.
 func parseAttempts(v string) int {
 	if n, _, ok := strings.Cut(v, "/"); ok {
 		// "n/b": b of them before the last replay.

@@ -6,26 +6,61 @@ import (
 )
 
 // shardKeys are the Redis keys of one shard. They share the hash tag
-// "{<ns>:<shard>}" so that every script touches a single Cluster slot.
+// "{<ns>:<shard>}" so that every script touches a single Cluster slot. The
+// shard scripts (lua/) get the first eight in KEYS, in the order of list,
+// and name them as the fields are named here.
+//
+// Invariants of one shard's keys (checked by Check and the model test):
+//   - every data entry is in exactly one of due, inflight, dead;
+//   - every due, inflight or dead member has a data entry;
+//   - every inflight score has a fractional part (its claim token);
+//   - attempts and errors entries exist only beside data;
+//   - the counted attempts n never go down, except that a replace starts
+//     them over (a new version), and b <= n;
+//   - no two claims of a shard ever had the same token (lease).
+//
+// Every script keeps them within one call; lua/prelude.lua says what a
+// script that stops part-way can leave, for Check to find and repair.
 type shardKeys struct {
-	due      string // ZSET id → due ms
-	inflight string // ZSET id → lease expiry ms
-	data     string // HASH id → encoded envelope
+	due string // ZSET id → due ms (whole milliseconds)
+	// inflight: ZSET id → the claim's token, its lease score: the lease
+	// expiry in ms plus a fraction k/1000 (never whole). A settle names
+	// that score, so a stale daemon whose lease expired, or whose envelope
+	// was replaced or cancelled meanwhile, changes nothing.
+	inflight string
+	// data: HASH id → the stored value: a header with the original due
+	// time (and, for a series, the pending occurrence), then the encoded
+	// envelope (value.go); a value of the version before the header is the
+	// envelope alone (lua/prelude.lua's fenced block reads it).
+	data string
 	// attempts: HASH id → "n" or "n/b": n attempts were counted before the
 	// current lease, b of them before the envelope's last replay (b only
-	// when > 0); only for n > 0. The Lua calls it "claims".
+	// when > 0), for ids with n > 0 only: a first delivery writes nothing
+	// there. An envelope's attempt number is n + 1 and only goes up; a
+	// replay grants a fresh budget of tries by setting b = n. (Check calls
+	// an entry without data "claim_without_data", a name kept for its
+	// users.)
 	attempts string
 	dead     string // ZSET id → time of death ms
 	errors   string // HASH id → last delivery error, while retrying or dead
-	// lease keeps the claim tokens unique: per lease length in use
-	// (ms) its class and the newest token handed out, "class:token",
-	// token as an integer, lease expiry ms × 1000 + k (scripts.go).
-	lease string // HASH
+	// lease keeps the claim tokens unique: HASH lease length in use (ms) →
+	// "class:token", its class and the newest token handed out for it. As
+	// an integer a token is expiry ms × 1000 + k, and tokens never repeat
+	// within a shard, so two claims of one id can never share one, however
+	// close in time (a replace and its re-claim within one millisecond).
+	// The class is the token's residue mod 8: each claim takes a token of
+	// its class above the newest of the class, and lengths of different
+	// classes cannot meet. Tokens of one length grow with time; those of
+	// two lengths could end in the same millisecond, which the classes keep
+	// apart. With more than 8 lengths in use at once (daemons configured
+	// differently), two share a class, and a shorter lease may then end as
+	// late as the longer one: late, never early.
+	lease string
 	// seen remembers the intake stream's messages the shard stored, for
-	// the stream's redelivery horizon: "<stream seq>@<publish time ns>" →
-	// expiry ms. A redelivery of a message already stored is not stored
-	// again.
-	seen  string // ZSET
+	// the stream's redelivery horizon: ZSET "<stream seq>@<publish time
+	// ns>" → expiry ms. A redelivery of a message already stored is not
+	// stored again.
+	seen  string
 	owner string // STRING id of the daemon scanning the shard, with a TTL
 	// fence is written (with a 60 s TTL) before a WAIT that follows
 	// scripts that may have written nothing (wait.go).
@@ -53,7 +88,8 @@ func keysFor(ns string, shard int) shardKeys {
 // everything delayd touches.
 func membersKey(ns string) string { return "{" + ns + ":members}" }
 
-// list returns the keys in the order every script expects them in KEYS.
+// list returns the keys in the order every shard script expects them in
+// KEYS (lua/prelude.lua checks their types in this order).
 func (k shardKeys) list() []string {
 	return []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen}
 }

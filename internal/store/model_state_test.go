@@ -33,7 +33,7 @@ func (p mPlace) String() string {
 }
 
 // mEntry is the model of one stored id: where it is, its score there, and
-// its claims and errors entries.
+// its attempts and errors entries.
 type mEntry struct {
 	shard int
 	data  string
@@ -81,7 +81,7 @@ func (m *mModel) put(id, data string, due int64, fx mEffects) {
 	m.ids[id] = &mEntry{shard: ShardOf(id, modelShards), data: data, at: mDue, score: due, exact: true, due: due}
 }
 
-// counted is what the claims hash must hold for e: the attempts counted
+// counted is what the attempts hash must hold for e: the attempts counted
 // before the current lease (no entry for 0).
 func (e *mEntry) counted() int {
 	if e.at == mInflight {
@@ -176,11 +176,11 @@ func (m *mModel) next(shard int, p mPlace) int64 {
 
 // mShard is one shard's keys as read directly from Redis.
 type mShard struct {
-	due, inflight, dead map[string]int64
-	leases              map[string]float64 // inflight scores, with their token
-	data, claims, errs  map[string]string
-	dataDue             map[string]int64 // the due time in each data value's header
-	dataOcc             map[string]int64 // and the occurrence
+	due, inflight, dead  map[string]int64
+	leases               map[string]float64 // inflight scores, with their token
+	data, attempts, errs map[string]string
+	dataDue              map[string]int64 // the due time in each data value's header
+	dataOcc              map[string]int64 // and the occurrence
 }
 
 // readKeyspace reads every shard's keys and the names of all keys, in one
@@ -218,16 +218,16 @@ func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []
 			data[id], dataDue[id], dataOcc[id] = string(d), due, occ
 		}
 		out[sh] = mShard{due: z[0], inflight: z[1], dead: z[2], leases: leases, data: data, dataDue: dataDue, dataOcc: dataOcc,
-			claims: hs[sh][1].Val(), errs: hs[sh][2].Val()}
+			attempts: hs[sh][1].Val(), errs: hs[sh][2].Val()}
 	}
 	ks := keys.Val()
 	slices.Sort(ks)
 	return out, ks, nil
 }
 
-// splitClaim reads a claims value as the scripts do: the attempts
+// splitAttempts reads an attempts value as the scripts do: the attempts
 // counted, and how many before the last replay; "" (no entry) is 0, 0.
-func splitClaim(v string) (n, b int, ok bool) {
+func splitAttempts(v string) (n, b int, ok bool) {
 	a, c, replayed := strings.Cut(v, "/")
 	n, err := strconv.Atoi(a)
 	if replayed {
@@ -238,15 +238,15 @@ func splitClaim(v string) (n, b int, ok bool) {
 	return n, b, err == nil && n > 0 && b >= 0 && b <= n && (!replayed || b > 0)
 }
 
-// claimsText is the claims value the scripts write for n and b.
-func claimsText(n, b int) string {
+// attemptsText is the attempts value the scripts write for n and b.
+func attemptsText(n, b int) string {
 	if b > 0 {
 		return strconv.Itoa(n) + "/" + strconv.Itoa(b)
 	}
 	return strconv.Itoa(n)
 }
 
-// checkInvariants checks the invariants of scripts.go on a read of the
+// checkInvariants checks the invariants of keys.go on a read of the
 // whole keyspace, without the model, and against the read before the step
 // what may change at all: data goes only by a matching ack, a cancel or a
 // purge, and an attempt count goes down only where the step may reset it
@@ -283,15 +283,15 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 				bad(sh, "inflight %q has a lease score without a token: %v", id, l)
 			}
 		}
-		for id, v := range st.claims {
-			if _, _, ok := splitClaim(v); !ok {
-				bad(sh, "claims entry of %q is %q, not a positive count n or n/b with 0 < b <= n", id, v)
+		for id, v := range st.attempts {
+			if _, _, ok := splitAttempts(v); !ok {
+				bad(sh, "attempts entry of %q is %q, not a positive count n or n/b with 0 < b <= n", id, v)
 			}
 		}
-		for i, h := range []map[string]string{st.claims, st.errs} {
+		for i, h := range []map[string]string{st.attempts, st.errs} {
 			for id := range h {
 				if _, ok := st.data[id]; !ok {
-					bad(sh, "%s entry of %q has no data", []string{"claims", "errors"}[i], id)
+					bad(sh, "%s entry of %q has no data", []string{"attempts", "errors"}[i], id)
 				}
 			}
 		}
@@ -300,9 +300,9 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 				bad(sh, "%q was deleted, but not by a matching ack, a cancel or a purge", id)
 			}
 		}
-		for id, v := range prev[sh].claims {
-			was, _, _ := splitClaim(v)
-			now, _, _ := splitClaim(st.claims[id])
+		for id, v := range prev[sh].attempts {
+			was, _, _ := splitAttempts(v)
+			now, _, _ := splitAttempts(st.attempts[id])
 			if now < was && !fx.reset[id] && !fx.deleted[id] {
 				bad(sh, "attempt of %q went down from %d to %d", id, was, now)
 			}
@@ -338,8 +338,8 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 			e.score, e.exact = score, true
 		}
 		if n := e.counted(); n > 0 {
-			if got, ok := st.claims[id]; !ok || got != claimsText(n, e.base) {
-				bad("%q: claims entry %q, model %s", id, got, claimsText(n, e.base))
+			if got, ok := st.attempts[id]; !ok || got != attemptsText(n, e.base) {
+				bad("%q: attempts entry %q, model %s", id, got, attemptsText(n, e.base))
 			}
 		}
 		if e.at == mInflight {
@@ -374,7 +374,7 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 		extra(names.due, maps.Keys(st.due), at(mDue))
 		extra(names.inflight, maps.Keys(st.inflight), at(mInflight))
 		extra(names.dead, maps.Keys(st.dead), at(mDead))
-		extra(names.attempts, maps.Keys(st.claims), func(e *mEntry) bool { return e.counted() > 0 })
+		extra(names.attempts, maps.Keys(st.attempts), func(e *mEntry) bool { return e.counted() > 0 })
 		extra(names.errors, maps.Keys(st.errs), func(e *mEntry) bool { return e.err != "" })
 		if m.leased[sh] {
 			want = append(want, names.lease)

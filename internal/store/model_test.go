@@ -3,7 +3,7 @@ package store
 // The model test drives the real Store against a throwaway redis-server
 // with a few simulated daemons, one seeded random step at a time, and after
 // every step reads the whole keyspace back to check the invariants stated
-// in scripts.go and to compare it with a plain Go model of the delay set.
+// in keys.go and to compare it with a plain Go model of the delay set.
 // A failure prints the seed and the shortest failing step sequence it can
 // find by re-running on an emptied Redis with steps removed.
 //
@@ -110,8 +110,8 @@ func runSeed(t *testing.T, seed uint64, steps int) {
 // Check after every step (short sequences can afford it, and it finds a
 // broken invariant at the step that broke it), and returns the index of
 // the failing step and why, or -1, and the trace when tracing.
-func rerun(t *testing.T, ctx context.Context, s *Store, rc *redis.Client) func([]mOp, bool) (int, error, []string) {
-	return func(ops []mOp, tracing bool) (int, error, []string) {
+func rerun(t *testing.T, ctx context.Context, s *Store, rc *redis.Client) func([]mOp, bool) (int, []string, error) {
+	return func(ops []mOp, tracing bool) (int, []string, error) {
 		// Flushed first: the runner reads the empty keyspace as "before".
 		err := rc.FlushAll(ctx).Err()
 		var r *mRunner
@@ -124,21 +124,21 @@ func rerun(t *testing.T, ctx context.Context, s *Store, rc *redis.Client) func([
 		}
 		for i, o := range ops {
 			if err := r.step(i, o); err != nil {
-				return i, err, r.trace
+				return i, r.trace, err
 			}
 		}
-		return -1, nil, r.trace
+		return -1, r.trace, nil
 	}
 }
 
 // failureReport shrinks the failing ops and describes the shortest
 // sequence found, with the trace of its run.
-func failureReport(seed uint64, ops []mOp, replay func([]mOp, bool) (int, error, []string)) string {
+func failureReport(seed uint64, ops []mOp, replay func([]mOp, bool) (int, []string, error)) string {
 	short := shrink(ops, func(ops []mOp) (int, error) {
-		i, err, _ := replay(ops, false)
+		i, _, err := replay(ops, false)
 		return i, err
 	}, time.Now().Add(shrinkFor))
-	i, err, trace := replay(short, true)
+	i, trace, err := replay(short, true)
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: shortest failing sequence found, %d of %d steps "+
 		"(rerun: DELAYD_MODEL_SEED=%d go test -race -run TestModel ./internal/store):\n", seed, len(short), len(ops), seed)
@@ -314,7 +314,7 @@ func (o mOp) String() string {
 	return fmt.Sprintf("op %d", o.kind)
 }
 
-var mKeyNames = []string{"due", "inflight", "data", "claims", "dead", "errors"}
+var mKeyNames = []string{"due", "inflight", "data", "attempts", "dead", "errors"}
 
 // mGen draws the steps of one seed.
 type mGen struct {

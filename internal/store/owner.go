@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"strconv"
 	"strings"
@@ -18,45 +19,18 @@ import (
 // expiry ms), so every daemon sees the same live set and computes the same
 // fair assignment.
 
-// heartbeatScript records member ARGV[1] as alive for ARGV[2] ms, drops
-// expired members, and returns {now ms, live member ids...}.
-// KEYS[1] members ZSET (or the formats ZSET, whose members are
-// "<format>:<id>"). Allowed over maxmemory, like ownScript: without
-// owners nothing is delivered, and delivering is what frees memory.
-var heartbeatScript = newRawScript("allow-oom", `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if ARGV[2] == '0' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-else
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local out = {now}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do out[#out+1] = m end
-return out
-`)
+//go:embed lua/heartbeat.lua
+var heartbeatLua string
 
-// ownScript holds or releases one shard. KEYS[1] owner key; ARGV[1] the
-// daemon id, ARGV[2] TTL ms, ARGV[3] "h" hold (take if free, renew if
-// ours) or "r" release (delete if ours). Returns 1 if the daemon owns the
-// shard afterwards, else 0.
-var ownScript = newRawScript("allow-oom", `
-local cur = redis.call('GET', KEYS[1])
-if ARGV[3] == 'r' then
-  if cur == ARGV[1] then redis.call('DEL', KEYS[1]) end
-  return 0
-end
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-  return 1
-end
-if not cur then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
-  return 1
-end
-return 0
-`)
+// heartbeatScript keeps a ZSET of members with their expiry: the live
+// daemons, or their announced formats (lua/heartbeat.lua).
+var heartbeatScript = newRawScript("allow-oom", heartbeatLua)
+
+//go:embed lua/own.lua
+var ownLua string
+
+// ownScript holds or releases one shard's lease (lua/own.lua).
+var ownScript = newRawScript("allow-oom", ownLua)
 
 // Heartbeat marks id alive for ttl and returns the live members (sorted)
 // and Redis' time. A ttl of 0 removes id: a graceful leave.

@@ -529,7 +529,7 @@ func TestOlderVersionsData(t *testing.T) {
 
 // TestOlderVersionsDeadReplay: a dead envelope of the version before the
 // value header keeps its original due time through a replay (it was only
-// in its claims value "attempt:due:"), so its redelivery carries the same
+// in its attempts value "attempt:due:"), so its redelivery carries the same
 // Delayd-Due and JetStream Nats-Msg-Id as before.
 func TestOlderVersionsDeadReplay(t *testing.T) {
 	s, _ := newStore(t)

@@ -5,7 +5,7 @@ import "encoding/binary"
 // A stored value is a short header the scripts write, then the encoded
 // envelope. The header keeps the original due time beside the data, so a
 // delivery knows its due time however often it was re-leased or retried,
-// without a claims entry for every first attempt; for a recurring series
+// without an attempts entry for every first attempt; for a recurring series
 // it also keeps which occurrence is pending:
 //
 //	0xF0, due ms as 6 bytes big-endian, envelope                (one-shot)
@@ -75,7 +75,7 @@ func be(s string) int64 {
 
 // stampValue builds a stored value of the format with one-shot mark: the
 // header for dueMs (with the occurrence, if > 0, for a series), then data.
-// The scripts build the same (stamp in scripts.go) when only Redis knows
+// The scripts build the same (stamp in lua/prelude.lua) when only Redis knows
 // the due time.
 func stampValue(mark byte, dueMs, occurrence int64, data []byte) []byte {
 	var b [8]byte

@@ -31,6 +31,7 @@ package store
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -131,7 +132,7 @@ func (s *Store) waitCtx(ctx context.Context, op string) (context.Context, *waitR
 		return ctx, nil
 	}
 	timeout := s.wait.Timeout
-	if op == "claim" && s.waiting.claimShort.Load() {
+	if op == OpClaim && s.waiting.claimShort.Load() {
 		now, last := time.Now().UnixNano(), s.waiting.lastProbe.Load()
 		if now-last < int64(claimProbeEvery) || !s.waiting.lastProbe.CompareAndSwap(last, now) {
 			return ctx, &waitReq{op: op, skipped: true}
@@ -295,10 +296,14 @@ func (r *waitReq) send(ctx context.Context, cmds []redis.Cmder, next redis.Proce
 	return err
 }
 
+//go:embed lua/fence.lua
+var fenceLua string
+
 // fenceScript is the fence of a pipeline whose scripts may have written
-// nothing: KEYS[1] a shard's fence key. allow-oom: cancels run over
+// nothing (lua/fence.lua): KEYS[1] a shard's fence key. It is sent whole
+// (EVAL), so its file holds no comment. allow-oom: cancels run over
 // maxmemory, and their fence must too.
-var fenceScript = newRawScript("allow-oom", `redis.call('SET', KEYS[1], '1', 'PX', 60000) return 1`)
+var fenceScript = newRawScript("allow-oom", fenceLua)
 
 // fence adds the fence of shard to pipe (see wait.go).
 func (s *Store) fence(ctx context.Context, pipe redis.Pipeliner, shard int) *redis.Cmd {

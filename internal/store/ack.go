@@ -1,0 +1,117 @@
+package store
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+//go:embed lua/ack.lua
+var ackLua string
+
+// ackScript settles claimed envelopes (lua/ack.lua). Allowed over
+// maxmemory: settling is what frees memory.
+var ackScript = newScript("allow-oom", ackLua)
+
+// Outcome is what becomes of a claimed envelope.
+type Outcome byte
+
+// The outcomes of a delivery.
+const (
+	Delivered Outcome = 'a' // published: delete it
+	Retry     Outcome = 'r' // failed: due again after the retry delay
+	Postpone  Outcome = 'u' // never sent: like Retry, the attempt given back
+	Bury      Outcome = 'd' // failed for the last time: to the dead set
+	// Next: an occurrence of a series was published; the next one is due
+	// at NextDueMs, with fresh attempts.
+	Next Outcome = 'n'
+)
+
+// Settle is the outcome of one delivery.
+type Settle struct {
+	ID      string
+	Token   string // of the claim being settled
+	Outcome Outcome
+	Error   string // why it failed, kept for inspection (Retry, Bury)
+	// NextDueMs is when the next occurrence is due (Next).
+	NextDueMs int64
+	// RetryDelay, if > 0, replaces Ack's retry delay for this one (Retry,
+	// Postpone).
+	RetryDelay time.Duration
+}
+
+// Acked is what an Ack did.
+type Acked struct {
+	// Settled counts the settles whose token was still the claim; Buried
+	// those of them that moved an envelope to the dead set.
+	Settled, Buried int
+	NowMs           int64 // Redis time
+}
+
+// Ack settles deliveries, one script call per shard, all in one pipeline.
+// On error, byShard is left holding only the shards that were not settled,
+// and the result counts those that were.
+// Released envelopes are due again after retry. A settle whose token is no
+// longer the envelope's claim (replaced, cancelled or re-claimed meanwhile)
+// is ignored.
+func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (Acked, error) {
+	// Calls of at most ackChunk envelopes keep one script call short.
+	type call struct {
+		shard int
+		items []Settle
+	}
+	var calls []call
+	for sh, items := range byShard {
+		for len(items) > ackChunk {
+			calls = append(calls, call{sh, items[:ackChunk]})
+			items = items[ackChunk:]
+		}
+		calls = append(calls, call{sh, items})
+	}
+	cmds, err := s.pipelined(ctx, ackScript, len(calls), func(i int) ([]string, []any) {
+		items := calls[i].items
+		args := make([]any, 0, 1+5*len(items))
+		args = append(args, retry.Milliseconds())
+		for _, it := range items {
+			op := string(it.Outcome)
+			switch it.Outcome {
+			case 0:
+				op = string(Delivered)
+			case Next:
+				op = "n:" + strconv.FormatInt(it.NextDueMs, 10)
+			}
+			delay := ""
+			if it.RetryDelay > 0 {
+				delay = strconv.FormatInt(it.RetryDelay.Milliseconds(), 10)
+			}
+			args = append(args, it.ID, it.Token, op, it.Error, delay)
+		}
+		return s.keys[calls[i].shard].list(), args
+	})
+	var a Acked
+	for _, c := range cmds {
+		if v, _ := c.Int64Slice(); len(v) == 3 {
+			a.NowMs = max(a.NowMs, v[0])
+			a.Settled += int(v[1])
+			a.Buried += int(v[2])
+		}
+	}
+	if err != nil {
+		// Keep only what was not settled, so a retry resends just that.
+		for sh := range byShard {
+			delete(byShard, sh)
+		}
+		for i, c := range cmds {
+			if c.Err() != nil {
+				byShard[calls[i].shard] = append(byShard[calls[i].shard], calls[i].items...)
+			}
+		}
+		return a, fmt.Errorf("store: ack: %w", err)
+	}
+	return a, nil
+}
+
+// ackChunk bounds the envelopes of one ack script call.
+const ackChunk = 1000

@@ -1,0 +1,175 @@
+package store
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+//go:embed lua/claim.lua
+var claimLua string
+
+// claimScript hands out due envelopes and expired leases with a new lease
+// (lua/claim.lua). Allowed over maxmemory: delivering is what frees memory.
+var claimScript = newScript("allow-oom", claimLua)
+
+// Claimed is one envelope handed out for delivery.
+type Claimed struct {
+	ID      string
+	DueMs   int64 // the original due time, stable across redeliveries
+	Attempt int
+	// Base is how many attempts were made before the envelope's last
+	// replay: Attempt - Base is the try within its current budget.
+	Base int
+	// Occurrence is which occurrence of a series this is (from 1), 0 for
+	// a one-shot.
+	Occurrence int64
+	Data       []byte
+	// Token names the claim (its lease score): only a settle with it
+	// changes the envelope.
+	Token string
+}
+
+// ClaimResult is what one shard's claim returns, in Redis time.
+type ClaimResult struct {
+	Shard       int
+	NowMicros   int64
+	NextDueMs   int64 // -1 when nothing else is pending
+	NextLeaseMs int64 // earliest lease expiry, -1 when nothing is in flight
+	// Missing counts due ids whose data was gone (deleted outside delayd);
+	// they are dropped, and reported so nothing vanishes silently.
+	Missing int
+	// Expired counts the items re-claimed because their lease expired (a
+	// daemon died or stalled while delivering them).
+	Expired int
+	// Oversize: this shard could hand out its first envelope beyond its
+	// share of ClaimOptions.Bytes.
+	Oversize bool
+	// Unknown counts values of a format newer than this daemon reads,
+	// given back untouched; UnknownFormat is the newest of them.
+	Unknown       int
+	UnknownFormat int
+	Items         []Claimed
+	// Unconfirmed: with redis.wait_replicas, the claim's wait fell short
+	// (Why says how). Its items are handed out all the same: a failover
+	// before the replicas have it can bring back the previous attempt
+	// number, so a redelivery may repeat an attempt.
+	Unconfirmed bool
+	Why         error
+}
+
+// NowMs is the claim's Redis time in whole milliseconds.
+func (r ClaimResult) NowMs() int64 { return r.NowMicros / 1000 }
+
+// ClaimOptions bound one claim.
+type ClaimOptions struct {
+	Batch int
+	Lease time.Duration
+	// Bytes bounds the stored bytes the whole claim hands out (0: no
+	// bound), split evenly over its shards; each shard hands out what fits
+	// in its share, and a few shards, in turn from claim to claim, their
+	// first envelope even if that alone is larger: as many as Bytes holds
+	// of the largest value the last claim handed out (one when unknown, at
+	// most maxOversize). So large envelopes still go out several per claim,
+	// no envelope is too large to ever go out, and a claim holds about
+	// Bytes plus one payload, at most Bytes plus maxOversize payloads.
+	Bytes int64
+}
+
+// Claim atomically takes up to Batch envelopes from each of shards, with a
+// lease, in one pipeline: one round trip however many shards are due.
+// Envelopes whose lease expired come first, then due ones. Concurrent
+// claims from many daemons never hand out one envelope twice.
+// If some shards' Redis nodes fail (a Cluster master down), it returns the
+// results of the others along with the error.
+func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
+	hint, known := s.hint(), int(markOf(s.newest))+1
+	ctx, req := s.waitCtx(ctx, OpClaim)
+	var share int64
+	first, over := 0, 0 // shards first.. (wrapping) may hand out one envelope beyond their share
+	if o.Bytes > 0 && len(shards) > 0 {
+		share = max(o.Bytes/int64(len(shards)), 1)
+		first = int(s.claimTurn.Add(1) % uint64(len(shards)))
+		// As many as the budget holds of the largest value the last claim
+		// handed out (one when unknown), at most maxOversize: envelopes
+		// larger than a shard's share still go out several per claim.
+		over = 1
+		if m := s.claimMax.Load(); m > 0 {
+			over = int(min(max(o.Bytes/m, 1), maxOversize))
+		}
+		over = min(over, len(shards))
+	}
+	oversize := func(i int) bool { return over > 0 && (i-first+len(shards))%len(shards) < over }
+	cmds, perr := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
+		over := "0"
+		if oversize(i) {
+			over = "1"
+		}
+		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), hint, known, share, over}
+	})
+	if perr != nil {
+		perr = fmt.Errorf("store: claim: %w", perr)
+	}
+	out := make([]ClaimResult, 0, len(shards))
+	short := false
+	var largest int64
+	for i, cmd := range cmds {
+		raw, err := cmd.Slice()
+		if err != nil {
+			continue // this shard's node failed: perr says so
+		}
+		why := req.confirmed(cmd)
+		short = short || why != nil
+		const head = 8
+		if len(raw) < head || (len(raw)-head)%3 != 0 {
+			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
+		}
+		r := ClaimResult{
+			Shard: shards[i], Oversize: oversize(i), NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
+			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Unknown: int(asInt(raw[6])),
+			Items: make([]Claimed, 0, (len(raw)-head)/3), Unconfirmed: why != nil, Why: why,
+		}
+		if m := asInt(raw[7]); m > 0 {
+			r.UnknownFormat = formatOf(string([]byte{byte(m)}))
+		}
+		lease, _ := raw[5].(string)
+		for j := head; j < len(raw); j += 3 {
+			id, _ := raw[j].(string)
+			v, _ := raw[j+2].(string)
+			// The script stamps values stored by older versions.
+			due, occurrence, data := splitValue(v)
+			largest = max(largest, int64(len(v)))
+			attempt, base := parseAttempt(raw[j+1])
+			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: attempt, Base: base, Occurrence: occurrence,
+				Data: data, Token: lease})
+		}
+		out = append(out, r)
+	}
+	if len(out) > 0 {
+		s.claimWaited(req, short)
+	}
+	if largest > 0 {
+		s.claimMax.Store(largest)
+	}
+	return out, perr
+}
+
+// maxOversize bounds the shards of one claim that may hand out an envelope
+// beyond their share of its byte budget: a claim holds at most the budget
+// plus this many payloads, even right after payloads grew.
+const maxOversize = 16
+
+// parseAttempt reads a claim's attempt: a number, or "attempt/base" for an
+// envelope replayed after base attempts.
+func parseAttempt(v any) (attempt, base int) {
+	if str, ok := v.(string); ok {
+		a, b, _ := strings.Cut(str, "/")
+		attempt, _ = strconv.Atoi(a)
+		base, _ = strconv.Atoi(b)
+		return attempt, base
+	}
+	return int(asInt(v)), 0
+}

@@ -1,0 +1,115 @@
+-- ack settles claimed envelopes (Ack, ack.go). ARGV[1] is the retry delay
+-- in ms for releases, then per envelope 5 values: id, claim token (its
+-- lease score), op, error, and its own retry delay in ms ("" for ARGV[1]).
+-- Ops: "a" ack (delivered: delete), "r" release (back to due after the
+-- retry delay), "u" unreachable (like "r", but the attempt is not counted:
+-- nothing was written to the network), "d" dead (to the dead set), and
+-- "n:<due ms>" for an occurrence of a series delivered: the next
+-- occurrence is due then, with fresh attempts. A non-empty error is
+-- recorded.
+-- A settle whose token is not the id's current lease score is ignored: the
+-- id was replaced, cancelled, or re-claimed after its lease expired, and a
+-- stale daemon must not touch the newer claim. A settle ends the lease, so
+-- a resent settle changes nothing.
+-- Returns {now ms, number settled, number of them moved to the dead set}.
+-- Allowed over maxmemory: settling is what frees memory.
+local due, inflight, data, attempts, dead, errors = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+
+local bad = checkKeys()
+if bad then return redis.error_reply(bad) end
+local now = nowMs()
+local ids = {}
+for i = 2, #ARGV, 5 do ids[#ids+1] = ARGV[i] end
+if #ids == 0 then return {now, 0, 0} end
+-- The ids one claim leased share its score: one exact range read per
+-- token finds those still leased by it (ZMSCORE would format a double per
+-- id instead). A token that is not a lease score matches nothing.
+local leased = {}
+local function holds(tok, id)
+  local set = leased[tok]
+  if not set then
+    set = {}
+    local n = tonumber(tok)
+    if n and n == n and n ~= math.floor(n) then
+      for _, m in ipairs(redis.call('ZRANGEBYSCORE', inflight, tok, tok)) do set[m] = true end
+    end
+    leased[tok] = set
+  end
+  return set[id]
+end
+local settled, acked, errs, count, again, buried, nexts = {}, {}, {}, {}, {}, {}, {}
+-- Every read comes before any write: an id settled twice in one call
+-- must count once, as it would across two calls.
+local done = {}
+for j, id in ipairs(ids) do
+  local k = 2 + (j - 1) * 5
+  local token, op, err, delay = ARGV[k+1], ARGV[k+2], ARGV[k+3], ARGV[k+4]
+  if not done[id] and holds(token, id) then
+    done[id] = true
+    settled[#settled+1] = id
+    if op == 'a' then
+      acked[#acked+1] = id
+    elseif string.sub(op, 1, 2) == 'n:' then
+      nexts[#nexts+1] = id
+      nexts[#nexts+1] = tonumber(string.sub(op, 3))
+    else
+      if err ~= '' then
+        errs[#errs+1] = id
+        errs[#errs+1] = err
+      end
+      if op ~= 'u' then count[#count+1] = id end
+      if op == 'd' then
+        buried[#buried+1] = now
+        buried[#buried+1] = id
+      else
+        again[#again+1] = now + (tonumber(delay) or tonumber(ARGV[1]))
+        again[#again+1] = id
+      end
+    end
+  end
+end
+-- Adds first (errors, counts, the new place), removals last.
+if #errs > 0 then chunks('HSET', errors, errs) end
+if #count > 0 then
+  local prevs = hmget(attempts, count)
+  local counts = {}
+  for j, id in ipairs(count) do
+    local n, b = attemptsOf(prevs[j])
+    counts[#counts+1] = id
+    counts[#counts+1] = attemptsValue(n + 1, b)
+  end
+  chunks('HSET', attempts, counts)
+end
+if #again > 0 then chunks('ZADD', due, again) end
+if #buried > 0 then chunks('ZADD', dead, buried) end
+-- A series' next occurrence: due first, then out of inflight (below),
+-- then its value's header. A cut before the header is rewritten can only
+-- deliver the last occurrence again, never the next one early.
+local restamp = {}
+for i = 1, #nexts, 2 do
+  redis.call('ZADD', due, nexts[i+1], nexts[i])
+  restamp[#restamp+1] = nexts[i]
+end
+if #settled > 0 then chunks('ZREM', inflight, settled) end
+if #restamp > 0 then
+  local vals = hmget(data, restamp)
+  local fresh = {}
+  for j, id in ipairs(restamp) do
+    local v = vals[j]
+    if v then
+      local occurrence, from = occurrenceOf(v)
+      fresh[#fresh+1] = id
+      fresh[#fresh+1] = stamp(nexts[2 * j], occurrence + 1, string.sub(v, from), markOf(v))
+    end
+  end
+  if #fresh > 0 then chunks('HSET', data, fresh) end
+  chunks('HDEL', attempts, restamp)
+  chunks('HDEL', errors, restamp)
+end
+if #acked > 0 then
+  -- Retries and errors are rare: skip deleting what is not there.
+  if redis.call('HLEN', attempts) > 0 then chunks('HDEL', attempts, acked) end
+  if redis.call('HLEN', errors) > 0 then chunks('HDEL', errors, acked) end
+  chunks('HDEL', data, acked)
+end
+return {now, #settled, #buried / 2}

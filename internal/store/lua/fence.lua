@@ -1,0 +1,3 @@
+local fence = KEYS[1]
+redis.call('SET', fence, '1', 'PX', 60000)
+return 1

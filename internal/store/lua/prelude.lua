@@ -1,0 +1,156 @@
+-- The prelude of every shard script: script.go puts it before each one.
+-- A shard script's KEYS are one shard's keys in the order of keys.go
+-- (shardKeys.list): due, inflight, data, attempts, dead, errors, lease,
+-- seen; the schedule script takes several shards' keys, one shard after
+-- the other. Each script names the keys it uses on its first lines, and
+-- reads "now" from Redis TIME, so daemons with skewed clocks agree.
+--
+-- Redis does not roll back a script that fails part-way, so every script
+-- is written to be safe when it stops at any command: it checks the types
+-- of its keys and reads first, then adds to the new place, and removes
+-- from the old place last. A cut between two writes can leave an id in two
+-- indexes (found and repaired by Check), never in none. Every unpack is
+-- chunked, because Lua bounds how many values one unpack may yield.
+
+-- kinds are the types of one shard's keys, in KEYS order.
+local kinds = {'zset', 'zset', 'hash', 'hash', 'zset', 'hash', 'hash', 'zset'}
+-- checkKeys fails the script before any write if a key holds the wrong
+-- type (changed behind delayd's back), instead of part-way through.
+local function checkKeys()
+  for i = 1, #KEYS do
+    local t = redis.call('TYPE', KEYS[i])['ok']
+    local want = kinds[(i - 1) % 8 + 1]
+    if t ~= 'none' and t ~= want then
+      return 'WRONGTYPE delayd key ' .. KEYS[i] .. ' is a ' .. t .. ', not a ' .. want
+    end
+  end
+  return nil
+end
+-- chunks runs cmd key <values> in slices of at most 512 values (an even
+-- number, so score/member pairs stay together).
+local function chunks(cmd, key, list)
+  for i = 1, #list, 512 do
+    redis.call(cmd, key, unpack(list, i, math.min(i + 511, #list)))
+  end
+end
+-- many runs a reading cmd key <ids> in chunks and joins the replies.
+local function many(cmd, key, ids)
+  local out = {}
+  for i = 1, #ids, 512 do
+    local part = redis.call(cmd, key, unpack(ids, i, math.min(i + 511, #ids)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
+local function hmget(key, ids) return many('HMGET', key, ids) end
+local function nowMs()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- be6 and be4 write n as 6 or 4 bytes, big-endian: plain arithmetic and
+-- one string.char, as this runs for every envelope stored.
+local function be6(n)
+  local f = n % 256; n = (n - f) / 256
+  local e = n % 256; n = (n - e) / 256
+  local d = n % 256; n = (n - d) / 256
+  local c = n % 256; n = (n - c) / 256
+  local b = n % 256; n = (n - b) / 256
+  return string.char(n % 256, b, c, d, e, f)
+end
+local function be4(n)
+  local d = n % 256; n = (n - d) / 256
+  local c = n % 256; n = (n - c) / 256
+  local b = n % 256; n = (n - b) / 256
+  return string.char(n % 256, b, c, d)
+end
+-- stamp puts the value header (value.go) before an encoded envelope: with
+-- an occurrence (> 0) for a series. mark is the format's one-shot mark
+-- (its series mark is mark + 1); the default is format 2's.
+local function stamp(due, occurrence, data, mark)
+  if occurrence > 0 then
+    return string.char((mark or 240) + 1) .. be6(due) .. be4(occurrence) .. data
+  end
+  return string.char(mark or 240) .. be6(due) .. data
+end
+-- markOf is the one-shot mark of a stamped value's format.
+local function markOf(v)
+  local m = string.byte(v, 1)
+  return m - (m - 240) % 2
+end
+-- occurrenceOf reads a series value's occurrence and where its envelope
+-- starts; 0 for a one-shot.
+local function occurrenceOf(v)
+  local mark = string.byte(v, 1) or 0
+  if mark < 240 then return 0, 1 end
+  if (mark - 240) % 2 == 0 then return 0, 8 end
+  local a, b, c, d = string.byte(v, 8, 11)
+  return ((a * 256 + b) * 256 + c) * 256 + d, 12
+end
+
+-- ======== Older stored formats ==========================================
+-- Everything below, down to the closing line, reads what the version
+-- before the value header stored: values without the header (format 1,
+-- FormatBare in value.go), and its attempts values "attempt:due:token",
+-- which counted the current claim too while it had a token and kept the
+-- due time. A claim stamps such a value (claim.lua), and so does a replay
+-- (replay.lua); an old attempts value is rewritten at the envelope's next
+-- counted attempt, and deleted with it. This block, with parseAttempts'
+-- reading of the old attempts values (inspect.go), can go in a version
+-- that no longer upgrades from that one, once no deployment holds such
+-- values (`delayd doctor` counts the values of format 1); its upgrade
+-- notes must say so.
+
+-- bare: a value stored by that version (its first byte is an envelope
+-- format, or it is empty).
+local function bare(v)
+  return (string.byte(v, 1) or 0) < 240
+end
+-- oldDue reads the due time from an attempts value of that version; nil
+-- for none.
+local function oldDue(a)
+  return a and tonumber(string.match(a, '^%d+:(%d+)'))
+end
+-- oldAttempts reads the attempts counted before the current lease from
+-- an attempts value of that version; 0 for anything else.
+local function oldAttempts(a)
+  local n, tok = string.match(a, '^(%d+):[^:]*:?(.*)$')
+  if not n then return 0 end
+  n = tonumber(n)
+  if tok ~= '' then n = n - 1 end
+  return math.max(n, 0)
+end
+-- oldLeased: an attempts value of that version whose claim had a token
+-- (its lease score then had none).
+local function oldLeased(a)
+  return string.match(a or '', '^%d+:[^:]*:.+$') ~= nil
+end
+-- stampBare gives a bare value v the header, with its due time: from its
+-- attempts value a, else (with due, the due key, for an id claimed from
+-- there) its due score, else now.
+local function stampBare(v, a, now, due, id)
+  local d = oldDue(a)
+  if not d and due then d = tonumber(redis.call('ZSCORE', due, id)) end
+  return stamp(d or now, 0, v)
+end
+-- ======== End of older stored formats ===================================
+
+-- attemptsOf reads an attempts value, "n" or "n/b" (keys.go): the
+-- attempts counted before the current lease, and how many of them before
+-- the last replay.
+local function attemptsOf(v)
+  if not v then return 0, 0 end
+  local n, b = string.match(v, '^(%d+)/(%d+)$')
+  if n then return tonumber(n), tonumber(b) end
+  n = tonumber(v)
+  if n then return n, 0 end
+  return oldAttempts(v), 0
+end
+local function counted(v)
+  local n = attemptsOf(v)
+  return n
+end
+-- attemptsValue writes n and b as attemptsOf reads them.
+local function attemptsValue(n, b)
+  if b > 0 then return n .. '/' .. b end
+  return n
+end

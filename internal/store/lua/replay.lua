@@ -1,0 +1,48 @@
+-- replay moves dead envelopes (ARGV: ids) back to due at once (Replay,
+-- store.go). The attempts counted so far stay, so the next delivery
+-- carries the next attempt number, and all of them now count before the
+-- replay: the envelope gets a fresh budget of tries. Returns {now ms, how
+-- many were dead}.
+-- Allowed over maxmemory.
+local due, data, attempts, dead, errors = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+
+local bad = checkKeys()
+if bad then return redis.error_reply(bad) end
+local now = nowMs()
+local ids, found = {}, {}
+for _, id in ipairs(ARGV) do
+  if not found[id] and redis.call('ZSCORE', dead, id) and redis.call('HEXISTS', data, id) == 1 then
+    found[id] = true
+    ids[#ids+1] = id
+  end
+end
+local again, migrate, budget, none = {}, {}, {}, {}
+for _, id in ipairs(ids) do
+  again[#again+1] = now
+  again[#again+1] = id
+  local v = redis.call('HGET', data, id)
+  local a = redis.call('HGET', attempts, id)
+  if bare(v) then
+    -- Stored by the version before the value header (prelude): its due
+    -- time is only in its attempts value, which is rewritten now, so it
+    -- is stamped first.
+    migrate[#migrate+1] = id
+    migrate[#migrate+1] = stampBare(v, a, now)
+  end
+  local n = attemptsOf(a)
+  if n > 0 then
+    budget[#budget+1] = id
+    budget[#budget+1] = attemptsValue(n, n)
+  elseif a then
+    none[#none+1] = id
+  end
+end
+if #ids > 0 then
+  if #migrate > 0 then chunks('HSET', data, migrate) end
+  if #budget > 0 then chunks('HSET', attempts, budget) end
+  chunks('ZADD', due, again)
+  if #none > 0 then chunks('HDEL', attempts, none) end
+  chunks('HDEL', errors, ids)
+  chunks('ZREM', dead, ids)
+end
+return {now, #ids}

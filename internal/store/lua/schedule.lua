@@ -1,0 +1,77 @@
+-- schedule upserts a batch of envelopes (Schedule, store.go). KEYS hold
+-- the 8 keys of each shard the batch touches, shard after shard (one shard
+-- under Redis Cluster, where a script must stay in one slot; any number on
+-- a single Redis, so a whole intake batch is one call).
+-- ARGV[1] is the one-shot mark of the value format to write (value.go),
+-- ARGV[2] how long to remember a stream message (ms), then per envelope 6
+-- values: k (KEYS offset of its shard: 0, 8, 16...), id, mode,
+-- microseconds, value, stream message ("" for none): with mode "d" (delay)
+-- or "e" (delay, the first occurrence of a series) the µs are from now and
+-- the value is the encoded envelope, which the script stamps with the
+-- value header; with mode "v" the µs are since the epoch and the value is
+-- stamped already (the client knows the due time, and building a string in
+-- Lua costs about as much as the rest of the upsert).
+-- Returns the due time in ms of each envelope, or 0 for a stream message
+-- this shard stored already (a redelivery after a lost ack: storing it
+-- again would deliver it twice, or bring back an older version). The due
+-- time is rounded up to the millisecond so that a claim at "now ms" is
+-- never early.
+-- A replace drops any claim in flight for the id: the older delivery may
+-- still go out, but its settle no longer matches a claim and changes nothing.
+-- Not allowed to run over maxmemory: it is what fills Redis.
+
+-- shard returns the keys of the shard at KEYS offset k.
+local function shard(k)
+  return KEYS[k+1], KEYS[k+2], KEYS[k+3], KEYS[k+4], KEYS[k+5], KEYS[k+6], KEYS[k+7], KEYS[k+8]
+end
+
+local bad = checkKeys()
+if bad then return redis.error_reply(bad) end
+local _, nowus = nowMs()
+local nowms = math.floor(nowus / 1000)
+local mark, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, pruned = {}, {}
+for i = 3, #ARGV, 6 do
+  local k = tonumber(ARGV[i])
+  local due, inflight, data, attempts, dead, errors, _, seen = shard(k)
+  local id = ARGV[i+1]
+  local msg = ARGV[i+5]
+  local again = false
+  if msg ~= '' then
+    if not pruned[k] then
+      redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
+      pruned[k] = true
+    end
+    again = redis.call('ZSCORE', seen, msg)
+  end
+  if again then
+    out[#out+1] = 0
+  else
+    local us = tonumber(ARGV[i+3])
+    local mode = ARGV[i+2]
+    if mode ~= 'v' then us = nowus + us end
+    -- At least 1: 0 means "stored already" in the reply.
+    local dueMs = math.max(math.ceil(us / 1000), 1)
+    -- Adds first, then removals: a cut leaves the id indexed twice, never
+    -- unindexed.
+    redis.call('ZADD', due, dueMs, id)
+    local v = ARGV[i+4]
+    if mode == 'd' then
+      v = stamp(dueMs, 0, v, mark)
+    elseif mode == 'e' then
+      v = stamp(dueMs, 1, v, mark)
+    end
+    if redis.call('HSET', data, id, v) == 0 then
+      -- A replace: forget any claim, error or death of the old one.
+      redis.call('HDEL', attempts, id)
+      redis.call('HDEL', errors, id)
+      redis.call('ZREM', inflight, id)
+      redis.call('ZREM', dead, id)
+    end
+    -- Remembered last: a cut before it stores the message again on
+    -- redelivery, which redoes the replace's removals too.
+    if msg ~= '' then redis.call('ZADD', seen, nowms + window, msg) end
+    out[#out+1] = dueMs
+  end
+end
+return out
