@@ -247,7 +247,7 @@ func (in *Intake) flush(batch []pending) {
 				in.notReplicated(err)
 			} else if !logged {
 				in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
-				in.redisError("schedule")
+				in.redisError(store.OpSchedule)
 				logged = true
 			}
 			in.count(in.storeFailed(p.reply, p.item.ID, err))
@@ -320,7 +320,7 @@ func (in *Intake) handleCancel(req micro.Request) {
 			in.notReplicated(err)
 		} else {
 			in.log.Error("cancel failed", "id", id, "error", err)
-			in.redisError("cancel")
+			in.redisError(store.OpCancel)
 		}
 		if in.storeFailed(now(req), id, err) == CodeOutcomeUnknown {
 			in.cancelled("outcome_unknown")

@@ -167,7 +167,7 @@ func (s *StreamIntake) flush(batch []streamItem) {
 	}
 	if failed > 0 {
 		s.log.Error("storing stream envelopes failed; they stay in the stream", "count", failed, "error", firstErr)
-		s.obs.RedisError("schedule")
+		s.obs.RedisError(store.OpSchedule)
 		s.count("unavailable", failed)
 	}
 	if again > 0 {

@@ -82,7 +82,7 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 			}
 			return
 		}
-		s.obs.RedisError("ack")
+		s.obs.RedisError(store.OpAck)
 		if try == 1 || actx.Err() != nil {
 			// The leases expire and the envelopes are delivered again:
 			// a duplicate, never a loss.

@@ -169,7 +169,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 // reports whether they all wait out the global backoff instead (no claim
 // ever succeeded, so there is no Redis time to plan per shard with).
 func (s *Scanner) claimFailed(shards []int, res []store.ClaimResult, err error) (global bool) {
-	s.obs.RedisError("claim")
+	s.obs.RedisError(store.OpClaim)
 	if now := s.opt.Now(); now.Sub(s.lastFailLog) > failLogEvery {
 		s.log.Warn("claim failed, retrying the failed shards with backoff", "failed", len(shards)-len(res),
 			"of", len(shards), "error", err)
