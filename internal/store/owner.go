@@ -104,8 +104,8 @@ func formatsKey(ns string) string { return membersKey(ns) + ":formats" }
 // leave), and sets the format this store writes to the newest one that
 // every live daemon reads. A daemon of the version before this rule
 // announces nothing and reads only FormatBare, which no version writes any
-// more: it is not waited for (the one-time exception in the README's
-// Upgrading section). It returns the format written from now on.
+// more: it is not waited for (the one-time exception in the Upgrading
+// section of docs/operations.md). It returns the format written from now on.
 func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) (int, error) {
 	me := strconv.Itoa(s.newest) + ":" + id
 	// The heartbeat's script: a ZSET of announcements with their expiry.

@@ -342,7 +342,7 @@ func (s *Store) CheckWait(ctx context.Context) (replicas int, err error) {
 			version = infoField(info, "redis_version")
 			n, _ = strconv.Atoi(infoField(info, "connected_slaves"))
 		case redis.HasErrorPrefix(err, "NOPERM"):
-			// The README's ACL refuses INFO (@dangerous): count the
+			// The ACL of docs/security.md refuses INFO (@dangerous): count the
 			// replicas with a WAIT that waits for nothing, and probe
 			// WAITAOF below all the same.
 			version = "(INFO not permitted)"
