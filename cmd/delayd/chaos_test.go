@@ -293,6 +293,11 @@ type chaosWorkload struct {
 	// documented case, a failover that loses a claim whose wait for the
 	// replicas fell short (the replica lagged) after it was published.
 	repeatOK bool
+	// coreLossOK allows a core NATS delivery to be lost: in a cluster, a
+	// message the publishing node forwarded to a node that dies (or to a
+	// subscription that just moved) is gone, and no status tells delayd
+	// (the documented limit of core targets; JetStream targets keep it).
+	coreLossOK bool
 }
 
 // run sends schedules (new and replacing) and cancels until ctx ends.
@@ -467,9 +472,13 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 		}
 		s.attempts = append(s.attempts, attempt)
 	}
-	lost := 0
+	lost, coreLost := 0, 0
 	for id := range w.acked {
 		if _, gone := w.cancelled[id]; !gone && !w.uncertain[id] && got[id] == nil {
+			if target, _ := chaosTarget(id); w.coreLossOK && target == "core.t" {
+				coreLost++
+				continue
+			}
 			lost++
 			t.Errorf("%s acknowledged and never delivered", id)
 		}
@@ -484,9 +493,9 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 		total += n
 	}
 	t.Logf("chaos: %d acknowledged (%d replaced, %d cancelled, %d unknown outcomes, %d uncertain), %d delivered; "+
-		"faults %d %v; lost %d; duplicates: %d redeliveries with a higher attempt, %d after a resent request, "+
+		"faults %d %v; lost %d (and %d core NATS deliveries lost across a NATS node kill); duplicates: %d redeliveries with a higher attempt, %d after a resent request, "+
 		"%d with the same attempt after a failover with a lagging replica; lateness p50 %s p99 %s",
-		len(w.acked), w.replaced, len(w.cancelled), len(w.unknown), len(w.uncertain), len(got), total, faults, lost,
+		len(w.acked), w.replaced, len(w.cancelled), len(w.unknown), len(w.uncertain), len(got), total, faults, lost, coreLost,
 		dupRedelivery, dupResent, dupRepeat, p50, p99)
 }
 
