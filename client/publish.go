@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 )
 
 // Published is the stream's acknowledgement of a Publish.
@@ -47,7 +47,7 @@ func (c *Client) Publish(ctx context.Context, target string, payload []byte, opt
 	}
 	id := m.Header.Get(headerID)
 	if id == "" {
-		id = nuid.Next()
+		id = newID()
 		m.Header.Set(headerID, id)
 	}
 	m.Subject = c.prefix + ".intake"
@@ -72,3 +72,7 @@ func (c *Client) Publish(ctx context.Context, target string, payload []byte, opt
 	}
 	return Published{ID: id, Stream: ack.Stream, Sequence: ack.Sequence}, nil
 }
+
+// newID is an id for an envelope given none: a NUID, as nats.go makes for
+// its inboxes (the client depends on nats.go alone).
+func newID() string { return strings.TrimPrefix(nats.NewInbox(), nats.InboxPrefix) }

@@ -3,13 +3,12 @@ package client
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
+	"math/rand"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nuid"
 )
 
 // The request headers of a schedule (see docs/protocol.md).
@@ -225,7 +224,7 @@ func (c *Client) ScheduleRetrying(ctx context.Context, target string, payload []
 	}
 	id := m.Header.Get(headerID)
 	if id == "" {
-		id = nuid.Next()
+		id = newID()
 		m.Header.Set(headerID, id)
 	}
 	backoff := 50 * time.Millisecond
@@ -252,7 +251,7 @@ func (c *Client) ScheduleRetrying(ctx context.Context, target string, payload []
 			return out, err
 		}
 		// Full jitter, so clients that failed together do not retry together.
-		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
+		wait := time.Duration(rand.Int63n(int64(backoff)) + 1)
 		backoff = min(2*backoff, 5*time.Second)
 		select {
 		case <-ctx.Done():
