@@ -18,6 +18,7 @@ import (
 	"github.com/delayd/delayd/internal/bench"
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/embedded"
 )
 
@@ -93,7 +94,7 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 
 	clients := make([]*bridge.Probe, conns)
 	for i := range clients {
-		auth, err := natsAuth(c)
+		auth, err := daemon.NATSAuth(c)
 		if err != nil {
 			return err
 		}

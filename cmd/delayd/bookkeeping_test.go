@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -120,7 +121,7 @@ func TestMixedVersionFleet(t *testing.T) {
 	c := e.cfg()
 	c.HTTP.Addr = "" // several daemons side by side
 	stopOld := e.startDaemon(c)
-	stopNew := e.startDaemon(c, withNewestFormat(3))
+	stopNew := e.startDaemon(c, daemon.WithNewestFormat(3))
 	nc := e.conn()
 	defer nc.Close()
 	got := e.sink(nc, "mixed.t")

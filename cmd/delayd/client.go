@@ -13,6 +13,7 @@ import (
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon"
 )
 
 // parseHeaders turns repeated -H Key:Value flags into key, value pairs.
@@ -181,7 +182,7 @@ func withClient(ctx context.Context, cmd *cli.Command, getenv func(string) strin
 	if err != nil {
 		return err
 	}
-	auth, err := natsAuth(c)
+	auth, err := daemon.NATSAuth(c)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -52,7 +53,7 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if err != nil {
 		return err
 	}
-	ropts, err := redisOptions(c)
+	ropts, err := daemon.RedisOptions(c)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -274,10 +275,10 @@ func TestFaultClockSkew(t *testing.T) {
 	e := newEnv(t)
 	c := e.faultCfg()
 	f := e.faultRun("skew")
-	e.startDaemon(c, withClock(func() time.Time { return time.Now().Add(30 * time.Second) }))
+	e.startDaemon(c, daemon.WithClock(func() time.Time { return time.Now().Add(30 * time.Second) }))
 	c2 := c
 	c2.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	e.startDaemon(c2, withClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
+	e.startDaemon(c2, daemon.WithClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
 	nc := e.conn()
 	defer nc.Close()
 	f.schedule(nc, 1000, time.Now().Add(500*time.Millisecond), 2*time.Second, time.Now().Add(20*time.Second))

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -29,7 +30,7 @@ func runDaemon(t *testing.T, c config.Config) (*syncBuffer, <-chan error, contex
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- daemon(ctx, c, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
+		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})).Run(ctx)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
@@ -50,47 +51,17 @@ func (e *env) cfg() config.Config {
 
 // startDaemon runs a daemon in-process and returns a function that stops it
 // gracefully and reports its error.
-func (e *env) startDaemon(c config.Config, opts ...daemonOption) (stop func() error) {
+func (e *env) startDaemon(c config.Config, opts ...daemon.Option) (stop func() error) {
 	e.t.Helper()
-	if err := c.Validate(); err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	log := hclog.NewNullLogger()
-	if os.Getenv("DELAYD_TEST_LOG") != "" {
-		log = hclog.New(&hclog.LoggerOptions{Name: "delayd", Level: hclog.Debug, Output: os.Stderr})
-	}
-	go func() { done <- daemon(ctx, c, log, opts...) }()
-	e.waitService(c.Subject)
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			err = <-done
-		})
-		return err
-	}
-	e.t.Cleanup(func() { _ = stop() })
-	return stop
+	d := daemontest.Run(e.t, c, opts...)
+	d.WaitServing(e.t, e.nats.URL(), c.Subject)
+	return d.Stop
 }
 
 // waitService waits until a delayd answers on the subject.
 func (e *env) waitService(subject string) {
 	e.t.Helper()
-	nc := e.conn()
-	defer nc.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		m := nats.NewMsg(subject + ".cancel")
-		m.Header.Set(envelope.HeaderID, "probe")
-		if _, err := nc.RequestMsg(m, 200*time.Millisecond); err == nil {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	e.t.Fatal("delayd service did not come up")
+	daemontest.WaitService(e.t, e.nats.URL(), subject)
 }
 
 func (e *env) conn() *nats.Conn {

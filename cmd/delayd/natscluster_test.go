@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -234,7 +235,7 @@ func TestDaemonWithoutNATSGivesUpItsShards(t *testing.T) {
 	for _, cfg := range []config.Config{c, bad} {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- daemon(ctx, cfg, hclog.NewNullLogger()) }()
+		go func() { done <- daemon.New(cfg, hclog.NewNullLogger()).Run(ctx) }()
 		t.Cleanup(func() { cancel(); <-done })
 	}
 	nc, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "app"))

@@ -7,6 +7,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/daemon"
 )
 
 // TestRedisDownAtStart: the daemon starts without Redis, answers 503 and
@@ -48,7 +50,7 @@ func TestNATSDownAtStart(t *testing.T) {
 	e.nats.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- daemon(ctx, c, hclog.NewNullLogger()) }()
+	go func() { done <- daemon.New(c, hclog.NewNullLogger()).Run(ctx) }()
 	time.Sleep(500 * time.Millisecond)
 	e.nats.Start()
 	e.waitService(c.Subject)

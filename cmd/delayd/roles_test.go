@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -71,7 +72,9 @@ func TestPermissionBlocks(t *testing.T) {
 	for _, mode := range []string{"intake", "scanner"} {
 		c := c
 		c.Mode, c.HTTP.Addr = mode, "127.0.0.1:0"
-		go func() { done <- daemon(ctx, c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Trace})) }()
+		go func() {
+			done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Trace})).Run(ctx)
+		}()
 	}
 
 	connect := func(user, pw string) *nats.Conn {

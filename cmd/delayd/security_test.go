@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -55,7 +56,7 @@ func TestNATSAuthTLSAndPermissions(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- daemon(ctx, c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug}))
+		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})).Run(ctx)
 	}()
 
 	app, err := nats.Connect(url, nats.UserInfo("app", "app-secret"), nats.Secure(certs.ClientTLS(t)))
@@ -136,7 +137,7 @@ func TestNATSTokenAndNKey(t *testing.T) {
 			tc.set(&c)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
-			go func() { done <- daemon(ctx, c, hclog.NewNullLogger()) }()
+			go func() { done <- daemon.New(c, hclog.NewNullLogger()).Run(ctx) }()
 			app, err := nats.Connect(e.nats.URL(), tc.client)
 			if err != nil {
 				t.Fatal(err)
@@ -185,7 +186,9 @@ func TestRedisACLAndTLS(t *testing.T) {
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- daemon(dctx, c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})) }()
+	go func() {
+		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})).Run(dctx)
+	}()
 	e.waitService(c.Subject)
 	nc := e.conn()
 	defer nc.Close()
@@ -283,7 +286,7 @@ func TestNATSCredsFile(t *testing.T) {
 	c.NATS.CredsFile = creds("delayd")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- daemon(ctx, c, hclog.NewNullLogger()) }()
+	go func() { done <- daemon.New(c, hclog.NewNullLogger()).Run(ctx) }()
 	app, err := nats.Connect(e.nats.URL(), nats.UserCredentials(creds("app")))
 	if err != nil {
 		t.Fatal(err)

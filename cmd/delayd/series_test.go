@@ -22,6 +22,7 @@ import (
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
@@ -665,7 +666,7 @@ func seriesDaemon(t *testing.T, target string) (*env, *nats.Conn, *sink) {
 func TestSeriesEveryWithSkewedClock(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.startDaemon(e.cfg(), withClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
+	e.startDaemon(e.cfg(), daemon.WithClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
 	nc := e.conn()
 	defer nc.Close()
 	s := e.sink(nc, "series.skew")

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -59,7 +60,9 @@ func TestStreamIntakeWithoutJetStream(t *testing.T) {
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- daemon(ctx, c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})) }()
+	go func() {
+		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})).Run(ctx)
+	}()
 	nc := e.conn()
 	defer nc.Close()
 	scheduleServed(t, nc, hdr(envelope.HeaderTarget, "orders.x", envelope.HeaderDelay, "1h"))
@@ -77,7 +80,7 @@ func TestStreamIntakeWithoutJetStream(t *testing.T) {
 
 	c.Intake.Stream.Enabled = "true"
 	c.HTTP.Addr = "127.0.0.1:0"
-	err := daemon(context.Background(), c, hclog.NewNullLogger())
+	err := daemon.New(c, hclog.NewNullLogger()).Run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "no JetStream") {
 		t.Fatalf("required stream intake without JetStream: %v", err)
 	}

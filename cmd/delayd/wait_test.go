@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -141,7 +142,7 @@ func TestWaitLocalFsyncRefusedWithoutWAITAOF(t *testing.T) {
 	c.Redis.WaitLocalFsync = true
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := daemon(ctx, c, hclog.NewNullLogger())
+	err := daemon.New(c, hclog.NewNullLogger()).Run(ctx)
 	if err == nil || !strings.Contains(err.Error(), "WAITAOF") || !strings.Contains(err.Error(), "7.2") ||
 		!strings.Contains(err.Error(), "redis.wait_local_fsync") {
 		t.Fatalf("want a refusal naming WAITAOF, Redis 7.2 and the setting, got %v", err)
@@ -360,7 +361,7 @@ func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
 	c.Redis.WaitLocalFsync = true
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := daemon(ctx, c, hclog.NewNullLogger())
+	err := daemon.New(c, hclog.NewNullLogger()).Run(ctx)
 	if err == nil || !strings.Contains(err.Error(), "WAITAOF") {
 		t.Fatalf("want a refusal naming WAITAOF under the ACL of docs/security.md, got %v", err)
 	}

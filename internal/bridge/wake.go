@@ -19,17 +19,15 @@ import (
 type WakeRelay struct {
 	nc     *nats.Conn
 	prefix string
-	local  func(shard int, dueMs int64)
 	log    hclog.Logger
 }
 
 // InternalSubject is the prefix of daemon-to-daemon subjects.
 func InternalSubject(prefix string) string { return prefix + ".internal" }
 
-// NewWakeRelay relays on nc under <subject>.internal.wake; local is called for
-// wake-ups received (it ignores shards this daemon does not own).
-func NewWakeRelay(nc *nats.Conn, subject string, local func(shard int, dueMs int64), log hclog.Logger) *WakeRelay {
-	return &WakeRelay{nc: nc, prefix: InternalSubject(subject) + ".wake", local: local, log: log}
+// NewWakeRelay relays on nc under <subject>.internal.wake.
+func NewWakeRelay(nc *nats.Conn, subject string, log hclog.Logger) *WakeRelay {
+	return &WakeRelay{nc: nc, prefix: InternalSubject(subject) + ".wake", log: log}
 }
 
 // Announce publishes a wake-up for shard. It is best effort: a lost one
@@ -40,8 +38,11 @@ func (w *WakeRelay) Announce(shard int, dueMs int64) {
 	}
 }
 
-// Run listens for wake-ups until ctx is done.
-func (w *WakeRelay) Run(ctx context.Context) error {
+// Run listens for wake-ups until ctx is done and hands each to local (the
+// scanner's WakeLocal, which ignores shards this daemon does not own). The
+// receiver is given here, not to NewWakeRelay, because the scanner is built
+// with the relay's Announce: each needs the other.
+func (w *WakeRelay) Run(ctx context.Context, local func(shard int, dueMs int64)) error {
 	sub, err := w.nc.Subscribe(w.prefix+".*", func(m *nats.Msg) {
 		shard, err1 := strconv.Atoi(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
 		due, err2 := strconv.ParseInt(string(m.Data), 10, 64)
@@ -49,7 +50,7 @@ func (w *WakeRelay) Run(ctx context.Context) error {
 			w.log.Debug("malformed wake-up ignored", "subject", m.Subject)
 			return
 		}
-		w.local(shard, due)
+		local(shard, due)
 	})
 	if err != nil {
 		return fmt.Errorf("bridge: wake subscription: %w", err)

@@ -1,0 +1,135 @@
+package daemon
+
+import (
+	"context"
+
+	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/scanner"
+)
+
+// newScanner builds the scanner with its wake relay (the scanner announces
+// through the relay; the relay hands what it hears to the scanner when it
+// runs), the inspector and shard ownership. Every mode has them: an intake
+// wakes the scanner, or announces to the shard's owner.
+func (p *parts) newScanner() {
+	c := p.c
+	opts := scanner.Options{
+		ClaimBatch: c.Scanner.ClaimBatch, ClaimBytes: claimBytes(c, p.log), Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
+		RetryBackoff: c.Scanner.RetryBackoff, RetryBackoffMax: c.Scanner.RetryBackoffMax,
+		MaxAttempts: c.Scanner.MaxAttempts, NoInterestRetryFor: c.Scanner.NoInterestRetryFor, Shared: true,
+	}
+	if c.Dead.Publish {
+		opts.DeadSubject = c.Subject + ".dead"
+	}
+	p.relay = bridge.NewWakeRelay(p.out, c.Subject, p.log.Named("wake"))
+	opts.Announce = p.relay.Announce
+	p.sc = scanner.New(p.st, p.pub, p.metrics, opts, p.log.Named("scanner"))
+	p.insp = inspector{Store: p.st, wake: p.sc.Wake, obs: p.metrics}
+	p.id = daemonID(c.NATS.Name)
+	p.own = scanner.NewOwnership(p.st, p.sc, p.id, c.Ownership.TTL, p.log.Named("ownership"))
+}
+
+// components lists what runs for the daemon's mode, in the order they are
+// stopped: intake first (answer what was taken), then ownership (release
+// the shards at once), the scanner (finish what was claimed), and the
+// admin servers last, so probes and metrics stay up while the rest drains.
+func (p *parts) components() ([]component, error) {
+	var comps []component
+	if p.c.Mode != "scanner" {
+		in, err := p.intakes()
+		if err != nil {
+			return nil, err
+		}
+		comps = append(comps, in...)
+	} else {
+		p.in.Close()
+	}
+	if p.c.Mode != "intake" {
+		comps = append(comps, p.scanning()...)
+	}
+	comps = append(comps, p.background()...)
+	servers, err := p.servers()
+	if err != nil {
+		return nil, err
+	}
+	return append(comps, servers...), nil
+}
+
+// intakes are the stream intake, if enabled, and the request intake. The
+// stream intake stops first: both store until the end.
+func (p *parts) intakes() ([]component, error) {
+	var comps []component
+	si, err := p.newStreamIntake()
+	if err != nil {
+		return nil, err
+	}
+	if si != nil {
+		comps = append(comps, component{"stream-intake", si.Run})
+	}
+	c := p.c
+	in := bridge.NewIntake(p.in, p.st, p.insp, p.sc, p.metrics, bridge.IntakeOptions{
+		Subject: c.Subject, Version: p.opt.version, Batch: c.Intake.Batch, Linger: c.Intake.Linger,
+		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: p.opt.now,
+		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c),
+	}, p.log.Named("intake"))
+	return append(comps, component{"intake", in.Run}), nil
+}
+
+// newStreamIntake builds the durable stream intake on a connection of its
+// own (so its pulls and acks do not queue behind request replies), or nil
+// when intake.stream.enabled is false.
+func (p *parts) newStreamIntake() (*bridge.StreamIntake, error) {
+	c := p.c
+	if !c.StreamEnabled() {
+		return nil, nil
+	}
+	nc, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-stream", p.auth, p.log.Named("nats"), nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	p.onClose(nc.Close) // the stream intake closes it when it stops; this, when it never ran
+	s := c.Intake.Stream
+	return bridge.NewStreamIntake(nc, p.st, p.sc, p.metrics, bridge.StreamOptions{
+		Subject: c.Subject, Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas,
+		MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
+		Batch: c.Intake.Batch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now,
+	}, p.log.Named("stream")), nil
+}
+
+// scanning are the parts that deliver: ownership, the scanner, the wake
+// relay and the consistency checker (if scanner.check_interval is set).
+func (p *parts) scanning() []component {
+	comps := []component{
+		{"ownership", p.own.Run},
+		{"scanner", p.sc.Run},
+		{"wake", func(ctx context.Context) error { return p.relay.Run(ctx, p.sc.WakeLocal) }},
+	}
+	if p.c.Scanner.CheckInterval > 0 {
+		chk := scanner.NewChecker(p.st, p.sc, p.metrics, p.c.Scanner.CheckInterval, p.log.Named("check"))
+		comps = append(comps, component{"check", chk.Run})
+	}
+	return comps
+}
+
+// background are the parts every mode runs beside its work.
+func (p *parts) background() []component {
+	// Every daemon writes values (intake) or reads them (scanner): each
+	// announces the newest format it reads, so the fleet writes one every
+	// live daemon reads. Stopped late: it withdraws the announcement.
+	comps := []component{{"formats", func(ctx context.Context) error {
+		return p.st.RunFormats(ctx, p.id, p.c.Ownership.TTL, p.log.Named("formats"))
+	}}}
+	if p.guard != nil {
+		comps = append(comps, component{"redis-guard", func(ctx context.Context) error { return p.guard.Run(ctx, p.rdb) }})
+	}
+	return append(comps,
+		component{"ready", func(ctx context.Context) error {
+			waitReady(ctx, p.st, p.out.IsConnected, p.log)
+			<-ctx.Done()
+			return nil
+		}},
+		component{"sampler", func(ctx context.Context) error {
+			p.metrics.Sample(ctx, p.st, p.sc.Owned, p.c.HTTP.SampleInterval, p.log.Named("admin"))
+			return nil
+		}})
+}

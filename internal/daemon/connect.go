@@ -1,0 +1,149 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/tlsconf"
+)
+
+// NATSAuth turns the nats.* settings into connection options (for the
+// daemon and for the commands that talk to it).
+func NATSAuth(c config.Config) (bridge.Auth, error) {
+	n := c.NATS
+	a := bridge.Auth{User: n.User, Password: n.Password, Token: n.Token, NKeySeedFile: n.NKeySeedFile, CredsFile: n.CredsFile,
+		InboxPrefix: n.InboxPrefix}
+	if n.TLS.Enabled || n.TLS.CAFile != "" || n.TLS.CertFile != "" {
+		t, err := tlsconf.Client(tlsconf.Files{CAFile: n.TLS.CAFile, CertFile: n.TLS.CertFile, KeyFile: n.TLS.KeyFile})
+		if err != nil {
+			return a, err
+		}
+		a.TLS = t
+	}
+	return a, nil
+}
+
+// RedisOptions turns the redis.* settings into client options (for the
+// daemon and for delayd doctor).
+func RedisOptions(c config.Config) (store.Options, error) {
+	r := c.Redis
+	o := store.Options{Addrs: r.Addrs, Username: r.Username, Password: r.Password, DB: r.DB,
+		Cluster: r.Cluster, MasterName: r.MasterName}
+	if r.WaitReplicas > 0 || r.WaitLocalFsync {
+		o.WaitTimeout = r.WaitTimeout
+	}
+	if r.TLS.Enabled || r.TLS.CAFile != "" || r.TLS.CertFile != "" {
+		t, err := tlsconf.Client(tlsconf.Files{CAFile: r.TLS.CAFile, CertFile: r.TLS.CertFile, KeyFile: r.TLS.KeyFile})
+		if err != nil {
+			return o, err
+		}
+		o.TLS = t
+	}
+	return o, nil
+}
+
+// newStore connects to Redis. It refuses to start on an evicting Redis and
+// on one that cannot confirm writes as redis.wait_* asks.
+func (p *parts) newStore(ctx context.Context) error {
+	c := p.c
+	store.SetLogger(p.log.Named("redis"))
+	p.log.Info("roles", "mode", c.Mode)
+	ropts, err := RedisOptions(c)
+	if err != nil {
+		return err
+	}
+	if !c.Embedded { // the emulation neither evicts nor persists
+		p.guard = store.NewGuard(c.Redis.AllowEviction, p.log.Named("redis"))
+		ropts.OnConnect = p.guard.OnConnect
+	}
+	p.rdb = store.NewClient(ropts)
+	p.st = store.New(p.rdb, c.Namespace, c.Shards, p.storeOptions()...)
+	p.onClose(func() { p.st.Close() })
+	if p.guard != nil {
+		// Refuse to start on an evicting Redis. An unreachable one is
+		// checked on its first connection, like every reconnect.
+		gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := p.guard.Check(gctx, p.rdb)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	return checkWait(ctx, c, p.st, p.log.Named("redis"))
+}
+
+func (p *parts) storeOptions() []store.Option {
+	opts := slices.Concat(p.opt.store, []store.Option{store.WithStreamMemory(p.c.StreamDedupeWindow())})
+	if r := p.c.Redis; r.WaitReplicas > 0 || r.WaitLocalFsync {
+		opts = append(opts, store.WithWait(store.WaitOptions{Replicas: r.WaitReplicas, Timeout: r.WaitTimeout,
+			LocalFsync: r.WaitLocalFsync, Observer: p.metrics}))
+	}
+	return opts
+}
+
+// checkWait refuses to start when Redis cannot confirm writes as the
+// redis.wait_* settings ask (WAITAOF missing), and warns when fewer
+// replicas are connected than wait_replicas. An unreachable Redis is left
+// to the retries: every wait then falls short, which is safe.
+func checkWait(ctx context.Context, c config.Config, st *store.Store, log hclog.Logger) error {
+	r := c.Redis
+	if r.WaitReplicas == 0 && !r.WaitLocalFsync {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	replicas, err := st.CheckWait(wctx)
+	cancel()
+	switch {
+	case errors.Is(err, store.ErrWaitUnsupported):
+		return err
+	case err != nil:
+		log.Warn("cannot check the wait settings against Redis yet", "error", err)
+	case replicas < r.WaitReplicas:
+		log.Warn("fewer replicas connected than redis.wait_replicas: schedules and cancels get 504 until they are back; deliveries go on",
+			"connected", replicas, "wait_replicas", r.WaitReplicas)
+	default:
+		log.Info("writes wait for replicas", "wait_replicas", r.WaitReplicas, "wait_timeout", r.WaitTimeout,
+			"wait_local_fsync", r.WaitLocalFsync, "connected", replicas)
+	}
+	return nil
+}
+
+// newNATS connects the request intake and the deliveries on connections of
+// their own (a scanner-only daemon closes the intake's), and builds the
+// publisher.
+func (p *parts) newNATS() error {
+	c, log := p.c, p.log.Named("nats")
+	var err error
+	if p.auth, err = NATSAuth(c); err != nil {
+		return err
+	}
+	if p.in, err = bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", p.auth, log, nil, nil); err != nil {
+		return err
+	}
+	p.onClose(p.in.Close)
+	refusals := bridge.NewRefusals()
+	if p.out, err = bridge.Connect(c.NATS.URL, c.NATS.Name, p.auth, log, p.metrics.NATSReconnect, refusals); err != nil {
+		return err
+	}
+	p.onClose(p.out.Close)
+	p.metrics.WatchNATS(p.natsUp)
+	p.pub, err = bridge.NewPublisher(p.out, refusals, bridge.PublisherOptions{
+		JetStream: c.Targets.JetStream, FireAndForget: c.Targets.FireAndForget})
+	if err != nil {
+		return err
+	}
+	p.onClose(p.pub.Close)
+	return nil
+}
+
+// natsUp tells whether the connections this daemon's mode uses are up.
+func (p *parts) natsUp() bool {
+	return p.out.IsConnected() && (p.c.Mode == "scanner" || p.in.IsConnected())
+}

@@ -1,0 +1,71 @@
+package daemon_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// A daemon built by New serves schedules, delivers them, and stops
+// cleanly.
+func TestRunServesAndStops(t *testing.T) {
+	n, r := testutil.StartNATS(t), testutil.StartRedis(t)
+	d := daemontest.Start(t, daemontest.Config(n, r))
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sub, err := nc.SubscribeSync("orders.cancel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg("delayd.schedule")
+	m.Header.Set("Delayd-Target", "orders.cancel")
+	m.Header.Set("Delayd-Delay", "100ms")
+	m.Data = []byte("order 42")
+	if rep, err := nc.RequestMsg(m, 5*time.Second); err != nil || rep.Header.Get("Nats-Service-Error") != "" {
+		t.Fatalf("schedule: %v %v", err, rep)
+	}
+	got, err := sub.NextMsg(10 * time.Second)
+	if err != nil || string(got.Data) != "order 42" {
+		t.Fatalf("delivery: %v %v", err, got)
+	}
+	if err := d.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+}
+
+// A part that cannot start (here the admin server's port is taken) ends
+// Run with its error, and what was built before it is closed.
+func TestRunReturnsAStartError(t *testing.T) {
+	n, r := testutil.StartNATS(t), testutil.StartRedis(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := daemontest.Config(n, r)
+	c.HTTP.Addr = ln.Addr().String()
+	before := n.Srv.NumClients()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = daemon.New(c, hclog.NewNullLogger()).Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "address already in use") || ctx.Err() != nil {
+		t.Fatalf("got %v, want the admin server's listen error at once", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); n.Srv.NumClients() > before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d NATS connections left open", n.Srv.NumClients()-before)
+		}
+	}
+}
