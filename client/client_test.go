@@ -19,7 +19,7 @@ import (
 // TestErrorsFromTheDaemon: each refusal of the real daemon matches its
 // sentinel, and the *ServiceError keeps the code and the daemon's reason.
 func TestErrorsFromTheDaemon(t *testing.T) {
-	nc := connect(t)
+	nc := connectDaemon(t)
 	defer nc.Close()
 	c := client.New(nc)
 	ctx := context.Background()
@@ -310,7 +310,7 @@ func TestScheduleRetryingErrorsMatchASentinel(t *testing.T) {
 
 // TestAdminCalls: the operator endpoints of the real daemon, end to end.
 func TestAdminCalls(t *testing.T) {
-	nc := connect(t)
+	nc := connectDaemon(t)
 	defer nc.Close()
 	c := client.New(nc)
 	ctx := context.Background()

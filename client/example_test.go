@@ -13,7 +13,7 @@ import (
 
 // Schedule a message 100 ms ahead and receive it on its target.
 func Example() {
-	nc, _ := nats.Connect(natsURL)
+	nc, _ := nats.Connect(daemonURL())
 	defer nc.Close()
 	sub, _ := nc.SubscribeSync("orders.cancel")
 
@@ -40,7 +40,7 @@ func Example() {
 }
 
 func ExampleClient_Cancel() {
-	nc, _ := nats.Connect(natsURL)
+	nc, _ := nats.Connect(daemonURL())
 	defer nc.Close()
 	c := client.New(nc)
 	ctx := context.Background()
@@ -61,7 +61,7 @@ func ExampleClient_Cancel() {
 
 // Refusals match the sentinel errors; the *ServiceError says why.
 func ExampleServiceError() {
-	nc, _ := nats.Connect(natsURL)
+	nc, _ := nats.Connect(daemonURL())
 	defer nc.Close()
 	c := client.New(nc)
 
@@ -83,7 +83,7 @@ func ExampleServiceError() {
 // ScheduleRetrying makes an id and resends with it until the envelope is
 // stored, so a timeout or a Redis outage never loses it nor doubles it.
 func ExampleClient_ScheduleRetrying() {
-	nc, _ := nats.Connect(natsURL)
+	nc, _ := nats.Connect(daemonURL())
 	defer nc.Close()
 	c := client.New(nc, client.RetryTimeout(2*time.Second))
 
@@ -102,7 +102,7 @@ func ExampleClient_ScheduleRetrying() {
 // Publish goes through the durable stream intake: acknowledged by
 // JetStream, stored by delayd when it can.
 func ExampleClient_Publish() {
-	nc, _ := nats.Connect(natsURL)
+	nc, _ := nats.Connect(daemonURL())
 	defer nc.Close()
 	sub, _ := nc.SubscribeSync("emails.send")
 	c := client.New(nc)

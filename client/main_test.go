@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -9,29 +10,54 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-// natsURL is the shared NATS server, with a delayd (the real binary, on a
-// throwaway redis-server) serving the default prefix "delayd". The
-// examples have no *testing.T, so the servers are started once, here.
-var natsURL string
+// The servers the tests and examples share, each started on first use: a
+// NATS server (most tests answer with fakes on it), and a delayd in this
+// process, on a throwaway redis-server, serving the default prefix
+// "delayd" on that NATS server.
+var (
+	natsServer = testutil.NewShared(func(t testing.TB) { sharedNATS = testutil.StartNATS(t) })
+	delayd     = testutil.NewShared(func(t testing.TB) {
+		natsServer.Need(t)
+		c := daemontest.Config(sharedNATS, testutil.StartRedis(t))
+		c.Limits.MaxPayload = 65536
+		daemontest.Start(t, c)
+		waitStream(t)
+	})
+	sharedNATS *testutil.NATS
+)
 
 func TestMain(m *testing.M) {
 	os.Exit(testutil.RunMain(m, func(t testing.TB) {
-		r := testutil.StartRedis(t)
-		n := testutil.StartNATS(t)
-		testutil.StartDaemon(t, testutil.BuildBinary(t), n, r, "DELAYD_LIMITS_MAX_PAYLOAD=65536")
-		natsURL = n.URL()
-		waitStream(t)
+		testutil.RedisBinary(t) // without redis-server, skip the package (fail under CI=true) as before
+		t.Cleanup(natsServer.Stop)
+		t.Cleanup(delayd.Stop) // cleanups run last first: the daemon stops before its NATS server
 	}))
+}
+
+// daemonURL is the URL of the NATS server with the shared delayd, for the
+// examples: they have no *testing.T, so a setup that fails ends the run.
+func daemonURL() string {
+	if err := delayd.Started(); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: the examples' daemon:", err)
+		delayd.Stop()
+		natsServer.Stop()
+		os.Exit(1)
+	}
+	return sharedNATS.URL()
 }
 
 // waitStream waits until the daemon has set its intake stream up, so that
 // Publish finds it.
 func waitStream(t testing.TB) {
 	t.Helper()
-	nc := connect(t)
+	nc, err := nats.Connect(sharedNATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -49,11 +75,21 @@ func waitStream(t testing.TB) {
 	}
 }
 
+// connect connects to the shared NATS server, without a daemon.
 func connect(t testing.TB) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
+	natsServer.Need(t)
+	nc, err := nats.Connect(sharedNATS.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	return nc
+}
+
+// connectDaemon connects to the shared NATS server with the shared delayd
+// serving on it.
+func connectDaemon(t testing.TB) *nats.Conn {
+	t.Helper()
+	delayd.Need(t)
+	return connect(t)
 }
