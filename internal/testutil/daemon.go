@@ -10,7 +10,9 @@ import (
 	"time"
 )
 
-// Daemon is a delayd process (a binary from BuildBinary) owned by a test.
+// Daemon is a delayd process (a binary from BuildBinary) owned by a test,
+// for what only a separate process shows: kill -9, exit status, footprint.
+// Other tests run the daemon in their own process (internal/daemon/daemontest).
 type Daemon struct {
 	cmd *exec.Cmd
 	Log string // path of its stderr
