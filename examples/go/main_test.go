@@ -6,14 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-// TestExample runs the example against a real delayd.
+// TestExample runs the example against a real delayd (in this process).
 func TestExample(t *testing.T) {
 	r := testutil.StartRedis(t)
 	n := testutil.StartNATS(t)
-	testutil.StartDaemon(t, testutil.BuildBinary(t), n, r)
+	daemontest.Start(t, daemontest.Config(n, r))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out bytes.Buffer
