@@ -73,6 +73,11 @@ type IntakeOptions struct {
 	// answered, and of those waiting in the NATS client for the handler
 	// (0: no bound).
 	PendingBytes int64
+	// trace, when set (by the latency-budget benchmark), is told when each
+	// schedule request reached each stage inside delayd: "handler",
+	// "queued", "flush" (its batch's Redis call starts), "stored" and
+	// "replied".
+	trace func(id, stage string, at time.Time)
 }
 
 // UnknownReply is the body of a 504 answer: the outcome is unknown, and a
@@ -114,6 +119,17 @@ type pending struct {
 	reply answer
 	start time.Time // when the request was received
 	bytes int64     // held until answered
+}
+
+// traceBatch tells opt.trace that every request of batch reached stage.
+func (in *Intake) traceBatch(batch []pending, stage string) {
+	if in.opt.trace == nil {
+		return
+	}
+	at := time.Now()
+	for _, p := range batch {
+		in.opt.trace(p.item.ID, stage, at)
+	}
 }
 
 // nopIntakeObserver is the observer of an intake built without one.
@@ -234,9 +250,11 @@ func (in *Intake) flush(batch []pending) {
 	for i, p := range batch {
 		items[i] = p.item
 	}
+	in.traceBatch(batch, "flush")
 	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
 	due, errs := in.store.Schedule(ctx, items)
 	cancel()
+	in.traceBatch(batch, "stored")
 	logged := false
 	for i, p := range batch {
 		if err := errs[i]; err != nil {
@@ -258,6 +276,9 @@ func (in *Intake) flush(batch []pending) {
 		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
 		in.count(0)
 		in.respond(p.reply, client.Scheduled{ID: p.item.ID, DeliverAt: time.UnixMilli(due[i]).UTC()})
+		if in.opt.trace != nil {
+			in.opt.trace(p.item.ID, "replied", time.Now())
+		}
 		in.replied(p.start)
 		in.held.release(p.bytes)
 	}
@@ -302,6 +323,10 @@ func (in *Intake) handleSchedule(req micro.Request) {
 	}
 	n := requestBytes(req.Data(), req.Headers())
 	in.held.acquire(n)
+	if in.opt.trace != nil {
+		in.opt.trace(it.ID, "handler", start)
+		in.opt.trace(it.ID, "queued", time.Now())
+	}
 	in.queue <- pending{item: it, reply: later(req.Reply()), start: start, bytes: n}
 }
 

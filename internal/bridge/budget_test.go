@@ -1,0 +1,250 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// instantStore answers every write at once, as if Redis took no time: the
+// intake's own cost without the Redis round trip.
+type instantStore struct{}
+
+func (instantStore) Schedule(_ context.Context, items []store.Item) ([]int64, []error) {
+	due, errs := make([]int64, len(items)), make([]error, len(items))
+	for i := range due {
+		due[i] = time.Now().Add(time.Hour).UnixMilli()
+	}
+	return due, errs
+}
+func (instantStore) Cancel(context.Context, string) (store.Cancelled, error) {
+	return store.Cancelled{}, nil
+}
+func (instantStore) Shard(string) int { return 0 }
+
+// noInspect serves no inspection (the benchmark calls none).
+type noInspect struct{}
+
+var errNoInspect = fmt.Errorf("no inspection in this benchmark")
+
+func (noInspect) Get(context.Context, string) (store.Entry, error) {
+	return store.Entry{}, errNoInspect
+}
+func (noInspect) List(context.Context, store.ListOptions) ([]store.Entry, store.Cursor, bool, error) {
+	return nil, store.Cursor{}, false, errNoInspect
+}
+func (noInspect) Stats(context.Context, ...int) ([]store.ShardStats, int64, error) {
+	return nil, 0, errNoInspect
+}
+func (noInspect) Replay(context.Context, []string) (int, error) { return 0, errNoInspect }
+func (noInspect) Purge(context.Context, []string) (int, error)  { return 0, errNoInspect }
+
+// stageTimes collects when each request reached each stage: "sent" and
+// "received" at the requester, the others inside the intake (its trace
+// hook), and reports the median time between consecutive stages.
+type stageTimes struct {
+	mu sync.Mutex
+	at map[string]map[string]time.Time // id → stage → when
+}
+
+func (s *stageTimes) record(id, stage string, at time.Time) {
+	s.mu.Lock()
+	if s.at[id] == nil {
+		s.at[id] = map[string]time.Time{}
+	}
+	s.at[id][stage] = at
+	s.mu.Unlock()
+}
+
+func (s *stageTimes) reset() {
+	s.mu.Lock()
+	s.at = map[string]map[string]time.Time{}
+	s.mu.Unlock()
+}
+
+// budgetStages are the stages in order, each named for the step that ends
+// there.
+var budgetStages = []struct{ from, to, name string }{
+	{"sent", "handler", "nats-in"},      // request published → the handler runs
+	{"handler", "queued", "validate"},   // headers parsed, id made, bytes held
+	{"queued", "flush", "handoff"},      // waiting for a batch and a flusher
+	{"flush", "stored", "redis"},        // the batch's script call
+	{"stored", "replied", "reply"},      // JSON and publish of the reply
+	{"replied", "received", "nats-out"}, // reply published → requester has it
+}
+
+func (s *stageTimes) report(b *testing.B) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range budgetStages {
+		var ds []time.Duration
+		for _, at := range s.at {
+			from, ok1 := at[st.from]
+			to, ok2 := at[st.to]
+			if ok1 && ok2 {
+				ds = append(ds, to.Sub(from))
+			}
+		}
+		if len(ds) == 0 {
+			continue
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		var sum time.Duration
+		for _, d := range ds {
+			sum += d
+		}
+		b.ReportMetric(float64(sum.Nanoseconds())/1e3/float64(len(ds)), "µs-"+st.name)
+		b.ReportMetric(float64(ds[len(ds)*9/10].Nanoseconds())/1e3, "µs-p90-"+st.name)
+	}
+}
+
+// BenchmarkScheduleCall is the latency budget of one schedule call: the
+// same request/reply, from `concurrency` requesters, answered by
+//   - echo: a bare responder (the NATS round trip);
+//   - intake-instant: the real intake over a store that answers at once
+//     (what delayd adds besides Redis);
+//   - intake-redis: the real intake and store on a real redis-server.
+//
+// Each reports µs per call (ns/op × concurrency / 1000 is the latency; one
+// requester gives it directly) and, for the intakes, the median time of
+// each stage of a request inside delayd.
+//
+//	go test -run xxx -bench ScheduleCall -benchtime 5000x ./internal/bridge
+func BenchmarkScheduleCall(b *testing.B) {
+	ns := testutil.StartNATS(b)
+	r := testutil.StartRedis(b)
+	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "budget", 16)
+	b.Cleanup(func() { st.Close() })
+
+	echo, err := nats.Connect(ns.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(echo.Close)
+	if _, err := echo.Subscribe("echo.schedule", func(m *nats.Msg) { _ = m.Respond([]byte(`{"id":"x"}`)) }); err != nil {
+		b.Fatal(err)
+	}
+	// microecho: a micro endpoint answering in its handler; handoff: a
+	// plain subscription whose reply another goroutine sends (the
+	// intake's shape without its work).
+	svc, err := micro.AddService(echo, micro.Config{Name: "echo", Version: "0.0.0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := svc.AddGroup("microecho").AddEndpoint("schedule", micro.HandlerFunc(func(r micro.Request) {
+		_ = r.Respond([]byte(`{"id":"x"}`))
+	})); err != nil {
+		b.Fatal(err)
+	}
+	handoff := make(chan *nats.Msg, 1024)
+	go func() {
+		for m := range handoff {
+			_ = m.Respond([]byte(`{"id":"x"}`))
+		}
+	}()
+	b.Cleanup(func() { close(handoff) })
+	if _, err := echo.Subscribe("handoff.schedule", func(m *nats.Msg) { handoff <- m }); err != nil {
+		b.Fatal(err)
+	}
+	traces := map[string]*stageTimes{}
+	for _, v := range []struct {
+		prefix string
+		st     Store
+	}{{"instant", instantStore{}}, {"redis", st}} {
+		nc, err := nats.Connect(ns.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		tr := &stageTimes{}
+		tr.reset()
+		traces[v.prefix] = tr
+		in := NewIntake(nc, v.st, noInspect{}, noWake{}, nil, IntakeOptions{Subject: v.prefix, Version: "0.0.0", Batch: 256, StoreTimeout: 5 * time.Second,
+			Limits: envelope.Limits{MaxPayload: 1 << 20, MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: 24 * time.Hour},
+			trace:  tr.record}, hclog.NewNullLogger())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- in.Run(ctx) }()
+		b.Cleanup(func() { cancel(); <-done })
+	}
+	payload := []byte(strings.Repeat("p", 128))
+	for _, concurrency := range []int{1, 64} {
+		for _, target := range []string{"echo", "microecho", "handoff", "instant", "redis"} {
+			b.Run(fmt.Sprintf("%s/requesters=%d", target, concurrency), func(b *testing.B) {
+				conns := make([]*nats.Conn, concurrency)
+				for i := range conns {
+					nc, err := nats.Connect(ns.URL())
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer nc.Close()
+					conns[i] = nc
+				}
+				// Warm up every path before timing.
+				try := func(nc *nats.Conn, i int) error {
+					m := &nats.Msg{Subject: target + ".schedule", Data: payload, Header: nats.Header{
+						envelope.HeaderTarget: {"budget.t"}, envelope.HeaderDelay: {"1h"},
+						envelope.HeaderID: {fmt.Sprintf("b%d", i)}}}
+					tr := traces[target]
+					if tr != nil {
+						tr.record(m.Header.Get(envelope.HeaderID), "sent", time.Now())
+					}
+					rep, err := nc.RequestMsg(m, 5*time.Second)
+					if tr != nil {
+						tr.record(m.Header.Get(envelope.HeaderID), "received", time.Now())
+					}
+					if err == nil && rep.Header.Get("Nats-Service-Error") != "" {
+						err = fmt.Errorf("%s", rep.Header.Get("Nats-Service-Error"))
+					}
+					return err
+				}
+				call := func(nc *nats.Conn, i int) {
+					if err := try(nc, i); err != nil {
+						b.Errorf("%s: %v", target, err)
+					}
+				}
+				// Until the service is up, then warm every path up.
+				for deadline := time.Now().Add(10 * time.Second); try(conns[0], 0) != nil; time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						b.Fatalf("%s does not answer", target)
+					}
+				}
+				for i := range 100 {
+					call(conns[0], i)
+				}
+				if tr := traces[target]; tr != nil {
+					tr.reset()
+				}
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				per := b.N / concurrency
+				for w := range concurrency {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range per {
+							call(conns[w], w*per+i)
+						}
+					}()
+				}
+				wg.Wait()
+				b.StopTimer()
+				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(max(per, 1)), "µs/call")
+				if tr := traces[target]; tr != nil {
+					tr.report(b)
+				}
+			})
+		}
+	}
+}
