@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"slices"
 	"time"
@@ -20,14 +21,9 @@ func NATSAuth(c config.Config) (bridge.Auth, error) {
 	n := c.NATS
 	a := bridge.Auth{User: n.User, Password: n.Password, Token: n.Token, NKeySeedFile: n.NKeySeedFile, CredsFile: n.CredsFile,
 		InboxPrefix: n.InboxPrefix}
-	if n.TLS.Enabled || n.TLS.CAFile != "" || n.TLS.CertFile != "" {
-		t, err := tlsconf.Client(tlsconf.Files{CAFile: n.TLS.CAFile, CertFile: n.TLS.CertFile, KeyFile: n.TLS.KeyFile})
-		if err != nil {
-			return a, err
-		}
-		a.TLS = t
-	}
-	return a, nil
+	var err error
+	a.TLS, err = tlsClient(n.TLS)
+	return a, err
 }
 
 // RedisOptions turns the redis.* settings into client options (for the
@@ -39,14 +35,18 @@ func RedisOptions(c config.Config) (store.Options, error) {
 	if r.WaitReplicas > 0 || r.WaitLocalFsync {
 		o.WaitTimeout = r.WaitTimeout
 	}
-	if r.TLS.Enabled || r.TLS.CAFile != "" || r.TLS.CertFile != "" {
-		t, err := tlsconf.Client(tlsconf.Files{CAFile: r.TLS.CAFile, CertFile: r.TLS.CertFile, KeyFile: r.TLS.KeyFile})
-		if err != nil {
-			return o, err
-		}
-		o.TLS = t
+	var err error
+	o.TLS, err = tlsClient(r.TLS)
+	return o, err
+}
+
+// tlsClient is the TLS client a tls block asks for, or nil when it asks for
+// none (not enabled, no CA, no certificate).
+func tlsClient(t config.TLS) (*tls.Config, error) {
+	if !t.Enabled && t.CAFile == "" && t.CertFile == "" {
+		return nil, nil
 	}
-	return o, nil
+	return tlsconf.Client(tlsconf.Files{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile})
 }
 
 // newStore connects to Redis. It refuses to start on an evicting Redis and
