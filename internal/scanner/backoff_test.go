@@ -113,25 +113,6 @@ func TestNoInterestBudget(t *testing.T) {
 	}
 }
 
-// fakeStore records the scanner's settles; it claims nothing.
-type fakeStore struct {
-	mu     sync.Mutex
-	shards int
-	now    int64
-	acks   []map[int][]store.Settle
-}
-
-func (f *fakeStore) Shards() int { return f.shards }
-func (f *fakeStore) Claim(context.Context, []int, store.ClaimOptions) ([]store.ClaimResult, error) {
-	return nil, nil
-}
-func (f *fakeStore) Ack(_ context.Context, byShard map[int][]store.Settle, _ time.Duration) (store.Acked, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.acks = append(f.acks, byShard)
-	return store.Acked{NowMs: f.now}, nil
-}
-
 // errPub fails every delivery with err.
 type errPub struct{ err error }
 
@@ -171,7 +152,7 @@ func TestSettleByTry(t *testing.T) {
 		{noInterest, 16, 0, store.Bury, 0},
 		{ErrUnreachable, 5, 0, store.Postpone, 0}, // nothing sent: the base delay, attempt given back
 	} {
-		st := &fakeStore{shards: 1}
+		st := &claimStore{shards: 1}
 		s := New(st, errPub{tc.err}, nil, defaultOpts, hclog.NewNullLogger())
 		settles := s.publish(context.Background(), []claimed{{shard: 0, at: time.Now(),
 			Claimed: store.Claimed{ID: "a", DueMs: 1000, Attempt: tc.try, Base: tc.base, Data: data, Token: "1.5"}}})
@@ -213,7 +194,7 @@ func TestLeaseExpiredBudget(t *testing.T) {
 		{Options{Lease: time.Second, RetryBackoff: time.Second, MaxAttempts: 10}, 11, false},
 	} {
 		pub := &countPub{}
-		s := New(&fakeStore{shards: 1}, pub, nil, tc.opt, hclog.NewNullLogger())
+		s := New(&claimStore{shards: 1}, pub, nil, tc.opt, hclog.NewNullLogger())
 		settles := s.publish(context.Background(), []claimed{{shard: 0, at: time.Now(),
 			Claimed: store.Claimed{ID: "a", DueMs: 1000, Attempt: tc.try, Data: data, Token: "1.5"}}})
 		if sent := pub.n == 1; sent != tc.publish {
@@ -227,7 +208,7 @@ func TestLeaseExpiredBudget(t *testing.T) {
 // earliest retry, not at the base delay: a shard whose retries all wait a
 // minute is not claimed in vain every second.
 func TestAckPlansTheEarliestRetry(t *testing.T) {
-	st := &fakeStore{shards: 3, now: 1_000_000}
+	st := &claimStore{shards: 3, nowMs: 1_000_000}
 	s := New(st, &countPub{}, nil, defaultOpts, hclog.NewNullLogger())
 	for sh := range s.next {
 		s.next[sh].Store(math.MaxInt64)
