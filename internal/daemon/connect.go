@@ -54,7 +54,6 @@ func tlsClient(t config.TLS) (*tls.Config, error) {
 func (p *parts) newStore(ctx context.Context) error {
 	c := p.c
 	store.SetLogger(p.log.Named("redis"))
-	p.log.Info("roles", "mode", c.Mode)
 	ropts, err := RedisOptions(c)
 	if err != nil {
 		return err

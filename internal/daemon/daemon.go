@@ -90,6 +90,7 @@ func (p *parts) build(ctx context.Context) error {
 	if err := p.startEmbedded(); err != nil {
 		return err
 	}
+	p.log.Info("roles", "mode", p.c.Mode)
 	if err := p.newStore(ctx); err != nil {
 		return err
 	}
