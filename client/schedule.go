@@ -209,6 +209,10 @@ func (c *Client) Schedule(ctx context.Context, target string, payload []byte, op
 	return out, err
 }
 
+// retryRoom is the least time before ctx's deadline in which
+// ScheduleRetrying starts a retry.
+const retryRoom = 50 * time.Millisecond
+
 // ScheduleRetrying is Schedule that retries until the envelope is stored,
 // a retry cannot help (400, 403, 413), or ctx ends. It retries on
 // ErrUnavailable and ErrOutcomeUnknown, with backoff, each attempt
@@ -216,7 +220,11 @@ func (c *Client) Schedule(ctx context.Context, target string, payload []byte, op
 // (a NUID) before the first attempt and sends the same on every retry:
 // that makes the retries safe, since a second store under the same id
 // replaces the first, it never adds a duplicate delivery. The returned
-// error, when ctx ended, is the last attempt's.
+// error, when ctx ended, is the last attempt's. No retry starts so close
+// to ctx's deadline that the deadline would cut it short (less than four
+// times the slowest answer so far, and at least 50 ms): such an attempt
+// could only end as ErrOutcomeUnknown, although every answer said
+// ErrUnavailable; the call returns the last answer instead.
 func (c *Client) ScheduleRetrying(ctx context.Context, target string, payload []byte, opts ...ScheduleOption) (Scheduled, error) {
 	m, err := build(target, payload, opts)
 	if err != nil {
@@ -232,12 +240,27 @@ func (c *Client) ScheduleRetrying(ctx context.Context, target string, payload []
 	// have stored the envelope, a later attempt that wrote nothing does
 	// not make "nothing stored" true.
 	var unknown error
+	// answered is the longest an attempt took to get an answer (a reply,
+	// or the server's no-responders status); 0 before the first answer.
+	var answered time.Duration
+	var last error
 	for {
+		if dl, ok := ctx.Deadline(); ok && answered > 0 && time.Until(dl) < max(retryRoom, 4*answered) {
+			if unknown != nil {
+				return Scheduled{}, unknown
+			}
+			return Scheduled{}, last
+		}
 		actx, cancel := context.WithTimeout(ctx, c.retryTimeout)
 		var out Scheduled
 		// A fresh message per attempt: the request sets its reply subject.
+		start := time.Now()
 		err := c.request(actx, "schedule", id, &nats.Msg{Header: m.Header, Data: m.Data}, &out)
+		if actx.Err() == nil {
+			answered = max(answered, time.Since(start))
+		}
 		cancel()
+		last = err
 		if errors.Is(err, ErrOutcomeUnknown) {
 			unknown = err
 		}
