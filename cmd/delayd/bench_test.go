@@ -9,12 +9,12 @@ import (
 	"testing"
 
 	"github.com/delayd/delayd/internal/bench"
-	"github.com/delayd/delayd/internal/testutil"
 )
 
 // TestBenchCommand runs `delayd bench` against a running daemon and checks
 // its JSON result adds up.
 func TestBenchCommand(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -42,6 +42,7 @@ func TestBenchCommand(t *testing.T) {
 // stream intake against a running daemon, and JetStream message schedules
 // on the bench's own in-process server, side by side. Correctness only.
 func TestBenchStreamCompare(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -80,7 +81,7 @@ func TestBenchEmbeddedNeverLoadsAnotherDelayd(t *testing.T) {
 	c := e.cfg()
 	c.HTTP.Addr = ""
 	e.startDaemon(c)
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 	cmd := exec.Command(bin, "bench", "--embedded", "--nats-url", e.nats.URL(), "--count", "100", "--baseline=false")
 	out, err := cmd.CombinedOutput()
 	if err == nil {

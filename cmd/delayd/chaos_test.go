@@ -37,14 +37,16 @@ import (
 //   - every duplicate carries a higher Delayd-Attempt, or its request was
 //     resent after a failure (a documented upsert).
 //
-// CI runs 60 s; DELAYD_CHAOS_DURATION runs longer, DELAYD_CHAOS_SEED
-// repeats a run's nemesis.
+// It runs with DELAYD_SOAK=1 (.ci/run's second step), for 60 s;
+// DELAYD_CHAOS_DURATION runs longer, DELAYD_CHAOS_SEED repeats a run's
+// nemesis.
 func TestChaosSoak(t *testing.T) {
-	skipShort(t, "chaos soak")
+	soak(t, "a 60 s chaos soak")
+	t.Parallel()
 	dur, seed, rng := soakParams(t)
 	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
 	stream := chaosStream(t, e.conn(), 1)
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 	const daemons = 3
 	c := e.cfg()
 	c.Scanner.Lease = time.Second

@@ -31,7 +31,8 @@ import (
 // node kill (forwarded to a node that dies: core NATS is at-most-once, and
 // no status tells delayd), and these are counted apart.
 func TestChaosSoakTopology(t *testing.T) {
-	skipShort(t, "topology chaos soak")
+	soak(t, "a 60 s chaos soak on the production topology")
+	t.Parallel()
 	dur, seed, rng := soakParams(t)
 
 	sn := testutil.StartSentinel(t)
@@ -43,7 +44,7 @@ func TestChaosSoakTopology(t *testing.T) {
 	nodes := testutil.StartNATSCluster(t, 3)
 	e := &clusterEnv{env: &env{t: t, redis: sn.Master, nats: nodes[0]}, nodes: nodes}
 	stream := chaosStream(t, e.connTo(0), 3)
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 
 	const daemons = 3
 	c := e.cfg()

@@ -39,6 +39,7 @@ func cliRunner(e *env) func(args ...string) (string, error) {
 // TestCLIBehaves covers the command line against a real daemon: flags
 // after arguments, exit codes, and list in due order a page at a time.
 func TestCLIBehaves(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -139,6 +140,7 @@ func TestCLIBehaves(t *testing.T) {
 // Each command shows its own flags; client commands do not list the
 // daemon's; every command has --help; completion scripts come with it.
 func TestCLIHelpAndCompletion(t *testing.T) {
+	t.Parallel()
 	noenv := func(string) string { return "" }
 	help := func(args ...string) string {
 		var out bytes.Buffer
@@ -207,6 +209,7 @@ func TestCLIStrictEnv(t *testing.T) {
 // on the real nats-server stands in for the daemon, which refuses repeats
 // until it knows them.
 func TestCLIScheduleRepeatFlags(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc, err := nats.Connect(n.URL())
 	if err != nil {
@@ -273,6 +276,7 @@ func TestCLIScheduleRepeatFlags(t *testing.T) {
 // A single-value flag given twice is a usage mistake (exit 2) naming the
 // flag, not a silent last-wins; a list flag may repeat.
 func TestCLIRepeatedFlagIsAUsageError(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		{"schedule", "--target", "a.b", "--delay", "1s", "--delay", "2s", "x"},
 		{"schedule", "--target", "a.b", "--target", "c.d", "--delay", "1s", "x"},
@@ -290,6 +294,7 @@ func TestCLIRepeatedFlagIsAUsageError(t *testing.T) {
 // delayd version names the version and the Go toolchain from the build
 // info (and the commit when the binary was built from a checkout).
 func TestVersionFromBuildInfo(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"delayd", "version"}, func(string) string { return "" }, &out, &out); err != nil {
 		t.Fatal(err)
@@ -302,6 +307,7 @@ func TestVersionFromBuildInfo(t *testing.T) {
 // With log.json a daemon's fatal error is a JSON line too, and main prints
 // nothing else: every line of its output parses.
 func TestFatalErrorIsJSONWithLogJSON(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t) // holds the port the embedded server wants
 	var out bytes.Buffer
 	err := run(context.Background(), []string{"delayd", "run", "--embedded", "--log-json", "--nats-url", n.URL(),

@@ -13,6 +13,7 @@ import (
 // migrated mid-run (nothing lost or duplicated), then one master killed
 // and its replica promoted (the run completes; loss is reported).
 func TestRedisCluster(t *testing.T) {
+	t.Parallel()
 	cl := testutil.StartRedisCluster(t)
 	e := &env{t: t, redis: cl.Nodes[0], nats: testutil.StartNATS(t)}
 	c := e.cfg()
@@ -39,12 +40,15 @@ func TestRedisCluster(t *testing.T) {
 			break
 		}
 	}
+	migrated := make(chan struct{})
 	go func() {
+		defer close(migrated)
 		time.Sleep(time.Until(start.Add(time.Second)))
 		cl.MigrateSlot(t, int(slot), dst)
 		t.Logf("slot %d (shard 0) migrated %s -> %s mid-run", slot, src.Addr, dst.Addr)
 	}()
 	f.schedule(nc, 3000, start, 3*time.Second, time.Now().Add(30*time.Second))
+	<-migrated
 	if dups := f.verify(t, 20*time.Second); dups != 0 {
 		t.Errorf("%d duplicates across a slot migration", dups)
 	}
@@ -57,12 +61,15 @@ func TestRedisCluster(t *testing.T) {
 	start = time.Now().Add(1500 * time.Millisecond)
 	slot3, _ := cc.ClusterKeySlot(ctx, "{delayd:3}:due").Result()
 	victim := cl.MasterOf(t, int(slot3))
+	killed := make(chan struct{})
 	go func() {
+		defer close(killed)
 		time.Sleep(time.Until(start.Add(time.Second)))
 		victim.Kill()
 		t.Logf("killed master %s (shard 3) mid-run", victim.Addr)
 	}()
 	f2.schedule(nc, 3000, start, 3*time.Second, time.Now().Add(40*time.Second))
+	<-killed // the kill's writes happen before WaitOK reads the nodes
 	cl.WaitOK(t, 30*time.Second)
 	dups, lost := f2.verifyLoss(t, 30*time.Second, true)
 	t.Logf("master failover: %d of %d acknowledged envelopes lost, %d duplicates. Redis replication is asynchronous: "+

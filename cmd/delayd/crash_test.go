@@ -84,10 +84,11 @@ func (p *proc) kill() {
 // burst is claimed but not yet acknowledged. Those must still be in flight
 // in Redis and be delivered again by a new daemon once their lease expires.
 func TestKill9BetweenClaimAndAck(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Scanner.Lease = time.Second
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 	nc := e.conn()
 	defer nc.Close()
 	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
@@ -145,7 +146,7 @@ func TestKill9BetweenClaimAndAck(t *testing.T) {
 	second := e.sink(sc, "crash.target")
 	e.startProc(bin, c)
 	second.waitCount(len(inflight), 10*time.Second)
-	time.Sleep(200 * time.Millisecond)
+	quiet(t, e, c, first, second)
 	for _, id := range ids {
 		a, b := first.get(id), second.get(id)
 		if len(a)+len(b) == 0 {
@@ -169,16 +170,5 @@ func TestKill9BetweenClaimAndAck(t *testing.T) {
 	}
 	if n := e.stored(c); n != 0 {
 		t.Fatalf("%d envelopes left after redelivery", n)
-	}
-}
-
-func waitMsg(t *testing.T, ch <-chan *nats.Msg, d time.Duration) *nats.Msg {
-	t.Helper()
-	select {
-	case m := <-ch:
-		return m
-	case <-time.After(d):
-		t.Fatal("no delivery")
-		return nil
 	}
 }

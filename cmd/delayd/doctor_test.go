@@ -18,6 +18,7 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 // could, and checks that doctor reports each kind read-only, repairs it with
 // --repair, and that a repaired envelope is then delivered.
 func TestDoctor(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Shards = 2
@@ -80,6 +81,7 @@ func TestDoctor(t *testing.T) {
 // delivers: an atomic page never sees a half-moved envelope, so nothing may
 // be found.
 func TestDoctorWhileDelivering(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Shards = 4

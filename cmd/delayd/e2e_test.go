@@ -16,6 +16,7 @@ import (
 )
 
 func TestOrderScenario(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -50,7 +51,7 @@ func TestOrderScenario(t *testing.T) {
 	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1200ms", "Delayd-Id", "order-44"), "new")
 
 	s.waitCount(2, 5*time.Second)
-	time.Sleep(500 * time.Millisecond) // room for anything that should not come
+	quiet(t, e, c, s) // nothing stored or in flight: nothing else can come
 
 	got := s.get("order-42")
 	if len(got) != 1 {
@@ -80,6 +81,7 @@ func TestOrderScenario(t *testing.T) {
 }
 
 func TestPlainPublishIsStored(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon(e.cfg())
 	nc := e.conn()
@@ -95,6 +97,7 @@ func TestPlainPublishIsStored(t *testing.T) {
 }
 
 func TestNeverEarly(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon(e.cfg())
 	nc := e.conn()
@@ -152,6 +155,7 @@ func logLateness(t *testing.T, l []time.Duration) {
 }
 
 func TestRestartKeepsPending(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	stop := e.startDaemon(c)
@@ -184,6 +188,7 @@ func TestRestartKeepsPending(t *testing.T) {
 }
 
 func TestTwoDaemonsDeliverOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -197,7 +202,7 @@ func TestTwoDaemonsDeliverOnce(t *testing.T) {
 		h.Set("Delayd-Delay", fmt.Sprintf("%dms", 100+i%700))
 	})
 	s.waitCount(n, 10*time.Second)
-	time.Sleep(300 * time.Millisecond)
+	quiet(t, e, c, s)
 	lateness, dups := s.check(t, ids)
 	if dups != 0 {
 		t.Errorf("%d duplicates with two daemons and no fault", dups)
@@ -206,6 +211,7 @@ func TestTwoDaemonsDeliverOnce(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Limits.MaxPayload = 1024

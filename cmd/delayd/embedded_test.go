@@ -35,6 +35,7 @@ func (s *syncBuffer) String() string {
 // TestEmbeddedRun runs the README's quick start through run(), with the
 // same Lua scripts on the Redis emulation, and uses the CLI against it.
 func TestEmbeddedRun(t *testing.T) {
+	t.Parallel()
 	url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
@@ -98,6 +99,7 @@ func TestEmbeddedRun(t *testing.T) {
 }
 
 func TestCLIErrors(t *testing.T) {
+	t.Parallel()
 	noenv := func(string) string { return "" }
 	var out, errOut bytes.Buffer
 	for _, tc := range []struct {

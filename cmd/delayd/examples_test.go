@@ -72,6 +72,7 @@ func natscli(t *testing.T) string {
 // a delivery, cancels a second message and waits 3 s for it not to come,
 // and reads an error reply; both exit non-zero on any mismatch.
 func TestExamples(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon(e.cfg())
 	want := []string{"scheduled: ", "delivered order-", "scheduled: ", "cancelled: ",
@@ -146,6 +147,7 @@ func readmeNatsCommands(t *testing.T) []string {
 // the script is one of the README's. So what TestExamples runs is what the
 // README shows.
 func TestShellExampleMatchesReadme(t *testing.T) {
+	t.Parallel()
 	cmds := readmeNatsCommands(t)
 	if len(cmds) < 5 {
 		t.Fatalf("README shows %d nats commands, want the schedule, receive, cancel and error steps: %q", len(cmds), cmds)

@@ -25,6 +25,7 @@ import (
 // serves probes and metrics only; a stored Authorization header and a card
 // number in a payload are not reachable through it.
 func TestProbeListenerServesNoConsole(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.UI.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
@@ -63,6 +64,7 @@ func TestProbeListenerServesNoConsole(t *testing.T) {
 // console on a non-loopback address and no authentication; ui.insecure
 // starts it anyway, with a warning.
 func TestConsoleOnNetworkNeedsAuth(t *testing.T) {
+	t.Parallel()
 	port := testutil.FreePort(t)
 	addr := fmt.Sprintf("0.0.0.0:%d", port)
 	var out syncBuffer
@@ -107,6 +109,7 @@ func TestConsoleOnNetworkNeedsAuth(t *testing.T) {
 // $MQTT.rmsgs would plant a forged retained message for every new MQTT
 // subscriber. It is refused with 403 and never stored.
 func TestMQTTRetainedMessageRefused(t *testing.T) {
+	t.Parallel()
 	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
 		o.ServerName = "mqtt-test" // MQTT requires a server name
 		o.MQTT.Host, o.MQTT.Port = "127.0.0.1", testutil.FreePort(t)
@@ -121,6 +124,7 @@ func TestMQTTRetainedMessageRefused(t *testing.T) {
 // TestSystemNamespacesRefused: every $-prefixed subject space and the
 // request-reply spaces are refused, not only the ones a list named.
 func TestSystemNamespacesRefused(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -150,6 +154,7 @@ func refusedTargets(t *testing.T, e *env, c config.Config, nc *nats.Conn, payloa
 // TestNATSHeadersFromPublishersRefused: Nats-* headers would be published
 // into a stream with delayd's rights (a purge by rollup, a forged dedup id).
 func TestNATSHeadersFromPublishersRefused(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -176,6 +181,7 @@ func TestNATSHeadersFromPublishersRefused(t *testing.T) {
 // under the publisher prefix either, so a publisher's permissions on
 // delayd.schedule/delayd.cancel (or, carelessly, delayd.>) reach neither.
 func TestOperatorEndpointsLeftThePublisherSpace(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -202,6 +208,7 @@ func TestOperatorEndpointsLeftThePublisherSpace(t *testing.T) {
 // JetStream delivery failed must not carry delayd's Nats-Msg-Id (it would
 // be dropped as a duplicate, or forge one, in a stream on the dead subject).
 func TestDeadLetterCarriesNoMsgID(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Targets.JetStream = []string{"nostream.>"}

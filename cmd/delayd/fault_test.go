@@ -163,10 +163,11 @@ func (f *faultRun) verifyLoss(t *testing.T, wait time.Duration, allowLoss bool) 
 // TestFaultKill9ThreeTimes kills the daemon process with SIGKILL three
 // times at random points of a run and restarts it each time.
 func TestFaultKill9ThreeTimes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.faultCfg()
 	f := e.faultRun("kill")
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 	nc := e.conn()
 	defer nc.Close()
 	p := e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
@@ -192,7 +193,8 @@ func TestFaultKill9ThreeTimes(t *testing.T) {
 // wait and go out after the reconnect; nothing sits in a reconnect buffer
 // counted as delivered.
 func TestFaultNATSOutage(t *testing.T) {
-	skipShort(t, "30 s outage")
+	soak(t, "a 30 s NATS outage")
+	t.Parallel()
 	e := newEnv(t)
 	c := e.faultCfg()
 	f := e.faultRun("nats")
@@ -220,6 +222,7 @@ func TestFaultNATSOutage(t *testing.T) {
 // starts it again 3 s later. Intake answers 503 meanwhile, the scanner
 // backs off without a hot loop, and nothing acknowledged is lost.
 func TestFaultRedisRestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
 	c := e.faultCfg()
 	c.HTTP.SampleInterval = time.Hour // keep the error counter to claims and intake
@@ -251,6 +254,7 @@ func TestFaultRedisRestart(t *testing.T) {
 // TestFaultScriptFlush flushes Redis' script cache mid-run, then restarts
 // Redis (which empties it again); the daemon reloads and carries on.
 func TestFaultScriptFlush(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
 	c := e.faultCfg()
 	f := e.faultRun("flush")
@@ -258,7 +262,9 @@ func TestFaultScriptFlush(t *testing.T) {
 	nc := e.conn()
 	defer nc.Close()
 	start := time.Now().Add(time.Second)
+	restarted := make(chan struct{})
 	go func() {
+		defer close(restarted)
 		time.Sleep(1500 * time.Millisecond)
 		_ = e.redis.Client().ScriptFlush(context.Background()).Err()
 		time.Sleep(1500 * time.Millisecond)
@@ -266,12 +272,14 @@ func TestFaultScriptFlush(t *testing.T) {
 		e.redis.Start()
 	}()
 	f.schedule(nc, 2000, start, 5*time.Second, time.Now().Add(30*time.Second))
+	<-restarted // before the cleanup's Kill reads the process
 	f.verify(t, 20*time.Second)
 }
 
 // TestFaultClockSkew runs two daemons whose wall clocks are 30 s ahead and
 // 30 s behind. Due times and "now" are Redis time, so nothing fires early.
 func TestFaultClockSkew(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.faultCfg()
 	f := e.faultRun("skew")

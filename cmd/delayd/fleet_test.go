@@ -35,12 +35,14 @@ func (e *env) captureStream(name, subject string) jetstream.Stream {
 // duplicates only as redeliveries of leases in flight, and the orphaned
 // shards are taken over within the ownership lease.
 func TestTenDaemonsThreeKilled(t *testing.T) {
+	soak(t, "ten daemon processes, 30,000 envelopes")
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Shards = 16
 	c.Scanner.Lease = time.Second
 	f := &faultRun{e: e, target: "ten.x", stream: e.captureStream("TEN", "ten.>"), acked: map[string]time.Time{}}
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 	procs := make([]*proc, 10)
 	for i := range procs {
 		procs[i] = e.startProcEnv(bin, c, "DELAYD_NATS_NAME=d"+strconv.Itoa(i), "DELAYD_SHARDS=16")
@@ -127,7 +129,8 @@ func commandCalls(t *testing.T, r *testutil.Redis) int64 {
 // TestIdleLoadFlat: Redis commands per second at idle with ten daemons are
 // at most twice those with one, measured from INFO commandstats deltas.
 func TestIdleLoadFlat(t *testing.T) {
-	skipShort(t, "measures for 2 x 8 s")
+	soak(t, "measures idle Redis load for 2 x 8 s")
+	t.Parallel()
 	measure := func(daemons int) float64 {
 		e := newEnv(t)
 		c := e.cfg()
@@ -174,7 +177,17 @@ func crossDaemonRun(t testing.TB, n int) []time.Duration {
 	nc := e.conn()
 	defer nc.Close()
 	s := e.sink(nc, "cross.target")
-	time.Sleep(time.Second) // the scanner takes every shard
+	// The scanner takes every shard.
+	st := e.inspectStore(c)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		owners, err := st.Owners(context.Background())
+		if err == nil && !slices.Contains(owners, "") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shards not all owned: %v %v", owners, err)
+		}
+	}
 	ids := scheduleMany(t, nc, n, 16, "x", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "cross.target")
 		h.Set("Delayd-Delay", strconv.Itoa(50+i%900)+"ms")

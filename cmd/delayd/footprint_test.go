@@ -31,7 +31,7 @@ func startForFootprint(b *testing.B, bin string, e *env) (*exec.Cmd, string) {
 // against reachable Redis and NATS.
 func BenchmarkStartToReady(b *testing.B) {
 	e := &env{redis: testutil.StartRedis(b), nats: testutil.StartNATS(b)}
-	bin := testutil.BuildBinary(b)
+	bin := delaydBinary(b)
 	var total time.Duration
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
@@ -59,7 +59,7 @@ func BenchmarkStartToReady(b *testing.B) {
 // due, over 20 s, as a percentage of one core.
 func BenchmarkIdleCPU(b *testing.B) {
 	e := &env{redis: testutil.StartRedis(b), nats: testutil.StartNATS(b)}
-	bin := testutil.BuildBinary(b)
+	bin := delaydBinary(b)
 	for i := 0; i < b.N; i++ {
 		cmd, url := startForFootprint(b, bin, e)
 		for {

@@ -29,13 +29,17 @@ func runDaemon(t *testing.T, c config.Config) (*syncBuffer, <-chan error, contex
 	logs := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	// exited, not done, tells the cleanup the daemon is gone: a test that
+	// read its result from done has emptied that.
+	exited := make(chan struct{})
 	go func() {
+		defer close(exited)
 		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})).Run(ctx)
 	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-done:
+		case <-exited:
 		case <-time.After(15 * time.Second):
 		}
 	})
@@ -61,6 +65,7 @@ func waitState(t *testing.T, st *store.Store, id string, state store.State, d ti
 // Defect 2: with several refused targets in one flush window, only the last
 // -ERR was seen; the others were acked as delivered and deleted.
 func TestSeveralRefusedTargetsInOneBatch(t *testing.T) {
+	t.Parallel()
 	e, c := refusingNATS(t)
 	logs, _, _ := runDaemon(t, c)
 	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
@@ -108,6 +113,7 @@ func natsBehindProxy(t *testing.T) (*env, *testutil.Proxy, config.Config) {
 // for "unreachable": the attempt was given back and the envelope went out
 // again and again as attempt 1, never dead.
 func TestSlowFlushIsAnAttempt(t *testing.T) {
+	t.Parallel()
 	e, proxy, c := natsBehindProxy(t)
 	c.Scanner.MaxAttempts = 3
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
@@ -140,6 +146,7 @@ func TestSlowFlushIsAnAttempt(t *testing.T) {
 // "nothing stored", yet it was stored and delivered. Now: 504 with the id,
 // and a retry with that id replaces it.
 func TestStoreTimeoutAnswers504WithID(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -169,7 +176,7 @@ func TestStoreTimeoutAnswers504WithID(t *testing.T) {
 	// The retry with that id is an upsert: one envelope, one delivery.
 	scheduleServed(t, nc, hdr("Delayd-Target", "unknown.outcome", "Delayd-Delay", "500ms", "Delayd-Id", body.ID))
 	got.waitCount(1, 10*time.Second)
-	time.Sleep(2 * time.Second)
+	quiet(t, e, c, got)
 	if n := len(got.get(body.ID)); n != 1 {
 		t.Fatalf("id %s delivered %d times; want once", body.ID, n)
 	}
@@ -179,6 +186,7 @@ func TestStoreTimeoutAnswers504WithID(t *testing.T) {
 // refused (OOM), so no shard was ever owned and nothing due was delivered,
 // while delivering is what frees memory. Schedules are refused whole (503).
 func TestOverMaxmemoryStillDelivers(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	nc := e.conn()
@@ -218,6 +226,7 @@ func TestOverMaxmemoryStillDelivers(t *testing.T) {
 // silently. delayd refuses to start on one, and stops when a reconnect
 // finds one, unless redis.allow_eviction says otherwise.
 func TestEvictingRedisRefused(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, "--maxmemory-policy", "allkeys-lru")
 	c := e.cfg()
 	logs, done, _ := runDaemon(t, c)
@@ -259,6 +268,7 @@ func TestEvictingRedisRefused(t *testing.T) {
 // Defect 7: payloads close to the server's max_payload were accepted, then
 // every delivery failed, because the delivery carries more headers.
 func TestDeliveryMustFitMaxPayload(t *testing.T) {
+	t.Parallel()
 	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.MaxPayload = 4096 })}
 	c := e.cfg()
 	e.startDaemon(c)
@@ -289,6 +299,7 @@ func TestDeliveryMustFitMaxPayload(t *testing.T) {
 // Defect 10: retries waited for the idle interval instead of the retry
 // backoff, and a replayed envelope for the next idle tick.
 func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Scanner.IdleInterval = time.Hour // only wake-ups can deliver in time
@@ -326,6 +337,7 @@ func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
 // was sent, so the reply is 504 with the id, never 503; a retry with that
 // id replaces it, and it is delivered once.
 func TestSlowRedisReplyThroughProxy(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	proxy := testutil.StartProxy(t, e.redis.Addr)
 	c := e.cfg()
@@ -353,7 +365,7 @@ func TestSlowRedisReplyThroughProxy(t *testing.T) {
 	// retry with its id replaces it, so it is delivered once.
 	scheduleServed(t, nc, hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "100ms", "Delayd-Id", body.ID))
 	got.waitCount(1, 10*time.Second)
-	time.Sleep(time.Second)
+	quiet(t, e, c, got)
 	if n := len(got.get(body.ID)); n != 1 {
 		t.Fatalf("delivered %d times, want once", n)
 	}
@@ -363,6 +375,7 @@ func TestSlowRedisReplyThroughProxy(t *testing.T) {
 // schedules and deliveries flow: answers are 503 or 504, never a false
 // "stored"; everything acknowledged is delivered; the data stays consistent.
 func TestRedisLinkCutMidPipeline(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	proxy := testutil.StartProxy(t, e.redis.Addr)
 	c := e.faultCfg()
@@ -404,6 +417,7 @@ func TestRedisLinkCutMidPipeline(t *testing.T) {
 // flush is confirmed: the message may be lost or delivered, so it is an
 // attempt; the envelope arrives, and any second copy has a higher attempt.
 func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
+	t.Parallel()
 	e, proxy, c := natsBehindProxy(t)
 	e.startDaemon(c)
 	nc := e.conn()
@@ -419,7 +433,7 @@ func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
 	if got.waitCount(1, 15*time.Second) < 1 {
 		t.Fatal("never delivered after the cut")
 	}
-	time.Sleep(time.Second)
+	quiet(t, e, c, got)
 	seen := map[int]bool{}
 	for _, d := range got.get("cf") {
 		if seen[d.attempt] {
@@ -454,6 +468,7 @@ func refusingNATS(t *testing.T) (*env, config.Config) {
 // with '"', '\' or bytes that are not UTF-8 did not match its target and
 // was acked as delivered.
 func TestRefusedTargetNeedingQuotes(t *testing.T) {
+	t.Parallel()
 	e, c := refusingNATS(t)
 	runDaemon(t, c)
 	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
@@ -475,6 +490,7 @@ func TestRefusedTargetNeedingQuotes(t *testing.T) {
 // envelope waits for its retry in due, and a cancel then said nothing of
 // the attempt that may still arrive.
 func TestCancelAfterUnconfirmedAttemptSaysInFlight(t *testing.T) {
+	t.Parallel()
 	e, proxy, c := natsBehindProxy(t)
 	c.Scanner.RetryBackoff = 30 * time.Second
 	e.startDaemon(c)
@@ -514,6 +530,7 @@ func TestCancelAfterUnconfirmedAttemptSaysInFlight(t *testing.T) {
 // held the publish stage until its deadline; it must fail at once with the
 // permissions error, like a core one.
 func TestRefusedJetStreamTargetFailsWithTheRefusal(t *testing.T) {
+	t.Parallel()
 	e, c := refusingNATS(t)
 	c.Targets.JetStream = []string{"payments.>"}
 	runDaemon(t, c)

@@ -89,11 +89,12 @@ type sink struct {
 	got  map[string][]delivery
 	n    int
 	cond chan struct{}
+	nc   *nats.Conn
 }
 
 func (e *env) sink(nc *nats.Conn, subject string) *sink {
 	e.t.Helper()
-	s := &sink{got: map[string][]delivery{}, cond: make(chan struct{}, 1)}
+	s := &sink{got: map[string][]delivery{}, cond: make(chan struct{}, 1), nc: nc}
 	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
 		now := time.Now()
 		due, _ := time.Parse(time.RFC3339Nano, m.Header.Get(envelope.HeaderDue))
@@ -116,6 +117,42 @@ func (e *env) sink(nc *nats.Conn, subject string) *sink {
 		e.t.Fatal(err)
 	}
 	return s
+}
+
+// settle returns once the sink has recorded every message the server sent
+// its connection before the call: the flush's PONG comes after them, and
+// the barrier runs after their callbacks. A delivery counts as published
+// only once the server took it, and is acknowledged in Redis after that,
+// so after waitGone (nothing stored, nothing in flight) and settle, a
+// delivery that has not arrived never will.
+func (s *sink) settle(t testing.TB) {
+	t.Helper()
+	if err := s.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	if err := s.nc.Barrier(func() { close(done) }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sink's callbacks did not drain")
+	}
+}
+
+// quiet waits until nothing is stored under c's namespace (every envelope
+// delivered and acknowledged, none in flight), for at most 10 s, then
+// settles the sinks: past it, a delivery that has not arrived never will.
+// It asserts nothing, so the test's own checks say what went wrong.
+func quiet(t *testing.T, e *env, c config.Config, sinks ...*sink) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); e.stored(c) > 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, s := range sinks {
+		s.settle(t)
+	}
 }
 
 // waitCount waits until at least n deliveries arrived or d passes.

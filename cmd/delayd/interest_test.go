@@ -165,8 +165,8 @@ func waitGone(t *testing.T, e *env, c config.Config) {
 // timers fall due, with the default backoff and budget: it gets every one
 // once it is back, at most one backoff step (here 16 s) later.
 func TestConsumerAway30s(t *testing.T) {
+	soak(t, "a consumer away for 30 s")
 	t.Parallel()
-	skipShort(t, "a consumer away for 30 s")
 	e := newEnv(t)
 	c := e.cfg()
 	c.Scanner.RetryBackoff, c.Scanner.RetryBackoffMax = time.Second, time.Minute // the defaults

@@ -42,6 +42,7 @@ func streamMsgs(t *testing.T, s jetstream.Stream) uint64 {
 }
 
 func TestJetStreamTarget(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Targets.JetStream = []string{"js.>"}
@@ -76,11 +77,12 @@ func TestJetStreamTarget(t *testing.T) {
 // stream has a message and before the ack reaches Redis; the redelivery
 // carries the same Nats-Msg-Id, so the stream keeps one copy.
 func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Scanner.Lease = time.Second
 	st := e.stream("CRASH", "jsc.>")
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 	// Replies from NATS (the PubAcks) reach the daemon 300 ms late, so the
 	// kill lands between publish and ack however fast the machine is.
 	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
@@ -132,6 +134,7 @@ func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 // after max_attempts with the error recorded, are published to
 // delayd.dead.<target>, and can be listed, replayed and purged.
 func TestDeadLetters(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Targets.JetStream = []string{"nostream.>"}
@@ -239,6 +242,7 @@ func TestDeadLetters(t *testing.T) {
 // would spend their 2 s waiting and fail on every attempt (found by
 // review: they ended in the dead set). Each must go out once, attempt 1.
 func TestSlowJetStreamTargetDoesNotStall(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.Scanner.Lease = 4 * time.Second

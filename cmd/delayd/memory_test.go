@@ -16,7 +16,6 @@ import (
 
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
-	"github.com/delayd/delayd/internal/testutil"
 )
 
 // TestLargePayloadsUnderMemoryLimit: 200 envelopes of 900 kB fall due at
@@ -26,11 +25,11 @@ import (
 // delivered. (Before, one claim pulled all 200, about 180 MB, and the
 // sidecar was OOM-killed in a loop.)
 func TestLargePayloadsUnderMemoryLimit(t *testing.T) {
+	soak(t, "measures peak RSS over 180 MB of payloads")
 	t.Parallel()
-	skipShort(t, "180 MB of payloads")
 	e := newEnv(t)
 	c := e.cfg()
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 	st := e.inspectStore(c)
 	const n, size = 200, 900 << 10
 	payload := envelope.Encode(envelope.Envelope{Target: "big.t", Payload: make([]byte, size)})
@@ -93,11 +92,11 @@ func peakRSS(t *testing.T, pid int) int64 {
 // drops the rest, whose publishers retry), so the peak RSS stays under the
 // limit and every one is stored.
 func TestLargeRequestsUnderMemoryLimit(t *testing.T) {
+	soak(t, "measures peak RSS over 180 MB of requests")
 	t.Parallel()
-	skipShort(t, "180 MB of requests")
 	e := newEnv(t)
 	c := e.cfg()
-	bin := testutil.BuildBinary(t)
+	bin := delaydBinary(t)
 	p := e.startProcEnv(bin, c, "GOMEMLIMIT=96MiB")
 	nc := e.conn()
 	defer nc.Close()

@@ -140,8 +140,16 @@ func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 		t.Logf("%d deliveries for %d acknowledged", k, len(acked))
 	}
 	// Room for redeliveries of lost acks to come (after ack_wait) and
-	// show as duplicates.
-	time.Sleep(3 * c.Intake.Stream.AckWait)
+	// show as duplicates: over once the intake consumer has nothing left
+	// to deliver or redeliver, and what it handed out is delivered.
+	for deadline := time.Now().Add(10 * c.Intake.Stream.AckWait); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if cons, err := js.Consumer(context.Background(), c.Intake.Stream.Name, c.Intake.Stream.Name); err == nil {
+			if info, err := cons.Info(context.Background()); err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
+				break
+			}
+		}
+	}
+	quiet(t, e.env, c, got)
 	lost, sameAttempt := 0, 0
 	for _, id := range acked {
 		ds := got.get(id)

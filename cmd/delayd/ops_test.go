@@ -42,6 +42,7 @@ func metric(body, name string) (float64, bool) {
 }
 
 func TestMetricsMove(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	c.HTTP.SampleInterval = 100 * time.Millisecond
@@ -123,6 +124,7 @@ func TestMetricsMove(t *testing.T) {
 }
 
 func TestReadyzFollowsRedis(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)
@@ -168,6 +170,7 @@ func TestReadyzFollowsRedis(t *testing.T) {
 }
 
 func TestInspectCLI(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.startDaemon(c)

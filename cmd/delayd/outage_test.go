@@ -14,6 +14,7 @@ import (
 // TestRedisDownAtStart: the daemon starts without Redis, answers 503 and
 // stores nothing, then works once Redis is up, without a restart.
 func TestRedisDownAtStart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.redis.Kill()
@@ -45,6 +46,7 @@ func TestRedisDownAtStart(t *testing.T) {
 // TestNATSDownAtStart: the daemon starts without NATS and serves once NATS
 // comes up.
 func TestNATSDownAtStart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	e.nats.Stop()

@@ -22,6 +22,7 @@ import (
 // their output, JSON or text, or of the error main would print, carries a
 // secret. The server's refusal must still be named.
 func TestNoSecretInLogs(t *testing.T) {
+	t.Parallel()
 	const (
 		token     = "tokSECRET1"
 		user      = "usrSECRET2"

@@ -44,6 +44,7 @@ func docPermissions(t *testing.T) string {
 // inspect and repair with the CLI and find the service as `nats micro ls`
 // does; the daemon delivers.
 func TestPermissionBlocks(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	port := testutil.FreePort(t)
 	conf := fmt.Sprintf("PUBLISHER_PASSWORD: pub-pw\nOPERATOR_PASSWORD: op-pw\nCONSUMER_PASSWORD: con-pw\nDELAYD_PASSWORD: delayd-pw\n"+

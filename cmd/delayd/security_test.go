@@ -42,6 +42,7 @@ func secureNATS(t *testing.T, certs testutil.Certs) *testutil.NATS {
 }
 
 func TestNATSAuthTLSAndPermissions(t *testing.T) {
+	t.Parallel()
 	certs := testutil.MakeCerts(t)
 	e := &env{t: t, redis: testutil.StartRedis(t), nats: secureNATS(t, certs)}
 	url := strings.Replace(e.nats.URL(), "nats://", "tls://", 1)
@@ -110,6 +111,7 @@ func TestNATSAuthTLSAndPermissions(t *testing.T) {
 }
 
 func TestNATSTokenAndNKey(t *testing.T) {
+	t.Parallel()
 	kp, err := nkeys.CreateUser()
 	if err != nil {
 		t.Fatal(err)
@@ -168,6 +170,7 @@ func mustNkey(t *testing.T, seedFile string) nats.Option {
 // TestRedisACLAndTLS runs delayd against a TLS-only redis-server as an ACL
 // user that may only touch delayd's own keys.
 func TestRedisACLAndTLS(t *testing.T) {
+	t.Parallel()
 	certs := testutil.MakeCerts(t)
 	r := testutil.StartRedisTLS(t, certs)
 	admin := r.Client()
@@ -221,6 +224,7 @@ func TestRedisACLAndTLS(t *testing.T) {
 }
 
 func TestConfigDumpRedactsSecrets(t *testing.T) {
+	t.Parallel()
 	env := map[string]string{
 		"DELAYD_REDIS_PASSWORD": "redis-pw-123",
 		"DELAYD_NATS_TOKEN":     "nats-token-456",
@@ -243,6 +247,7 @@ func TestConfigDumpRedactsSecrets(t *testing.T) {
 // TestNATSCredsFile runs delayd with a JWT user credentials file against a
 // nats-server in operator mode.
 func TestNATSCredsFile(t *testing.T) {
+	t.Parallel()
 	okp, _ := nkeys.CreateOperator()
 	opub, _ := okp.PublicKey()
 	akp, _ := nkeys.CreateAccount()

@@ -11,6 +11,7 @@ import (
 // the run completes, and loss is reported (bounded by what the master
 // acknowledged and did not replicate before it died).
 func TestRedisSentinelFailover(t *testing.T) {
+	t.Parallel()
 	sn := testutil.StartSentinel(t)
 	e := &env{t: t, redis: sn.Replica, nats: testutil.StartNATS(t)}
 	c := e.cfg()
@@ -22,12 +23,15 @@ func TestRedisSentinelFailover(t *testing.T) {
 	defer nc.Close()
 	start := time.Now().Add(1500 * time.Millisecond)
 	old := sn.MasterAddr(t)
+	killed := make(chan struct{})
 	go func() {
+		defer close(killed)
 		time.Sleep(time.Until(start.Add(time.Second)))
 		sn.Master.Kill()
 		t.Logf("killed master %s mid-run", old)
 	}()
 	f.schedule(nc, 3000, start, 3*time.Second, time.Now().Add(40*time.Second))
+	<-killed // before the cleanup's Kill reads the process
 	dups, lost := f.verifyLoss(t, 30*time.Second, true)
 	if now := sn.MasterAddr(t); now == old {
 		t.Errorf("no failover happened (master still %s)", now)

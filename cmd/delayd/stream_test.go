@@ -21,6 +21,7 @@ import (
 // held by the stream (its PubAck is the promise) and delivered once each,
 // never early, after a delayd starts.
 func TestStreamIntakeWhileDaemonAway(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.cfg()
 	_ = e.startDaemon(c)() // creates the stream; then no delayd runs
@@ -46,7 +47,7 @@ func TestStreamIntakeWhileDaemonAway(t *testing.T) {
 	if got := sink.waitCount(n, 30*time.Second); got < n {
 		t.Fatalf("%d of %d delivered", got, n)
 	}
-	time.Sleep(200 * time.Millisecond) // room for a duplicate to show
+	quiet(t, e, c, sink) // room for a duplicate to show
 	if _, dups := sink.check(t, ids); dups != 0 {
 		t.Errorf("%d duplicates", dups)
 	}
@@ -55,6 +56,7 @@ func TestStreamIntakeWhileDaemonAway(t *testing.T) {
 // Without JetStream delayd starts with a warning and the request intake
 // works; with intake.stream.enabled: true it refuses to run.
 func TestStreamIntakeWithoutJetStream(t *testing.T) {
+	t.Parallel()
 	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })}
 	c := e.cfg()
 	var logs syncBuffer
@@ -89,6 +91,7 @@ func TestStreamIntakeWithoutJetStream(t *testing.T) {
 // The quick start's embedded server has JetStream: the stream intake works
 // with --embedded.
 func TestStreamIntakeEmbedded(t *testing.T) {
+	t.Parallel()
 	url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())

@@ -61,6 +61,7 @@ func chromium(t *testing.T) string {
 // an envelope found by id is cancelled (and gone from Redis), and a dead
 // letter is replayed and delivered. Each view is saved as a screenshot.
 func TestConsoleInBrowser(t *testing.T) {
+	t.Parallel()
 	bin := chromium(t)
 	e := newEnv(t)
 	c := e.cfg()

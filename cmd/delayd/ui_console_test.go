@@ -42,6 +42,7 @@ const chartLayout = `(() => {
 // UTC, Find starts with an empty state, Browse lists envelopes by due
 // time across shards, and disabled actions say why.
 func TestConsoleReadOnlyInBrowser(t *testing.T) {
+	t.Parallel()
 	bin := chromium(t)
 	e := newEnv(t)
 	c := e.cfg()

@@ -83,6 +83,7 @@ func idsOf(prefix string, n int) []string {
 // claims' waits fall short, and they are published anyway). After SIGCONT
 // the same schedule gets 200.
 func TestWaitReplicasStoppedReplica(t *testing.T) {
+	t.Parallel()
 	m := testutil.StartRedis(t)
 	r := testutil.StartReplica(t, m)
 	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
@@ -133,6 +134,7 @@ func TestWaitReplicasStoppedReplica(t *testing.T) {
 // wait_local_fsync needs WAITAOF (Redis 7.2): on an older server the
 // daemon refuses to start, saying so.
 func TestWaitLocalFsyncRefusedWithoutWAITAOF(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, "--appendonly", "yes")
 	if v := e.redis.Client().Info(context.Background(), "server").Val(); !strings.Contains(v, "redis_version:7.0") &&
 		!strings.Contains(v, "redis_version:6.") && !strings.Contains(v, "redis_version:7.1") {
@@ -183,6 +185,7 @@ func waitFailover(t *testing.T, sn *testutil.Sentinel, to string) {
 // acknowledged meanwhile are lost; with it they got 504, and every
 // envelope that got 200 arrives.
 func TestWaitSentinelFailoverStoppedReplica(t *testing.T) {
+	t.Parallel()
 	sn, e, _ := sentinelWithWait(t)
 	nc := e.conn()
 	defer nc.Close()
@@ -224,7 +227,7 @@ func TestWaitSentinelFailoverStoppedReplica(t *testing.T) {
 		t.Error("no schedule got 504 while the replica was stopped: the test proves nothing")
 	}
 	got.waitCount(len(acked), time.Until(due)+20*time.Second)
-	time.Sleep(time.Second)
+	quiet(t, e, e.cfg(), got)
 	lost := 0
 	for _, id := range acked {
 		if len(got.get(id)) == 0 {
@@ -248,6 +251,7 @@ func TestWaitSentinelFailoverStoppedReplica(t *testing.T) {
 // though no claim can be confirmed any more; new schedules get 504 and are
 // delivered all the same (they are on the master).
 func TestWaitCleanFailoverNoReplicaLeft(t *testing.T) {
+	t.Parallel()
 	sn, e, httpAddr := sentinelWithWait(t)
 	nc := e.conn()
 	defer nc.Close()
@@ -294,6 +298,7 @@ func TestWaitCleanFailoverNoReplicaLeft(t *testing.T) {
 // with the replica stopped it stays in the stream (offered again, the same
 // id replacing), and it is acked, and delivered once, after SIGCONT.
 func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
+	t.Parallel()
 	m := testutil.StartRedis(t)
 	r := testutil.StartReplica(t, m)
 	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
@@ -324,7 +329,12 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 		Header: hdr("Delayd-Target", "ws.x", "Delayd-Delay", "3s", "Delayd-Id", "s1")}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // several offers, each stored and not confirmed
+	// Several offers, each stored and not confirmed.
+	for deadline := time.Now().Add(10 * time.Second); offers(t, js, c.Intake.Stream.Name) < 3; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the intake offered s1 %d times in 10 s, want 3", offers(t, js, c.Intake.Stream.Name))
+		}
+	}
 	if n := inStream(); n != 1 {
 		t.Fatalf("%d messages in the intake stream with the replica stopped, want 1 (not acked)", n)
 	}
@@ -336,16 +346,32 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 		}
 	}
 	got.waitCount(1, 10*time.Second)
-	time.Sleep(time.Second)
+	quiet(t, e, c, got)
 	if n := len(got.get("s1")); n != 1 {
 		t.Errorf("s1 delivered %d times, want once", n)
 	}
+}
+
+// offers is how many times the intake stream's consumer has handed out
+// messages, redeliveries included.
+func offers(t *testing.T, js jetstream.JetStream, name string) uint64 {
+	t.Helper()
+	cons, err := js.Consumer(context.Background(), name, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Delivered.Consumer
 }
 
 // The Redis ACL of docs/security.md refuses INFO (@dangerous): the start-up check of the
 // wait settings must still refuse wait_local_fsync on a Redis without
 // WAITAOF, not start with a warning that it could not check.
 func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, "--appendonly", "yes")
 	if v := e.redis.Client().Info(context.Background(), "server").Val(); !strings.Contains(v, "redis_version:7.0") &&
 		!strings.Contains(v, "redis_version:6.") && !strings.Contains(v, "redis_version:7.1") {

@@ -31,7 +31,7 @@ var OtherEnv = []string{
 	"DELAYD_CONFIG", // the config file, read by the commands
 	// Test and CI knobs.
 	"DELAYD_TEST_LOG", "DELAYD_BENCH_BIG", "DELAYD_CHAOS_DURATION", "DELAYD_CHAOS_SEED",
-	"DELAYD_MODEL_STEPS", "DELAYD_MODEL_SEED", "DELAYD_SCREENSHOTS", "DELAYD_HELM",
+	"DELAYD_MODEL_STEPS", "DELAYD_MODEL_SEED", "DELAYD_SCREENSHOTS", "DELAYD_HELM", "DELAYD_SOAK",
 }
 
 // Sources are the layers Load reads, lowest first after the defaults.

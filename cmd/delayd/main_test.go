@@ -1,0 +1,69 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// TestMain runs more tests at once than go test's default of one per CPU:
+// the whole-daemon tests spend their time waiting (for timers to fall due,
+// leases to expire, servers to come back), each on its own redis-server and
+// nats-server, so a 2-core machine runs several side by side. An explicit
+// -parallel still wins. It removes the shared daemon binary at the end.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(6, 3*runtime.GOMAXPROCS(0))))
+	}
+	code := m.Run()
+	if shared.dir != "" {
+		_ = os.RemoveAll(shared.dir)
+	}
+	os.Exit(code)
+}
+
+// shared is the daemon binary, built once for every test that needs a real
+// process (kill -9, exit codes, memory limits).
+var shared struct {
+	once      sync.Once
+	dir, path string
+	err       error
+}
+
+// delaydBinary builds ./cmd/delayd once per test run and returns its path.
+func delaydBinary(t testing.TB) string {
+	t.Helper()
+	shared.once.Do(func() {
+		if shared.dir, shared.err = os.MkdirTemp("", "delayd-test-bin-"); shared.err != nil {
+			return
+		}
+		shared.path = filepath.Join(shared.dir, "delayd")
+		if out, err := exec.Command("go", "build", "-o", shared.path, ".").CombinedOutput(); err != nil {
+			shared.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.path
+}
+
+// soak skips an endurance run (a chaos soak, a long outage, a measurement)
+// unless DELAYD_SOAK=1, so the README's test command stays within minutes;
+// .ci/run runs these in a second step. It is about time, not dependencies:
+// a missing redis-server still fails under CI=true.
+func soak(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("DELAYD_SOAK") != "1" {
+		t.Skipf("%s: a soak, run with DELAYD_SOAK=1", what)
+	}
+}
