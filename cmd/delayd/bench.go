@@ -40,7 +40,7 @@ func benchCommand(o cliIO) *cli.Command {
 			&cli.BoolFlag{Name: "baseline", Value: true, Usage: "measure the request/reply ceiling with a trivial responder first"},
 			&cli.IntFlag{Name: "conns", Value: 4, Usage: "NATS connections the requesters share"},
 			&cli.BoolFlag{Name: "stream", Usage: "publish into the durable intake stream (<subject>.intake) with a window of async publishes and time until every envelope is pending in Redis; the baseline is a stream nobody consumes"},
-			&cli.BoolFlag{Name: "compare", Usage: "also run NATS JetStream message schedules (ADR-51) on the same workload, on an in-process nats-server, and print both side by side"},
+			&cli.BoolFlag{Name: "compare", Usage: "also run NATS JetStream message schedules (ADR-51) on the same workload, on an in-process nats-server, and print both side by side, with what one call costs one requester alone"},
 			&cli.IntFlag{Name: "max-pending", Value: 4096, Usage: "most unacknowledged async publishes per connection (--stream, --compare)"},
 			jsonFlag("print the result as JSON")),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
@@ -155,6 +155,15 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if base > 0 {
 		r.BaselineRate, r.IntakeRatio = base, r.IntakeRate/base
 	}
+	if compare {
+		// What one call costs a requester alone, beside JetStream's below.
+		one, err := bench.DelaydOneRequester(ctx, clients[0], w, bench.OneRequesterCalls)
+		if err != nil {
+			return fmt.Errorf("one requester: %w", err)
+		}
+		r.OneRequester = &one
+		so.OneRequester = bench.OneRequesterCalls
+	}
 	if child != nil {
 		if r.Daemon, err = child.stop(); err != nil {
 			return err
@@ -162,7 +171,7 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	var peer *bench.Result
 	if compare {
-		if peer, err = benchSchedules(ctx, w, so, conns, progress); err != nil {
+		if peer, err = benchSchedules(ctx, w, so, clients, progress); err != nil {
 			return fmt.Errorf("compare: %w", err)
 		}
 	}
@@ -177,9 +186,17 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	return nil
 }
 
-// benchSchedules runs the workload as JetStream message schedules on an
-// in-process nats-server of its own.
-func benchSchedules(ctx context.Context, w bench.Workload, so bench.StreamOptions, conns int, progress io.Writer) (*bench.Result, error) {
+// benchSchedules runs the workload as JetStream message schedules: on the
+// server delayd uses when it runs them (2.12 or newer), so both sides pay
+// the same NATS, else on an in-process nats-server of its own.
+func benchSchedules(ctx context.Context, w bench.Workload, so bench.StreamOptions, same []*bridge.Probe, progress io.Writer) (*bench.Result, error) {
+	if same[0].HasSchedules(ctx) {
+		fmt.Fprintln(progress, "compare: JetStream schedules on delayd's nats-server")
+		r, err := bench.Schedules(ctx, same, w, so, progress)
+		return &r, err
+	}
+	fmt.Fprintln(progress, "compare: delayd's nats-server has no message schedules (2.12+): JetStream schedules on an in-process nats-server")
+	conns := len(same)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

@@ -59,6 +59,8 @@ type Result struct {
 	LatenessMs   Quant   `json:"lateness_ms"`
 	Histogram    []Bar   `json:"histogram"`
 	Daemon       *Usage  `json:"daemon,omitempty"`
+	// OneRequester is one requester's cost per call, alone (--compare).
+	OneRequester *OneRequester `json:"one_requester,omitempty"`
 }
 
 // Quant are lateness quantiles in milliseconds.

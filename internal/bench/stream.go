@@ -25,6 +25,9 @@ type StreamOptions struct {
 	Prefix string
 	// Window is the most PubAcks outstanding per connection.
 	Window int
+	// OneRequester, if positive, is how many calls in a row Schedules
+	// also times from one requester alone (Result.OneRequester).
+	OneRequester int
 }
 
 // publishShared publishes n messages over every client in parallel (client
@@ -183,6 +186,13 @@ func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	r.IntakeRate = float64(want) / took.Seconds()
 	r.PubAckRate = r.IntakeRate
 	r.Rejected = failed
+	if o.OneRequester > 0 {
+		one, err := SchedulesOneRequester(ctx, clients[0], w, o.OneRequester)
+		if err != nil {
+			return Result{}, fmt.Errorf("one requester: %w", err)
+		}
+		r.OneRequester = &one
+	}
 	return r, nil
 }
 
@@ -236,4 +246,19 @@ func PrintCompare(w io.Writer, rs []Result) {
 	row("lateness p90 ms", func(r Result) string { return fmt.Sprintf("%.2f", r.LatenessMs.P90) })
 	row("lateness p99 ms", func(r Result) string { return fmt.Sprintf("%.2f", r.LatenessMs.P99) })
 	row("lateness max ms", func(r Result) string { return fmt.Sprintf("%.2f", r.LatenessMs.Max) })
+	if r0.OneRequester == nil {
+		return
+	}
+	fmt.Fprintf(w, "\none requester alone, µs per call (mean of %d in a row; echo: a trivial responder on the same server, same run)\n\n", r0.OneRequester.Calls)
+	row("", func(r Result) string { return r.Mode })
+	one := func(f func(OneRequester) string) func(Result) string {
+		return func(r Result) string {
+			if r.OneRequester == nil {
+				return "-"
+			}
+			return f(*r.OneRequester)
+		}
+	}
+	row("echo", one(func(o OneRequester) string { return fmt.Sprintf("%.0f", o.EchoUs) }))
+	row("schedule call", one(func(o OneRequester) string { return fmt.Sprintf("%.0f (%.1f× echo)", o.Us, o.Us/o.EchoUs) }))
 }

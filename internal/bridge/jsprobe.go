@@ -72,6 +72,33 @@ func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int)
 	return took, int(failed.Load()), ctx.Err()
 }
 
+// HasSchedules reports whether the server c is connected to runs message
+// schedules (ADR-51: nats-server 2.12 or newer, with JetStream).
+func (c *Probe) HasSchedules(ctx context.Context) bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(c.nc.ConnectedServerVersion(), "%d.%d", &major, &minor); err != nil ||
+		major < 2 || major == 2 && minor < 12 {
+		return false
+	}
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return false
+	}
+	_, err = js.AccountInfo(ctx)
+	return err == nil
+}
+
+// PublishSync publishes one message into JetStream and waits for its
+// PubAck.
+func (c *Probe) PublishSync(ctx context.Context, o Outgoing) error {
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return err
+	}
+	_, err = js.PublishMsg(ctx, &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data})
+	return err
+}
+
 // BenchStream creates a throwaway file-backed stream on subjects (work
 // queue retention, like the intake stream), with ADR-51 message schedules
 // allowed when schedules is set, and returns a function that deletes it.

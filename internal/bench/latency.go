@@ -1,0 +1,87 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/delayd/delayd/internal/bridge"
+)
+
+// OneRequester is what one call costs a requester alone: the mean
+// microseconds per call over calls in a row, each waiting for its answer.
+type OneRequester struct {
+	Calls int     `json:"calls"`
+	Us    float64 `json:"us_per_call"`
+	// EchoUs is the same requests answered at once by a trivial responder
+	// on the same server, in the same run: the NATS round trip.
+	EchoUs float64 `json:"echo_us_per_call"`
+}
+
+// OneRequesterCalls is how many calls in a row a one-requester figure is
+// the mean of.
+const OneRequesterCalls = 2000
+
+// oneEcho times n requests in a row to an echo responder on p's server.
+func oneEcho(ctx context.Context, p *bridge.Probe, w Workload, n int) (float64, error) {
+	one := w
+	one.Count, one.Concurrency = n, 1
+	rate, err := Baseline(ctx, []*bridge.Probe{p}, one)
+	if err != nil {
+		return 0, fmt.Errorf("echo: %w", err)
+	}
+	return 1e6 / rate, nil
+}
+
+// DelaydOneRequester times n schedule calls in a row to delayd (due in an
+// hour, and cancelled afterwards so nothing of the bench stays stored),
+// and n to an echo responder on the same connection.
+func DelaydOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int) (OneRequester, error) {
+	echo, err := oneEcho(ctx, p, w, n)
+	if err != nil {
+		return OneRequester{}, err
+	}
+	one := w
+	one.Count, one.Concurrency, one.Lead = n, 1, time.Hour
+	prefix := "l" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
+	took, rejected, err := schedule(ctx, []*bridge.Probe{p}, one, prefix, time.Now(), nil)
+	// Cancel every one, also after a failure: none must fire later.
+	for i := range n {
+		cctx, cancel := context.WithTimeout(ctx, w.Timeout)
+		_, _ = p.Delayd.Cancel(cctx, prefix+strconv.Itoa(i))
+		cancel()
+	}
+	if err != nil {
+		return OneRequester{}, err
+	}
+	if rejected > 0 {
+		return OneRequester{}, fmt.Errorf("%d of %d one-requester schedules failed", rejected, n)
+	}
+	return OneRequester{Calls: n, Us: us(took, n), EchoUs: echo}, nil
+}
+
+// SchedulesOneRequester times n JetStream message schedules published in a
+// row, each waiting for its PubAck, into the bench stream (due in an hour;
+// the stream is deleted afterwards).
+func SchedulesOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int) (OneRequester, error) {
+	echo, err := oneEcho(ctx, p, w, n)
+	if err != nil {
+		return OneRequester{}, err
+	}
+	payload := payloadOf(w.PayloadSize)
+	at := time.Now().Add(time.Hour)
+	start := time.Now()
+	for i := range n {
+		pctx, cancel := context.WithTimeout(ctx, w.Timeout)
+		err := p.PublishSync(pctx, bridge.Outgoing{Subject: "bench.sched.in.one." + strconv.Itoa(i),
+			Header: bridge.ScheduleHeaders(at, "bench.sched.out.one."+strconv.Itoa(i)), Data: payload})
+		cancel()
+		if err != nil {
+			return OneRequester{}, err
+		}
+	}
+	return OneRequester{Calls: n, Us: us(time.Since(start), n), EchoUs: echo}, nil
+}
+
+func us(d time.Duration, n int) float64 { return float64(d.Microseconds()) / float64(n) }
