@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -226,6 +227,12 @@ func BenchmarkScheduleCall(b *testing.B) {
 				if tr := traces[target]; tr != nil {
 					tr.reset()
 				}
+				rc := r.Client()
+				if target == "redis" {
+					if err := rc.ConfigResetStat(context.Background()).Err(); err != nil {
+						b.Fatal(err)
+					}
+				}
 				b.ResetTimer()
 				var wg sync.WaitGroup
 				per := b.N / concurrency
@@ -243,6 +250,20 @@ func BenchmarkScheduleCall(b *testing.B) {
 				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(max(per, 1)), "µs/call")
 				if tr := traces[target]; tr != nil {
 					tr.report(b)
+				}
+				if target == "redis" {
+					// Redis' own time in the schedule script, per call.
+					stats := rc.Info(context.Background(), "commandstats").Val()
+					for _, line := range strings.Split(stats, "\r\n") {
+						if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+							for _, kv := range strings.Split(rest, ",") {
+								if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
+									f, _ := strconv.ParseFloat(v, 64)
+									b.ReportMetric(f, "µs-in-redis-script")
+								}
+							}
+						}
+					}
 				}
 			})
 		}
