@@ -64,6 +64,7 @@ func checkContainer(t *testing.T, where, ready string, c map[string]any) {
 }
 
 func TestSidecarManifest(t *testing.T) {
+	t.Parallel()
 	d := docs(t, "kubernetes/sidecar.yaml")[0]
 	inits, _ := dig(d, "spec", "template", "spec", "initContainers").([]any)
 	if len(inits) != 1 {
@@ -82,6 +83,7 @@ func TestSidecarManifest(t *testing.T) {
 }
 
 func TestFleetManifest(t *testing.T) {
+	t.Parallel()
 	ds := docs(t, "kubernetes/fleet.yaml")
 	cs, _ := dig(ds[0], "spec", "template", "spec", "containers").([]any)
 	if len(cs) != 1 {
@@ -91,6 +93,7 @@ func TestFleetManifest(t *testing.T) {
 }
 
 func TestHelmValuesParse(t *testing.T) {
+	t.Parallel()
 	v := docs(t, "helm/delayd/values.yaml")[0]
 	if v["mode"] != "fleet" || dig(v, "config", "nats", "url") == nil {
 		t.Errorf("values: %v", v)
@@ -104,6 +107,7 @@ func TestHelmValuesParse(t *testing.T) {
 // TestManifestsStrict decodes the plain manifests strictly into their
 // k8s.io/api types, like the chart's.
 func TestManifestsStrict(t *testing.T) {
+	t.Parallel()
 	for _, f := range []string{"kubernetes/sidecar.yaml", "kubernetes/fleet.yaml"} {
 		b, err := os.ReadFile(f)
 		if err != nil {

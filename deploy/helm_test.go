@@ -33,6 +33,7 @@ func parentChart(t *testing.T) string {
 }
 
 func TestHelmLint(t *testing.T) {
+	t.Parallel()
 	h := helm(t)
 	run(t, h, "lint", "--strict", chartDir, "--kube-version", kubeVersion)
 	run(t, h, "lint", "--strict", chartDir, "--kube-version", kubeVersion, "--set", "mode=sidecar")
@@ -49,6 +50,7 @@ var everything = []string{
 }
 
 func TestHelmFleet(t *testing.T) {
+	t.Parallel()
 	objs := decodeStrict(t, template(t, chartDir, everything...))
 	kinds := map[string]int{}
 	for _, o := range objs {
@@ -155,6 +157,7 @@ func TestHelmFleet(t *testing.T) {
 // TestHelmPortsFollowValues: moving http.addr moves the container port,
 // the probes (by name), the Service and nothing stays on 9479.
 func TestHelmPortsFollowValues(t *testing.T) {
+	t.Parallel()
 	out := template(t, chartDir, append(everything, "--set", "config.http.addr=0.0.0.0:9601")...)
 	if strings.Contains(out, "9479") {
 		t.Error("9479 is still rendered with http.addr :9601")
@@ -172,6 +175,7 @@ func TestHelmPortsFollowValues(t *testing.T) {
 // TestHelmUpdateStrategy: the fleet's strategy is Kubernetes' default
 // unless updateStrategy sets one (Recreate for a stored-format upgrade).
 func TestHelmUpdateStrategy(t *testing.T) {
+	t.Parallel()
 	if s := find[*appsv1.Deployment](decodeStrict(t, template(t, chartDir)))[0].Spec.Strategy; s.Type != "" {
 		t.Errorf("default strategy %q, want none rendered", s.Type)
 	}
@@ -182,6 +186,7 @@ func TestHelmUpdateStrategy(t *testing.T) {
 }
 
 func TestHelmExistingSecret(t *testing.T) {
+	t.Parallel()
 	objs := decodeStrict(t, template(t, chartDir, "--set", "existingSecret=mine", "--set", "secrets.redisPassword=ignored"))
 	if n := len(find[*corev1.Secret](objs)); n != 0 {
 		t.Errorf("%d Secrets rendered with existingSecret", n)
@@ -197,6 +202,7 @@ func TestHelmExistingSecret(t *testing.T) {
 // delayd's config, so a helm upgrade with a new delayd config rolls the
 // application pods.
 func TestHelmSidecarChecksum(t *testing.T) {
+	t.Parallel()
 	sum := func(args ...string) string {
 		for _, d := range find[*appsv1.Deployment](decodeStrict(t, template(t, parentChart(t), args...))) {
 			if d.Name == "orders" {
@@ -218,6 +224,7 @@ func TestHelmSidecarChecksum(t *testing.T) {
 // TestHelmSidecarParent renders a parent chart that includes the sidecar
 // template, as users do, and checks the native sidecar.
 func TestHelmSidecarParent(t *testing.T) {
+	t.Parallel()
 	objs := decodeStrict(t, template(t, parentChart(t)))
 	var orders *appsv1.Deployment
 	for _, d := range find[*appsv1.Deployment](objs) {
@@ -291,6 +298,7 @@ func TestHelmSidecarParent(t *testing.T) {
 // TestHelmSchemaRejects: values.schema.json refuses what would render a
 // broken or unsafe release.
 func TestHelmSchemaRejects(t *testing.T) {
+	t.Parallel()
 	h := helm(t)
 	for _, tc := range []struct{ set, want string }{
 		{"mode=bogus", "mode"},

@@ -184,6 +184,7 @@ func probePath(p *corev1.Probe) string {
 // TestDecodeStrictRejects: the decoder the manifests are checked with
 // refuses unknown and misplaced fields, at any depth.
 func TestDecodeStrictRejects(t *testing.T) {
+	t.Parallel()
 	for _, doc := range []string{
 		"apiVersion: apps/v1\nkind: Deployment\nspec:\n  template:\n    spec:\n      containers:\n        - name: x\n          restartpolicy: Always\n",
 		"apiVersion: v1\nkind: Service\nspec:\n  ports:\n    - {name: a, port: 1, targetport: a}\n",

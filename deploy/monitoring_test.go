@@ -26,6 +26,7 @@ const (
 )
 
 func TestAlertRules(t *testing.T) {
+	t.Parallel()
 	promtool := tool(t, "promtool", "apt-get install prometheus")
 	run(t, promtool, "check", "rules", alertsFile)
 	run(t, promtool, "test", "rules", alertsTestFile)
@@ -79,6 +80,7 @@ func exportedMetrics(t *testing.T) []string {
 var metricRef = regexp.MustCompile(`\b((?:delayd|process|go)_[a-z0-9_]+)\b`)
 
 func TestDashboardAndRulesNameRealMetrics(t *testing.T) {
+	t.Parallel()
 	names := exportedMetrics(t)
 	b, err := os.ReadFile(dashboardFile)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 // duration key needs a unit. A key added to the config without the schema,
 // or the other way round, fails here.
 func TestSchemaKnowsEveryConfigKey(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile(chartDir + "/values.schema.json")
 	if err != nil {
 		t.Fatal(err)

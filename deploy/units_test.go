@@ -10,6 +10,7 @@ import (
 )
 
 func TestSystemdUnit(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("systemd/delayd.service")
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +49,7 @@ func TestSystemdUnit(t *testing.T) {
 var exactTag = regexp.MustCompile(`^[a-z0-9./-]+:[0-9]+\.[0-9]+\.[0-9]+(-[a-z0-9]+)?(@sha256:[a-f0-9]{64})?$`)
 
 func TestComposeAndImage(t *testing.T) {
+	t.Parallel()
 	c := docs(t, "docker-compose.yaml")[0]
 	services, _ := c["services"].(map[string]any)
 	for name, s := range services {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"sync"
@@ -65,5 +66,38 @@ func soak(t *testing.T, what string) {
 	t.Helper()
 	if os.Getenv("DELAYD_SOAK") != "1" {
 		t.Skipf("%s: a soak, run with DELAYD_SOAK=1", what)
+	}
+}
+
+// TestSoaksRunInCI: every test of this package that soak gates is named in
+// .ci/run's soak step, so a new soak does not silently drop out of CI.
+func TestSoaksRunInCI(t *testing.T) {
+	t.Parallel()
+	ci, err := os.ReadFile(filepath.Join("..", "..", ".ci", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^soaks='([^']+)'$`).FindSubmatch(ci)
+	if m == nil {
+		t.Fatal(".ci/run has no soaks='...' line")
+	}
+	listed := regexp.MustCompile(string(m[1]))
+	gated := regexp.MustCompile(`func (Test\w+)\(t \*testing\.T\) \{\n\tsoak\(t, `)
+	files, _ := filepath.Glob("*_test.go")
+	n := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range gated.FindAllSubmatch(b, -1) {
+			n++
+			if !listed.Match(g[1]) {
+				t.Errorf("%s (%s) is a soak that .ci/run's soaks= does not run", g[1], f)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("found no test gated by soak(): the pattern went stale")
 	}
 }

@@ -15,6 +15,7 @@ import (
 // scheme before (the token was the hint), the two claims shared a token
 // and the stale ack deleted the new version.
 func TestTokensNeverRepeat(t *testing.T) {
+	t.Parallel()
 	r, _ := newStore(t)
 	s := New(r.rdb, "t", 4, WithTokenHint(func() int { return 500 }))
 	ctx := context.Background()
@@ -67,6 +68,7 @@ func claimOnly(t *testing.T, s *Store, id string, lease time.Duration) Claimed {
 // TestAttemptsOnlyGoUp: retries, a death, a replay and a lease expiry
 // each carry the next attempt; a replay grants a fresh budget.
 func TestAttemptsOnlyGoUp(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	schedule(t, s, Item{ID: "a", Absolute: true, AtMicros: 1000, Data: enc("x")})
@@ -113,6 +115,7 @@ func TestAttemptsOnlyGoUp(t *testing.T) {
 
 // TestRetryDelayPerSettle: a settle's own retry delay replaces the call's.
 func TestRetryDelayPerSettle(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	schedule(t, s, Item{ID: "r1", Absolute: true, AtMicros: 1000, Data: enc("x")},
@@ -138,6 +141,7 @@ func TestRetryDelayPerSettle(t *testing.T) {
 // message for the same id replaces as before; after the memory it is a
 // new message again.
 func TestStreamMessageStoredOnce(t *testing.T) {
+	t.Parallel()
 	r, _ := newStore(t)
 	s := New(r.rdb, "t", 4, WithStreamMemory(300*time.Millisecond))
 	ctx := context.Background()
@@ -171,6 +175,7 @@ func TestStreamMessageStoredOnce(t *testing.T) {
 // writes the older format while the older one is alive, the newer one
 // after it left, and delivers both.
 func TestFormatsOfAMixedFleet(t *testing.T) {
+	t.Parallel()
 	r, _ := newStore(t)
 	ctx := context.Background()
 	older := New(r.rdb, "t", 4)
@@ -250,6 +255,7 @@ func TestFormatsOfAMixedFleet(t *testing.T) {
 // and leaves the rest due for the next claim; over many shards a claim
 // holds at most its budget plus one payload.
 func TestClaimBytes(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	var ids []string

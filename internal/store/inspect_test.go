@@ -13,6 +13,7 @@ import (
 // on where the last page stopped even inside a run of equal due times,
 // and the last page says it is the last.
 func TestListDueOrderAcrossShards(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	base := time.Now().Add(time.Hour).Truncate(time.Millisecond)

@@ -43,6 +43,7 @@ const (
 )
 
 func TestModel(t *testing.T) {
+	t.Parallel()
 	seeds, steps := modelPlan(t)
 	for _, seed := range seeds {
 		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
@@ -54,10 +55,14 @@ func TestModel(t *testing.T) {
 
 // modelPlan picks the seeds and steps per seed: fresh seeds on every run,
 // so CI keeps exploring; DELAYD_MODEL_SEED reruns one, DELAYD_MODEL_STEPS
-// sets the steps.
+// sets the steps. The long exploration (25,000 steps a seed, a minute or
+// two) runs with DELAYD_SOAK=1, as .ci/run's soak step does.
 func modelPlan(t *testing.T) ([]uint64, int) {
-	n, steps := 4, 25_000
-	if testing.Short() {
+	n, steps := 4, 5_000
+	switch {
+	case os.Getenv("DELAYD_SOAK") == "1":
+		steps = 25_000
+	case testing.Short():
 		n, steps = 2, 2_000
 	}
 	if v := os.Getenv("DELAYD_MODEL_STEPS"); v != "" {

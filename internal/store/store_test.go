@@ -98,6 +98,7 @@ func claimAll(t *testing.T, s *Store, lease time.Duration) map[string]Claimed {
 }
 
 func TestScheduleClaimAck(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	due := schedule(t, s,
 		Item{ID: "now", Data: enc("a")},
@@ -128,6 +129,7 @@ func TestScheduleClaimAck(t *testing.T) {
 }
 
 func TestAckNeverDeletesNewerVersion(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	schedule(t, s, Item{ID: "o1", Data: enc("v1")})
 	old := claimAll(t, s, time.Minute)["o1"]
@@ -143,6 +145,7 @@ func TestAckNeverDeletesNewerVersion(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	schedule(t, s, Item{ID: "c", DelayMicros: 3600e6, Data: enc("x")}, Item{ID: "f", Data: enc("y")})
@@ -161,6 +164,7 @@ func TestCancel(t *testing.T) {
 }
 
 func TestExpiredLeaseReclaimedWithHigherAttempt(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	schedule(t, s, Item{ID: "r", Data: enc("x")})
@@ -191,6 +195,7 @@ func TestExpiredLeaseReclaimedWithHigherAttempt(t *testing.T) {
 // Under a backlog that fills every claim, expired leases must still come
 // back (before, they were reaped only when a claim returned a short batch).
 func TestExpiredLeasesNotStarvedByBacklog(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	s1 := New(s.rdb, "t", 1) // one shard: every id in it
@@ -218,6 +223,7 @@ func TestExpiredLeasesNotStarvedByBacklog(t *testing.T) {
 // the ids from due, stranding them. Every unpack is chunked now, and the
 // removal comes last.
 func TestClaimLargeBatchStrandsNothing(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	s1 := New(s.rdb, "t", 1)
@@ -251,6 +257,7 @@ func TestClaimLargeBatchStrandsNothing(t *testing.T) {
 // A key of the wrong type (changed behind delayd's back) fails every script
 // before it writes anything, rather than half-way.
 func TestWrongTypeFailsBeforeAnyWrite(t *testing.T) {
+	t.Parallel()
 	s, r := newStore(t)
 	ctx := context.Background()
 	s1 := New(s.rdb, "t", 1)
@@ -276,6 +283,7 @@ func TestWrongTypeFailsBeforeAnyWrite(t *testing.T) {
 }
 
 func TestBuryReplayPurge(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	schedule(t, s, Item{ID: "d1", Data: enc("x")}, Item{ID: "d2", Data: enc("y")})
@@ -311,6 +319,7 @@ func TestBuryReplayPurge(t *testing.T) {
 }
 
 func TestRelease(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	schedule(t, s, Item{ID: "rel", Data: enc("x")})
@@ -326,6 +335,7 @@ func TestRelease(t *testing.T) {
 }
 
 func TestNoScriptReload(t *testing.T) {
+	t.Parallel()
 	s, r := newStore(t)
 	ctx := context.Background()
 	if err := r.Client().ScriptFlush(ctx).Err(); err != nil {
@@ -341,6 +351,7 @@ func TestNoScriptReload(t *testing.T) {
 // One Ack call that settles an id twice (or replay and purge naming an id
 // twice) counts it once and leaves the data consistent, as two calls would.
 func TestRepeatedIDsInOneCall(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	for _, pair := range [][2]Outcome{{Delivered, Retry}, {Retry, Delivered}, {Bury, Retry}, {Postpone, Postpone}} {
@@ -371,6 +382,7 @@ func TestRepeatedIDsInOneCall(t *testing.T) {
 // Credentials in a redis:// address go to the client options, never into
 // the address that dial errors, logs and /readyz show.
 func TestRedisURLCredentials(t *testing.T) {
+	t.Parallel()
 	r := testutil.StartRedis(t)
 	if err := r.Client().ConfigSet(context.Background(), "requirepass", "TOPSECRET").Err(); err != nil {
 		t.Fatal(err)
@@ -390,6 +402,7 @@ func TestRedisURLCredentials(t *testing.T) {
 // Redis URLs in any case, without a port, with an IPv6 host: the address
 // is host:port, the TLS name the host, and no credentials anywhere.
 func TestRedisURLForms(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"REDIS://u:secret@127.0.0.1:1/0": "127.0.0.1:1",
 		"redis://u:secret@127.0.0.1/0":   "127.0.0.1:6379",
@@ -412,6 +425,7 @@ func TestRedisURLForms(t *testing.T) {
 // attempts, the same data. A stale settle of an earlier claim changes
 // nothing, and a replace starts the series over at occurrence 1.
 func TestSeriesNextOccurrence(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	now := time.Now()
@@ -477,6 +491,7 @@ func claimAt(t *testing.T, s *Store, id string) Claimed {
 // lease score) and one released for a retry ("attempt:due:"). The check
 // finds nothing wrong with that data, before or after.
 func TestOlderVersionsData(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	// Format 1: the format byte, 8 version bytes, the target, no headers,
@@ -532,6 +547,7 @@ func TestOlderVersionsData(t *testing.T) {
 // in its attempts value "attempt:due:"), so its redelivery carries the same
 // Delayd-Due and JetStream Nats-Msg-Id as before.
 func TestOlderVersionsDeadReplay(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	k := s.keys[s.Shard("d1")]
@@ -562,6 +578,7 @@ func TestOlderVersionsDeadReplay(t *testing.T) {
 // back is handed out (its delivery fails to decode and it ends dead), and
 // the claim of the rest of its shard goes on.
 func TestEmptyValueDoesNotStopTheShard(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	schedule(t, s, Item{ID: "e1", Absolute: true, AtMicros: 1000, Data: enc("x")})

@@ -75,6 +75,7 @@ func commandCalls(t *testing.T, c *redis.Client, cmd string) int {
 // outcome, though it is on the master and its due time is known. One WAIT
 // runs per pipeline, however many envelopes and shards it holds.
 func TestWaitReplicas(t *testing.T) {
+	t.Parallel()
 	s, m, r, obs := replicated(t, 200*time.Millisecond)
 	ctx := context.Background()
 	mc, rc := m.Client(), r.Client()
@@ -188,6 +189,7 @@ func TestWaitReplicas(t *testing.T) {
 // with the master's, so this holds there even without the fence; the fence
 // is for servers that count only a connection's own writes, see wait.go.)
 func TestWaitFencesCallsThatWriteNothing(t *testing.T) {
+	t.Parallel()
 	s, m, r, _ := replicated(t, 200*time.Millisecond)
 	ctx := context.Background()
 	msg := Item{ID: "s1", DelayMicros: 3600e6, Data: enc("x"), StreamMsg: "7@1"}
@@ -228,6 +230,7 @@ func TestWaitFencesCallsThatWriteNothing(t *testing.T) {
 // connection of its writes: a stopped replica makes only its master's
 // shards unconfirmed.
 func TestWaitCluster(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a 6-node cluster")
 	}
