@@ -8,18 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/delayd/delayd/client"
-	"github.com/delayd/delayd/internal/testutil"
-)
+	"github.com/delayd/delayd/client")
 
 // TestErrorsFromTheDaemon: each refusal of the real daemon matches its
 // sentinel, and the *ServiceError keeps the code and the daemon's reason.
 func TestErrorsFromTheDaemon(t *testing.T) {
-	nc := connectDaemon(t)
+	nc := connect(t)
 	defer nc.Close()
 	c := client.New(nc)
 	ctx := context.Background()
@@ -285,7 +282,7 @@ func TestScheduleRetryingErrorsMatchASentinel(t *testing.T) {
 	nc := connect(t)
 	defer nc.Close()
 	c := client.New(nc, client.Prefix("nobody-at-all"), client.RetryTimeout(20*time.Millisecond))
-	for i := range 200 {
+	for i := 0; i < 200; i++ { // not range 200: the module is Go 1.21
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+i%40)*time.Millisecond)
 		_, err := c.ScheduleRetrying(ctx, "orders.x", nil, client.Delay(time.Minute))
 		cancel()
@@ -310,7 +307,7 @@ func TestScheduleRetryingErrorsMatchASentinel(t *testing.T) {
 
 // TestAdminCalls: the operator endpoints of the real daemon, end to end.
 func TestAdminCalls(t *testing.T) {
-	nc := connectDaemon(t)
+	nc := connect(t)
 	defer nc.Close()
 	c := client.New(nc)
 	ctx := context.Background()
@@ -346,14 +343,10 @@ func TestAdminCalls(t *testing.T) {
 // could not send reached nobody: ErrUnavailable, which ScheduleRetrying
 // retries, not an unknown outcome.
 func TestClosedConnectionIsUnavailable(t *testing.T) {
-	n := testutil.StartNATS(t)
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := connect(t)
 	nc.Close()
 	c := client.New(nc)
-	_, err = c.Schedule(context.Background(), "orders.x", nil, client.Delay(time.Second))
+	_, err := c.Schedule(context.Background(), "orders.x", nil, client.Delay(time.Second))
 	if !errors.Is(err, client.ErrUnavailable) || errors.Is(err, client.ErrOutcomeUnknown) {
 		t.Fatalf("schedule: got %v, want ErrUnavailable", err)
 	}
@@ -371,18 +364,15 @@ func TestClosedConnectionIsUnavailable(t *testing.T) {
 // TestOverMaxPayloadIsTooLarge: a message the connection refuses as over
 // the server's max_payload is ErrTooLarge, like delayd's own 413.
 func TestOverMaxPayloadIsTooLarge(t *testing.T) {
-	n := testutil.StartNATS(t, func(o *server.Options) { o.MaxPayload = 1024 })
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := connect(t)
 	defer nc.Close()
-	c := client.New(nc)
-	_, err = c.Schedule(context.Background(), "orders.x", make([]byte, 2048), client.Delay(time.Second))
+	c := client.New(nc, client.Prefix("too-large"))
+	big := make([]byte, nc.MaxPayload()+1)
+	_, err := c.Schedule(context.Background(), "orders.x", big, client.Delay(time.Second))
 	if !errors.Is(err, client.ErrTooLarge) {
 		t.Fatalf("schedule: got %v, want ErrTooLarge", err)
 	}
-	if _, err := c.Publish(context.Background(), "orders.x", make([]byte, 2048), client.Delay(time.Second)); !errors.Is(err, client.ErrTooLarge) {
+	if _, err := c.Publish(context.Background(), "orders.x", big, client.Delay(time.Second)); !errors.Is(err, client.ErrTooLarge) {
 		t.Fatalf("publish: got %v, want ErrTooLarge", err)
 	}
 }

@@ -80,3 +80,48 @@ func TestComposeAndImage(t *testing.T) {
 		t.Error("no .dockerignore")
 	}
 }
+
+// The files the Dockerfile copies before `go mod download` make a whole
+// workspace: the main module and the client module it requires at a version
+// go.work replaces with ./client (published or not). Checked by copying them
+// alone and listing the modules, as the image's download step does.
+func TestDockerfileCopiesTheModules(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var copied []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[0] == "RUN" {
+			break // the first RUN is the download
+		}
+		if len(f) < 3 || f[0] != "COPY" || strings.HasPrefix(f[1], "--") {
+			continue
+		}
+		dest := f[len(f)-1]
+		for _, src := range f[1 : len(f)-1] {
+			data, err := os.ReadFile(filepath.Join("..", src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, dest, filepath.Base(src))
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			copied = append(copied, src)
+		}
+	}
+	cmd := exec.Command("go", "list", "-m", "all")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=", "GOFLAGS=-mod=readonly")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "github.com/delayd/delayd/client\n") {
+		t.Fatalf("go list -m all with the files copied before the download (%v): %v\n%s", copied, err, out)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package clienttest
+
+func init() { testFlags = append(testFlags, "-race") }
