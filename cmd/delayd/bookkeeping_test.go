@@ -134,7 +134,10 @@ func TestMixedVersionFleet(t *testing.T) {
 		}
 		return n
 	}
-	at := time.Now().Add(4 * time.Second).UTC().Format(time.RFC3339Nano)
+	// Due once all 60 are sent and counted, with room for a loaded
+	// machine: one due while the test still counts formats is gone.
+	due := time.Now().Add(10 * time.Second)
+	at := due.UTC().Format(time.RFC3339Nano)
 	var ids []string
 	send := func(prefix string, n int) {
 		for i := range n {
@@ -163,9 +166,9 @@ func TestMixedVersionFleet(t *testing.T) {
 	if f := formats(); f[3] != 20 || f[2] != 40 {
 		t.Fatalf("after the older daemon came back the fleet wrote %v, want format 2 again", f)
 	}
-	// All due now: the older daemon gives its shards' format-3 values
-	// back, never burying or counting them.
-	time.Sleep(5 * time.Second)
+	// Two seconds past the due time: the older daemon has met its shards'
+	// format-3 values and given them back, never burying or counting them.
+	time.Sleep(time.Until(due.Add(2 * time.Second)))
 	for i := range 20 {
 		en, err := st.Get(context.Background(), fmt.Sprintf("alone-%d", i))
 		if err == nil && (en.State == store.StateDead || en.Attempts > 1) {

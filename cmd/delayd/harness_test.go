@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -152,6 +153,25 @@ func quiet(t *testing.T, e *env, c config.Config, sinks ...*sink) {
 	}
 	for _, s := range sinks {
 		s.settle(t)
+	}
+}
+
+// waitIDs waits until every one of ids has arrived at least once, or d
+// passes.
+func (s *sink) waitIDs(ids []string, d time.Duration) {
+	deadline := time.After(d)
+	for {
+		s.mu.Lock()
+		missing := slices.ContainsFunc(ids, func(id string) bool { return len(s.got[id]) == 0 })
+		s.mu.Unlock()
+		if !missing {
+			return
+		}
+		select {
+		case <-s.cond:
+		case <-deadline:
+			return
+		}
 	}
 }
 
