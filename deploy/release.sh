@@ -2,8 +2,9 @@
 # Builds a release of delayd: reproducible, checksummed binaries for linux
 # and darwin on amd64 and arm64, and optionally the image.
 #
-#   deploy/release.sh v0.2.0            # a release: needs a clean tree and
-#                                       # a "## 0.2.0" section in CHANGELOG.md
+#   deploy/release.sh v0.2.0            # a release: needs a clean tree, a
+#                                       # "## 0.2.0" section in CHANGELOG.md
+#                                       # and the client released first
 #   deploy/release.sh --snapshot        # a test build of the tree as it is
 #
 # Options (before the version):
@@ -16,6 +17,14 @@
 # version: -trimpath, no build id, no cgo, the commit's own time in the
 # archives, and a sorted, owner-less tar with gzip -n. The script tags
 # nothing and pushes nothing; it prints the tags to make.
+#
+# The client is a module of its own (client/go.mod), tagged client/vX.Y.Z.
+# The main module requires it at the version being released, and `go install
+# .../cmd/delayd@vX.Y.Z` builds with that published client, not with this
+# checkout. So the client tag comes first, at a commit whose client/ is this
+# one; then go.sum gets its checksums; then vX.Y.Z is tagged. A release is
+# built as `go install` builds it (GOWORK=off: go.mod, go.sum and the
+# published client); a snapshot with the workspace (go.work), as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,13 +38,52 @@ while (($#)); do
 	--platforms) platforms=$2; shift 2 ;;
 	--image) image=true; shift ;;
 	--snapshot) snapshot=true; shift ;;
-	-h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	-*) echo "release: unknown option $1 (see --help)" >&2; exit 2 ;;
 	*) break ;;
 	esac
 done
 
+# check_client refuses a release whose client module is not released
+# first, and says what to do.
+check_client() {
+	local v=$1 mod=github.com/delayd/delayd/client required out
+	required=$(awk -v m="$mod" '$1 == m { print $2 } $1 == "require" && $2 == m { print $3 }' go.mod)
+	if [[ $required != "$v" ]]; then
+		echo "release: go.mod requires $mod ${required:-at no version}, not $v:" >&2
+		echo "  go mod edit -require=$mod@$v, and the same version in go.work's replace" >&2
+		exit 1
+	fi
+	if ! grep -q "^replace $mod $v => ./client\$" go.work; then
+		echo "release: go.work does not replace $mod $v (the version go.mod requires) with ./client" >&2
+		exit 1
+	fi
+	if ! git rev-parse -q --verify "refs/tags/client/$v" >/dev/null; then
+		echo "release: the client module is released first, as client/$v:" >&2
+		echo "  git tag -a client/$v -m \"delayd client $v\" && git push origin client/$v" >&2
+		echo "  GOWORK=off go mod tidy   # its checksums into go.sum; commit go.sum" >&2
+		echo "then run deploy/release.sh $v again (CONTRIBUTING.md, Releasing)." >&2
+		exit 1
+	fi
+	if ! git diff --quiet "client/$v" HEAD -- client; then
+		echo "release: client/ changed since the tag client/$v, and the release builds with the tagged client:" >&2
+		git diff --stat "client/$v" HEAD -- client >&2
+		exit 1
+	fi
+	if ! grep -q "^$mod $v h1:" go.sum || ! grep -q "^$mod $v/go.mod h1:" go.sum; then
+		echo "release: go.sum has no checksums for $mod $v: GOWORK=off go mod tidy, and commit go.sum" >&2
+		exit 1
+	fi
+	# What `go install` will do: fetch the published client/$v and check it against go.sum.
+	if ! out=$(GOWORK=off GOFLAGS= go list -deps ./cmd/delayd 2>&1 >/dev/null); then
+		echo "release: ./cmd/delayd does not build with the published client/$v (was it pushed?):" >&2
+		echo "$out" >&2
+		exit 1
+	fi
+}
+
 commit=$(git rev-parse HEAD)
+gowork=
 if $snapshot; then
 	(($# == 0)) || { echo "release: --snapshot takes no version" >&2; exit 2; }
 	version="v0.0.0-snapshot.$(git rev-parse --short=12 HEAD)"
@@ -54,6 +102,8 @@ else
 		echo "release: CHANGELOG.md has no \"## ${version#v}\" section; write it first (kept by hand)" >&2
 		exit 1
 	fi
+	check_client "$version"
+	gowork=off
 fi
 
 # The commit's time, for reproducible archive timestamps.
@@ -71,7 +121,7 @@ for p in $platforms; do
 	echo "building $name"
 	# -buildvcs=true records the commit for `delayd version` (a
 	# GOFLAGS=-buildvcs=false in the environment would drop it).
-	CGO_ENABLED=0 GOOS=$goos GOARCH=$goarch GOFLAGS= \
+	CGO_ENABLED=0 GOOS=$goos GOARCH=$goarch GOFLAGS= GOWORK=$gowork \
 		go build -trimpath -buildvcs=true -ldflags "-s -w -buildid= -X main.version=$version" \
 		-o "$work/$name/delayd" ./cmd/delayd
 	cp README.md CHANGELOG.md "$work/$name/"
@@ -93,13 +143,9 @@ fi
 if ! $snapshot; then
 	cat <<EOF
 
-Release $version of $commit is built. To publish it:
+Release $version of $commit is built, with the client module client/$version. To publish it:
   git tag -a $version -m "delayd $version"
   git push origin $version
 then attach $out/*.tar.gz and $out/SHA256SUMS to the release, and push the image.
 EOF
-	if [[ -f client/go.mod ]]; then
-		# The client is a module of its own: its tag carries its path.
-		echo "The client module is tagged too: git tag -a client/$version -m \"delayd client $version\" && git push origin client/$version"
-	fi
 fi
