@@ -67,16 +67,7 @@ func TestReleaseNeedsTheClientFirst(t *testing.T) {
 		"client/go.mod":     "module " + mod + "\n\ngo 1.21\n",
 		"client/doc.go":     "package client\n",
 	}
-	write := func(name, text string) {
-		t.Helper()
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(name, text string) { t.Helper(); writeFile(t, filepath.Join(dir, name), []byte(text)) }
 	git := func(args ...string) {
 		t.Helper()
 		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"}, args...)...)
@@ -123,6 +114,17 @@ func TestReleaseNeedsTheClientFirst(t *testing.T) {
 	refused("no checksums", "go.sum has no checksums for "+mod+" v0.2.0")
 	commit("go.sum", mod+" v0.2.0 h1:AAAA=\n"+mod+" v0.2.0/go.mod h1:AAAA=\n")
 	refused("client not published", "does not build with the published client/v0.2.0")
+}
+
+// writeFile writes data at p, making its directories.
+func writeFile(t *testing.T, p string, data []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Two builds of the same tree give the same bytes (the checksums agree),

@@ -107,13 +107,7 @@ func TestDockerfileCopiesTheModules(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p := filepath.Join(dir, dest, filepath.Base(src))
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(p, data, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			writeFile(t, filepath.Join(dir, dest, filepath.Base(src)), data)
 			copied = append(copied, src)
 		}
 	}
