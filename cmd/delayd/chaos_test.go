@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -219,12 +220,20 @@ func chaosStream(t *testing.T, nc *nats.Conn, replicas int) jetstream.Stream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CHAOS", Subjects: []string{"chaos.>"},
-		Duplicates: 100 * time.Millisecond, Storage: jetstream.FileStorage, Replicas: replicas})
-	if err != nil {
-		t.Fatal(err)
+	// A cluster that just elected its meta leader may not yet know every
+	// peer online: an R3 stream waits for them (JetStream's 10005, no
+	// suitable peers for placement).
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CHAOS", Subjects: []string{"chaos.>"},
+			Duplicates: 100 * time.Millisecond, Storage: jetstream.FileStorage, Replicas: replicas})
+		var api *jetstream.APIError
+		if err == nil || !errors.As(err, &api) || api.ErrorCode != 10005 || time.Now().After(deadline) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
 	}
-	return s
 }
 
 // soakParams reads a soak's duration (60 s, or DELAYD_CHAOS_DURATION) and
