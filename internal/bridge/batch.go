@@ -12,71 +12,76 @@ const flushers = 4
 // pipeline batches what arrives on queue and runs flushers goroutines
 // that store the batches, until queue is closed. The returned function
 // waits until every batch is stored. Both intakes use it.
+//
+// A free flusher gathers the next batch itself: it takes the first item,
+// everything queued behind it up to size, and with linger whatever else
+// arrives within linger, then flushes. One flusher gathers at a time, so
+// while every other one is busy the queue fills and the next batch grows;
+// while one is free an item goes to Redis at once. A request thus makes
+// one goroutine hand-off on its way to Redis (handler → flusher), not two
+// through a collector: the latency budget (BenchmarkScheduleCall) showed
+// each hand-off's wake-up costing as much as the work.
 func pipeline[T any](queue <-chan T, size int, linger time.Duration, flush func([]T)) (drained func()) {
-	batches := make(chan []T)
+	var gathering sync.Mutex
 	var wg sync.WaitGroup
 	for range flushers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for b := range batches {
-				flush(b)
+			for {
+				gathering.Lock()
+				batch, ok := gather(queue, size, linger)
+				gathering.Unlock()
+				if len(batch) > 0 {
+					flush(batch)
+				}
+				if !ok {
+					return
+				}
 			}
 		}()
 	}
-	collected := make(chan struct{})
-	go func() {
-		defer close(collected)
-		collect(queue, batches, size, linger)
-	}()
-	return func() {
-		<-collected
-		wg.Wait()
-	}
+	return wg.Wait
 }
 
-// collect groups queued items into batches. A batch is handed to the
-// first free flusher; while every flusher is busy it keeps growing, up to
-// size items. So batches are as large as the load makes them, without a
-// fixed wait: under light load an item goes to Redis at once. Linger, if
-// positive, waits that long for company when a flusher is free.
-func collect[T any](in <-chan T, out chan<- []T, size int, linger time.Duration) {
-	defer close(out)
+// gather waits for an item, then adds what is queued behind it, up to size
+// items; with a positive linger it waits that long for more while the batch
+// is not full. It returns false once queue is closed and empty.
+func gather[T any](queue <-chan T, size int, linger time.Duration) ([]T, bool) {
+	first, ok := <-queue
+	if !ok {
+		return nil, false
+	}
+	batch := make([]T, 1, size)
+	batch[0] = first
 	var wait <-chan time.Time
-	for {
-		first, ok := <-in
-		if !ok {
-			return
+	if linger > 0 {
+		t := time.NewTimer(linger)
+		defer t.Stop()
+		wait = t.C
+	}
+	for len(batch) < size {
+		select {
+		case p, ok := <-queue:
+			if !ok {
+				return batch, false
+			}
+			batch = append(batch, p)
+			continue
+		default:
 		}
-		batch := make([]T, 1, size)
-		batch[0] = first
-		if linger > 0 {
-			wait = time.After(linger)
-		}
-		queue := in
-		for {
-			var send chan<- []T
-			if wait == nil || len(batch) == size {
-				send = out
-			}
-			if len(batch) == size {
-				queue = nil // full: only sending is left
-			}
-			select {
-			case send <- batch:
-			case p, ok := <-queue:
-				if !ok {
-					out <- batch
-					return
-				}
-				batch = append(batch, p)
-				continue
-			case <-wait:
-				wait = nil
-				continue
-			}
+		if wait == nil {
 			break
 		}
-		wait = nil
+		select {
+		case p, ok := <-queue:
+			if !ok {
+				return batch, false
+			}
+			batch = append(batch, p)
+		case <-wait:
+			wait = nil
+		}
 	}
+	return batch, true
 }

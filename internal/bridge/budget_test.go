@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -118,18 +119,35 @@ func (s *stageTimes) report(b *testing.B) {
 //     (what delayd adds besides Redis);
 //   - intake-redis: the real intake and store on a real redis-server.
 //
-// Each reports µs per call (ns/op × concurrency / 1000 is the latency; one
-// requester gives it directly) and, for the intakes, the median time of
-// each stage of a request inside delayd.
+// Each reports µs per call (the latency each requester sees) and, for the
+// intakes, the mean and p90 time of each stage of a request inside
+// delayd.
 //
 //	go test -run xxx -bench ScheduleCall -benchtime 5000x ./internal/bridge
+//
+// With external servers, it also says where the CPU of a call goes:
+// DELAYD_BENCH_NATS_URL and DELAYD_BENCH_REDIS name a nats-server and a
+// redis-server of the bench's own (the Redis is flushed), and
+// DELAYD_BENCH_PIDS ("nats=PID,redis=PID") their processes: each run then
+// reports the CPU µs per call of each, and of this process (the
+// requesters and the intake).
 func BenchmarkScheduleCall(b *testing.B) {
-	ns := testutil.StartNATS(b)
-	r := testutil.StartRedis(b)
-	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "budget", 16)
+	ns := benchNATS(b)
+	r := testutil.StartRedis
+	var rs *testutil.Redis
+	if addr := os.Getenv("DELAYD_BENCH_REDIS"); addr != "" {
+		rs = testutil.ExternalRedis(b, addr)
+		if err := rs.Client().FlushAll(context.Background()).Err(); err != nil {
+			b.Fatal(err)
+		}
+	} else {
+		rs = r(b)
+	}
+	pids := benchPIDs(b)
+	st := store.New(store.NewClient(store.Options{Addrs: []string{rs.Addr}}), "budget", 16)
 	b.Cleanup(func() { st.Close() })
 
-	echo, err := nats.Connect(ns.URL())
+	echo, err := nats.Connect(ns)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -164,7 +182,7 @@ func BenchmarkScheduleCall(b *testing.B) {
 		prefix string
 		st     Store
 	}{{"instant", instantStore{}}, {"redis", st}} {
-		nc, err := nats.Connect(ns.URL())
+		nc, err := nats.Connect(ns)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -185,7 +203,7 @@ func BenchmarkScheduleCall(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/requesters=%d", target, concurrency), func(b *testing.B) {
 				conns := make([]*nats.Conn, concurrency)
 				for i := range conns {
-					nc, err := nats.Connect(ns.URL())
+					nc, err := nats.Connect(ns)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -227,12 +245,13 @@ func BenchmarkScheduleCall(b *testing.B) {
 				if tr := traces[target]; tr != nil {
 					tr.reset()
 				}
-				rc := r.Client()
+				rc := rs.Client()
 				if target == "redis" {
 					if err := rc.ConfigResetStat(context.Background()).Err(); err != nil {
 						b.Fatal(err)
 					}
 				}
+				cpu0 := cpuTimes(pids)
 				b.ResetTimer()
 				var wg sync.WaitGroup
 				per := b.N / concurrency
@@ -248,6 +267,12 @@ func BenchmarkScheduleCall(b *testing.B) {
 				wg.Wait()
 				b.StopTimer()
 				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(max(per, 1)), "µs/call")
+				if pids != nil {
+					cpu1 := cpuTimes(pids)
+					for name, t := range cpu1 {
+						b.ReportMetric(float64((t-cpu0[name]).Microseconds())/float64(per*concurrency), "cpu-µs-"+name)
+					}
+				}
 				if tr := traces[target]; tr != nil {
 					tr.report(b)
 				}
@@ -268,4 +293,49 @@ func BenchmarkScheduleCall(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchNATS is the NATS URL of the benchmark: DELAYD_BENCH_NATS_URL, or an
+// in-process server.
+func benchNATS(b *testing.B) string {
+	if url := os.Getenv("DELAYD_BENCH_NATS_URL"); url != "" {
+		return url
+	}
+	return testutil.StartNATS(b).URL()
+}
+
+// benchPIDs reads DELAYD_BENCH_PIDS ("nats=PID,redis=PID"), or nil.
+func benchPIDs(b *testing.B) map[string]int {
+	v := os.Getenv("DELAYD_BENCH_PIDS")
+	if v == "" {
+		return nil
+	}
+	pids := map[string]int{"self": os.Getpid()}
+	for _, kv := range strings.Split(v, ",") {
+		name, pid, ok := strings.Cut(kv, "=")
+		n, err := strconv.Atoi(pid)
+		if !ok || err != nil {
+			b.Fatalf("DELAYD_BENCH_PIDS: %q is not name=pid", kv)
+		}
+		pids[name] = n
+	}
+	return pids
+}
+
+// cpuTimes reads the user+system CPU time of each process from /proc.
+func cpuTimes(pids map[string]int) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for name, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command (which may hold spaces) in parentheses:
+		// utime and stime are the 12th and 13th of them, in clock ticks.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		stt, _ := strconv.ParseInt(f[12], 10, 64)
+		out[name] = time.Duration(ut+stt) * 10 * time.Millisecond // USER_HZ is 100
+	}
+	return out
 }
