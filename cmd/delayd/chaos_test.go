@@ -35,8 +35,10 @@ import (
 //   - every acknowledged, uncancelled envelope was delivered at least once;
 //   - nothing was early;
 //   - everything delivered had been acknowledged (or answered 504);
-//   - every duplicate carries a higher Delayd-Attempt, or its request was
-//     resent after a failure (a documented upsert).
+//   - every duplicate carries an attempt number not seen before for it
+//     (a higher one, or an earlier attempt's copy held by a paused daemon
+//     and sent late), or its request was resent after a failure (a
+//     documented upsert).
 //
 // It runs with DELAYD_SOAK=1 (.ci/run's second step), for 60 s;
 // DELAYD_CHAOS_DURATION runs longer, DELAYD_CHAOS_SEED repeats a run's
@@ -437,7 +439,7 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 		attempts []int
 	}
 	got := map[string]*seen{}
-	dupRedelivery, dupResent, dupRepeat := 0, 0, 0
+	dupRedelivery, dupResent, dupRepeat, dupLate := 0, 0, 0, 0
 	var lateness []time.Duration
 	all := core
 	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
@@ -473,6 +475,13 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 			switch {
 			case attempt > slices.Max(s.attempts):
 				dupRedelivery++
+			case !slices.Contains(s.attempts, attempt):
+				// An earlier attempt's copy after a later one: a daemon
+				// frozen (paused) between its publish deadline check and
+				// the socket write sends it after the lease expired and
+				// another daemon redelivered. Each copy still has its own
+				// attempt number (documented).
+				dupLate++
 			case w.resent[id] || w.uncertain[id] || w.unknown[id]:
 				dupResent++
 			case w.repeatOK:
@@ -505,9 +514,9 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 	}
 	t.Logf("chaos: %d acknowledged (%d replaced, %d cancelled, %d unknown outcomes, %d uncertain), %d delivered; "+
 		"faults %d %v; lost %d (and %d core NATS deliveries lost across a NATS node kill); duplicates: %d redeliveries with a higher attempt, %d after a resent request, "+
-		"%d with the same attempt after a failover with a lagging replica; lateness p50 %s p99 %s",
+		"%d with the same attempt after a failover with a lagging replica, %d earlier attempts arriving after a later one; lateness p50 %s p99 %s",
 		len(w.acked), w.replaced, len(w.cancelled), len(w.unknown), len(w.uncertain), len(got), total, faults, lost, coreLost,
-		dupRedelivery, dupResent, dupRepeat, p50, p99)
+		dupRedelivery, dupResent, dupRepeat, dupLate, p50, p99)
 }
 
 func sleepCtxT(ctx context.Context, d time.Duration) bool {
