@@ -41,6 +41,7 @@ func benchCommand(o cliIO) *cli.Command {
 			&cli.IntFlag{Name: "conns", Value: 4, Usage: "NATS connections the requesters share"},
 			&cli.BoolFlag{Name: "stream", Usage: "publish into the durable intake stream (<subject>.intake) with a window of async publishes and time until every envelope is pending in Redis; the baseline is a stream nobody consumes"},
 			&cli.BoolFlag{Name: "compare", Usage: "also run NATS JetStream message schedules (ADR-51) on the same workload, on an in-process nats-server, and print both side by side, with what one call costs one requester alone"},
+			&cli.IntFlag{Name: "one-requester", Value: bench.OneRequesterCalls, Usage: "with --compare, time this many calls in a row from one requester alone, beside an echo (0: skip)"},
 			&cli.IntFlag{Name: "max-pending", Value: 4096, Usage: "most unacknowledged async publishes per connection (--stream, --compare)"},
 			jsonFlag("print the result as JSON")),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
@@ -63,6 +64,9 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	stdout, stderr := o.stdout, o.stderr
 	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || conns < 1 || window < 1 {
 		return usageErr(cmd, "--count, --concurrency, --conns, --window and --max-pending must be positive")
+	}
+	if cmd.Int("one-requester") < 0 {
+		return usageErr(cmd, "--one-requester must be 0 (skip) or positive")
 	}
 	c, err := loadConfig(cmd, o.getenv)
 	if err != nil {
@@ -155,14 +159,14 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if base > 0 {
 		r.BaselineRate, r.IntakeRatio = base, r.IntakeRate/base
 	}
-	if compare {
+	if n := int(cmd.Int("one-requester")); compare && n > 0 {
 		// What one call costs a requester alone, beside JetStream's below.
-		one, err := bench.DelaydOneRequester(ctx, clients[0], w, bench.OneRequesterCalls)
+		one, err := bench.DelaydOneRequester(ctx, clients[0], w, n)
 		if err != nil {
 			return fmt.Errorf("one requester: %w", err)
 		}
 		r.OneRequester = &one
-		so.OneRequester = bench.OneRequesterCalls
+		so.OneRequester = n
 	}
 	if child != nil {
 		if r.Daemon, err = child.stop(); err != nil {

@@ -40,7 +40,8 @@ func TestBenchCommand(t *testing.T) {
 
 // TestBenchStreamCompare runs `delayd bench --stream --compare`: the
 // stream intake against a running daemon, and JetStream message schedules
-// on the bench's own in-process server, side by side. Correctness only.
+// on the same server (it runs them), side by side, each with its
+// one-requester figure beside an echo. Correctness only.
 func TestBenchStreamCompare(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -48,7 +49,7 @@ func TestBenchStreamCompare(t *testing.T) {
 	e.startDaemon(c)
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), []string{"delayd", "bench", "--nats-url", e.nats.URL(), "--json", "--stream", "--compare",
-		"--count", "500", "--window", "500ms", "--lead", "1s", "--grace", "5s", "--conns", "2", "--max-pending", "64"},
+		"--count", "500", "--window", "500ms", "--lead", "1s", "--grace", "5s", "--conns", "2", "--max-pending", "64", "--one-requester", "50"},
 		func(string) string { return "" }, &out, &errOut)
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, errOut.String())
@@ -66,6 +67,17 @@ func TestBenchStreamCompare(t *testing.T) {
 	}
 	if js.Mode != bench.ModeSchedules || js.Delivered != 500 || js.Lost != 0 || js.Rejected != 0 {
 		t.Fatalf("JetStream schedules result: %+v", js)
+	}
+	for _, r := range rs {
+		if o := r.OneRequester; o == nil || o.Calls != 50 || o.Us <= 0 || o.EchoUs <= 0 {
+			t.Fatalf("%s: one-requester figure missing: %+v", r.Mode, o)
+		}
+	}
+	// The run's envelopes were delivered and the one-requester schedules
+	// (due in an hour) cancelled: the bench leaves nothing stored.
+	quiet(t, e, c)
+	if left := e.stored(c); left != 0 {
+		t.Fatalf("%d envelopes left stored after the bench", left)
 	}
 	t.Logf("stream intake %.0f/s (baseline %.0f/s), p99 %.2f ms; JetStream schedules %.0f/s, p99 %.2f ms, early %d",
 		d.IntakeRate, d.BaselineRate, d.LatenessMs.P99, js.IntakeRate, js.LatenessMs.P99, js.Early)
