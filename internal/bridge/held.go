@@ -8,20 +8,32 @@ import "sync"
 // endpoint's pending limits) instead of piling up in the batches. One
 // request larger than the bound still passes when nothing else is held.
 type heldBytes struct {
-	limit int64 // 0: no bound
-	mu    sync.Mutex
-	cond  *sync.Cond
-	held  int64
+	bounded bool // limit > 0 at construction; never changes
+	mu      sync.Mutex
+	cond    *sync.Cond
+	limit   int64
+	held    int64
 }
 
 func newHeldBytes(limit int64) *heldBytes {
-	h := &heldBytes{limit: limit}
+	h := &heldBytes{bounded: limit > 0, limit: limit}
 	h.cond = sync.NewCond(&h.mu)
 	return h
 }
 
+// setLimit changes the bound (when it is raised to fit one message).
+func (h *heldBytes) setLimit(limit int64) {
+	if !h.bounded || limit <= 0 {
+		return
+	}
+	h.mu.Lock()
+	h.limit = limit
+	h.mu.Unlock()
+	h.cond.Broadcast()
+}
+
 func (h *heldBytes) acquire(n int64) {
-	if h.limit <= 0 {
+	if !h.bounded {
 		return
 	}
 	h.mu.Lock()
@@ -33,7 +45,7 @@ func (h *heldBytes) acquire(n int64) {
 }
 
 func (h *heldBytes) release(n int64) {
-	if h.limit <= 0 || n == 0 {
+	if !h.bounded || n == 0 {
 		return
 	}
 	h.mu.Lock()

@@ -410,3 +410,20 @@ func TestCancelOutcomes(t *testing.T) {
 		}
 	}
 }
+
+// A request larger than intake.pending_bytes is still taken: the NATS
+// client's pending limit is raised to the server's max_payload (before, the
+// client dropped it as a slow consumer every time, and its publisher timed
+// out and retried forever).
+func TestRequestLargerThanPendingBytes(t *testing.T) {
+	t.Parallel()
+	e := startIntake(t, &intakeStore{}, func(o *IntakeOptions) { o.PendingBytes = 4096 })
+	m, err := e.nc.RequestMsg(&nats.Msg{Subject: "delayd.schedule", Header: schedule("t.big", "big"),
+		Data: make([]byte, 100<<10)}, 10*time.Second)
+	if err != nil {
+		t.Fatalf("a 100 kB request with pending_bytes 4096: %v", err)
+	}
+	if code := errorCode(m); code != "" {
+		t.Fatalf("a 100 kB request: error %s %s", code, m.Header.Get(micro.ErrorHeader))
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -64,12 +65,24 @@ type StreamOptions struct {
 }
 
 // pullSize is how much the consumer keeps requested: Pull messages, and
-// at most PullBytes of them when that is set.
+// at most PullBytes of them when that is set, raised to the largest
+// message the stream can hold: a pull's byte bound below its head message
+// stalls the consumer for good (the server answers every pull "Message
+// Size Exceeds MaxBytes", and the message never comes). That is the
+// server's max_payload (the limit a publish into the stream had), or
+// limits.max_payload if larger, plus the headers; asked at each (re)start
+// of the consumer, once connected.
 func (s *StreamIntake) pullSize() jetstream.PullConsumeOpt {
-	if s.opt.PullBytes > 0 {
-		return jetstream.PullMaxMessagesWithBytesLimit(s.opt.Pull, int(s.opt.PullBytes))
+	if s.opt.PullBytes <= 0 {
+		return jetstream.PullMaxMessages(s.opt.Pull)
 	}
-	return jetstream.PullMaxMessages(s.opt.Pull)
+	largest := max(int64(s.opt.Limits.MaxPayload), s.nc.MaxPayload())
+	if largest <= 0 {
+		largest = 64 << 20 // not connected yet: NATS' own ceiling for max_payload
+	}
+	fit := largest + int64(s.opt.Limits.MaxHeaderBytes) + 4<<10
+	s.held.setLimit(max(s.opt.PullBytes, fit))
+	return jetstream.PullMaxMessagesWithBytesLimit(s.opt.Pull, int(max(s.opt.PullBytes, fit)))
 }
 
 // IntakeSubject is the subject publishers publish durable envelopes to
@@ -132,10 +145,6 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 	if opt.Pull < 1 {
 		opt.Pull = 1024
 	}
-	if fit := int64(opt.Limits.MaxPayload+opt.Limits.MaxHeaderBytes) + 4<<10; opt.PullBytes > 0 && opt.PullBytes < fit {
-		// A pull's byte bound below one message would stall the consumer.
-		opt.PullBytes = fit
-	}
 	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan streamItem, 2*opt.Pull), held: newHeldBytes(opt.PullBytes),
 		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now}}
@@ -169,6 +178,12 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 					case lost <- err:
 					default:
 					}
+					return
+				}
+				if strings.Contains(err.Error(), "Exceeds MaxBytes") {
+					// Cannot happen with pullSize's bound; if it does, the
+					// head message is stuck: say so.
+					s.log.Warn("the intake stream holds a message larger than a pull may take (intake.stream.pull_bytes)", "error", err)
 					return
 				}
 				s.log.Debug("stream consumer", "error", err)

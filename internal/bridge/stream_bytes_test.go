@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 )
@@ -27,9 +29,11 @@ func (b blockedStore) Schedule(ctx context.Context, items []store.Item) ([]int64
 // intake.stream.pull_bytes: the NATS client buffers and the daemon holds at
 // most about twice the bound (taken from the stream, not yet acked), not
 // the whole pull of 64 messages; once Redis answers, every one is stored.
+// The server's max_payload (256 kB) is below the bound, which is never
+// raised under it (the largest message a stream may hold).
 func TestStreamIntakeBoundsTheBytesItHolds(t *testing.T) {
 	t.Parallel()
-	e := newStreamEnv(t)
+	e := newStreamEnv(t, func(o *server.Options) { o.MaxPayload = 256 << 10 })
 	const n, size, bound = 48, 100 << 10, 1 << 20
 	bs := blockedStore{StreamStore: e.st, release: make(chan struct{})}
 	e.start(bs, func(o *StreamOptions) {
@@ -69,4 +73,27 @@ func TestStreamIntakeBoundsTheBytesItHolds(t *testing.T) {
 	}
 	close(bs.release)
 	e.eventually("all stored", func() bool { return e.pending() == n })
+}
+
+// A pull_bytes below one message, with limits.max_payload 0 (follow the
+// server), must not stall the consumer: the bound is raised to the
+// server's max_payload, so a 100 kB envelope and the small ones behind it
+// are all stored. (Before, the bound was raised only to limits.max_payload,
+// 0 here, and the server answered every pull "Message Size Exceeds
+// MaxBytes" while the head message never came.)
+func TestStreamIntakePullBytesBelowOneMessage(t *testing.T) {
+	t.Parallel()
+	e := newStreamEnv(t)
+	e.start(e.st, func(o *StreamOptions) {
+		o.PullBytes = 4096
+		o.Limits.MaxPayload = 0
+	})
+	js := e.js()
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "t.big", envelope.HeaderID, "big", envelope.HeaderDelay, "1h"),
+		strings.Repeat("x", 100<<10))
+	for i := range 3 {
+		publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "t.small", envelope.HeaderID, "small"+strconv.Itoa(i),
+			envelope.HeaderDelay, "1h"), "s")
+	}
+	e.eventually("the large envelope and the small ones behind it stored", func() bool { return e.pending() == 4 })
 }

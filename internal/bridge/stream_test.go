@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -31,9 +32,9 @@ type streamEnv struct {
 	obs   *streamCounts
 }
 
-func newStreamEnv(t *testing.T) *streamEnv {
+func newStreamEnv(t *testing.T, natsOpts ...func(*server.Options)) *streamEnv {
 	t.Helper()
-	e := &streamEnv{t: t, nats: testutil.StartNATS(t), redis: testutil.StartRedis(t), obs: &streamCounts{n: map[string]int{}}}
+	e := &streamEnv{t: t, nats: testutil.StartNATS(t, natsOpts...), redis: testutil.StartRedis(t), obs: &streamCounts{n: map[string]int{}}}
 	e.url = e.nats.URL()
 	e.st = store.New(store.NewClient(store.Options{Addrs: []string{e.redis.Addr}}), "streamtest", 4)
 	t.Cleanup(func() { e.st.Close() })

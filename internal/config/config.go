@@ -212,7 +212,9 @@ type Stream struct {
 	// PullBytes bounds the bytes of stream messages the NATS client
 	// buffers for a daemon, and again those it holds taken and not yet
 	// acknowledged, so a burst of large envelopes waits in the stream
-	// instead of in memory. Raised to one largest envelope. 0 derives it
+	// instead of in memory. Never below the NATS server's max_payload (plus
+	// headers): a bound below the stream's head message would stall the
+	// consumer. 0 derives it
 	// like intake.pending_bytes: 32 MiB, or a sixteenth of the Go memory
 	// limit.
 	PullBytes int64 `koanf:"pull_bytes"`
