@@ -64,3 +64,37 @@ func requestBytes(data []byte, h map[string][]string) int64 {
 	}
 	return int64(n)
 }
+
+// sendGate lets handlers send to a queue that Run closes: a handler sends
+// only while the gate is open, and closing waits for the sends under way
+// (a handler waiting for held bytes, or for room in the queue, gets it
+// from the flushers, which keep running), so nothing is ever sent on the
+// closed channel, however long Redis takes.
+type sendGate struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+// enter reports whether the gate is open; if it is, the caller sends and
+// then calls leave.
+func (g *sendGate) enter() bool {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (g *sendGate) leave() { g.mu.RUnlock() }
+
+// close closes the gate once no send is under way, then runs f (closing
+// the queue).
+func (g *sendGate) close(f func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		g.closed = true
+		f()
+	}
+}

@@ -112,6 +112,7 @@ type Intake struct {
 	late lateErrors
 	// held bounds the bytes of requests between handler and reply.
 	held *heldBytes
+	gate sendGate // handlers' sends to queue, until Run closes it
 }
 
 type pending struct {
@@ -223,7 +224,7 @@ func (in *Intake) Run(ctx context.Context) error {
 	for wait := time.Now().Add(5 * time.Second); in.nc.NumSubscriptions() > 0 && !in.nc.IsClosed() && time.Now().Before(wait); {
 		time.Sleep(5 * time.Millisecond)
 	}
-	close(in.queue)
+	in.gate.close(func() { close(in.queue) })
 	drained()
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = in.nc.FlushWithContext(fctx)
@@ -328,6 +329,12 @@ func (in *Intake) handleSchedule(req micro.Request) {
 		in.reject(now(req), err)
 		return
 	}
+	if !in.gate.enter() {
+		in.count(envelope.CodeUnavailable)
+		in.reject(now(req), &envelope.Error{Code: envelope.CodeUnavailable, Msg: "delayd is stopping: nothing stored, retry"})
+		return
+	}
+	defer in.gate.leave()
 	n := requestBytes(req.Data(), req.Headers())
 	in.held.acquire(n)
 	if in.opt.trace != nil {

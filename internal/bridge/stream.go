@@ -107,6 +107,7 @@ type StreamIntake struct {
 	log   hclog.Logger
 	queue chan streamItem
 	held  *heldBytes // taken from the stream, not yet settled
+	gate  sendGate   // handlers' sends to queue, until Run closes it
 	check validator
 	// idPrefix makes the id of an envelope without Delayd-Id from the
 	// stream's creation time and the message's sequence: the same on
@@ -189,7 +190,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 				s.log.Debug("stream consumer", "error", err)
 			}))
 		if err != nil {
-			close(s.queue)
+			s.gate.close(func() { close(s.queue) })
 			drained()
 			return fmt.Errorf("bridge: consume %s: %w", s.opt.Name, err)
 		}
@@ -208,7 +209,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 			case <-time.After(time.Second):
 			}
 			if cons, err = s.setupRetrying(ctx, js); err != nil || cons == nil {
-				close(s.queue)
+				s.gate.close(func() { close(s.queue) })
 				drained()
 				return err
 			}
@@ -226,7 +227,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 		}
 		break
 	}
-	close(s.queue)
+	s.gate.close(func() { close(s.queue) })
 	drained()
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = s.nc.FlushWithContext(fctx) // the last acks

@@ -97,3 +97,51 @@ func TestStreamIntakePullBytesBelowOneMessage(t *testing.T) {
 	}
 	e.eventually("the large envelope and the small ones behind it stored", func() bool { return e.pending() == 4 })
 }
+
+// Shutting down while Redis is slower than the drain wait (StoreTimeout)
+// and a handler waits for held bytes: the intake stops cleanly once the
+// flush returns, and stores what it took (before, Run closed the queue
+// after the drain wait and the waking handler panicked sending on it).
+func TestStreamIntakeShutdownWithAHandlerWaitingForBytes(t *testing.T) {
+	t.Parallel()
+	e := newStreamEnv(t, func(o *server.Options) { o.MaxPayload = 128 << 10 })
+	bs := blockedStore{StreamStore: e.st, release: make(chan struct{})}
+	called := make(chan struct{}, 64)
+	stop := e.start(calledStore{bs, called}, func(o *StreamOptions) {
+		o.PullBytes = 1
+		o.Limits.MaxPayload = 128 << 10
+		o.StoreTimeout = 100 * time.Millisecond
+	})
+	js := e.js()
+	for i := range 8 {
+		publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "t.big", envelope.HeaderID, "s"+strconv.Itoa(i),
+			envelope.HeaderDelay, "1h"), strings.Repeat("x", 100<<10))
+	}
+	select {
+	case <-called: // a flush is under way, and blocked
+	case <-time.After(10 * time.Second):
+		t.Fatal("no flush started")
+	}
+	go func() {
+		time.Sleep(500 * time.Millisecond) // past the drain wait
+		close(bs.release)
+	}()
+	stop()
+	if n := e.pending(); n < 1 {
+		t.Fatalf("%d stored after shutdown, want what was taken", n)
+	}
+}
+
+// calledStore reports each Schedule call before making it.
+type calledStore struct {
+	StreamStore
+	called chan struct{}
+}
+
+func (c calledStore) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+	select {
+	case c.called <- struct{}{}:
+	default:
+	}
+	return c.StreamStore.Schedule(ctx, items)
+}

@@ -47,6 +47,12 @@ func (s *StreamIntake) handle(m jetstream.Msg) {
 	}
 	// Wait while the messages taken and not yet settled hold PullBytes: a
 	// burst of large payloads then waits in the stream, not in memory.
+	if !s.gate.enter() {
+		// Stopping: the stream offers it again (to any daemon).
+		_ = m.NakWithDelay(s.opt.RetryDelay)
+		return
+	}
+	defer s.gate.leave()
 	n := requestBytes(m.Data(), m.Headers())
 	s.held.acquire(n)
 	s.queue <- streamItem{msg: m, item: it, bytes: n}
