@@ -110,6 +110,11 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 		nats.Name(name),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
+		// Keep retrying after the same authorization error twice (nats.go
+		// closes the connection for good then): credentials fixed on the
+		// server, or rotated into place, must bring the daemon back, as a
+		// process that neither connects nor exits is never restarted.
+		nats.IgnoreAuthErrorAbort(),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
