@@ -175,7 +175,7 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	var peer *bench.Result
 	if compare {
-		if peer, err = benchSchedules(ctx, w, so, clients, progress); err != nil {
+		if peer, err = benchSchedules(ctx, w, so, clients, embedded, progress); err != nil {
 			return fmt.Errorf("compare: %w", err)
 		}
 	}
@@ -193,13 +193,17 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 // benchSchedules runs the workload as JetStream message schedules: on the
 // server delayd uses when it runs them (2.12 or newer), so both sides pay
 // the same NATS, else on an in-process nats-server of its own.
-func benchSchedules(ctx context.Context, w bench.Workload, so bench.StreamOptions, same []*bridge.Probe, progress io.Writer) (*bench.Result, error) {
-	if same[0].HasSchedules(ctx) {
+func benchSchedules(ctx context.Context, w bench.Workload, so bench.StreamOptions, same []*bridge.Probe, embeddedChild bool, progress io.Writer) (*bench.Result, error) {
+	if !embeddedChild && same[0].HasSchedules(ctx) {
 		fmt.Fprintln(progress, "compare: JetStream schedules on delayd's nats-server")
 		r, err := bench.Schedules(ctx, same, w, so, progress)
 		return &r, err
 	}
-	fmt.Fprintln(progress, "compare: delayd's nats-server has no message schedules (2.12+): JetStream schedules on an in-process nats-server")
+	if embeddedChild {
+		fmt.Fprintln(progress, "compare: the embedded child's nats-server stopped with it: JetStream schedules on an in-process nats-server (a different server: compare each with its own echo)")
+	} else {
+		fmt.Fprintln(progress, "compare: delayd's nats-server has no message schedules (2.12+): JetStream schedules on an in-process nats-server (a different server: compare each with its own echo)")
+	}
 	conns := len(same)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

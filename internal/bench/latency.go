@@ -2,10 +2,12 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/bridge"
 )
 
@@ -46,11 +48,17 @@ func DelaydOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int)
 	one.Count, one.Concurrency, one.Lead = n, 1, time.Hour
 	prefix := "l" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	took, rejected, err := schedule(ctx, []*bridge.Probe{p}, one, prefix, time.Now(), nil)
-	// Cancel every one, also after a failure: none must fire later.
+	// Cancel every one, also after a failure or an interrupt (ctx done):
+	// none may fire in an hour, nor stay stored.
 	for i := range n {
-		cctx, cancel := context.WithTimeout(ctx, w.Timeout)
-		_, _ = p.Delayd.Cancel(cctx, prefix+strconv.Itoa(i))
-		cancel()
+		for try := 0; try < 3; try++ {
+			cctx, cancel := context.WithTimeout(context.Background(), w.Timeout)
+			_, cerr := p.Delayd.Cancel(cctx, prefix+strconv.Itoa(i))
+			cancel()
+			if !errors.Is(cerr, client.ErrUnavailable) && !errors.Is(cerr, client.ErrOutcomeUnknown) {
+				break
+			}
+		}
 	}
 	if err != nil {
 		return OneRequester{}, err
