@@ -98,7 +98,7 @@ func NewMetrics(version string) *Metrics {
 			"Envelopes set to be delivered again, by cause: lease_expiry (re-claimed after its lease expired), retry (publish failed), replay (from the dead set).",
 			"cause", redeliveryCauses),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_delivery_lateness_seconds",
-			Help: "Time from due (or from when it was stored, if later: a Delayd-At accepted in the past) to confirmed publish, per delivery.", Buckets: latenessBucketsS}),
+			Help: "Time from due to confirmed publish, per delivery; for a Delayd-At more than 1 s in the past when accepted, from its acceptance.", Buckets: latenessBucketsS}),
 		claimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_claim_duration_seconds",
 			Help: "Duration of one claim round trip (all due shards in one pipeline).", Buckets: claimBucketsS}),
 		intakeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "delayd_intake_duration_seconds",

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
@@ -144,4 +145,43 @@ func (c calledStore) Schedule(ctx context.Context, items []store.Item) ([]int64,
 	default:
 	}
 	return c.StreamStore.Schedule(ctx, items)
+}
+
+// A durable-intake envelope published before its due time and stored after
+// it (no delayd ran meanwhile) counts its lateness from its due time: it
+// was accepted (PubAck) in time, so the wait is lateness, not hidden by a
+// store time. One published with a Delayd-At already past carries the time
+// the stream took it.
+func TestStreamIntakeAcceptedAtPublish(t *testing.T) {
+	t.Parallel()
+	e := newStreamEnv(t)
+	js := e.js()
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "DELAYD_INTAKE",
+		Subjects: []string{"delayd.intake", "delayd.intake.>"}, Retention: jetstream.WorkQueuePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	published := time.Now()
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "t.x", envelope.HeaderID, "intime",
+		envelope.HeaderAt, published.Add(200*time.Millisecond).UTC().Format(time.RFC3339Nano)), "p")
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "t.x", envelope.HeaderID, "past",
+		envelope.HeaderAt, published.Add(-time.Hour).UTC().Format(time.RFC3339Nano)), "p")
+	time.Sleep(1500 * time.Millisecond) // both past due, and past the skew allowance, before any delayd runs
+	e.start(e.st)
+	e.eventually("both stored", func() bool { return e.pending() == 2 })
+	for id, wantStored := range map[string]bool{"intime": false, "past": true} {
+		ent, err := e.st.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := envelope.Decode(ent.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := !env.Stored.IsZero(); got != wantStored {
+			t.Errorf("%s: Stored %v, want set %v", id, env.Stored, wantStored)
+		}
+		if wantStored && env.Stored.Sub(published).Abs() > time.Second {
+			t.Errorf("%s: Stored %v, want the publish time %v", id, env.Stored, published)
+		}
+	}
 }

@@ -20,14 +20,18 @@ import (
 // request; a valid one is queued for Redis, an invalid one terminated and
 // published to <prefix>.rejected.
 func (s *StreamIntake) handle(m jetstream.Msg) {
-	it, err := s.check.item(intakeHeaders(m.Headers()), m.Data(), func() (string, error) {
+	accepted := s.opt.Now()
+	if meta, err := m.Metadata(); err == nil && !meta.Timestamp.IsZero() {
+		accepted = meta.Timestamp
+	}
+	it, err := s.check.itemAt(intakeHeaders(m.Headers()), m.Data(), func() (string, error) {
 		meta, err := m.Metadata()
 		if err != nil {
 			return "", err
 		}
 		prefix, _ := s.idPrefix.Load().(string)
 		return prefix + strconv.FormatUint(meta.Sequence.Stream, 10), nil
-	})
+	}, accepted)
 	var rejection *envelope.Error
 	switch {
 	case errors.As(err, &rejection):

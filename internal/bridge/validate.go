@@ -23,12 +23,20 @@ type validator struct {
 // item validates a schedule and turns it into a store item. newID names
 // an envelope that has no Delayd-Id. A rejection is an *envelope.Error.
 func (v validator) item(h map[string][]string, data []byte, newID func() (string, error)) (store.Item, error) {
+	return v.itemAt(h, data, newID, v.now())
+}
+
+// itemAt is item for a request accepted at now: the stream intake passes
+// the time the stream took the message, so that a message that waited in
+// the stream (no delayd running) is judged, and its lateness counted, from
+// when it was published.
+func (v validator) itemAt(h map[string][]string, data []byte, newID func() (string, error), now time.Time) (store.Item, error) {
 	lim := v.limits
 	srvMax := int(v.nc.MaxPayload())
 	if srvMax > 0 && (lim.MaxPayload == 0 || srvMax < lim.MaxPayload) {
 		lim.MaxPayload = srvMax // 0 follows the server
 	}
-	r, err := envelope.ParseSchedule(h, data, lim, v.policy, v.now())
+	r, err := envelope.ParseSchedule(h, data, lim, v.policy, now)
 	if err != nil {
 		return store.Item{}, err
 	}

@@ -40,6 +40,10 @@ func TestStoredTimeOfAPastDueEnvelope(t *testing.T) {
 	if !ahead.Stored.IsZero() {
 		t.Fatalf("a Delayd-At ahead: Stored %v, want zero", ahead.Stored)
 	}
+	// Within the clocks' skew: its lateness counts from the due time.
+	if just := parse(now.Add(-500 * time.Millisecond)); !just.Stored.IsZero() {
+		t.Fatalf("a Delayd-At 500 ms past: Stored %v, want zero", just.Stored)
+	}
 	if d := (Delivery{Due: ahead.At, Envelope: ahead.Envelope}); !d.LateSince().Equal(ahead.At) {
 		t.Fatalf("LateSince %v, want the due time", d.LateSince())
 	}

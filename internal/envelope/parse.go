@@ -114,6 +114,13 @@ type Request struct {
 	HasAt bool
 }
 
+// storedAfter is how far in the past a Delayd-At must lie for the envelope
+// to carry the time it was accepted (Envelope.Stored): lateness then counts
+// from that time. Due times are Redis time and now is the local clock, so a
+// time just past (or a clock ahead of Redis) keeps its due time as the
+// start of its lateness.
+const storedAfter = time.Second
+
 // ParseSchedule validates the headers and payload of a schedule request.
 // now is used for the coarse limit checks on Delayd-At and for the first
 // occurrence of a series; a Delayd-Delay's due time is computed in Redis.
@@ -177,7 +184,7 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 			return r, reject(CodeBadRequest, "%s is %s in the past, limit is %s", w.name, now.Sub(t).Round(time.Second), lim.MaxPast)
 		}
 		r.At, r.HasAt = t, true
-		if t.Before(now) {
+		if now.Sub(t) > storedAfter {
 			r.Stored = now
 		}
 	default:
