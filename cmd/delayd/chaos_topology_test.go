@@ -98,6 +98,7 @@ func TestChaosSoakTopology(t *testing.T) {
 		case 0:
 			master, replica := roles()
 			lagging := rng.IntN(2) == 0
+			paused := time.Now()
 			if lagging {
 				faults["Sentinel failover, replica lagging"]++
 				replica.Pause()
@@ -110,7 +111,7 @@ func TestChaosSoakTopology(t *testing.T) {
 			replica.Resume()
 			if lagging {
 				w.mu.Lock()
-				w.repeatOK = true
+				w.lagging = append(w.lagging, span{paused, time.Now().Add(time.Second)})
 				w.mu.Unlock()
 			}
 			deadline := time.Now().Add(30 * time.Second)
@@ -133,13 +134,14 @@ func TestChaosSoakTopology(t *testing.T) {
 			replica.Resume()
 		case 2:
 			faults["NATS node killed"]++
-			w.mu.Lock()
-			w.coreLossOK = true
-			w.mu.Unlock()
 			n := nodes[rng.IntN(len(nodes))]
+			stopped := time.Now()
 			n.Stop()
 			time.Sleep(hold + time.Second)
 			n.Start()
+			w.mu.Lock()
+			w.nodeKills = append(w.nodeKills, span{stopped, time.Now()})
+			w.mu.Unlock()
 		case 3:
 			faults["kill -9 daemon"]++
 			i := rng.IntN(daemons)
