@@ -98,20 +98,27 @@ func TestChaosSoakTopology(t *testing.T) {
 		case 0:
 			master, replica := roles()
 			lagging := rng.IntN(2) == 0
-			paused := time.Now()
+			// Claims published with a short wait are lost with the master
+			// from the moment its replica stopped confirming: the pause
+			// below, or, if the replica has not caught up since the last
+			// failover (the old master's full resync), that failover.
+			from := time.Now()
+			if synced := waitCaughtUp(master, 30*time.Second); !synced && !lastFailover.IsZero() {
+				from = lastFailover
+				lagging = true
+			}
 			if lagging {
 				faults["Sentinel failover, replica lagging"]++
 				replica.Pause()
 				time.Sleep(hold)
 			} else {
 				faults["Sentinel failover, replica caught up"]++
-				waitCaughtUp(master, 5*time.Second)
 			}
 			master.Kill()
 			replica.Resume()
 			if lagging {
 				w.mu.Lock()
-				w.lagging = append(w.lagging, span{paused, time.Now().Add(time.Second)})
+				w.lagging = append(w.lagging, span{from, time.Now().Add(time.Second)})
 				w.mu.Unlock()
 			}
 			deadline := time.Now().Add(30 * time.Second)
@@ -170,11 +177,13 @@ func (e *clusterEnv) urlsFrom(i int) string {
 }
 
 // waitCaughtUp waits up to d for master to count a replica that has
-// everything (a clean failover then loses nothing).
-func waitCaughtUp(master *testutil.Redis, d time.Duration) {
+// everything (a clean failover then loses nothing), and says whether it
+// did.
+func waitCaughtUp(master *testutil.Redis, d time.Duration) bool {
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if testutil.CaughtUpReplicas(master) >= 1 {
-			return
+			return true
 		}
 	}
+	return false
 }
