@@ -11,7 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/delayd/delayd/client")
+	"github.com/delayd/delayd/client"
+)
 
 // TestErrorsFromTheDaemon: each refusal of the real daemon matches its
 // sentinel, and the *ServiceError keeps the code and the daemon's reason.

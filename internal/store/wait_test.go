@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,7 +232,7 @@ func TestWaitFencesCallsThatWriteNothing(t *testing.T) {
 // shards unconfirmed.
 func TestWaitCluster(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
+	if testing.Short() && os.Getenv("CI") != "true" {
 		t.Skip("starts a 6-node cluster")
 	}
 	cl := testutil.StartRedisCluster(t)
