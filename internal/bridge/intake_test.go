@@ -293,7 +293,7 @@ func TestScheduleStoreOutcomes(t *testing.T) {
 // write would overtake that.
 func TestScheduleOlderThanStoreTimeout(t *testing.T) {
 	t.Parallel()
-	clock := &testClock{t: time.Unix(1_700_000_000, 0)}
+	clock := testutil.NewClock()
 	st := &intakeStore{block: make(chan struct{}), in: make(chan string, 16)}
 	const timeout = 5 * time.Second
 	e := startIntake(t, st, func(o *IntakeOptions) { o.Now, o.StoreTimeout, o.PendingBytes = clock.Now, timeout, 1<<30 })
@@ -345,24 +345,6 @@ func heldNow(h *heldBytes) int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.held
-}
-
-// testClock is a local clock the test moves.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
 
 // The four outcomes of a cancel, as answered and counted: cancelled (and

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // The scanner's estimate of Redis time never runs ahead of Redis, however
@@ -30,7 +31,7 @@ func TestClockNeverAheadOfRedis(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s+%s", tc.there, tc.back), func(t *testing.T) {
 			t.Parallel()
-			clock := newFakeClock()
+			clock := testutil.NewClock()
 			var read time.Time // local time when Redis read its clock
 			st := newClaimStore(1, func([]int) ([]store.ClaimResult, error) {
 				clock.Advance(tc.there)

@@ -12,6 +12,7 @@ import (
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/recur"
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 var outcomeOpts = Options{ClaimBatch: 10, Lease: 10 * time.Second, IdleInterval: time.Second,
@@ -87,7 +88,7 @@ func TestOutcome(t *testing.T) {
 			if tc.noDeadSubject {
 				opt.DeadSubject = ""
 			}
-			clock := newFakeClock()
+			clock := testutil.NewClock()
 			s := newTestScanner(&claimStore{shards: 1}, newSwitchPub(), clock, opt)
 			s.clock.set(redisNow*1000, clock.Now()) // years ahead of the local clock
 			due := tc.dueMs
@@ -181,7 +182,7 @@ func TestStaleBatchPostponedUnsent(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := newFakeClock()
+			clock := testutil.NewClock()
 			pub := &recPub{}
 			s := newTestScanner(&claimStore{shards: 2}, pub, clock, outcomeOpts)
 			at := clock.Now().Add(-tc.age)

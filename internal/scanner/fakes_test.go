@@ -12,27 +12,8 @@ import (
 
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
-
-// fakeClock is a local clock that moves only when the test moves it.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // claimStore answers each claim with claim(shards), reports it on claims,
 // and records the settles it is given.
@@ -131,7 +112,7 @@ func result(shard int, nowMicros int64, n int) store.ClaimResult {
 	return r
 }
 
-func newTestScanner(st Store, pub Publisher, clock *fakeClock, opt Options) *Scanner {
+func newTestScanner(st Store, pub Publisher, clock *testutil.Clock, opt Options) *Scanner {
 	opt.Now = clock.Now
 	return New(st, pub, nil, opt, hclog.NewNullLogger())
 }

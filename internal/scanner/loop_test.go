@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 var loopOpts = Options{ClaimBatch: 10, Lease: 10 * time.Second, IdleInterval: time.Second,
@@ -23,7 +24,7 @@ var loopOpts = Options{ClaimBatch: 10, Lease: 10 * time.Second, IdleInterval: ti
 func TestPlan(t *testing.T) {
 	t.Parallel()
 	const now = int64(5_000_000) // ms
-	s := newTestScanner(&claimStore{shards: 1}, newSwitchPub(), newFakeClock(), loopOpts)
+	s := newTestScanner(&claimStore{shards: 1}, newSwitchPub(), testutil.NewClock(), loopOpts)
 	for _, tc := range []struct {
 		name               string
 		nextDue, nextLease int64
@@ -54,7 +55,7 @@ func TestPlan(t *testing.T) {
 // from the local clock here, so mixing the two would show.
 func TestSleepPlanning(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := testutil.NewClock()
 	const redisMs = int64(2_000_000_000_000)
 	st := newClaimStore(3, func(shards []int) ([]store.ClaimResult, error) {
 		r0 := result(0, redisMs*1000, 1)
@@ -121,7 +122,7 @@ func TestSleepCappedByIdleInterval(t *testing.T) {
 // the clock standing still, not after the idle interval (an hour here).
 func TestFullBatchClaimsAgainAtOnce(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := testutil.NewClock()
 	opt := loopOpts
 	opt.IdleInterval = time.Hour
 	n := 0
@@ -150,7 +151,7 @@ func TestFullBatchClaimsAgainAtOnce(t *testing.T) {
 // backoff.
 func TestClaimBackoffPerShard(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := testutil.NewClock()
 	const redisMs = int64(2_000_000_000_000)
 	failing := map[int]bool{}
 	down := errors.New("store: claim: connection refused")
@@ -204,7 +205,7 @@ func TestClaimBackoffPerShard(t *testing.T) {
 func TestClaimBackoffBeforeAnyClaim(t *testing.T) {
 	t.Parallel()
 	st := newClaimStore(2, func([]int) ([]store.ClaimResult, error) { return nil, errors.New("refused") })
-	s := newTestScanner(st, newSwitchPub(), newFakeClock(), loopOpts)
+	s := newTestScanner(st, newSwitchPub(), testutil.NewClock(), loopOpts)
 	for _, want := range []time.Duration{50, 100, 200} {
 		if err := s.scan(context.Background(), []int{0, 1}); err == nil {
 			t.Fatal("a failed first claim returned no error")
@@ -221,7 +222,7 @@ func TestClaimBackoffBeforeAnyClaim(t *testing.T) {
 // one is claimed again once the clock passes it.
 func TestFailingShardDoesNotHoldOthersBack(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clock := testutil.NewClock()
 	const redisMs = int64(2_000_000_000_000)
 	start := clock.Now()
 	st := newClaimStore(2, func(shards []int) ([]store.ClaimResult, error) {
@@ -261,7 +262,7 @@ func TestNoClaimWhileDisconnected(t *testing.T) {
 	})
 	pub := newSwitchPub()
 	pub.down.Store(true)
-	s := newTestScanner(st, pub, newFakeClock(), loopOpts)
+	s := newTestScanner(st, pub, testutil.NewClock(), loopOpts)
 	run(t, s)
 	// Three rounds of the paused loop, each asking whether NATS is back.
 	for range 3 {
