@@ -20,14 +20,15 @@ import (
 // request; a valid one is queued for Redis, an invalid one terminated and
 // published to <prefix>.rejected.
 func (s *StreamIntake) handle(m jetstream.Msg) {
+	// Parsed once: the message's sequence and the time the stream took it.
+	meta, metaErr := m.Metadata()
 	accepted := s.opt.Now()
-	if meta, err := m.Metadata(); err == nil && !meta.Timestamp.IsZero() {
+	if metaErr == nil && !meta.Timestamp.IsZero() {
 		accepted = meta.Timestamp
 	}
 	it, err := s.check.itemAt(intakeHeaders(m.Headers()), m.Data(), func() (string, error) {
-		meta, err := m.Metadata()
-		if err != nil {
-			return "", err
+		if metaErr != nil {
+			return "", metaErr
 		}
 		prefix, _ := s.idPrefix.Load().(string)
 		return prefix + strconv.FormatUint(meta.Sequence.Stream, 10), nil
@@ -46,7 +47,7 @@ func (s *StreamIntake) handle(m jetstream.Msg) {
 	// The message's identity in the stream (its sequence, and its time in
 	// case the stream was made anew): a redelivery of a message whose ack
 	// was lost is then acked, not stored again.
-	if meta, err := m.Metadata(); err == nil {
+	if metaErr == nil {
 		it.StreamMsg = strconv.FormatUint(meta.Sequence.Stream, 10) + "@" + strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
 	}
 	// Wait while the messages taken and not yet settled hold PullBytes: a
