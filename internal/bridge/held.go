@@ -1,6 +1,12 @@
 package bridge
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/internal/envelope"
+)
 
 // heldBytes bounds the bytes of schedule requests taken but not yet
 // answered: a handler waits while the bound is reached, so a burst of large
@@ -97,4 +103,17 @@ func (g *sendGate) close(f func()) {
 		g.closed = true
 		f()
 	}
+}
+
+// largestMessage is the most bytes one valid message to delayd can take on
+// the wire: the NATS server's max_payload (or limits.max_payload, if
+// larger), the headers and framing. A byte bound below it would drop or
+// stall on that message every time. Not connected yet, it assumes NATS'
+// own ceiling for max_payload (64 MiB).
+func largestMessage(nc *nats.Conn, lim envelope.Limits) int64 {
+	largest := max(int64(lim.MaxPayload), nc.MaxPayload())
+	if largest <= 0 {
+		largest = 64 << 20
+	}
+	return largest + int64(lim.MaxHeaderBytes) + 4<<10
 }

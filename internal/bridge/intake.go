@@ -190,11 +190,7 @@ func (in *Intake) Run(ctx context.Context) error {
 		// out and retries) rather than buffer without bound. Never below
 		// one request of the server's max_payload: the client would drop
 		// that one every time, and its publisher retry forever.
-		largest := in.nc.MaxPayload()
-		if largest <= 0 {
-			largest = 64 << 20 // not connected: NATS' own ceiling
-		}
-		limit := max(in.opt.PendingBytes, largest+int64(in.opt.Limits.MaxHeaderBytes)+4<<10)
+		limit := max(in.opt.PendingBytes, largestMessage(in.nc, in.opt.Limits))
 		pend = append(pend, micro.WithEndpointPendingLimits(-1, int(limit)))
 	}
 	if err := g.AddEndpoint("schedule", micro.HandlerFunc(in.handleSchedule), pend...); err != nil {

@@ -76,13 +76,9 @@ func (s *StreamIntake) pullSize() jetstream.PullConsumeOpt {
 	if s.opt.PullBytes <= 0 {
 		return jetstream.PullMaxMessages(s.opt.Pull)
 	}
-	largest := max(int64(s.opt.Limits.MaxPayload), s.nc.MaxPayload())
-	if largest <= 0 {
-		largest = 64 << 20 // not connected yet: NATS' own ceiling for max_payload
-	}
-	fit := largest + int64(s.opt.Limits.MaxHeaderBytes) + 4<<10
-	s.held.setLimit(max(s.opt.PullBytes, fit))
-	return jetstream.PullMaxMessagesWithBytesLimit(s.opt.Pull, int(max(s.opt.PullBytes, fit)))
+	limit := max(s.opt.PullBytes, largestMessage(s.nc, s.opt.Limits))
+	s.held.setLimit(limit)
+	return jetstream.PullMaxMessagesWithBytesLimit(s.opt.Pull, int(limit))
 }
 
 // IntakeSubject is the subject publishers publish durable envelopes to
