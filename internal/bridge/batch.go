@@ -28,13 +28,20 @@ func pipeline[T any](queue <-chan T, size int, linger time.Duration, flush func(
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Each flusher reuses its own batch: one of size items per
+			// gather was most of what a schedule call allocated (the
+			// budget's memory profile), for batches of a dozen.
+			buf := make([]T, 0, size)
 			for {
 				gathering.Lock()
-				batch, ok := gather(queue, size, linger)
+				batch, ok := gather(queue, buf, size, linger)
 				gathering.Unlock()
 				if len(batch) > 0 {
 					flush(batch)
 				}
+				// Let go of what the batch held (payloads up to
+				// max_payload each) until the next one overwrites it.
+				clear(batch)
 				if !ok {
 					return
 				}
@@ -45,15 +52,15 @@ func pipeline[T any](queue <-chan T, size int, linger time.Duration, flush func(
 }
 
 // gather waits for an item, then adds what is queued behind it, up to size
-// items; with a positive linger it waits that long for more while the batch
-// is not full. It returns false once queue is closed and empty.
-func gather[T any](queue <-chan T, size int, linger time.Duration) ([]T, bool) {
+// items, into buf (emptied first); with a positive linger it waits that
+// long for more while the batch is not full. It returns false once queue
+// is closed and empty. flush must not keep a batch after it returns.
+func gather[T any](queue <-chan T, buf []T, size int, linger time.Duration) ([]T, bool) {
 	first, ok := <-queue
 	if !ok {
 		return nil, false
 	}
-	batch := make([]T, 1, size)
-	batch[0] = first
+	batch := append(buf[:0], first)
 	var wait <-chan time.Time
 	if linger > 0 {
 		t := time.NewTimer(linger)

@@ -2,6 +2,8 @@ package bridge
 
 import (
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -18,7 +20,7 @@ func newFlushGate() *flushGate {
 }
 
 func (g *flushGate) flush(b []int) {
-	g.started <- b
+	g.started <- slices.Clone(b) // the pipeline reuses b once flush returns
 	<-g.release
 }
 
@@ -154,5 +156,38 @@ func TestBatchDrainOnClose(t *testing.T) {
 				t.Fatal("drained did not return after the last flush")
 			}
 		})
+	}
+}
+
+// A flusher reuses its batch, and clears it once flushed: what a batch
+// held (payloads up to max_payload) is not kept alive until the next
+// batch of that flusher overwrites it.
+func TestPipelineLetsGoOfFlushedItems(t *testing.T) {
+	t.Parallel()
+	queue := make(chan *[]byte, 64)
+	var mu sync.Mutex
+	var seen [][]*[]byte
+	drained := pipeline(queue, 8, 0, func(b []*[]byte) {
+		mu.Lock()
+		seen = append(seen, b) // kept against the rule, to look at later
+		mu.Unlock()
+	})
+	for range 40 {
+		p := make([]byte, 1<<10)
+		queue <- &p
+	}
+	close(queue)
+	drained()
+	n := 0
+	for _, b := range seen {
+		for i, p := range b {
+			n++
+			if p != nil {
+				t.Fatalf("item %d of a flushed batch still held after its flush", i)
+			}
+		}
+	}
+	if n != 40 {
+		t.Fatalf("%d items flushed, want 40", n)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/textproto"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -260,17 +261,29 @@ func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
 			n += line(k, v)
 		}
 	}
-	longest := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond)}
-	n += line(envelope.HeaderID, id) + line(envelope.HeaderDue, envelope.FormatMs(longest.Due.UnixMilli())) +
-		line(envelope.HeaderAttempt, strconv.Itoa(longestAttempt))
+	n += line(envelope.HeaderID, id) + longestDelivery.due + longestDelivery.attempt
 	if e.Series != nil {
-		n += line(envelope.HeaderOccurrence, strconv.Itoa(longestOccurrence))
+		n += longestDelivery.occurrence
 	}
 	if jetStream {
-		n += line(jetstream.MsgIDHeader, MsgID(longest))
+		// MsgID(id, the longest due): "<id>@<ms>", trimmed like any value
+		// (only its start can be space: it ends in digits).
+		n += len(jetstream.MsgIDHeader) + len(": \r\n") + len(strings.TrimLeft(id, " \t\r\n")) + 1 + longestDelivery.ms
 	}
 	return n
 }
+
+// longestDelivery holds the lengths of delayd's delivery headers at their
+// longest, worked out once: DeliverySize runs for every request.
+var longestDelivery = func() (l struct{ due, attempt, occurrence, ms int }) {
+	line := func(k, v string) int { return len(k) + len(v) + len(": \r\n") }
+	due := envelope.MaxDue.Add(-time.Millisecond).UnixMilli()
+	l.due = line(envelope.HeaderDue, envelope.FormatMs(due))
+	l.attempt = line(envelope.HeaderAttempt, strconv.Itoa(longestAttempt))
+	l.occurrence = line(envelope.HeaderOccurrence, strconv.Itoa(longestOccurrence))
+	l.ms = len(strconv.FormatInt(due, 10))
+	return l
+}()
 
 // longestAttempt stands in for the longest Delayd-Attempt a delivery carries.
 const longestAttempt = 999999

@@ -53,8 +53,10 @@ func TestDeliverySizeMatchesTheMessage(t *testing.T) {
 		{Target: "a.b", Series: &recur.Rule{Every: time.Second}},
 	} {
 		for _, js := range []bool{false, true} {
-			if got, want := DeliverySize(e, "order-42", js), built(e, "order-42", js); got != want {
-				t.Errorf("%v js=%v: computed %d, the message is %d", e.Header, js, got, want)
+			for _, id := range []string{"order-42", " spaced id ", "\tlead", "trail\t", "ünï"} {
+				if got, want := DeliverySize(e, id, js), built(e, id, js); got != want {
+					t.Errorf("%v js=%v id %q: computed %d, the message is %d", e.Header, js, id, got, want)
+				}
 			}
 		}
 	}

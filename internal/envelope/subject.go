@@ -1,6 +1,9 @@
 package envelope
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // ValidTarget reports whether s is a literal NATS subject a message can be
 // published to: dot-separated non-empty tokens, no wildcards, no whitespace.
@@ -108,30 +111,45 @@ type Rule struct {
 // and delayd's own subjects. Tokens are compared case-insensitively: the
 // rules cover spellings a client library might normalise.
 func BuiltinDeny(prefix string) []Rule {
-	return []Rule{
-		{Name: "$*", Why: "NATS system subjects", openable: true,
-			match: func(first, _ string) bool { return strings.HasPrefix(first, "$") }},
-		// Custom inbox prefixes (_INBOX_orders, per user) are inboxes too.
-		{Name: "_INBOX*.>", Why: "reply inboxes",
-			match: func(first, _ string) bool { return HasPrefixFold(first, "_INBOX") }},
-		{Name: "_R_.>", Why: "service-import replies",
-			match: func(first, _ string) bool { return strings.EqualFold(first, "_R_") }},
-		{Name: prefix + ".>", Why: "delayd's own subjects",
-			match: func(_, s string) bool {
-				return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) &&
-					(len(s) == len(prefix) || s[len(prefix)] == '.')
-			}},
-	}
+	return append(slices.Clone(fixedDeny), ownDeny(prefix))
+}
+
+// fixedDeny are the built-in rules that do not depend on the prefix: built
+// once, as Check runs for every request.
+var fixedDeny = []Rule{
+	{Name: "$*", Why: "NATS system subjects", openable: true,
+		match: func(first, _ string) bool { return strings.HasPrefix(first, "$") }},
+	// Custom inbox prefixes (_INBOX_orders, per user) are inboxes too.
+	{Name: "_INBOX*.>", Why: "reply inboxes",
+		match: func(first, _ string) bool { return HasPrefixFold(first, "_INBOX") }},
+	{Name: "_R_.>", Why: "service-import replies",
+		match: func(first, _ string) bool { return strings.EqualFold(first, "_R_") }},
+}
+
+// ownDeny is the rule for delayd's own subjects under prefix.
+func ownDeny(prefix string) Rule {
+	return Rule{Name: prefix + ".>", Why: "delayd's own subjects",
+		match: func(_, s string) bool { return ownSubject(prefix, s) }}
+}
+
+// ownSubject reports whether s is prefix or under it, in any case.
+func ownSubject(prefix, s string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) &&
+		(len(s) == len(prefix) || s[len(prefix)] == '.')
 }
 
 // Check returns nil if target may be published to under the policy, else
 // a 403 *Error naming the rule that refused it.
 func (p Policy) Check(target string) error {
 	first, _, _ := strings.Cut(target, ".")
-	for _, r := range BuiltinDeny(p.Prefix) {
+	for _, r := range fixedDeny {
 		if r.match(first, target) && !(r.openable && p.opens(first, target)) {
 			return reject(CodeForbidden, "target %q is refused by the built-in rule %s (%s)", target, r.Name, r.Why)
 		}
+	}
+	if ownSubject(p.Prefix, target) {
+		r := ownDeny(p.Prefix)
+		return reject(CodeForbidden, "target %q is refused by the built-in rule %s (%s)", target, r.Name, r.Why)
 	}
 	if len(p.Allow) > 0 && !p.allowed(target) {
 		return reject(CodeForbidden, "target %q matches no targets.allow pattern", target)

@@ -65,11 +65,13 @@ type shardKeys struct {
 	// fence is written (with a 60 s TTL) before a WAIT that follows
 	// scripts that may have written nothing (wait.go).
 	fence string // STRING
+	// all is list's answer, built once: every script call passes it.
+	all []string
 }
 
 func keysFor(ns string, shard int) shardKeys {
 	tag := "{" + ns + ":" + strconv.Itoa(shard) + "}:"
-	return shardKeys{
+	k := shardKeys{
 		due:      tag + "due",
 		inflight: tag + "inflight",
 		data:     tag + "data",
@@ -81,6 +83,8 @@ func keysFor(ns string, shard int) shardKeys {
 		owner:    tag + "owner",
 		fence:    tag + "fence",
 	}
+	k.all = []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen}
+	return k
 }
 
 // membersKey is the ZSET of live daemons (id → heartbeat expiry ms). Its
@@ -89,10 +93,9 @@ func keysFor(ns string, shard int) shardKeys {
 func membersKey(ns string) string { return "{" + ns + ":members}" }
 
 // list returns the keys in the order every shard script expects them in
-// KEYS (lua/prelude.lua checks their types in this order).
-func (k shardKeys) list() []string {
-	return []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen}
-}
+// KEYS (lua/prelude.lua checks their types in this order). The slice is
+// shared: callers must not change it.
+func (k shardKeys) list() []string { return k.all }
 
 // ShardOf maps an id to its shard. FNV-1a is stable across versions and
 // languages, so the mapping never changes for stored data.

@@ -169,7 +169,8 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 		c := byShard[sh]
 		if c == nil {
 			if s.cluster || len(calls) == 0 {
-				c = &call{slots: map[int]int{}, args: append([]any{}, lead...)}
+				args := make([]any, 0, len(lead)+6*len(items))
+				c = &call{slots: map[int]int{}, args: append(args, lead...)}
 				calls = append(calls, c)
 			} else {
 				c = calls[0]
