@@ -42,6 +42,8 @@ func benchCommand(o cliIO) *cli.Command {
 			&cli.BoolFlag{Name: "stream", Usage: "publish into the durable intake stream (<subject>.intake) with a window of async publishes and time until every envelope is pending in Redis; the baseline is a stream nobody consumes"},
 			&cli.BoolFlag{Name: "compare", Usage: "also run NATS JetStream message schedules (ADR-51) on the same workload, on an in-process nats-server, and print both side by side, with what one call costs one requester alone"},
 			&cli.IntFlag{Name: "one-requester", Value: bench.OneRequesterCalls, Usage: "with --compare, time this many calls in a row from one requester alone, beside an echo (0: skip)"},
+			&cli.StringSliceFlag{Name: "child-set", Usage: "with --local or --embedded, set a config key of the delayd child, e.g. --child-set targets.fire_and_forget=delayd.bench.> to measure without the interest check (repeatable)"},
+			&cli.StringFlag{Name: "child-cpuprofile", Usage: "with --local or --embedded, the delayd child writes a CPU profile to this file", TakesFile: true},
 			&cli.IntFlag{Name: "max-pending", Value: 4096, Usage: "most unacknowledged async publishes per connection (--stream, --compare)"},
 			jsonFlag("print the result as JSON")),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
@@ -68,6 +70,9 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if cmd.Int("one-requester") < 0 {
 		return usageErr(cmd, "--one-requester must be 0 (skip) or positive")
 	}
+	if len(childArgs(cmd)) > 0 && !local && !embedded {
+		return usageErr(cmd, "--child-set and --child-cpuprofile need a child: add --local or --embedded")
+	}
 	c, err := loadConfig(cmd, o.getenv)
 	if err != nil {
 		return err
@@ -88,7 +93,7 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 
 	var child *benchChild
 	if local || embedded {
-		child, err = startChild(c, own, embedded, stream, stderr)
+		child, err = startChild(c, own, embedded, stream, childArgs(cmd), stderr)
 		if err != nil {
 			return err
 		}
@@ -261,7 +266,7 @@ type benchChild struct {
 // subject prefix (c.Subject), namespace and intake stream (enabled only
 // for --stream), so the bench can tell its child from any other delayd and
 // read its CPU time and peak RSS when it exits.
-func startChild(c config.Config, own string, embedded, stream bool, stderr io.Writer) (*benchChild, error) {
+func startChild(c config.Config, own string, embedded, stream bool, extra []string, stderr io.Writer) (*benchChild, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -274,7 +279,7 @@ func startChild(c config.Config, own string, embedded, stream bool, stderr io.Wr
 	} else if len(c.Redis.Addrs) > 0 {
 		args = append(args, "--redis-addrs", strings.Join(c.Redis.Addrs, ","))
 	}
-	cmd := exec.Command(self, args...)
+	cmd := exec.Command(self, append(args, extra...)...)
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start delayd: %w", err)
@@ -285,6 +290,19 @@ func startChild(c config.Config, own string, embedded, stream bool, stderr io.Wr
 		close(ch.exited)
 	}()
 	return ch, nil
+}
+
+// childArgs are the child's arguments from --child-set and
+// --child-cpuprofile, after the bench's own (a later --set wins).
+func childArgs(cmd *cli.Command) []string {
+	var args []string
+	for _, kv := range cmd.StringSlice("child-set") {
+		args = append(args, "--set", kv)
+	}
+	if p := cmd.String("child-cpuprofile"); p != "" {
+		args = append(args, "--cpuprofile", p)
+	}
+	return args
 }
 
 func (ch *benchChild) kill() {

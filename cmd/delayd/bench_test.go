@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -104,5 +105,32 @@ func TestBenchEmbeddedNeverLoadsAnotherDelayd(t *testing.T) {
 	}
 	if n := e.stored(c); n != 0 {
 		t.Fatalf("bench loaded %d envelopes into the other delayd", n)
+	}
+}
+
+// --child-set reaches the child's config: a setting the child refuses
+// stops it before it answers, and the bench says so; a setting it takes
+// runs the bench through. Without a child the flag is a usage error.
+func TestBenchChildSet(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	bin := delaydBinary(t)
+	args := []string{"bench", "--local", "--nats-url", e.nats.URL(), "--redis-addrs", e.redis.Addr, "--count", "50",
+		"--concurrency", "4", "--window", "200ms", "--lead", "500ms", "--baseline=false"}
+	out, err := exec.Command(bin, append(args, "--child-set", "scanner.claim_batch=0")...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "scanner.claim_batch") {
+		t.Fatalf("a child refusing its --child-set: err %v\n%s", err, out)
+	}
+	prof := t.TempDir() + "/child.prof"
+	out, err = exec.Command(bin, append(args, "--child-set", "scanner.claim_batch=8", "--child-cpuprofile", prof)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench with --child-set scanner.claim_batch=8: %v\n%s", err, out)
+	}
+	if fi, err := os.Stat(prof); err != nil || fi.Size() == 0 {
+		t.Fatalf("the child wrote no CPU profile: %v", err)
+	}
+	out, err = exec.Command(bin, "bench", "--nats-url", e.nats.URL(), "--child-set", "a=b").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "need a child") {
+		t.Fatalf("--child-set without a child: err %v\n%s", err, out)
 	}
 }
