@@ -52,13 +52,15 @@ type Result struct {
 	BaselineRate float64 `json:"baseline_per_second,omitempty"`
 	IntakeRatio  float64 `json:"intake_ratio_of_baseline,omitempty"`
 	Rejected     int     `json:"rejected"`
-	Delivered    int     `json:"delivered"`
-	Lost         int     `json:"lost"`
-	Duplicates   int     `json:"duplicates"`
-	Early        int     `json:"early"`
-	LatenessMs   Quant   `json:"lateness_ms"`
-	Histogram    []Bar   `json:"histogram"`
-	Daemon       *Usage  `json:"daemon,omitempty"`
+	// FirstRejection is the first failed request or publish ("" for none).
+	FirstRejection string `json:"first_rejection,omitempty"`
+	Delivered      int    `json:"delivered"`
+	Lost           int    `json:"lost"`
+	Duplicates     int    `json:"duplicates"`
+	Early          int    `json:"early"`
+	LatenessMs     Quant  `json:"lateness_ms"`
+	Histogram      []Bar  `json:"histogram"`
+	Daemon         *Usage `json:"daemon,omitempty"`
 	// OneRequester is one requester's cost per call, alone (--compare).
 	OneRequester *OneRequester `json:"one_requester,omitempty"`
 }
@@ -97,7 +99,7 @@ func Baseline(ctx context.Context, clients []*bridge.Probe, w Workload) (float64
 	for i, c := range clients {
 		echoes[i] = c.WithSubject("delayd-bench-echo")
 	}
-	d, rejected, err := schedule(ctx, echoes, w, "echo", time.Now(), nil)
+	d, rejected, _, err := schedule(ctx, echoes, w, "echo", time.Now(), nil)
 	if err != nil {
 		return 0, err
 	}
@@ -120,7 +122,7 @@ func Run(ctx context.Context, clients []*bridge.Probe, w Workload, progress io.W
 	done := make(chan struct{})
 	var scheduled atomic.Int64
 	go report(progress, w.Count, &scheduled, rec, done)
-	took, rejected, err := schedule(ctx, clients, w, prefix, start, &scheduled)
+	took, rejected, first, err := schedule(ctx, clients, w, prefix, start, &scheduled)
 	if err != nil {
 		close(done)
 		return Result{}, err
@@ -137,7 +139,7 @@ func Run(ctx context.Context, clients []*bridge.Probe, w Workload, progress io.W
 	r.Count, r.Concurrency, r.PayloadBytes, r.DueRate = w.Count, w.Concurrency, w.PayloadSize, w.DueRate()
 	r.IntakeSeconds = took.Seconds()
 	r.IntakeRate = float64(w.Count-rejected) / took.Seconds()
-	r.Rejected = rejected
+	r.Rejected, r.FirstRejection = rejected, first
 	r.Lost = w.Count - rejected - r.Delivered
 	return r, nil
 }
@@ -145,14 +147,16 @@ func Run(ctx context.Context, clients []*bridge.Probe, w Workload, progress io.W
 // schedule sends Count requests over Concurrency workers. Envelope i is due
 // at start+Lead+i*Window/Count, given as Delayd-At so the due time does not
 // depend on how fast the intake was.
-func schedule(ctx context.Context, clients []*bridge.Probe, w Workload, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, error) {
+func schedule(ctx context.Context, clients []*bridge.Probe, w Workload, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, string, error) {
 	payload := make([]byte, w.PayloadSize)
 	for i := range payload {
 		payload[i] = 'a' + byte(i%26)
 	}
 	var next atomic.Int64
 	var rejected atomic.Int64
-	var firstErr atomic.Value
+	// A pointer, not an atomic.Value: errors of different types would
+	// make Value's CompareAndSwap panic.
+	var firstErr atomic.Pointer[error]
 	var wg sync.WaitGroup
 	t0 := time.Now()
 	for k := range w.Concurrency {
@@ -171,7 +175,7 @@ func schedule(ctx context.Context, clients []*bridge.Probe, w Workload, prefix s
 				cancel()
 				if err != nil {
 					rejected.Add(1)
-					firstErr.CompareAndSwap(nil, err)
+					firstErr.CompareAndSwap(nil, &err)
 				}
 				if counter != nil {
 					counter.Add(1)
@@ -181,10 +185,14 @@ func schedule(ctx context.Context, clients []*bridge.Probe, w Workload, prefix s
 	}
 	wg.Wait()
 	took := time.Since(t0)
-	if n := rejected.Load(); n == int64(w.Count) {
-		return took, int(n), fmt.Errorf("bench: every request failed, first: %v", firstErr.Load())
+	first := ""
+	if p := firstErr.Load(); p != nil {
+		first = (*p).Error()
 	}
-	return took, int(rejected.Load()), nil
+	if n := rejected.Load(); n == int64(w.Count) {
+		return took, int(n), first, fmt.Errorf("bench: every request failed, first: %s", first)
+	}
+	return took, int(rejected.Load()), first, nil
 }
 
 // recorder keeps the first lateness of each envelope and counts copies.

@@ -47,7 +47,7 @@ func DelaydOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int)
 	one := w
 	one.Count, one.Concurrency, one.Lead = n, 1, time.Hour
 	prefix := "l" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
-	took, rejected, err := schedule(ctx, []*bridge.Probe{p}, one, prefix, time.Now(), nil)
+	took, rejected, first, err := schedule(ctx, []*bridge.Probe{p}, one, prefix, time.Now(), nil)
 	// Cancel every one, also after a failure or an interrupt (ctx done):
 	// none may fire in an hour, nor stay stored.
 	for i := range n {
@@ -64,7 +64,7 @@ func DelaydOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int)
 		return OneRequester{}, err
 	}
 	if rejected > 0 {
-		return OneRequester{}, fmt.Errorf("%d of %d one-requester schedules failed", rejected, n)
+		return OneRequester{}, fmt.Errorf("%d of %d one-requester schedules failed, first: %s", rejected, n, first)
 	}
 	return OneRequester{Calls: n, Us: us(took, n), EchoUs: echo}, nil
 }

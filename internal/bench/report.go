@@ -25,6 +25,9 @@ func Print(w io.Writer, r Result) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "delivered  %d   lost %d   duplicates %d   early %d   rejected %d\n",
 		r.Delivered, r.Lost, r.Duplicates, r.Early, r.Rejected)
+	if r.FirstRejection != "" {
+		fmt.Fprintf(w, "           first rejection: %s\n", r.FirstRejection)
+	}
 	q := r.LatenessMs
 	fmt.Fprintf(w, "lateness   p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", q.P50, q.P90, q.P99, q.Max)
 	if r.Daemon != nil {

@@ -32,30 +32,38 @@ type StreamOptions struct {
 
 // publishShared publishes n messages over every client in parallel (client
 // k takes every len(clients)-th message) and returns the time until the
-// last PubAck and the failed publishes.
-func publishShared(ctx context.Context, clients []*bridge.Probe, n, window int, msg func(i int) bridge.Outgoing, counter *atomic.Int64) (time.Duration, int, error) {
+// last PubAck, the failed publishes and the first failure ("" for none).
+func publishShared(ctx context.Context, clients []*bridge.Probe, n, window int, msg func(i int) bridge.Outgoing, counter *atomic.Int64) (time.Duration, int, string, error) {
 	var wg sync.WaitGroup
 	var failed atomic.Int64
 	errs := make([]error, len(clients))
+	firsts := make([]error, len(clients))
 	start := time.Now()
 	for k, c := range clients {
 		share := (n - k + len(clients) - 1) / len(clients)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, f, err := c.PublishAsync(ctx, share, window, func(i int) bridge.Outgoing { return msg(i*len(clients) + k) }, counter)
+			_, f, first, err := c.PublishAsync(ctx, share, window, func(i int) bridge.Outgoing { return msg(i*len(clients) + k) }, counter)
 			failed.Add(int64(f))
-			errs[k] = err
+			errs[k], firsts[k] = err, first
 		}()
 	}
 	wg.Wait()
 	took := time.Since(start)
-	for _, err := range errs {
+	first := ""
+	for _, err := range firsts {
 		if err != nil {
-			return took, int(failed.Load()), err
+			first = err.Error()
+			break
 		}
 	}
-	return took, int(failed.Load()), nil
+	for _, err := range errs {
+		if err != nil {
+			return took, int(failed.Load()), first, err
+		}
+	}
+	return took, int(failed.Load()), first, nil
 }
 
 func payloadOf(size int) []byte {
@@ -84,7 +92,7 @@ func StreamBaseline(ctx context.Context, clients []*bridge.Probe, w Workload, o 
 	defer drop()
 	payload := payloadOf(w.PayloadSize)
 	start := time.Now()
-	took, failed, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
+	took, failed, _, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
 		return bridge.Outgoing{Subject: subject + ".intake", Header: bridge.IntakeHeaders(w.Target, w.dueAt(start, i), "base-"+strconv.Itoa(i)), Data: payload}
 	}, nil)
 	if err != nil {
@@ -113,7 +121,7 @@ func RunStream(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	done := make(chan struct{})
 	var acked atomic.Int64
 	go report(progress, w.Count, &acked, rec, done)
-	pubTook, failed, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
+	pubTook, failed, first, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
 		return bridge.Outgoing{Subject: o.Prefix + ".intake", Header: bridge.IntakeHeaders(w.Target, w.dueAt(start, i), prefix+strconv.Itoa(i)), Data: payload}
 	}, &acked)
 	if err != nil {
@@ -140,7 +148,7 @@ func RunStream(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	r.IntakeSeconds = pendTook.Seconds()
 	r.IntakeRate = float64(want) / pendTook.Seconds()
 	r.PubAckRate = float64(want) / pubTook.Seconds()
-	r.Rejected = failed
+	r.Rejected, r.FirstRejection = failed, first
 	return r, nil
 }
 
@@ -168,7 +176,7 @@ func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	done := make(chan struct{})
 	var acked atomic.Int64
 	go report(progress, w.Count, &acked, rec, done)
-	took, failed, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
+	took, failed, first, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
 		at := w.dueAt(start, i)
 		h := bridge.ScheduleHeaders(at, "bench.sched.out."+strconv.Itoa(i))
 		h["Bench-Id"] = []string{prefix + strconv.Itoa(i)}
@@ -185,7 +193,7 @@ func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	r.IntakeSeconds = took.Seconds()
 	r.IntakeRate = float64(want) / took.Seconds()
 	r.PubAckRate = r.IntakeRate
-	r.Rejected = failed
+	r.Rejected, r.FirstRejection = failed, first
 	if o.OneRequester > 0 {
 		one, err := SchedulesOneRequester(ctx, clients[0], w, o.OneRequester)
 		if err != nil {

@@ -25,15 +25,18 @@ type Outgoing struct {
 }
 
 // PublishAsync publishes n messages into JetStream with at most window
-// PubAcks outstanding, and returns the time until the last PubAck and how
-// many publishes failed. counter, if not nil, counts PubAcks.
-func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int) Outgoing, counter *atomic.Int64) (time.Duration, int, error) {
+// PubAcks outstanding, and returns the time until the last PubAck, how
+// many publishes failed and the first failure. counter, if not nil, counts
+// PubAcks.
+func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int) Outgoing, counter *atomic.Int64) (took time.Duration, failed int, first error, err error) {
 	js, err := jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(window))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
-	var failed atomic.Int64
-	var firstErr atomic.Value
+	var failures atomic.Int64
+	// A pointer, not an atomic.Value: errors of different types would
+	// make Value's CompareAndSwap panic.
+	var firstErr atomic.Pointer[error]
 	start := time.Now()
 	futures := make(chan jetstream.PubAckFuture, window)
 	done := make(chan struct{})
@@ -43,8 +46,8 @@ func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int)
 			select {
 			case <-f.Ok():
 			case err := <-f.Err():
-				failed.Add(1)
-				firstErr.CompareAndSwap(nil, err)
+				failures.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
 			}
 			if counter != nil {
 				counter.Add(1)
@@ -56,8 +59,8 @@ func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int)
 		o := msg(i)
 		f, err := js.PublishMsgAsync(&nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data})
 		if err != nil {
-			failed.Add(1)
-			firstErr.CompareAndSwap(nil, err)
+			failures.Add(1)
+			firstErr.CompareAndSwap(nil, &err)
 			continue
 		}
 		sent++
@@ -65,11 +68,14 @@ func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int)
 	}
 	close(futures)
 	<-done
-	took := time.Since(start)
-	if int(failed.Load()) == n {
-		return took, n, fmt.Errorf("bench: every publish failed, first: %v", firstErr.Load())
+	took = time.Since(start)
+	if p := firstErr.Load(); p != nil {
+		first = *p
 	}
-	return took, int(failed.Load()), ctx.Err()
+	if int(failures.Load()) == n {
+		return took, n, first, fmt.Errorf("bench: every publish failed, first: %v", first)
+	}
+	return took, int(failures.Load()), first, ctx.Err()
 }
 
 // HasSchedules reports whether the server c is connected to runs message
