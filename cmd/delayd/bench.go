@@ -20,6 +20,7 @@ import (
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/embedded"
+	"github.com/delayd/delayd/internal/store"
 )
 
 func benchCommand(o cliIO) *cli.Command {
@@ -98,6 +99,16 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 			return err
 		}
 		defer child.kill()
+		if !embedded {
+			// Last, once the child is gone: its namespace was the bench's
+			// alone, and what it leaves (lease hashes, the member list,
+			// anything not delivered after an interrupt) must not stay in
+			// the user's Redis.
+			defer func() {
+				child.kill()
+				dropBenchNamespace(c, "bench-"+own, stderr)
+			}()
+		}
 	}
 	var cleanup *bridge.Probe // deletes the child's stream, on every way out
 
@@ -290,6 +301,21 @@ func startChild(c config.Config, own string, embedded, stream bool, extra []stri
 		close(ch.exited)
 	}()
 	return ch, nil
+}
+
+// dropBenchNamespace deletes the keys of the child's namespace ns.
+func dropBenchNamespace(c config.Config, ns string, stderr io.Writer) {
+	ropts, err := daemon.RedisOptions(c)
+	if err == nil {
+		rdb := store.NewClient(ropts)
+		defer rdb.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = store.DropNamespace(ctx, rdb, ns)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "delayd bench: the child's Redis keys ({%s:*}) were not deleted: %v\n", ns, err)
+	}
 }
 
 // childArgs are the child's arguments from --child-set and

@@ -108,7 +108,8 @@ func TestBenchEmbeddedNeverLoadsAnotherDelayd(t *testing.T) {
 	}
 }
 
-// --child-set reaches the child's config: a setting the child refuses
+// --child-set reaches the child's config, and a --local child's keys are
+// deleted from Redis afterwards. In detail: --child-set reaches the child's config: a setting the child refuses
 // stops it before it answers, and the bench says so; a setting it takes
 // runs the bench through. Without a child the flag is a usage error.
 func TestBenchChildSet(t *testing.T) {
@@ -128,6 +129,11 @@ func TestBenchChildSet(t *testing.T) {
 	}
 	if fi, err := os.Stat(prof); err != nil || fi.Size() == 0 {
 		t.Fatalf("the child wrote no CPU profile: %v", err)
+	}
+	// The child's namespace was the bench's alone: nothing of it stays
+	// (before, its 16 lease hashes did).
+	if keys, err := e.redis.Client().Keys(context.Background(), "{bench-*").Result(); err != nil || len(keys) > 0 {
+		t.Fatalf("the bench left %d keys of its child in Redis: %v %v", len(keys), keys, err)
 	}
 	out, err = exec.Command(bin, "bench", "--nats-url", e.nats.URL(), "--child-set", "a=b").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "need a child") {
