@@ -259,16 +259,37 @@ func (in *Intake) flush(batch []pending) {
 	due, errs := in.store.Schedule(ctx, items)
 	cancel()
 	in.traceBatch(batch, "stored")
-	// The replies go out back to back, encoded beforehand and with the
-	// bookkeeping after: nats.go's flusher writes whatever is buffered
+	// Every outcome is woken and counted before its reply goes out, so a
+	// client holding its reply finds the metric and the scanner's plan
+	// already there. The success replies then go out back to back,
+	// encoded beforehand: nats.go's flusher writes whatever is buffered
 	// when it wakes, so a tight run of publishes leaves in one or two
 	// writes instead of one per reply (each write is a read, a parse and a
 	// flush in nats-server too: the latency budget's CPU split).
 	replies := make([][]byte, len(batch))
+	logged := false
 	for i, p := range batch {
-		if errs[i] == nil && p.reply.subject != "" {
-			replies[i] = appendScheduled(make([]byte, 0, 56+len(p.item.ID)), p.item.ID, due[i])
+		err := errs[i]
+		if err == nil {
+			in.waker.Wake(in.store.Shard(p.item.ID), due[i])
+			in.count(0)
+			if p.reply.subject != "" {
+				replies[i] = appendScheduled(make([]byte, 0, 56+len(p.item.ID)), p.item.ID, due[i])
+			}
+			continue
 		}
+		if errors.Is(err, store.ErrNotReplicated) {
+			// On the master and due there: wake its scanner, though the
+			// client hears 504 (a failover may still lose it).
+			in.waker.Wake(in.store.Shard(p.item.ID), due[i])
+			in.notReplicated(err)
+		} else if !logged {
+			in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
+			in.redisError(store.OpSchedule)
+			logged = true
+		}
+		in.count(failedCode(err))
+		in.storeFailed(p.reply, p.item.ID, err)
 	}
 	for i, p := range batch {
 		if replies[i] != nil {
@@ -277,27 +298,8 @@ func (in *Intake) flush(batch []pending) {
 			}
 		}
 	}
-	logged := false
 	for i, p := range batch {
-		if err := errs[i]; err != nil {
-			if errors.Is(err, store.ErrNotReplicated) {
-				// On the master and due there: wake its scanner, though the
-				// client hears 504 (a failover may still lose it).
-				in.waker.Wake(in.store.Shard(p.item.ID), due[i])
-				in.notReplicated(err)
-			} else if !logged {
-				in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
-				in.redisError(store.OpSchedule)
-				logged = true
-			}
-			in.count(in.storeFailed(p.reply, p.item.ID, err))
-			in.replied(p.start)
-			in.held.release(p.bytes)
-			continue
-		}
-		in.waker.Wake(in.store.Shard(p.item.ID), due[i])
-		in.count(0)
-		if in.opt.trace != nil {
+		if in.opt.trace != nil && errs[i] == nil {
 			in.opt.trace(p.item.ID, "replied", time.Now())
 		}
 		in.replied(p.start)
@@ -305,14 +307,22 @@ func (in *Intake) flush(batch []pending) {
 	}
 }
 
-// storeFailed answers a request whose write failed: 503 when nothing was
-// written, so a retry cannot duplicate; 504 with the id when the write may
-// have happened, so a retry with that id replaces it.
-// It returns the code it answered.
-func (in *Intake) storeFailed(reply answer, id string, err error) int {
+// failedCode is what a request whose write failed with err is answered:
+// 503 when nothing was written, so a retry cannot duplicate; 504 when the
+// write may have happened.
+func failedCode(err error) int {
 	if errors.Is(err, store.ErrNotWritten) {
-		in.fail(reply, envelope.CodeUnavailable, "store unavailable, nothing stored")
 		return envelope.CodeUnavailable
+	}
+	return CodeOutcomeUnknown
+}
+
+// storeFailed answers a request whose write failed with failedCode: 504
+// with the id, so a retry with that id replaces what may be stored.
+func (in *Intake) storeFailed(reply answer, id string, err error) {
+	if failedCode(err) == envelope.CodeUnavailable {
+		in.fail(reply, envelope.CodeUnavailable, "store unavailable, nothing stored")
+		return
 	}
 	b, _ := json.Marshal(UnknownReply{ID: id})
 	msg := "store timed out: the envelope may or may not be stored; retry with Delayd-Id " + id
@@ -320,7 +330,6 @@ func (in *Intake) storeFailed(reply answer, id string, err error) int {
 		msg = "not confirmed by the Redis replicas redis.wait_replicas asks for: written on the master, but a failover may lose it; retry with Delayd-Id " + id
 	}
 	in.failWith(reply, CodeOutcomeUnknown, msg, b)
-	return CodeOutcomeUnknown
 }
 
 // notReplicated warns, at most every 5 s, that requests get 504 because
@@ -374,11 +383,13 @@ func (in *Intake) handleCancel(req micro.Request) {
 			in.log.Error("cancel failed", "id", id, "error", err)
 			in.redisError(store.OpCancel)
 		}
-		if in.storeFailed(now(req), id, err) == CodeOutcomeUnknown {
+		// Counted before the reply, like every outcome.
+		if failedCode(err) == CodeOutcomeUnknown {
 			in.cancelled("outcome_unknown")
 		} else {
 			in.cancelled("unavailable")
 		}
+		in.storeFailed(now(req), id, err)
 		return
 	}
 	if c.Existed {

@@ -35,9 +35,15 @@ type intakeStore struct {
 	seen  []string      // ids Schedule was given
 	block chan struct{} // if set, Schedule waits for it to close...
 	in    chan string   // ...after reporting each id here
+	// slowShard, if set, is how long Shard takes: what runs after it in
+	// a flush (the wake-up, the count, the reply) is then seen late.
+	slowShard time.Duration
 }
 
-func (f *intakeStore) Shard(id string) int { return len(id) % 4 }
+func (f *intakeStore) Shard(id string) int {
+	time.Sleep(f.slowShard)
+	return len(id) % 4
+}
 
 func (f *intakeStore) Schedule(_ context.Context, items []store.Item) ([]int64, []error) {
 	due, errs := make([]int64, len(items)), make([]error, len(items))
@@ -284,6 +290,34 @@ func TestScheduleStoreOutcomes(t *testing.T) {
 	received, _ := e.obs.counts()
 	if want := map[int]int{0: 1, 503: 1, 504: 2, 400: 1}; fmt.Sprint(received) != fmt.Sprint(want) {
 		t.Errorf("counted %v, want %v", received, want)
+	}
+}
+
+// A client holding its reply finds its outcome counted, and a stored
+// envelope's shard woken, already: both come before the reply, whatever
+// the timing (here the shard lookup before the wake-up is slow). Before,
+// the batch's replies went out first and a fast client could look between.
+func TestOutcomeCountedBeforeTheReply(t *testing.T) {
+	t.Parallel()
+	e := startIntake(t, &intakeStore{slowShard: 200 * time.Millisecond})
+	if m := e.request(t, "delayd.schedule", schedule("t.ok", "a1")); errorCode(m) != "" {
+		t.Fatalf("stored: %v", m.Header)
+	}
+	if got := e.wakes.since(0); len(got) != 1 {
+		t.Errorf("stored and answered, but woke %v", got)
+	}
+	if m := e.request(t, "delayd.schedule", schedule("t.unknown", "a2")); errorCode(m) != "504" {
+		t.Fatalf("outcome unknown: %v", m.Header)
+	}
+	if m := e.request(t, "delayd.cancel", nats.Header{envelope.HeaderID: {"timeout"}}); errorCode(m) != "504" {
+		t.Fatalf("cancel failing in the store: %v", m.Header)
+	}
+	received, cancelled := e.obs.counts()
+	if want := map[int]int{0: 1, 504: 1}; fmt.Sprint(received) != fmt.Sprint(want) {
+		t.Errorf("answered, but counted %v, want %v", received, want)
+	}
+	if len(cancelled) != 1 {
+		t.Errorf("cancel answered, but counted %v", cancelled)
 	}
 }
 
