@@ -169,8 +169,13 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 		c := byShard[sh]
 		if c == nil {
 			if s.cluster || len(calls) == 0 {
-				args := make([]any, 0, len(lead)+6*len(items))
-				c = &call{slots: map[int]int{}, args: append(args, lead...)}
+				// Sized for the whole batch when one call takes it all (a
+				// single Redis); a Cluster's call per shard grows as needed.
+				size := len(lead)
+				if !s.cluster {
+					size += 6 * len(items)
+				}
+				c = &call{slots: map[int]int{}, args: append(make([]any, 0, size), lead...)}
 				calls = append(calls, c)
 			} else {
 				c = calls[0]
