@@ -74,6 +74,15 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if len(childArgs(cmd)) > 0 && !local && !embedded {
 		return usageErr(cmd, "--child-set and --child-cpuprofile need a child: add --local or --embedded")
 	}
+	for _, kv := range cmd.StringSlice("child-set") {
+		key, _, ok := strings.Cut(kv, "=")
+		if !ok {
+			return usageErr(cmd, "--child-set %q: want KEY=VALUE", kv)
+		}
+		if benchOwnsKey(key) {
+			return usageErr(cmd, "--child-set %s: the bench sets it itself, so that its child is the only delayd it talks to and loads (use the bench's own flags for the servers)", key)
+		}
+	}
 	c, err := loadConfig(cmd, o.getenv)
 	if err != nil {
 		return err
@@ -301,6 +310,19 @@ func startChild(c config.Config, own string, embedded, stream bool, extra []stri
 		close(ch.exited)
 	}()
 	return ch, nil
+}
+
+// benchOwnsKey reports whether the bench sets config key itself for its
+// child: the keys that keep the child apart from any other delayd (its
+// subject prefix, namespace and stream) and point it at the bench's
+// servers. A --child-set of one of them could make the bench load, and
+// then clean up, a real deployment.
+func benchOwnsKey(key string) bool {
+	switch strings.ToLower(strings.TrimSpace(key)) {
+	case "subject", "namespace", "intake.stream.enabled", "intake.stream.name", "nats.url", "redis.addrs", "embedded":
+		return true
+	}
+	return false
 }
 
 // dropBenchNamespace deletes the keys of the child's namespace ns.

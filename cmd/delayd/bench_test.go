@@ -139,4 +139,15 @@ func TestBenchChildSet(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "need a child") {
 		t.Fatalf("--child-set without a child: err %v\n%s", err, out)
 	}
+	// The keys that keep the child apart from a real deployment are the
+	// bench's: overriding one could load and clean up someone's namespace.
+	for _, kv := range []string{"namespace=prod", "Subject=delayd", "intake.stream.name=DELAYD_INTAKE", "redis.addrs=10.0.0.1:6379"} {
+		out, err = exec.Command(bin, append(args, "--child-set", kv)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "the bench sets it itself") {
+			t.Fatalf("--child-set %s: err %v\n%s", kv, err, out)
+		}
+	}
+	if out, err = exec.Command(bin, append(args, "--child-set", "novalue")...).CombinedOutput(); err == nil || !strings.Contains(string(out), "want KEY=VALUE") {
+		t.Fatalf("--child-set without =: err %v\n%s", err, out)
+	}
 }
