@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"time"
 
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/scanner"
@@ -52,7 +53,22 @@ func (p *parts) components() ([]component, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(comps, servers...), nil
+	return append(append(comps, servers...), component{"nats-flush", p.flushOut}), nil
+}
+
+// flushOut waits for the shutdown, then sends what the delivery connection
+// still buffers (the last deliveries' and settles' messages). It is the
+// last component, so shutdown.timeout bounds it like the others; with
+// NATS unreachable there is nothing to wait for.
+func (p *parts) flushOut(ctx context.Context) error {
+	<-ctx.Done()
+	if !p.out.IsConnected() {
+		return nil
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = p.out.FlushWithContext(fctx)
+	return nil
 }
 
 // intakes are the stream intake, if enabled, and the request intake. The

@@ -8,7 +8,6 @@ package daemon
 import (
 	"context"
 	"os"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
@@ -57,9 +56,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	err = runOrdered(ctx, comps, p.c.Shutdown.Timeout, log)
-	drainCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = p.out.FlushWithContext(drainCtx)
 	log.Info("stopped")
 	return err
 }

@@ -69,3 +69,20 @@ func TestRunReturnsAStartError(t *testing.T) {
 		}
 	}
 }
+
+// With NATS unreachable, stopping takes shutdown.timeout at most: before,
+// the last flush of the delivery connection waited 2 s more after the
+// deadline, for a server that was not there.
+func TestShutdownKeepsItsDeadlineWithNATSDown(t *testing.T) {
+	n, r := testutil.StartNATS(t), testutil.StartRedis(t)
+	c := daemontest.Config(n, r)
+	c.Shutdown.Timeout = 500 * time.Millisecond
+	d := daemontest.Start(t, c)
+	n.Stop()
+	time.Sleep(300 * time.Millisecond) // the connections notice
+	start := time.Now()
+	_ = d.Stop() // may report the deadline: the intake could not drain
+	if took := time.Since(start); took > c.Shutdown.Timeout+700*time.Millisecond {
+		t.Fatalf("stopping with NATS down took %s, shutdown.timeout is %s", took.Round(time.Millisecond), c.Shutdown.Timeout)
+	}
+}
