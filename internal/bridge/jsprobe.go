@@ -24,6 +24,9 @@ type Outgoing struct {
 	Data    []byte
 }
 
+// stallWait is how long PublishAsync waits for room in its window.
+const stallWait = 10 * time.Second
+
 // PublishAsync publishes n messages into JetStream with at most window
 // PubAcks outstanding, and returns the time until the last PubAck, how
 // many publishes failed and the first failure. counter, if not nil, counts
@@ -57,7 +60,10 @@ func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int)
 	sent := 0
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		o := msg(i)
-		f, err := js.PublishMsgAsync(&nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data})
+		// A full window waits for PubAcks up to stallWait, not nats.go's
+		// 200 ms: on a loaded machine a stall that short failed a publish
+		// that was never sent, and the bench counted it as refused.
+		f, err := js.PublishMsgAsync(&nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}, jetstream.WithStallWait(stallWait))
 		if err != nil {
 			failures.Add(1)
 			firstErr.CompareAndSwap(nil, &err)
