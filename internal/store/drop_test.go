@@ -27,6 +27,7 @@ func TestDropNamespace(t *testing.T) {
 	mk("bench-x")
 	mk("bench-x2")
 	mk("b*")
+	mk("bench-x:eu") // its keys start "{bench-x:" too
 	if _, err := rc.ZAdd(ctx, membersKey("bench-x"), redis.Z{Score: 1, Member: "d1"}).Result(); err != nil {
 		t.Fatal(err)
 	}
@@ -34,9 +35,14 @@ func TestDropNamespace(t *testing.T) {
 	if err != nil || n == 0 {
 		t.Fatalf("drop: %d keys, %v", n, err)
 	}
-	left, err := rc.Keys(ctx, "{bench-x:*").Result()
-	if err != nil || len(left) != 0 {
-		t.Fatalf("keys left in the dropped namespace: %v %v", left, err)
+	if left, err := rc.Keys(ctx, "{bench-x:members}*").Result(); err != nil || len(left) != 0 {
+		t.Fatalf("member list left in the dropped namespace: %v %v", left, err)
+	}
+	if keys, _ := rc.Keys(ctx, "{bench-x:eu:*").Result(); len(keys) == 0 {
+		t.Fatal("dropping bench-x took namespace bench-x:eu's keys")
+	}
+	if keys, _ := rc.Keys(ctx, "{bench-x:[0-9]*").Result(); len(keys) != 0 {
+		t.Fatalf("keys left in the dropped namespace: %v", keys)
 	}
 	for _, ns := range []string{"bench-x2", "b*"} {
 		if keys, _ := rc.Keys(ctx, globEscape("{"+ns+":")+"*").Result(); len(keys) == 0 {
