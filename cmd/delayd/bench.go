@@ -80,7 +80,7 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 			return usageErr(cmd, "--child-set %q: want KEY=VALUE", kv)
 		}
 		if benchOwnsKey(key) {
-			return usageErr(cmd, "--child-set %s: the bench sets it itself, so that its child is the only delayd it talks to and loads (use the bench's own flags for the servers)", key)
+			return usageErr(cmd, "--child-set %s: the bench sets it itself, so that its child is the only delayd it talks to and loads (use the bench's own flags or --set for the servers: the child inherits them)", key)
 		}
 	}
 	c, err := loadConfig(cmd, o.getenv)
@@ -103,7 +103,7 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 
 	var child *benchChild
 	if local || embedded {
-		child, err = startChild(c, own, embedded, stream, childArgs(cmd), stderr)
+		child, err = startChild(c, own, embedded, stream, inheritedArgs(cmd), childArgs(cmd), stderr)
 		if err != nil {
 			return err
 		}
@@ -286,14 +286,19 @@ type benchChild struct {
 // subject prefix (c.Subject), namespace and intake stream (enabled only
 // for --stream), so the bench can tell its child from any other delayd and
 // read its CPU time and peak RSS when it exits.
-func startChild(c config.Config, own string, embedded, stream bool, extra []string, stderr io.Writer) (*benchChild, error) {
+func startChild(c config.Config, own string, embedded, stream bool, inherit, extra []string, stderr io.Writer) (*benchChild, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"run", "--nats-url", c.NATS.URL, "--log-level", "warn", "--set", "http.addr=127.0.0.1:0", "--set", "ui.enabled=false",
-		"--subject", c.Subject, "--set", "namespace=bench-" + own,
-		"--set", "intake.stream.enabled=" + strconv.FormatBool(stream), "--set", "intake.stream.name=" + c.Intake.Stream.Name}
+	// The bench's own --config and --set first, so that the child reads
+	// the config the bench does (its Redis above all: the bench deletes
+	// the child's keys through it afterwards), then the bench's settings
+	// as --set, which win over both.
+	args := append([]string{"run"}, inherit...)
+	args = append(args, "--nats-url", c.NATS.URL, "--log-level", "warn", "--set", "http.addr=127.0.0.1:0", "--set", "ui.enabled=false",
+		"--set", "subject="+c.Subject, "--set", "namespace=bench-"+own,
+		"--set", "intake.stream.enabled="+strconv.FormatBool(stream), "--set", "intake.stream.name="+c.Intake.Stream.Name)
 	if embedded {
 		args = append(args, "--embedded")
 	} else if len(c.Redis.Addrs) > 0 {
@@ -315,11 +320,19 @@ func startChild(c config.Config, own string, embedded, stream bool, extra []stri
 // benchOwnsKey reports whether the bench sets config key itself for its
 // child: the keys that keep the child apart from any other delayd (its
 // subject prefix, namespace and stream) and point it at the bench's
-// servers. A --child-set of one of them could make the bench load, and
+// servers (set them with the bench's --set: the child inherits it). A --child-set of one of them could make the bench load, and
 // then clean up, a real deployment.
 func benchOwnsKey(key string) bool {
-	switch strings.ToLower(strings.TrimSpace(key)) {
-	case "subject", "namespace", "intake.stream.enabled", "intake.stream.name", "nats.url", "redis.addrs", "embedded":
+	key = strings.ToLower(strings.TrimSpace(key))
+	switch key {
+	case "subject", "namespace", "intake.stream.enabled", "intake.stream.name", "nats.url", "embedded":
+		return true
+	}
+	// How to reach Redis: the bench deletes the child's keys afterwards
+	// through its own settings, which the child shares (--set for both).
+	switch {
+	case key == "redis.addrs", key == "redis.db", key == "redis.cluster", key == "redis.master_name",
+		key == "redis.username", key == "redis.password", strings.HasPrefix(key, "redis.tls"):
 		return true
 	}
 	return false
@@ -338,6 +351,18 @@ func dropBenchNamespace(c config.Config, ns string, stderr io.Writer) {
 	if err != nil {
 		fmt.Fprintf(stderr, "delayd bench: the child's Redis keys ({%s:*}) were not deleted: %v\n", ns, err)
 	}
+}
+
+// inheritedArgs are the bench's own --config and --set, for its child.
+func inheritedArgs(cmd *cli.Command) []string {
+	var args []string
+	if p := cmd.String("config"); p != "" {
+		args = append(args, "--config", p)
+	}
+	for _, kv := range cmd.StringSlice("set") {
+		args = append(args, "--set", kv)
+	}
+	return args
 }
 
 // childArgs are the child's arguments from --child-set and

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/delayd/delayd/internal/bench"
 )
 
@@ -139,9 +141,22 @@ func TestBenchChildSet(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "need a child") {
 		t.Fatalf("--child-set without a child: err %v\n%s", err, out)
 	}
+	// The child reads the bench's --set (and --config): here its Redis
+	// database, where the bench then deletes what the child wrote.
+	if out, err = exec.Command(bin, append(args, "--set", "redis.db=3")...).CombinedOutput(); err != nil {
+		t.Fatalf("bench with --set redis.db=3: %v\n%s", err, out)
+	}
+	for _, db := range []int{0, 3} {
+		rc := redis.NewClient(&redis.Options{Addr: e.redis.Addr, DB: db})
+		keys, err := rc.Keys(context.Background(), "{bench-*").Result()
+		rc.Close()
+		if err != nil || len(keys) > 0 {
+			t.Fatalf("with --set redis.db=3, %d keys of the child left in db %d: %v %v", len(keys), db, keys, err)
+		}
+	}
 	// The keys that keep the child apart from a real deployment are the
 	// bench's: overriding one could load and clean up someone's namespace.
-	for _, kv := range []string{"namespace=prod", "Subject=delayd", "intake.stream.name=DELAYD_INTAKE", "redis.addrs=10.0.0.1:6379"} {
+	for _, kv := range []string{"namespace=prod", "Subject=delayd", "intake.stream.name=DELAYD_INTAKE", "redis.addrs=10.0.0.1:6379", "redis.db=1", "redis.tls.ca_file=x"} {
 		out, err = exec.Command(bin, append(args, "--child-set", kv)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "the bench sets it itself") {
 			t.Fatalf("--child-set %s: err %v\n%s", kv, err, out)
