@@ -24,15 +24,22 @@ type Outgoing struct {
 	Data    []byte
 }
 
-// stallWait is how long PublishAsync waits for room in its window.
-const stallWait = 10 * time.Second
+// stallWait is how long PublishAsync waits for room in its window, and
+// ackWait how long for each PubAck.
+const (
+	stallWait = 10 * time.Second
+	ackWait   = 30 * time.Second
+)
 
 // PublishAsync publishes n messages into JetStream with at most window
 // PubAcks outstanding, and returns the time until the last PubAck, how
 // many publishes failed and the first failure. counter, if not nil, counts
 // PubAcks.
 func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int) Outgoing, counter *atomic.Int64) (took time.Duration, failed int, first error, err error) {
-	js, err := jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(window))
+	// A PubAck that never comes (a subject nobody's stream captures
+	// answered by a plain subscriber, a server gone) fails its publish
+	// after ackWait instead of holding the bench forever.
+	js, err := jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(window), jetstream.WithPublishAsyncTimeout(ackWait))
 	if err != nil {
 		return 0, 0, nil, err
 	}
@@ -51,6 +58,10 @@ func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int)
 			case err := <-f.Err():
 				failures.Add(1)
 				firstErr.CompareAndSwap(nil, &err)
+			case <-ctx.Done():
+				// Interrupted: what is still unacknowledged counts as
+				// failed, at once.
+				failures.Add(1)
 			}
 			if counter != nil {
 				counter.Add(1)
