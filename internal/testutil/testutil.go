@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -186,15 +187,30 @@ func (n *NATS) Stop() {
 	}
 }
 
-// FreePort asks the kernel for a free loopback TCP port.
+// handedOut are the ports FreePort gave this process: a server stopped
+// for a fault test is started again on its port, and while it is down the
+// kernel may offer that port to another test's FreePort, whose server
+// would then take it (two cmd/delayd tests failed "nats-server not ready"
+// in one CI run). No port is handed out twice.
+var handedOut sync.Map
+
+// FreePort asks the kernel for a free loopback TCP port that no test of
+// this process has been given before.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if _, taken := handedOut.LoadOrStore(port, true); !taken {
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("free port: the kernel kept offering ports handed out already")
+	return 0
 }
 
 // BuildBinary builds ./cmd/delayd into a temp dir, for tests that need a
