@@ -119,12 +119,11 @@ func Run(ctx context.Context, clients []*bridge.Probe, w Workload, progress io.W
 	defer stop()
 
 	start := time.Now()
-	done := make(chan struct{})
 	var scheduled atomic.Int64
-	go report(progress, w.Count, &scheduled, rec, done)
+	done := startReport(progress, w.Count, &scheduled, rec)
 	took, rejected, first, err := schedule(ctx, clients, w, prefix, start, &scheduled)
 	if err != nil {
-		close(done)
+		done()
 		return Result{}, err
 	}
 	deadline := start.Add(w.Lead + w.Window + w.Grace)
@@ -132,7 +131,7 @@ func Run(ctx context.Context, clients []*bridge.Probe, w Workload, progress io.W
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond) // let late duplicates show up
-	close(done)
+	done()
 
 	r := rec.result()
 	r.Mode = ModeRequest
@@ -291,6 +290,22 @@ func histogram(ls []time.Duration) []Bar {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// startReport prints the progress line to w every 0.5 s until the
+// returned function is called; that function returns once the reporter
+// wrote its last line, so the caller may write to w after it.
+func startReport(w io.Writer, total int, scheduled *atomic.Int64, rec *recorder) (done func()) {
+	stop, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		report(w, total, scheduled, rec, stop)
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(stop) })
+		<-finished
+	}
+}
 
 func report(w io.Writer, total int, scheduled *atomic.Int64, rec *recorder, done <-chan struct{}) {
 	if w == nil {

@@ -118,14 +118,13 @@ func RunStream(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	}
 	payload := payloadOf(w.PayloadSize)
 	start := time.Now()
-	done := make(chan struct{})
 	var acked atomic.Int64
-	go report(progress, w.Count, &acked, rec, done)
+	done := startReport(progress, w.Count, &acked, rec)
 	pubTook, failed, first, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
 		return bridge.Outgoing{Subject: o.Prefix + ".intake", Header: bridge.IntakeHeaders(w.Target, w.dueAt(start, i), prefix+strconv.Itoa(i)), Data: payload}
 	}, &acked)
 	if err != nil {
-		close(done)
+		done()
 		return Result{}, err
 	}
 	// Pending now: what is in Redis, plus what was already delivered.
@@ -173,9 +172,8 @@ func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	defer stop()
 	payload := payloadOf(w.PayloadSize)
 	start := time.Now()
-	done := make(chan struct{})
 	var acked atomic.Int64
-	go report(progress, w.Count, &acked, rec, done)
+	done := startReport(progress, w.Count, &acked, rec)
 	took, failed, first, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
 		at := w.dueAt(start, i)
 		h := bridge.ScheduleHeaders(at, "bench.sched.out."+strconv.Itoa(i))
@@ -184,7 +182,7 @@ func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 		return bridge.Outgoing{Subject: "bench.sched.in." + strconv.Itoa(i), Header: h, Data: payload}
 	}, &acked)
 	if err != nil {
-		close(done)
+		done()
 		return Result{}, err
 	}
 	want := w.Count - failed
@@ -206,13 +204,13 @@ func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 
 // waitDeliveries waits until want envelopes arrived or the grace after the
 // last due time ended, and returns the counts and lateness.
-func waitDeliveries(ctx context.Context, rec *recorder, w Workload, start time.Time, want int, done chan struct{}) Result {
+func waitDeliveries(ctx context.Context, rec *recorder, w Workload, start time.Time, want int, done func()) Result {
 	deadline := start.Add(w.Lead + w.Window + w.Grace)
 	for rec.unique() < want && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
 	time.Sleep(100 * time.Millisecond) // let late duplicates show up
-	close(done)
+	done()
 	r := rec.result()
 	r.Count, r.Concurrency, r.PayloadBytes, r.DueRate = w.Count, w.Concurrency, w.PayloadSize, w.DueRate()
 	r.Lost = want - r.Delivered
