@@ -126,6 +126,11 @@ var fixedDeny = []Rule{
 		match: func(first, _ string) bool { return strings.EqualFold(first, "_R_") }},
 }
 
+// refuse is the 403 of a target that rule r refuses.
+func (r Rule) refuse(target string) error {
+	return reject(CodeForbidden, "target %q is refused by the built-in rule %s (%s)", target, r.Name, r.Why)
+}
+
 // ownDeny is the rule for delayd's own subjects under prefix.
 func ownDeny(prefix string) Rule {
 	return Rule{Name: prefix + ".>", Why: "delayd's own subjects",
@@ -144,12 +149,11 @@ func (p Policy) Check(target string) error {
 	first, _, _ := strings.Cut(target, ".")
 	for _, r := range fixedDeny {
 		if r.match(first, target) && !(r.openable && p.opens(first, target)) {
-			return reject(CodeForbidden, "target %q is refused by the built-in rule %s (%s)", target, r.Name, r.Why)
+			return r.refuse(target)
 		}
 	}
 	if ownSubject(p.Prefix, target) {
-		r := ownDeny(p.Prefix)
-		return reject(CodeForbidden, "target %q is refused by the built-in rule %s (%s)", target, r.Name, r.Why)
+		return ownDeny(p.Prefix).refuse(target)
 	}
 	if len(p.Allow) > 0 && !p.allowed(target) {
 		return reject(CodeForbidden, "target %q matches no targets.allow pattern", target)

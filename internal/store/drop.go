@@ -55,29 +55,6 @@ func DropNamespace(ctx context.Context, rdb redis.UniversalClient, ns string) (i
 	return int(n.Load()), nil
 }
 
-// inNamespace reports whether key is one of namespace ns's (keys.go): a
-// shard's "{<ns>:<shard>}:<name>", or the member list "{<ns>:members}"
-// and what follows it ("{<ns>:members}:formats").
-func inNamespace(key, ns string) bool {
-	rest, ok := strings.CutPrefix(key, "{"+ns+":")
-	if !ok {
-		return false
-	}
-	if strings.HasPrefix(rest, "members}") {
-		return true
-	}
-	shard, _, ok := strings.Cut(rest, "}:")
-	if !ok || shard == "" {
-		return false
-	}
-	for _, r := range shard {
-		if r < '0' || r > '9' {
-			return false
-		}
-	}
-	return true
-}
-
 // globEscape escapes the characters SCAN's MATCH treats as a pattern.
 func globEscape(s string) string {
 	var b strings.Builder

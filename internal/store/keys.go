@@ -3,6 +3,7 @@ package store
 import (
 	"hash/fnv"
 	"strconv"
+	"strings"
 )
 
 // shardKeys are the Redis keys of one shard. They share the hash tag
@@ -91,6 +92,29 @@ func keysFor(ns string, shard int) shardKeys {
 // hash tag starts like the shards' so an ACL key pattern on "{<ns>:" covers
 // everything delayd touches.
 func membersKey(ns string) string { return "{" + ns + ":members}" }
+
+// inNamespace reports whether key is one of namespace ns's (keys.go): a
+// shard's "{<ns>:<shard>}:<name>", or the member list "{<ns>:members}"
+// and what follows it ("{<ns>:members}:formats").
+func inNamespace(key, ns string) bool {
+	rest, ok := strings.CutPrefix(key, "{"+ns+":")
+	if !ok {
+		return false
+	}
+	if strings.HasPrefix(rest, "members}") {
+		return true
+	}
+	shard, _, ok := strings.Cut(rest, "}:")
+	if !ok || shard == "" {
+		return false
+	}
+	for _, r := range shard {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
+}
 
 // list returns the keys in the order every shard script expects them in
 // KEYS (lua/prelude.lua checks their types in this order). The slice is
