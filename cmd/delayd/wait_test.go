@@ -258,7 +258,23 @@ func TestWaitCleanFailoverNoReplicaLeft(t *testing.T) {
 	got := e.sink(nc, "wc.x")
 	start := time.Now().Add(time.Second)
 	ids := idsOf("c", 100)
-	first := answers(t, nc, ids, "wc.x", func(i int) time.Time { return start.Add(time.Duration(i) * 80 * time.Millisecond) })
+	due := func(i int) time.Time { return start.Add(time.Duration(i) * 80 * time.Millisecond) }
+	first := answers(t, nc, ids, "wc.x", due)
+	// With the replica up, a 504 is a replica ack slower than the 300 ms
+	// wait on a loaded machine (seen once under CI's -race): the client's
+	// resend with the same id must then get its 200.
+	for try := 0; try < 3; try++ {
+		var again []string
+		for _, id := range ids {
+			if first[id] == "504" {
+				again = append(again, id)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		maps.Copy(first, answers(t, nc, again, "wc.x", func(i int) time.Time { return due(slices.Index(ids, again[i])) }))
+	}
 	for id, code := range first {
 		if code != "" {
 			t.Fatalf("%s: %q with the replica up, want 200", id, code)
