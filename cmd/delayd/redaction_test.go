@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -146,5 +147,47 @@ func TestNoSecretInLogs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNoSecretInConfigErrors: a secret key given a number, a list or a
+// map in the config file stops `delayd run` and `delayd config` (and the
+// other commands that read the file) with the key named and no part of
+// the value in any output: nats.password: 987654321 once printed
+// "987654321 is not a string".
+func TestNoSecretInConfigErrors(t *testing.T) {
+	t.Parallel()
+	values := []struct {
+		name, yaml string
+		marks      []string
+	}{
+		{"number", "987654321", []string{"987654321"}},
+		{"list", "[s3cretA, 11223344]", []string{"s3cretA", "11223344"}},
+		{"map", "{s3cretK: s3cretV}", []string{"s3cretK", "s3cretV"}},
+	}
+	for _, key := range config.SecretKeys {
+		group, field, _ := strings.Cut(key, ".")
+		for _, v := range values {
+			file := filepath.Join(t.TempDir(), "delayd.yaml")
+			body := fmt.Sprintf("%s:\n  %s: %s\n", group, field, v.yaml)
+			if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, cmd := range []string{"run", "config", "stats", "doctor"} {
+				var out syncBuffer
+				err := run(context.Background(), []string{"delayd", cmd, "--config", file}, func(string) string { return "" }, &out, &out)
+				if code := exitCode(err, &out); code != 1 {
+					t.Errorf("%s with %s: %s: exit %d, want 1:\n%s", cmd, key, v.name, code, out.String())
+				}
+				if !strings.Contains(out.String(), key+" (in ") {
+					t.Errorf("%s with %s: %s: the key is not named:\n%s", cmd, key, v.name, out.String())
+				}
+				for _, m := range v.marks {
+					if strings.Contains(out.String(), m) {
+						t.Errorf("%s with %s: %s: %q of the value is in the output:\n%s", cmd, key, v.name, m, out.String())
+					}
+				}
+			}
+		}
 	}
 }

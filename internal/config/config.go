@@ -398,3 +398,7 @@ func RedactURL(s string) string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// SecretKeys are the keys whose values are credentials: Redacted hides
+// them, and no error ever quotes their values, whatever their type.
+var SecretKeys = []string{"nats.password", "nats.token", "redis.password", "ui.basic_auth_password", "ui.bearer_token"}

@@ -78,13 +78,24 @@ func Load(src Sources) (Config, error) {
 			return Config{}, fmt.Errorf("config: read %s: %w", src.Path, err)
 		}
 		raw := fk.All()
+		mapped := map[string]bool{}
 		for _, key := range sortedKeys(raw) {
+			if owner, ok := underHidden(key); ok {
+				// A map given to a hidden key arrives flattened into
+				// keys below it, made of the map's keys: name the key
+				// it was given to, and none of the map.
+				if !mapped[owner] {
+					mapped[owner] = true
+					errs = append(errs, fmt.Errorf("%s (in %s): a map is not %s: quote it (the value is not shown)", owner, src.Path, kindOf(defaults[owner])))
+				}
+				continue
+			}
 			def, ok := defaults[key]
 			if !ok {
 				errs = append(errs, fmt.Errorf("%s (in %s): unknown key%s", key, src.Path, suggest(key, sortedKeys(defaults))))
 				continue
 			}
-			v, err := fromYAML(def, raw[key])
+			v, err := fromYAML(def, raw[key], hidden(key))
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s (in %s): %w", key, src.Path, err))
 				continue
@@ -158,10 +169,27 @@ func Load(src Sources) (Config, error) {
 }
 
 // fromYAML checks a value from the file against the type of the key's
-// default and converts it.
-func fromYAML(def, v any) (any, error) {
+// default and converts it. With hide, no error quotes any part of v, only
+// its kind.
+func fromYAML(def, v any, hide bool) (any, error) {
 	if v == nil { // "key:" with no value, as in YAML null
 		v = ""
+	}
+	if hide {
+		if _, isStr := v.(string); !isStr {
+			if _, err := fromYAML(def, v, false); err != nil {
+				if list, ok := v.([]any); ok {
+					if _, want := def.([]string); want {
+						for i, item := range list {
+							if _, ok := item.(string); !ok {
+								return nil, fmt.Errorf("list item %d is %s, not a string: quote it (the value is not shown)", i+1, describe(item))
+							}
+						}
+					}
+				}
+				return nil, fmt.Errorf("%s is not %s: quote it (the value is not shown)", describe(v), kindOf(def))
+			}
+		}
 	}
 	if s, ok := v.(string); ok {
 		if _, isStr := def.(string); !isStr {
@@ -336,4 +364,57 @@ func (c Config) YAML() ([]byte, error) {
 		return nil, err
 	}
 	return k.Marshal(yaml.Parser())
+}
+
+// hiddenKeys are the keys whose values no error quotes: the secrets, and
+// the addresses, which may carry credentials in their user info.
+func hiddenKeys() []string { return append([]string{"nats.url", "redis.addrs"}, SecretKeys...) }
+
+func hidden(key string) bool {
+	for _, k := range hiddenKeys() {
+		if key == k {
+			return true
+		}
+	}
+	return false
+}
+
+// underHidden reports the hidden key that key lies below, if any: YAML
+// "password: {a: b}" reaches Load as the key password.a.
+func underHidden(key string) (string, bool) {
+	for _, k := range hiddenKeys() {
+		if strings.HasPrefix(key, k+".") {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// describe names the kind of a YAML value without showing it.
+func describe(v any) string {
+	switch v.(type) {
+	case bool:
+		return "a boolean"
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "a map"
+	case string:
+		return "a string"
+	}
+	if _, ok := asInt(v); ok {
+		return "a number"
+	}
+	if _, ok := v.(float64); ok {
+		return "a number"
+	}
+	return "a value of another type"
+}
+
+// kindOf names the type a key takes, from its default.
+func kindOf(def any) string {
+	if _, ok := def.([]string); ok {
+		return "a list of strings"
+	}
+	return "a string"
 }
