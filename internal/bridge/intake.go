@@ -168,7 +168,7 @@ func AdminSubject(prefix string) string { return prefix + ".admin" }
 func (in *Intake) Run(ctx context.Context) error {
 	svc, err := micro.AddService(in.nc, micro.Config{
 		Name:        "delayd",
-		Version:     in.opt.Version,
+		Version:     ServiceVersion(in.opt.Version),
 		Description: "Delayed delivery of NATS messages",
 		QueueGroup:  "delayd",
 		// A schedule's Redis outcome (503, 504) is answered after its
