@@ -2,6 +2,10 @@ package bridge
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -9,65 +13,114 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/scanner"
 )
 
-// interest finds the core deliveries of a batch that reached no
-// subscriber. Each is published with a reply subject on delayd's inbox,
-// <inbox>.<batch>.<index>; when no subscription matches it, the server
-// answers on that subject with a no-responders status (an empty message
-// with "Status: 503"), because the connection announces headers and
-// no_responders (nats.go does by default) and subscribes to the reply.
-// The server writes that status before the PONG of the flush that follows
-// the batch, and nats.go's read loop hands it to the subscription's channel
-// before it reads the PONG, so once the flush returns, every status of
-// the batch is in the channel, counted by the subscription's Delivered.
+// interest confirms core deliveries by what answers them. Each is
+// published with a reply subject on delayd's inbox,
 //
-// A goroutine takes the messages off the channel as they come, so that
-// replies from subscribers (unnecessary, but harmless) cannot fill it
-// between batches; a batch waits until it has taken as many as were
-// delivered when its flush returned. Anything but a no-responders status
-// on the current batch is dropped, so a late status of an earlier batch
-// whose flush failed, or a subscriber's reply, changes nothing.
+//	<inbox>.<batch token>.<index>.<key>
+//
+// where the batch token (72 random bits) is new for every batch and the
+// key (48 random bits) for every delivery, so a consumer that sees the
+// reply subjects of its own deliveries can guess neither another batch's
+// nor another delivery's. An answer counts only on the exact subject of a
+// delivery whose batch still waits for it; anything else is dropped.
+//
+// What may answer (see classify): the server's no-responders status when
+// no subscription matched (the connection announces headers and
+// no_responders, as nats.go does by default); a JetStream stream that
+// captures the subject, with its PubAck or its error (a full stream, a
+// sealed one, a message too large...); a subscriber's own reply.
+//
+// The server writes a no-responders status before the PONG of the flush
+// that follows the batch, and nats.go's read loop hands it to the
+// subscription's channel before it reads the PONG, so once the flush
+// returns, every status of the batch is in the channel, counted by the
+// subscription's Delivered: a batch waits until as many were taken off
+// (flushed). A stream answers from its own goroutine, after the PONG as
+// often as not: a batch waits for the answers of the deliveries to targets
+// a stream is known to capture (await), until its deadline.
 type interest struct {
-	sub  *nats.Subscription
 	ch   chan *nats.Msg
 	base string // "<inbox>."
 	done chan struct{}
-
-	// The reply subjects of the batch being sent; under the publisher's
-	// send lock.
-	buf     []byte
-	replies string
-	ends    []int
+	// heard is told, outside the lock, of every stream answer: the target
+	// of a waiting batch's delivery, or "" for one that came too late (or
+	// was forged) and cannot be placed.
+	heard func(target string, a verdict, reason string)
 
 	mu    sync.Mutex
-	batch uint64 // the batch being sent; 0 between batches
-	hit   []bool // hit[i]: the batch's delivery i reached no subscriber
-	taken int64  // messages taken off ch
-	// woken is closed once taken reaches until: a batch waits for it. nil
-	// while no batch waits, so the messages between batches (replies,
-	// PubAcks of a stream that captures a core target) cost no wake-up.
-	woken chan struct{}
-	until int64
+	sub   *nats.Subscription
+	taken int64 // messages of sub taken off ch
+	// woken is closed once taken reaches until: the batch being flushed
+	// waits for it. nil while none waits.
+	woken   chan struct{}
+	until   int64
+	batches map[string]*batch // by token, until finished
+	// The inbox self-check in flight: its subject, closed when it came.
+	probe  string
+	probed chan struct{}
+}
+
+// verdict is what a delivery's reply subject heard.
+type verdict uint8
+
+const (
+	unanswered   verdict = iota
+	replied              // a subscriber's reply: it reached someone
+	noResponders         // the server: no subscription matched
+	stored               // a stream's PubAck
+	refused              // a stream's error: not stored
+)
+
+// batch is one Publish call's deliveries, as the interest check sees them.
+type batch struct {
+	token    string
+	replies  string // every reply subject, one after the other
+	ends     []int  // reply i is replies[ends[i-1]:ends[i]]
+	targets  []string
+	verdicts []verdict
+	reasons  []string // a refusal's text, by delivery
+	await    []bool   // waits for a stream's answer
+	pending  int      // awaited answers not in yet
+	settled  chan struct{}
 }
 
 // statusBuffer is the channel between nats.go's read loop and the
-// goroutine taking statuses off it. A status that finds it full is dropped
+// goroutine taking answers off it. An answer that finds it full is dropped
 // by nats.go (slow consumer); Publish notices and fails the deliveries it
 // cannot vouch for.
 const statusBuffer = 1 << 16
 
-func newInterest(nc *nats.Conn) (*interest, error) {
+func newInterest(nc *nats.Conn, heard func(string, verdict, string)) (*interest, error) {
 	in := &interest{ch: make(chan *nats.Msg, statusBuffer), base: nc.NewInbox() + ".",
-		done: make(chan struct{})}
-	sub, err := nc.ChanSubscribe(in.base+">", in.ch)
-	if err != nil {
-		return nil, fmt.Errorf("bridge: subscribe to the delivery statuses: %w", err)
+		done: make(chan struct{}), heard: heard, batches: map[string]*batch{}}
+	if err := in.subscribe(nc); err != nil {
+		return nil, err
 	}
-	in.sub = sub
 	go in.run()
 	return in, nil
+}
+
+// subscribe (again) to the answers: a subscription the server refused
+// (no permission) is not known to it, and stays unknown when the
+// permission is granted later, until the client subscribes again. The
+// caller makes sure no batch is in flight.
+func (in *interest) subscribe(nc *nats.Conn) error {
+	sub, err := nc.ChanSubscribe(in.base+">", in.ch)
+	if err != nil {
+		return fmt.Errorf("bridge: subscribe to the delivery answers: %w", err)
+	}
+	in.mu.Lock()
+	old := in.sub
+	in.sub, in.taken = sub, 0
+	in.mu.Unlock()
+	if old != nil {
+		_ = old.Unsubscribe()
+	}
+	return nil
 }
 
 func (in *interest) run() {
@@ -76,94 +129,186 @@ func (in *interest) run() {
 		case <-in.done:
 			return
 		case m := <-in.ch:
+			a, reason := classify(m)
 			in.mu.Lock()
-			if batch, i, ok := in.parse(m.Subject); ok && batch == in.batch && i < len(in.hit) && noResponders(m) {
-				in.hit[i] = true
+			if m.Sub == in.sub {
+				in.taken++
+				if in.woken != nil && in.taken >= in.until {
+					close(in.woken)
+					in.woken = nil
+				}
 			}
-			in.taken++
-			if in.woken != nil && in.taken >= in.until {
-				close(in.woken)
-				in.woken = nil
-			}
+			target, placed := in.take(m.Subject, a, reason)
 			in.mu.Unlock()
+			if (a == stored || a == refused) && in.heard != nil {
+				if !placed {
+					target = ""
+				}
+				in.heard(target, a, reason)
+			}
 		}
 	}
 }
 
-// noResponders reports whether m is the server's no-responders status, as
-// nats.go's request API recognises it.
-func noResponders(m *nats.Msg) bool {
-	return len(m.Data) == 0 && m.Header.Get("Status") == "503"
-}
-
-// parse reads <base><batch>.<index>.
-func (in *interest) parse(subject string) (batch uint64, i int, ok bool) {
+// take records answer a on subject, if it is a reply subject of a
+// waiting batch's delivery, and returns that delivery's target. Under mu.
+func (in *interest) take(subject string, a verdict, reason string) (target string, ok bool) {
 	rest, ok := strings.CutPrefix(subject, in.base)
 	if !ok {
-		return 0, 0, false
+		return "", false
 	}
-	b, idx, ok := strings.Cut(rest, ".")
-	if !ok {
-		return 0, 0, false
+	if in.probe != "" && subject == in.probe {
+		close(in.probed)
+		in.probe = ""
+		return "", false
 	}
-	batch, err := strconv.ParseUint(b, 36, 64)
-	if err != nil {
-		return 0, 0, false
+	token, idx, ok := strings.Cut(rest, ".")
+	b := in.batches[token]
+	if !ok || b == nil {
+		return "", false
 	}
+	idx, _, ok = strings.Cut(idx, ".")
 	n, err := strconv.ParseUint(idx, 36, 31)
-	if err != nil {
-		return 0, 0, false
+	if !ok || err != nil || int(n) >= len(b.verdicts) {
+		return "", false
 	}
-	return batch, int(n), true
+	i := int(n)
+	if subtle.ConstantTimeCompare([]byte(subject), []byte(b.reply(i))) != 1 {
+		return "", false // a guessed key
+	}
+	// A refusal stands whatever else answered; a stream's answer outranks
+	// a subscriber's reply; no responders is only ever alone.
+	if a > b.verdicts[i] {
+		b.verdicts[i] = a
+		if a == refused {
+			b.reasons[i] = reason
+		}
+	}
+	if (a == stored || a == refused) && b.await[i] {
+		in.unawait(b, i)
+	}
+	return b.targets[i], true
 }
 
-// begin starts batch (> 0, new for every batch) of n deliveries, whose
-// reply subjects reply then returns. The caller holds the publisher's send
-// lock until end or abort.
-func (in *interest) begin(batch uint64, n int) (dropped int) {
-	in.mu.Lock()
-	in.batch = batch
-	if cap(in.hit) >= n {
-		in.hit = in.hit[:n]
-		clear(in.hit)
-	} else {
-		in.hit = make([]bool, n)
+// unawait stops waiting for delivery i's stream answer. Under mu.
+func (in *interest) unawait(b *batch, i int) {
+	if !b.await[i] {
+		return
 	}
-	in.mu.Unlock()
+	b.await[i] = false
+	if b.pending--; b.pending == 0 {
+		close(b.settled)
+	}
+}
+
+// classify reads what answered a delivery. A stream answers with JSON: a
+// PubAck {"stream":"S","seq":N,...} or an error
+// {"error":{"code":C,"err_code":E,"description":"..."},"stream":"S","seq":0}
+// (nats-server's JSPubAckResponse; every refusal of a stream's ingest
+// carries the stream's name). The no-responders status is an empty message
+// with "Status: 503", as nats.go's request API recognises it. Anything else
+// is a subscriber's reply, whatever it says.
+func classify(m *nats.Msg) (verdict, string) {
+	if len(m.Data) == 0 {
+		if m.Header.Get("Status") == "503" {
+			return noResponders, ""
+		}
+		return replied, ""
+	}
+	if m.Data[0] != '{' {
+		return replied, ""
+	}
+	var r struct {
+		Stream *string `json:"stream"`
+		Seq    *uint64 `json:"seq"`
+		Error  *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(m.Data, &r) != nil || r.Stream == nil {
+		return replied, ""
+	}
+	switch {
+	case r.Error != nil:
+		e := r.Error
+		return refused, fmt.Sprintf("stream %s refused it: %s (code %d, err_code %d)", *r.Stream, e.Description, e.Code, e.ErrCode)
+	case r.Seq != nil:
+		return stored, ""
+	}
+	return replied, ""
+}
+
+// Reply subjects: base64url, whose characters are all valid in a subject
+// token.
+const (
+	tokenBytes = 9 // 72 bits per batch
+	keyBytes   = 6 // 48 bits per delivery
+)
+
+var enc = base64.RawURLEncoding
+
+// begin registers a batch of ds, whose deliveries awaited (by index) wait
+// for a stream's answer, and builds its reply subjects. The caller holds
+// the publisher's send lock until flushed or its batch is begun in vain.
+func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) bool) (b *batch, dropped int) {
+	n := len(ds)
+	random := make([]byte, tokenBytes+keyBytes*n)
+	if _, err := rand.Read(random); err != nil {
+		panic(err) // crypto/rand never fails (Go 1.24+)
+	}
+	b = &batch{token: enc.EncodeToString(random[:tokenBytes]), ends: make([]int, n), targets: make([]string, n),
+		verdicts: make([]verdict, n), reasons: make([]string, n), await: make([]bool, n), settled: make(chan struct{})}
 	// Every reply subject of the batch is cut from one string: one
 	// allocation per batch, not one per delivery.
-	prefix := strconv.AppendUint(append(in.buf[:0], in.base...), batch, 36)
-	prefix = append(prefix, '.')
-	b := append(in.buf[:0], prefix...)
-	in.ends = in.ends[:0]
-	for i := range n {
-		if i > 0 {
-			b = append(b, prefix...)
+	size := n * (len(in.base) + enc.EncodedLen(tokenBytes) + enc.EncodedLen(keyBytes) + 2 + 4)
+	s := make([]byte, 0, size)
+	for i, d := range ds {
+		s = append(s, in.base...)
+		s = append(s, b.token...)
+		s = append(s, '.')
+		s = strconv.AppendUint(s, uint64(i), 36)
+		s = append(s, '.')
+		s = enc.AppendEncode(s, random[tokenBytes+keyBytes*i:tokenBytes+keyBytes*(i+1)])
+		b.ends[i] = len(s)
+		b.targets[i] = d.Target
+		if awaited(i) {
+			b.await[i] = true
+			b.pending++
 		}
-		b = strconv.AppendUint(b, uint64(i), 36)
-		in.ends = append(in.ends, len(b))
 	}
-	in.buf = b[:0]
-	in.replies = string(b)
-	dropped, _ = in.sub.Dropped()
-	return dropped
+	b.replies = string(s)
+	if b.pending == 0 {
+		close(b.settled)
+	}
+	in.mu.Lock()
+	in.batches[b.token] = b
+	sub := in.sub
+	in.mu.Unlock()
+	dropped, _ = sub.Dropped()
+	return b, dropped
 }
 
-// reply is the reply subject of delivery i of the batch begun.
-func (in *interest) reply(i int) string {
+// reply is the reply subject of delivery i.
+func (b *batch) reply(i int) string {
 	start := 0
 	if i > 0 {
-		start = in.ends[i-1]
+		start = b.ends[i-1]
 	}
-	return in.replies[start:in.ends[i]]
+	return b.replies[start:b.ends[i]]
 }
 
-// end waits, after the batch's flush returned, until every message
-// delivered to the subscription by then is taken, and returns which
-// deliveries reached no subscriber. ok is false when that cannot be known:
-// ctx ended first, or nats.go dropped a message since begin.
-func (in *interest) end(ctx context.Context, dropped int) (hit []bool, ok bool) {
-	delivered, err := in.sub.Delivered()
+// flushed waits, after the batch's flush returned, until every message
+// delivered to the subscription by then is taken, so that every
+// no-responders status of the batch is recorded. ok is false when that
+// cannot be known: ctx ended first, or nats.go dropped a message since
+// begin.
+func (in *interest) flushed(ctx context.Context, dropped int) (ok bool) {
+	in.mu.Lock()
+	sub := in.sub
+	in.mu.Unlock()
+	delivered, err := sub.Delivered()
 	ok = err == nil
 	if ok {
 		in.mu.Lock()
@@ -181,26 +326,54 @@ func (in *interest) end(ctx context.Context, dropped int) (hit []bool, ok bool) 
 			}
 		}
 	}
-	if now, err := in.sub.Dropped(); err != nil || now != dropped {
+	if now, err := sub.Dropped(); err != nil || now != dropped {
 		ok = false
 	}
 	in.mu.Lock()
-	hit = append([]bool(nil), in.hit...)
-	in.batch, in.woken = 0, nil
+	in.woken = nil
 	in.mu.Unlock()
-	return hit, ok
+	return ok
 }
 
-// abort ends a batch without checked deliveries.
-func (in *interest) abort() {
+// unawaited stops waiting for the stream answers of the deliveries that
+// failed already.
+func (in *interest) unawaited(b *batch, failed []error) {
 	in.mu.Lock()
-	in.batch = 0
-	in.mu.Unlock()
+	defer in.mu.Unlock()
+	for i, err := range failed {
+		if err != nil {
+			in.unawait(b, i)
+		}
+	}
+}
+
+// settle waits until every awaited stream answer is in, or ctx ends, then
+// ends the batch: later answers to it are dropped. It returns what each
+// delivery heard, and which awaited answers never came.
+func (in *interest) settle(ctx context.Context, b *batch) (verdicts []verdict, reasons []string, missing []bool) {
+	select {
+	case <-b.settled:
+	case <-ctx.Done():
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	delete(in.batches, b.token)
+	return b.verdicts, b.reasons, b.await
+}
+
+// verdict reports what delivery i heard so far.
+func (in *interest) verdict(b *batch, i int) verdict {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return b.verdicts[i]
 }
 
 func (in *interest) close() {
 	close(in.done)
-	_ = in.sub.Unsubscribe()
+	in.mu.Lock()
+	sub := in.sub
+	in.mu.Unlock()
+	_ = sub.Unsubscribe()
 }
 
 // errNoInterest is the error of a core delivery that reached no

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -26,8 +27,8 @@ type Publisher struct {
 	// send serialises the sending part of concurrent batches (publish,
 	// flush, attributing refusals): the connection's refusal record is one
 	// for all of them, and a batch must see only its own refusals between
-	// its mark and its flush. Waiting for PubAcks happens outside it, so a
-	// slow stream holds no other batch.
+	// its mark and its flush. Waiting for PubAcks and stream answers
+	// happens outside it, so a slow stream holds no other batch.
 	send       sync.Mutex
 	nc         *nats.Conn
 	refusals   *Refusals
@@ -35,7 +36,7 @@ type Publisher struct {
 	jsPatterns []string
 	plain      []string // fire-and-forget patterns
 	interest   *interest
-	batch      uint64 // the last batch number; under send
+	streams    *captors
 }
 
 // PublisherOptions pick how each target is delivered.
@@ -48,21 +49,26 @@ type PublisherOptions struct {
 	// delivered. Every other core delivery that reaches no subscriber
 	// fails with scanner.ErrNoInterest.
 	FireAndForget []string
+	// Log, if not nil, tells what the publisher cannot see (the streams
+	// it cannot list, a stream's late refusal).
+	Log hclog.Logger
 }
 
 // NewPublisher returns a publisher on nc, whose permission refusals are
 // recorded in refusals (see Connect). It subscribes to a subject of nc's
-// inbox for the interest check; Close ends that.
+// inbox for the answers to core deliveries; Close ends that.
 func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publisher, error) {
-	p := &Publisher{nc: nc, refusals: refusals, jsPatterns: o.JetStream, plain: o.FireAndForget}
-	if len(o.JetStream) > 0 {
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return nil, fmt.Errorf("bridge: jetstream: %w", err)
-		}
-		p.js = js
+	log := o.Log
+	if log == nil {
+		log = hclog.NewNullLogger()
 	}
-	in, err := newInterest(nc)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: jetstream: %w", err)
+	}
+	p := &Publisher{nc: nc, refusals: refusals, js: js, jsPatterns: o.JetStream, plain: o.FireAndForget,
+		streams: newCaptors(js, refusals, log)}
+	in, err := newInterest(nc, p.streams.heard)
 	if err != nil {
 		return nil, err
 	}
@@ -73,13 +79,15 @@ func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publi
 // Close stops the interest check; the connection stays open.
 func (p *Publisher) Close() { p.interest.close() }
 
-// Publish sends every delivery and confirms each. Core NATS deliveries are
+// Publish sends every delivery and confirms each. A core NATS delivery is
 // confirmed by one flush round trip: the PONG comes back only after the
 // server processed everything sent before the PING, and after the
 // no-responders status of each delivery that reached no subscriber (see
-// interest), which fails with scanner.ErrNoInterest. JetStream deliveries
-// are confirmed by their PubAck; their Nats-Msg-Id (id@due) makes the
-// stream drop a redelivery inside its duplicate window.
+// interest), which fails with scanner.ErrNoInterest. A core delivery to a
+// target a stream captures is confirmed by the stream's PubAck, and fails
+// with the stream's error when it refuses. JetStream deliveries are
+// confirmed by their PubAck; their Nats-Msg-Id (id@due) makes the stream
+// drop a redelivery inside its duplicate window.
 func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error {
 	errs := make([]error, len(ds))
 	if !p.nc.IsConnected() {
@@ -88,33 +96,46 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		}
 		return errs
 	}
-	core, checked := 0, 0
+	kinds := make([]kind, len(ds))
+	checked := 0
+	for i, d := range ds {
+		switch {
+		case matchAny(p.jsPatterns, d.Target):
+			kinds[i] = viaJetStream
+		case matchAny(p.plain, d.Target):
+			kinds[i] = fireAndForget
+		default:
+			kinds[i] = checkedCore
+			checked++
+		}
+	}
+	if checked > 0 {
+		p.streams.ready(ctx)
+	}
+	core := 0
 	p.send.Lock()
 	// mark before the last error: an error recorded between the two is
 	// then after the mark, where since looks for it.
 	mark := p.refusals.mark()
 	lastErr := p.nc.LastError()
-	p.batch++
-	dropped := p.interest.begin(p.batch, len(ds))
+	b, dropped := p.interest.begin(ds, func(i int) bool {
+		return kinds[i] == checkedCore && p.streams.captured(ds[i].Target)
+	})
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
 		m := DeliveryMsg(d)
-		if matchAny(p.jsPatterns, d.Target) {
+		if kinds[i] == viaJetStream {
 			// No client-side retries on "no responders": a target without a
 			// stream would hold up every other delivery of the batch; the
 			// scanner retries with its own backoff.
 			futures[i], errs[i] = p.js.PublishMsgAsync(m, jetstream.WithMsgID(MsgID(d)), jetstream.WithRetryAttempts(0))
 			continue
 		}
-		check := !matchAny(p.plain, d.Target)
-		if check {
-			m.Reply = p.interest.reply(i)
+		if kinds[i] == checkedCore {
+			m.Reply = b.reply(i)
 		}
 		if errs[i] = p.nc.PublishMsg(m); errs[i] == nil {
 			core++
-			if check {
-				checked++
-			}
 		}
 	}
 	// A flush also when the batch is JetStream only: a refused JetStream
@@ -127,7 +148,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 			// may have left, so this is an attempt (a redelivery carries a
 			// higher Delayd-Attempt), not "unreachable".
 			for i := range ds {
-				if _, js := futures[i]; errs[i] == nil && !js { // JetStream ones await their PubAck
+				if errs[i] == nil && kinds[i] != viaJetStream { // JetStream ones await their PubAck
 					errs[i] = fmt.Errorf("flush not confirmed: %w", err)
 				}
 			}
@@ -135,11 +156,10 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 		p.permissionDenied(ctx, ds, errs, futures, lastErr, mark)
 	}
 	if checked > 0 {
-		p.noInterest(ctx, ds, errs, futures, dropped)
-	} else {
-		p.interest.abort()
+		p.noInterest(ctx, b, ds, kinds, errs, dropped)
 	}
 	p.send.Unlock()
+	p.streamAnswers(ctx, b, ds, kinds, errs)
 	for i, f := range futures {
 		if errs[i] != nil {
 			continue
@@ -154,6 +174,15 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	}
 	return errs
 }
+
+// kind is how a delivery is published and confirmed.
+type kind uint8
+
+const (
+	checkedCore   kind = iota // core NATS, with a reply subject for its answers
+	fireAndForget             // core NATS, no reply subject: the flush confirms it
+	viaJetStream              // the JetStream API: its PubAck confirms it
+)
 
 // permissionDenied fails the core deliveries the server refused to take
 // from delayd's NATS user: every refusal since mark, by subject. Any change
@@ -180,7 +209,7 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 		targets[d.Target] = true
 	}
 	for subj := range refused {
-		if !targets[subj] {
+		if !targets[subj] && subj != streamList { // the list of streams is the publisher's own request
 			complete = false // refused something we cannot place
 		}
 	}
@@ -205,21 +234,44 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 	}
 }
 
-// noInterest fails the core deliveries of the batch that reached no
+// noInterest fails the checked deliveries of the batch that reached no
 // subscriber, once their statuses are all in. If that cannot be known, the
 // checked deliveries not failed already fail too, to be retried: a
 // duplicate is better than a delivery counted that reached no one.
-func (p *Publisher) noInterest(ctx context.Context, ds []envelope.Delivery, errs []error, js map[int]jetstream.PubAckFuture, dropped int) {
-	hit, ok := p.interest.end(ctx, dropped)
+func (p *Publisher) noInterest(ctx context.Context, b *batch, ds []envelope.Delivery, kinds []kind, errs []error, dropped int) {
+	ok := p.interest.flushed(ctx, dropped)
 	for i, d := range ds {
-		if _, isJS := js[i]; isJS || errs[i] != nil || matchAny(p.plain, d.Target) {
+		if kinds[i] != checkedCore || errs[i] != nil {
 			continue
 		}
 		switch {
-		case hit[i]:
+		case p.interest.verdict(b, i) == noResponders:
 			errs[i] = errNoInterest(d.Target)
 		case !ok:
 			errs[i] = fmt.Errorf("publish to %s: whether it reached a subscriber is unknown (statuses not all read in time, or dropped)", d.Target)
+		}
+	}
+	p.interest.unawaited(b, errs)
+}
+
+// streamAnswers waits for the answers of the streams that capture the
+// batch's checked deliveries, and fails those a stream refused, whether
+// awaited or not (an answer that comes after this is dropped). An awaited
+// answer that did not come by the deadline leaves the delivery unconfirmed:
+// failed, to be retried, as stored or refused is unknown.
+func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.Delivery, kinds []kind, errs []error) {
+	verdicts, reasons, missing := p.interest.settle(ctx, b)
+	for i, d := range ds {
+		if kinds[i] != checkedCore || errs[i] != nil {
+			continue
+		}
+		switch {
+		case verdicts[i] == refused:
+			errs[i] = fmt.Errorf("publish to %s: %s", d.Target, reasons[i])
+		case missing[i]:
+			errs[i] = fmt.Errorf("publish to %s: the stream that captures it did not answer in time (stored or refused is unknown): %w",
+				d.Target, context.Cause(ctx))
+			p.streams.forget(d.Target)
 		}
 	}
 }

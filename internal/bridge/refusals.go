@@ -126,3 +126,19 @@ func (r *Refusals) since(ctx context.Context, mark uint64, last error) (map[stri
 		}
 	}
 }
+
+// refusedSince returns the first refusal of a publish to subject recorded
+// after mark, if any, and a channel closed at the next record.
+func (r *Refusals) refusedSince(mark uint64, subject string) (error, <-chan struct{}) {
+	if r == nil {
+		return nil, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.recent {
+		if f.seq > mark && f.subject == subject {
+			return f.err, r.changed
+		}
+	}
+	return nil, r.changed
+}

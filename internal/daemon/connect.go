@@ -134,7 +134,7 @@ func (p *parts) newNATS() error {
 	p.onClose(p.out.Close)
 	p.metrics.WatchNATS(p.natsUp)
 	p.pub, err = bridge.NewPublisher(p.out, refusals, bridge.PublisherOptions{
-		JetStream: c.Targets.JetStream, FireAndForget: c.Targets.FireAndForget})
+		JetStream: c.Targets.JetStream, FireAndForget: c.Targets.FireAndForget, Log: p.log.Named("publish")})
 	if err != nil {
 		return err
 	}

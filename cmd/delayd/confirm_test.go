@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+)
+
+// A core target captured by a stream that refuses (CAP on cap.>, max_msgs
+// 2, discard new) and no core subscriber: of 4 envelopes, the stream keeps
+// 2, and the other 2 are retried and dead-lettered with the stream's
+// error. Before, delayd counted all 4 delivered and deleted them.
+func TestStreamRefusalNotDelivered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	c.Scanner.RetryBackoffMax = 200 * time.Millisecond
+	c.Scanner.MaxAttempts = 3
+	nc := e.conn()
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAP", Subjects: []string{"cap.>"}, MaxMsgs: 2, Discard: jetstream.DiscardNew})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.startDaemon(c)
+	ids := []string{"cap-0", "cap-1", "cap-2", "cap-3"}
+	for _, id := range ids {
+		scheduleServed(t, nc, hdr("Delayd-Target", "cap.x", "Delayd-Delay", "200ms", "Delayd-Id", id))
+	}
+	st := e.inspectStore(c)
+	// Every envelope ends in the stream or in the dead set, and none in
+	// both: nothing is stored any more once each is settled.
+	inStream := map[string]bool{}
+	var dead []store.Entry
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		inStream, dead = map[string]bool{}, nil
+		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := int(info.State.Msgs); n > 0 {
+			batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for m := range batch.Messages() {
+				inStream[m.Headers().Get(envelope.HeaderID)] = true
+			}
+		}
+		settled := true
+		for _, id := range ids {
+			en, err := st.Get(ctx, id)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				if !inStream[id] {
+					t.Fatalf("%s is gone from Redis but not in the stream: counted delivered, and lost", id)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case en.State == store.StateDead:
+				dead = append(dead, en)
+			default:
+				settled = false
+			}
+		}
+		if settled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not settled: in the stream %v, dead %d", inStream, len(dead))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(inStream) != 2 || len(dead) != 2 {
+		t.Fatalf("in the stream %v, dead %+v: want 2 and 2", inStream, dead)
+	}
+	for _, en := range dead {
+		if inStream[en.ID] {
+			t.Errorf("%s is both in the stream and dead", en.ID)
+		}
+		if en.Attempts != c.Scanner.MaxAttempts || !strings.Contains(en.Error, "maximum messages exceeded") {
+			t.Errorf("%s: dead after %d attempts with %q, want %d attempts and the stream's error", en.ID, en.Attempts, en.Error, c.Scanner.MaxAttempts)
+		}
+	}
+}
+
+// A consumer that sees its own deliveries' reply subjects forges
+// no-responders statuses for the next batches, as the attacker
+// did (same inbox, the next 3 batch numbers, every index), while a victim
+// listens the whole time. Each of the victim's 300 envelopes is delivered
+// once, at attempt 1. Before, it got them 1,040 times.
+func TestForgingConsumerChangesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cfg()
+	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	c.Scanner.RetryBackoffMax = 200 * time.Millisecond
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	victimConn := e.conn()
+	defer victimConn.Close()
+	victim := e.sink(victimConn, "victim.orders")
+	attacker := e.conn()
+	defer attacker.Close()
+	var mu sync.Mutex
+	forged := 0
+	if _, err := attacker.Subscribe("attacker.feed", func(m *nats.Msg) {
+		tokens := strings.Split(m.Reply, ".")
+		if len(tokens) < 3 {
+			return
+		}
+		// <inbox>.<batch>.<index>, or the last tokens of whatever it is.
+		for back := 2; back <= 3 && back < len(tokens); back++ {
+			inbox := strings.Join(tokens[:len(tokens)-back], ".")
+			b, err := strconv.ParseUint(tokens[len(tokens)-back], 36, 64)
+			if err != nil {
+				continue
+			}
+			for k := uint64(1); k <= 3; k++ {
+				for j := range 16 {
+					st := nats.NewMsg(inbox + "." + strconv.FormatUint(b+k, 36) + "." + strconv.FormatUint(uint64(j), 36))
+					st.Header.Set("Status", "503")
+					_ = attacker.PublishMsg(st)
+					mu.Lock()
+					forged++
+					mu.Unlock()
+				}
+			}
+		}
+		_ = attacker.Flush()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = attacker.Flush()
+	// The attacker's own envelopes, due all along the victim's, so that it
+	// sees a reply subject in (nearly) every batch.
+	const n = 300
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = "victim-" + strconv.Itoa(i)
+		delay := strconv.Itoa(300+i*3) + "ms"
+		scheduleServed(t, nc, hdr("Delayd-Target", "victim.orders", "Delayd-Delay", delay, "Delayd-Id", ids[i]))
+		scheduleServed(t, nc, hdr("Delayd-Target", "attacker.feed", "Delayd-Delay", delay, "Delayd-Id", "attacker-"+strconv.Itoa(i)))
+	}
+	victim.waitIDs(ids, 30*time.Second)
+	waitGone(t, e, c)
+	victim.settle(t)
+	mu.Lock()
+	if forged == 0 {
+		t.Error("the attacker forged nothing: the test proves nothing")
+	}
+	mu.Unlock()
+	victim.check(t, ids)
+	for _, id := range ids {
+		ds := victim.get(id)
+		if len(ds) != 1 || ds[0].attempt != 1 {
+			attempts := []int{}
+			for _, d := range ds {
+				attempts = append(attempts, d.attempt)
+			}
+			t.Errorf("%s delivered %d times, attempts %v: want once, at attempt 1", id, len(ds), attempts)
+		}
+	}
+}
