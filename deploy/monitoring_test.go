@@ -48,6 +48,7 @@ func exportedMetrics(t *testing.T) []string {
 	defer st.Close()
 	m := admin.NewMetrics("test")
 	m.WatchNATS(func() bool { return true })
+	m.WatchEvictionGuard(func() string { return store.GuardOn })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

@@ -167,17 +167,16 @@ func mustNkey(t *testing.T, seedFile string) nats.Option {
 	return o
 }
 
-// TestRedisACLAndTLS runs delayd against a TLS-only redis-server as an ACL
-// user that may only touch delayd's own keys.
+// TestRedisACLAndTLS runs delayd against a TLS-only redis-server as the ACL
+// user of docs/security.md (the line read from the file), which may only
+// touch delayd's own keys.
 func TestRedisACLAndTLS(t *testing.T) {
 	t.Parallel()
 	certs := testutil.MakeCerts(t)
 	r := testutil.StartRedisTLS(t, certs)
 	admin := r.Client()
 	ctx := context.Background()
-	if err := admin.Do(ctx, "ACL", "SETUSER", "delayd", "on", ">redis-secret", "resetkeys", "~{delayd:*",
-		"resetchannels", "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+time", "-@dangerous",
-		"+script|load", "+script|exists").Err(); err != nil {
+	if err := admin.Do(ctx, docsACL(t, "redis-secret")...).Err(); err != nil {
 		t.Fatal(err)
 	}
 	e := &env{t: t, redis: r, nats: testutil.StartNATS(t)}

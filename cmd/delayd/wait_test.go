@@ -387,9 +387,9 @@ func offers(t *testing.T, js jetstream.JetStream, name string) uint64 {
 	return info.Delivered.Consumer
 }
 
-// The Redis ACL of docs/security.md refuses INFO (@dangerous): the start-up check of the
-// wait settings must still refuse wait_local_fsync on a Redis without
-// WAITAOF, not start with a warning that it could not check.
+// Under the Redis ACL of docs/security.md (read from the file) the start-up
+// check of the wait settings must refuse wait_local_fsync on a Redis
+// without WAITAOF, not start with a warning that it could not check.
 func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "--appendonly", "yes")
@@ -397,11 +397,7 @@ func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
 		!strings.Contains(v, "redis_version:6.") && !strings.Contains(v, "redis_version:7.1") {
 		t.Skip("this redis-server has WAITAOF")
 	}
-	acl := []any{"ACL", "SETUSER", "delayd", "on", ">pw", "resetkeys", "~{delayd:*", "-@all", "+@read", "+@write",
-		"+@scripting", "+@connection", "+time", "-@dangerous", "+script|load", "+script|exists"}
-	if err := e.redis.Client().Do(context.Background(), acl...).Err(); err != nil {
-		t.Fatal(err)
-	}
+	applyDocsACL(t, e.redis, "pw")
 	c := e.cfg()
 	c.Redis.Username, c.Redis.Password = "delayd", "pw"
 	c.Redis.WaitLocalFsync = true

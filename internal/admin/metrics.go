@@ -178,6 +178,24 @@ func (m *Metrics) WatchNATS(connected func() bool) {
 	}))
 }
 
+// WatchEvictionGuard exports delayd_redis_eviction_guard from state, read
+// at scrape time: 1 for the guard's state (store.GuardStates), 0 for the
+// others.
+func (m *Metrics) WatchEvictionGuard(state func() string) {
+	for _, s := range store.GuardStates {
+		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "delayd_redis_eviction_guard",
+			Help: "1 for the state of the guard against an evicting Redis maxmemory-policy: on (read, noeviction), " +
+				"allowed (evicts, redis.allow_eviction), skipped (Redis will not tell, redis.eviction_check: skip), " +
+				"unknown (not read yet).",
+			ConstLabels: prometheus.Labels{"state": s}}, func() float64 {
+			if state() == s {
+				return 1
+			}
+			return 0
+		}))
+	}
+}
+
 // Received counts one schedule request by its protocol code (0 = stored).
 func (m *Metrics) Received(code int) {
 	m.received.WithLabelValues(resultOf(code)).Inc()

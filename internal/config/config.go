@@ -127,6 +127,10 @@ type Redis struct {
 	// AllowEviction lets delayd run on a Redis whose maxmemory-policy may
 	// delete keys, which loses acknowledged envelopes. Off, delayd refuses.
 	AllowEviction bool `koanf:"allow_eviction"`
+	// EvictionCheck is required (delayd refuses to run on a Redis that
+	// will not tell its maxmemory-policy) or skip (the operator checked
+	// the policy; delayd still refuses an evicting one it can read).
+	EvictionCheck string `koanf:"eviction_check"`
 	// WaitReplicas > 0: a schedule or cancel is answered, a stream message
 	// acknowledged and a claim published only once WAIT confirmed that
 	// this many replicas hold it; otherwise the request gets 504 (the
@@ -286,7 +290,7 @@ func Default() Config {
 		Mode:      "all",
 		Ownership: Ownership{TTL: 5 * time.Second},
 		NATS:      NATS{URL: "nats://127.0.0.1:4222", Name: "delayd", InboxPrefix: "_INBOX"},
-		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}, WaitTimeout: time.Second},
+		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}, WaitTimeout: time.Second, EvictionCheck: "required"},
 		Scanner: Scanner{
 			ClaimBatch:      256,
 			Lease:           10 * time.Second,

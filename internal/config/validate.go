@@ -38,6 +38,11 @@ func (c Config) Validate() error {
 		bad("redis", "cluster and master_name exclude each other")
 	}
 	c.validateWait(bad)
+	switch c.Redis.EvictionCheck {
+	case "required", "skip":
+	default:
+		bad("redis.eviction_check", "must be required or skip, got %q", c.Redis.EvictionCheck)
+	}
 	if c.Shards < 1 || c.Shards > 16384 {
 		bad("shards", "must be 1..16384, got %d", c.Shards)
 	}

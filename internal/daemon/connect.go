@@ -59,15 +59,19 @@ func (p *parts) newStore(ctx context.Context) error {
 		return err
 	}
 	if !c.Embedded { // the emulation neither evicts nor persists
-		p.guard = store.NewGuard(c.Redis.AllowEviction, p.log.Named("redis"))
+		p.guard = store.NewGuard(store.GuardOptions{AllowEviction: c.Redis.AllowEviction,
+			SkipHidden: c.Redis.EvictionCheck == "skip"}, p.log.Named("redis"))
+		p.metrics.WatchEvictionGuard(p.guard.State)
 		ropts.OnConnect = p.guard.OnConnect
 	}
 	p.rdb = store.NewClient(ropts)
 	p.st = store.New(p.rdb, c.Namespace, c.Shards, p.storeOptions()...)
 	p.onClose(func() { p.st.Close() })
 	if p.guard != nil {
-		// Refuse to start on an evicting Redis. An unreachable one is
-		// checked on its first connection, like every reconnect.
+		// Refuse to start on an evicting Redis, or one that will not
+		// tell its policy (unless redis.eviction_check: skip). An
+		// unreachable one is checked on its first connection, like
+		// every reconnect.
 		gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := p.guard.Check(gctx, p.rdb)
 		cancel()

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -28,15 +29,30 @@ type Conn interface {
 	Info(ctx context.Context, sections ...string) *redis.StringCmd
 }
 
+// ErrPolicyHidden is returned by ReadPersistence when Redis answered but
+// would not tell its maxmemory-policy: INFO and CONFIG refused (NOPERM, or
+// renamed away by a managed service), or no maxmemory_policy in INFO.
+var ErrPolicyHidden = errors.New("store: Redis does not let delayd read its maxmemory-policy")
+
+// errSentinel is returned by ReadPersistence for a connection to a
+// sentinel, which holds no data and has no maxmemory-policy.
+var errSentinel = errors.New("store: a sentinel, not a data node")
+
 // ReadPersistence asks c for its persistence settings, with CONFIG GET
 // where allowed and INFO (which managed Redis services keep open) for what
-// CONFIG GET would not give.
+// CONFIG GET would not give. An error that wraps ErrPolicyHidden means
+// Redis will not say; any other means it could not be asked (unreachable,
+// a timeout, loading).
 func ReadPersistence(ctx context.Context, c Conn) (Persistence, error) {
 	var p Persistence
+	if sentinel(ctx, c) {
+		return p, errSentinel
+	}
 	// Several names in one CONFIG GET need Redis 7; older servers and
 	// refused CONFIG fall through to INFO.
 	cfg := redis.NewCmd(ctx, "CONFIG", "GET", "maxmemory-policy", "appendonly", "appendfsync", "save")
-	if err := c.Process(ctx, cfg); err == nil {
+	cfgErr := c.Process(ctx, cfg)
+	if cfgErr == nil {
 		kv := map[string]string{}
 		switch v := cfg.Val().(type) {
 		case map[any]any: // RESP3
@@ -53,6 +69,9 @@ func ReadPersistence(ctx context.Context, c Conn) (Persistence, error) {
 	if p.EvictionPolicy == "" || p.AppendOnly == "" {
 		info, err := c.Info(ctx, "memory", "persistence").Result()
 		if err != nil && p.EvictionPolicy == "" {
+			if refused(err) {
+				return p, fmt.Errorf("%w: INFO: %v; CONFIG GET: %v", ErrPolicyHidden, err, cfgErr)
+			}
 			return p, fmt.Errorf("store: read maxmemory-policy: %w", err)
 		}
 		for _, line := range strings.Split(info, "\n") {
@@ -67,9 +86,45 @@ func ReadPersistence(ctx context.Context, c Conn) (Persistence, error) {
 		}
 	}
 	if p.EvictionPolicy == "" {
-		return p, fmt.Errorf("store: Redis did not report its maxmemory-policy")
+		return p, fmt.Errorf("%w: INFO has no maxmemory_policy; CONFIG GET: %v", ErrPolicyHidden, cfgErr)
 	}
 	return p, nil
+}
+
+// refused tells a Redis that answered "no" (NOPERM, a command renamed
+// away) from one that could not be asked: a network error, a timeout, a
+// wrong password, a reply that says to come back later. The second kind
+// leaves the guard's state as it was (unknown until a first read), which
+// the metric shows, and is asked again.
+func refused(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	return redis.HasErrorPrefix(err, "NOPERM") || strings.HasPrefix(err.Error(), "ERR unknown command")
+}
+
+// sentinel reports whether c is a connection to a sentinel. go-redis runs
+// the OnConnect hook on its connections to the sentinels too. HELLO
+// without arguments (Redis 6.2 and newer, @connection, which the ACL of
+// docs/security.md grants) answers the server's mode; a server that
+// refuses it is taken for a data node.
+func sentinel(ctx context.Context, c Conn) bool {
+	hello := redis.NewCmd(ctx, "HELLO")
+	if c.Process(ctx, hello) != nil {
+		return false
+	}
+	switch v := hello.Val().(type) {
+	case map[any]any: // RESP3
+		return fmt.Sprint(v["mode"]) == "sentinel"
+	case []any: // RESP2: name, value pairs
+		for i := 0; i+1 < len(v); i += 2 {
+			if fmt.Sprint(v[i]) == "mode" {
+				return fmt.Sprint(v[i+1]) == "sentinel"
+			}
+		}
+	}
+	return false
 }
 
 // Evicts reports whether Redis may delete keys on its own.
@@ -97,67 +152,133 @@ func (p Persistence) LossWindow() string {
 // every reconnect or failover), and the client every guardEvery, for a
 // maxmemory-policy that evicts. Unless eviction is allowed, the first such
 // finding ends Run with an error and the daemon stops: an evicting Redis
-// loses acknowledged envelopes silently.
+// loses acknowledged envelopes silently. A policy Redis will not tell
+// (ErrPolicyHidden) stops the daemon too, unless the options say the
+// operator checked it: the guard is never off without saying so.
 type Guard struct {
-	allow bool
+	opt   GuardOptions
 	log   hclog.Logger
 	bad   chan error
 	mu    sync.Mutex
 	last  Persistence // last logged, to log changes once
-	warn  bool        // logged that the settings cannot be read
+	state string      // one of GuardStates
+	warn  string      // the last warning logged, to log each once
 }
 
-// NewGuard returns a guard; allowEviction downgrades an evicting policy
-// to a warning.
-func NewGuard(allowEviction bool, log hclog.Logger) *Guard {
-	return &Guard{allow: allowEviction, log: log, bad: make(chan error, 1)}
+// GuardOptions are the operator's choices.
+type GuardOptions struct {
+	// AllowEviction downgrades an evicting policy to a warning.
+	AllowEviction bool
+	// SkipHidden accepts a Redis that will not tell its policy: the
+	// operator has checked it (redis.eviction_check: skip).
+	SkipHidden bool
 }
 
-// OnConnect is the go-redis hook. It never fails the connection: a Redis
-// that will not say its settings (CONFIG and INFO refused) is warned about.
+// The guard's states, as the delayd_redis_eviction_guard metric exports
+// them: on (the policy was read and is noeviction), allowed (it evicts, as
+// redis.allow_eviction permits), skipped (Redis will not tell it, as
+// redis.eviction_check: skip permits) and unknown (not read yet: Redis
+// not reachable since the start).
+const (
+	GuardOn      = "on"
+	GuardAllowed = "allowed"
+	GuardSkipped = "skipped"
+	GuardUnknown = "unknown"
+)
+
+// GuardStates lists the states in the order the metric exports them.
+var GuardStates = []string{GuardOn, GuardAllowed, GuardSkipped, GuardUnknown}
+
+// NewGuard returns a guard in state unknown.
+func NewGuard(opt GuardOptions, log hclog.Logger) *Guard {
+	return &Guard{opt: opt, log: log, bad: make(chan error, 1), state: GuardUnknown}
+}
+
+// State is the guard's state, one of GuardStates.
+func (g *Guard) State() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state
+}
+
+// OnConnect is the go-redis hook. It never fails the connection: what it
+// finds reaches Run, which stops the daemon.
 func (g *Guard) OnConnect(ctx context.Context, cn *redis.Conn) error {
 	g.Check(ctx, cn)
 	return nil
 }
 
 // Check reads c's settings, logs them when they change, and reports an
-// evicting policy. It returns the error it reported, if any.
+// evicting policy, or one Redis will not tell unless that is accepted. It
+// returns the error it reported, if any; a Redis it could not ask
+// (unreachable, a timeout) is warned about and left to the next check.
 func (g *Guard) Check(ctx context.Context, c Conn) error {
 	p, err := ReadPersistence(ctx, c)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if err != nil {
-		if !g.warn {
-			g.log.Warn("cannot read Redis persistence settings; make sure maxmemory-policy is noeviction", "error", err)
-			g.warn = true
-		}
+	if errors.Is(err, errSentinel) {
 		return nil
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrPolicyHidden) && g.opt.SkipHidden:
+		g.state = GuardSkipped
+		g.warnOnce("THE EVICTION GUARD IS OFF: Redis does not tell its maxmemory-policy; redis.eviction_check: skip says it was "+
+			"checked to be noeviction. Acknowledged envelopes are lost without a trace if Redis evicts", err)
+		return nil
+	case errors.Is(err, ErrPolicyHidden):
+		err = fmt.Errorf("%w; grant the delayd user INFO, as the ACL of docs/security.md does, "+
+			"or, having made sure that maxmemory-policy is noeviction, set redis.eviction_check: skip", err)
+		g.report(err)
+		return err
+	case err != nil:
+		g.warnOnce("cannot read Redis's maxmemory-policy yet; it is checked on every new connection and every "+guardEvery.String(), err)
+		return nil
+	}
+	g.warn = ""
 	if p != g.last {
 		g.last = p
 		g.log.Info("Redis persistence", "maxmemory-policy", p.EvictionPolicy, "appendonly", p.AppendOnly,
 			"appendfsync", p.AppendFsync, "save", p.Save, "loss window on a Redis crash", p.LossWindow())
-		if p.Evicts() && g.allow {
+		if p.Evicts() && g.opt.AllowEviction {
 			g.log.Warn("REDIS MAY EVICT KEYS: maxmemory-policy is " + p.EvictionPolicy + "; acknowledged envelopes can be lost without a trace (allowed by redis.allow_eviction)")
 		}
 	}
-	if p.Evicts() && !g.allow {
+	switch {
+	case !p.Evicts():
+		g.state = GuardOn
+	case g.opt.AllowEviction:
+		g.state = GuardAllowed
+	default:
 		err := fmt.Errorf("store: Redis maxmemory-policy is %q: it may delete acknowledged envelopes; set maxmemory-policy noeviction (or redis.allow_eviction: true to accept the loss)", p.EvictionPolicy)
-		select {
-		case g.bad <- err:
-		default:
-		}
+		g.report(err)
 		return err
 	}
 	return nil
+}
+
+// report hands err to Run, which stops the daemon with it.
+func (g *Guard) report(err error) {
+	select {
+	case g.bad <- err:
+	default:
+	}
+}
+
+// warnOnce logs msg unless it was the last warning logged.
+func (g *Guard) warnOnce(msg string, err error) {
+	if g.warn != msg {
+		g.warn = msg
+		g.log.Warn(msg, "error", err)
+	}
 }
 
 // guardEvery is how often Run re-reads the settings: a policy changed with
 // CONFIG SET on a live Redis opens no new connection.
 const guardEvery = 10 * time.Second
 
-// Run re-checks c every guardEvery until an evicting policy is found, and
-// returns it as an error.
+// Run re-checks c every guardEvery until a check reports an error (an
+// evicting policy, or one Redis will not tell unless that is accepted),
+// and returns it.
 func (g *Guard) Run(ctx context.Context, c Conn) error {
 	t := time.NewTicker(guardEvery)
 	defer t.Stop()
