@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -29,6 +30,7 @@ func TestMain(m *testing.M) {
 	if shared.dir != "" {
 		_ = os.RemoveAll(shared.dir)
 	}
+	releaseDirs.Range(func(dir, _ any) bool { _ = os.RemoveAll(dir.(string)); return true })
 	os.Exit(code)
 }
 
@@ -100,4 +102,48 @@ func TestSoaksRunInCI(t *testing.T) {
 	if n == 0 {
 		t.Fatal("found no test gated by soak(): the pattern went stale")
 	}
+}
+
+// previousRelease is the commit of the release before the stored-format
+// switch: the daemon a rolling upgrade meets (docs/operations.md,
+// Upgrading).
+const previousRelease = "9095ff6"
+
+// releases are daemon binaries built from earlier commits, once per run;
+// TestMain removes their source trees.
+var (
+	releases    sync.Map // commit → func() (string, error)
+	releaseDirs sync.Map // source tree → true
+)
+
+// releaseBinary builds ./cmd/delayd as it was at commit, from this
+// repository's history, the way go install builds it (GOWORK=off).
+func releaseBinary(t testing.TB, commit string) string {
+	t.Helper()
+	build, _ := releases.LoadOrStore(commit, sync.OnceValues(func() (string, error) {
+		src, err := os.MkdirTemp("", "delayd-release-")
+		if err != nil {
+			return "", err
+		}
+		releaseDirs.Store(src, true)
+		archive := exec.Command("sh", "-c", "cd \"$(git rev-parse --show-toplevel)\" && git archive "+commit+" | tar -x -C "+src)
+		if out, err := archive.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("commit %s is not in this clone (git archive: %v: %s)", commit, err, out)
+		}
+		bin := filepath.Join(src, "delayd-"+commit)
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/delayd")
+		cmd.Dir, cmd.Env = src, append(os.Environ(), "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build at %s: %v\n%s", commit, err, out)
+		}
+		return bin, nil
+	}))
+	bin, err := build.(func() (string, error))()
+	if err != nil {
+		if os.Getenv("CI") != "true" && strings.Contains(err.Error(), "not in this clone") {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	return bin
 }

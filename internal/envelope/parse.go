@@ -51,6 +51,7 @@ const (
 const (
 	CodeBadRequest  = 400
 	CodeForbidden   = 403
+	CodeConflict    = 409 // an operator request the fleet cannot carry out now
 	CodeTooLarge    = 413
 	CodeUnavailable = 503
 )

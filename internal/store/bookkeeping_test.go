@@ -2,10 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestTokensNeverRepeat: an envelope claimed, replaced by a version due at
@@ -318,4 +321,59 @@ func TestClaimBytes(t *testing.T) {
 		t.Fatalf("four claims handed out %v, want one of each shard", seen)
 	}
 	mustBeConsistent(t, s)
+}
+
+// TestReplayWaitsForThePreviousRelease: a live member that announces no
+// format (a scanner of the release before the format switch) reads the
+// attempts entry only as "n"; while it lives, Replay refuses and changes
+// nothing, and once it left, the replay keeps the count and grants a fresh
+// budget ("n/n"). A member that announces is not one of those.
+func TestReplayWaitsForThePreviousRelease(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	rdb := s.rdb
+	k := s.keys[s.Shard("x")]
+	schedule(t, s, Item{ID: "x", Absolute: true, AtMicros: 1000, Data: enc("x")})
+	rdb.ZRem(ctx, k.due, "x")
+	rdb.ZAdd(ctx, k.dead, redis.Z{Score: 1, Member: "x"})
+	rdb.HSet(ctx, k.attempts, "x", "3")
+	if _, _, err := s.Heartbeat(ctx, "new", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AgreeFormats(ctx, "new", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Replay(ctx, []string{"x"}); err != nil || n != 1 {
+		t.Fatalf("replay with every member announcing: %d, %v", n, err)
+	}
+	if a := rdb.HGet(ctx, k.attempts, "x").Val(); a != "3/3" {
+		t.Fatalf("attempts after a replay: %q, want 3/3", a)
+	}
+	rdb.ZRem(ctx, k.due, "x")
+	rdb.ZAdd(ctx, k.dead, redis.Z{Score: 1, Member: "x"})
+	rdb.HSet(ctx, k.attempts, "x", "3")
+
+	old := New(rdb, "t", 4) // shares the namespace: only its heartbeat is used
+	if _, _, err := old.Heartbeat(ctx, "old", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AgreeFormats(ctx, "new", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Replay(ctx, []string{"x"}); !errors.Is(err, ErrOlderDaemon) || n != 0 {
+		t.Fatalf("replay beside an unannounced member: %d, %v; want ErrOlderDaemon", n, err)
+	}
+	if a := rdb.HGet(ctx, k.attempts, "x").Val(); a != "3" || rdb.ZScore(ctx, k.dead, "x").Err() != nil {
+		t.Fatalf("a refused replay changed x: attempts %q", a)
+	}
+	if _, _, err := old.Heartbeat(ctx, "old", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AgreeFormats(ctx, "new", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Replay(ctx, []string{"x"}); err != nil || n != 1 {
+		t.Fatalf("replay once the older daemon left: %d, %v", n, err)
+	}
 }

@@ -118,16 +118,38 @@ func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) 
 		return int(s.write.Load()), nil
 	}
 	w := s.newest
+	announced := make(map[string]bool, len(raw)-1)
 	for _, m := range raw[1:] {
 		v, _ := m.(string)
-		f, _, _ := strings.Cut(v, ":")
+		f, member, _ := strings.Cut(v, ":")
 		if n, err := strconv.Atoi(f); err == nil {
 			w = min(w, max(n, FormatHeader))
 		}
+		announced[member] = true
 	}
 	s.write.Store(int32(w))
+	// A live member that announces no format is a daemon of the release
+	// before the format switch (9095ff6 and earlier): it reads an attempts
+	// entry only as "n", and would take a replay's "n/b" for 0 and deliver
+	// the envelope as attempt 1. While one lives, Replay refuses.
+	members, err := s.rdb.ZRangeWithScores(ctx, membersKey(s.ns), 0, -1).Result()
+	if err != nil {
+		s.failed(err)
+		return w, fmt.Errorf("store: read the members: %w", err)
+	}
+	now := float64(asInt(raw[0]))
+	legacy := false
+	for _, m := range members {
+		id, _ := m.Member.(string)
+		legacy = legacy || (m.Score > now && !announced[id])
+	}
+	s.plainAttempts.Store(legacy)
 	return w, nil
 }
+
+// PlainAttempts reports whether a live member reads attempts entries only
+// as "n" (AgreeFormats), so that Replay refuses.
+func (s *Store) PlainAttempts() bool { return s.plainAttempts.Load() }
 
 // RunFormats keeps this daemon's announcement fresh every third of ttl
 // until ctx is done, then withdraws it. It logs each change of the

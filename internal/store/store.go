@@ -5,6 +5,7 @@ package store
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -31,6 +32,9 @@ type Store struct {
 	// format it writes now (AgreeFormats).
 	newest int
 	write  atomic.Int32
+	// plainAttempts: a live member of the release before the format
+	// switch reads attempts entries only as "n" (AgreeFormats).
+	plainAttempts atomic.Bool
 	// hint picks the k of a claim's token (keys.go); tests narrow it.
 	hint func() int
 	// seenFor is how long a shard remembers a stream message it stored.
@@ -311,9 +315,23 @@ var replayLua string
 // replayScript moves dead envelopes back to due (lua/replay.lua).
 var replayScript = newScript("allow-oom", replayLua)
 
-// Replay moves the given dead ids back to due at once with a fresh attempt
-// count, and returns how many were dead.
+// ErrOlderDaemon refuses a replay while a daemon of the release before the
+// format switch is live (PlainAttempts).
+var ErrOlderDaemon = errors.New("a daemon of the release before 0.2 (which announces no stored format) is live: " +
+	"its scanner counts a replayed envelope's attempts from 0, or buries it again at once; " +
+	"finish the rolling upgrade, then replay")
+
+// Replay moves the given dead ids back to due at once, their attempt
+// numbers going on where they were, with a fresh budget of tries, and
+// returns how many were dead. The budget is recorded as "n/b" (keys.go),
+// which the release before the format switch cannot read: it has no
+// budget apart from the count, so while one of its daemons lives (it
+// would deliver the replay as attempt 1, or bury it again at its first
+// claim) the replay is refused with ErrOlderDaemon and nothing changes.
 func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
+	if s.plainAttempts.Load() {
+		return 0, fmt.Errorf("store: replay: %w", ErrOlderDaemon)
+	}
 	cmds, err := s.perShard(ctx, replayScript, ids)
 	if err != nil {
 		return 0, err
