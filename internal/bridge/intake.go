@@ -65,6 +65,10 @@ type IntakeOptions struct {
 	// JetStream are the target patterns delivered with JetStream (their
 	// deliveries carry a Nats-Msg-Id, which counts against max_payload).
 	JetStream []string
+	// Resends: delivered requests are remembered by the store
+	// (intake.dedupe_window), so a one-shot with a publisher's id carries
+	// its request's fingerprint, and a resend is answered, not stored.
+	Resends bool
 	// Now is the local clock, used only for the coarse limit checks on
 	// Delayd-At and to time a request from receipt to reply; due times are
 	// Redis time. Injected so tests can skew it.
@@ -156,7 +160,7 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 	}
 	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes),
-		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now}}
+		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
 }
 
 // AdminSubject is the prefix of the operator endpoints (get, list, stats,
@@ -271,10 +275,18 @@ func (in *Intake) flush(batch []pending) {
 	for i, p := range batch {
 		err := errs[i]
 		if err == nil {
-			in.waker.Wake(in.store.Shard(p.item.ID), due[i])
+			at := due[i]
+			if at < 0 {
+				// A resend of a request delivered already: answered with
+				// the due time it had, nothing stored.
+				at = -at
+				in.resent(p.item.ID)
+			} else {
+				in.waker.Wake(in.store.Shard(p.item.ID), at)
+			}
 			in.count(0)
 			if p.reply.subject != "" {
-				replies[i] = appendScheduled(make([]byte, 0, 56+len(p.item.ID)), p.item.ID, due[i])
+				replies[i] = appendScheduled(make([]byte, 0, 56+len(p.item.ID)), p.item.ID, at)
 			}
 			continue
 		}
@@ -488,4 +500,9 @@ func (in *Intake) cancelled(result string) {
 
 func (in *Intake) count(code int) {
 	in.obs.Received(code)
+}
+
+// resent logs a resend of a delivered request, answered without storing.
+func (in *Intake) resent(id string) {
+	in.log.Debug("a resend of a request delivered already: answered with its due time, not stored again", "id", id)
 }

@@ -62,6 +62,8 @@ type StreamOptions struct {
 	Policy       envelope.Policy
 	JetStream    []string
 	Now          func() time.Time
+	// Resends: as IntakeOptions.Resends.
+	Resends bool
 }
 
 // pullSize is how much the consumer keeps requested: Pull messages, and
@@ -144,7 +146,7 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 	}
 	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan streamItem, 2*opt.Pull), held: newHeldBytes(opt.PullBytes),
-		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now}}
+		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
 }
 
 // Run sets the stream and consumer up (retrying while NATS or JetStream is

@@ -164,8 +164,10 @@ func (s *StreamIntake) flush(batch []streamItem) {
 			}
 			continue
 		}
-		if due[i] == 0 {
-			again++ // stored by an earlier delivery whose ack was lost
+		if due[i] <= 0 {
+			// Stored by an earlier delivery whose ack was lost, or a resend
+			// of a request delivered already (its due time, negated).
+			again++
 		} else {
 			s.waker.Wake(s.store.Shard(b.item.ID), due[i])
 		}

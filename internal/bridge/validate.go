@@ -18,6 +18,9 @@ type validator struct {
 	policy    envelope.Policy
 	jetStream []string // targets.jetstream: their deliveries carry a Nats-Msg-Id
 	now       func() time.Time
+	// resends: delivered requests are remembered (intake.dedupe_window),
+	// so a one-shot with a publisher's id carries its fingerprint.
+	resends bool
 }
 
 // item validates a schedule and turns it into a store item. newID names
@@ -40,6 +43,11 @@ func (v validator) itemAt(h map[string][]string, data []byte, newID func() (stri
 	if err != nil {
 		return store.Item{}, err
 	}
+	if v.resends && r.ID != "" && r.Series == nil {
+		// A generated id can never be resent, and a series lives on
+		// under its id: only a publisher's one-shot can be a resend.
+		r.Request = r.Fingerprint()
+	}
 	if r.ID == "" {
 		if r.ID, err = newID(); err != nil {
 			return store.Item{}, err
@@ -53,7 +61,7 @@ func (v validator) itemAt(h map[string][]string, data []byte, newID func() (stri
 				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)}
 		}
 	}
-	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope), Series: r.Series != nil}
+	it := store.Item{ID: r.ID, Data: envelope.Encode(r.Envelope), Series: r.Series != nil, Request: r.Request}
 	if r.HasAt {
 		// Round up to the µs so that rounding never makes it early.
 		it.Absolute, it.AtMicros = true, ceilMicros(r.At.UnixMicro(), r.At.Nanosecond()%1000)

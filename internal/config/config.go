@@ -188,6 +188,11 @@ type Intake struct {
 	// (beyond which it drops requests: their publishers time out and
 	// retry). 0 derives it: 32 MiB, or a sixteenth of the Go memory limit.
 	PendingBytes int64 `koanf:"pending_bytes"`
+	// DedupeWindow is how long after its due time a delivered envelope
+	// with a publisher's Delayd-Id is remembered: a resend of the same
+	// request (a client retrying after a 504 or a timeout) is answered
+	// with the due time it had instead of scheduled again. 0 turns it off.
+	DedupeWindow time.Duration `koanf:"dedupe_window"`
 	// Stream is the durable intake: a JetStream stream that holds
 	// envelopes published to <subject>.intake while no delayd runs.
 	Stream Stream `koanf:"stream"`
@@ -304,7 +309,7 @@ func Default() Config {
 			// A shard every minute: 16 shards are all checked in 16 min.
 			CheckInterval: time.Minute,
 		},
-		Intake: Intake{Batch: 256, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Replicas: 1,
+		Intake: Intake{Batch: 256, DedupeWindow: time.Minute, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Replicas: 1,
 			Pull: 1024, AckWait: 30 * time.Second, RetryDelay: time.Second}},
 		Limits: Limits{
 			MaxPayload:     0, // the NATS server's max_payload

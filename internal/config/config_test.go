@@ -220,3 +220,20 @@ func TestValidateWait(t *testing.T) {
 		})
 	}
 }
+
+// intake.dedupe_window is off at 0, else bounded: a tombstone per
+// delivered id lives for the window, so 25h is refused, as is 1ms.
+func TestValidateDedupeWindow(t *testing.T) {
+	for _, tc := range []struct {
+		w  time.Duration
+		ok bool
+	}{{0, true}, {time.Second, true}, {2 * time.Minute, true}, {24 * time.Hour, true},
+		{time.Millisecond, false}, {25 * time.Hour, false}, {-time.Second, false}} {
+		c := Default()
+		c.Intake.DedupeWindow = tc.w
+		err := c.Validate()
+		if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "intake.dedupe_window:")) {
+			t.Errorf("dedupe_window %s: %v, want ok %v", tc.w, err, tc.ok)
+		}
+	}
+}

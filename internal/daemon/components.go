@@ -86,7 +86,7 @@ func (p *parts) intakes() ([]component, error) {
 	in := bridge.NewIntake(p.in, p.st, p.insp, p.sc, p.metrics, bridge.IntakeOptions{
 		Subject: c.Subject, Version: p.opt.version, Batch: c.Intake.Batch, Linger: c.Intake.Linger,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: p.opt.now,
-		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c),
+		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c), Resends: c.Intake.DedupeWindow > 0,
 	}, p.log.Named("intake"))
 	return append(comps, component{"intake", in.Run}), nil
 }
@@ -108,7 +108,7 @@ func (p *parts) newStreamIntake() (*bridge.StreamIntake, error) {
 	return bridge.NewStreamIntake(nc, p.st, p.sc, p.metrics, bridge.StreamOptions{
 		Subject: c.Subject, Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas,
 		MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
-		Batch: c.Intake.Batch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now,
+		Batch: c.Intake.Batch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now, Resends: c.Intake.DedupeWindow > 0,
 	}, p.log.Named("stream")), nil
 }
 

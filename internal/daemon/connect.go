@@ -83,7 +83,8 @@ func (p *parts) newStore(ctx context.Context) error {
 }
 
 func (p *parts) storeOptions() []store.Option {
-	opts := slices.Concat(p.opt.store, []store.Option{store.WithStreamMemory(p.c.StreamDedupeWindow())})
+	opts := slices.Concat(p.opt.store, []store.Option{store.WithStreamMemory(p.c.StreamDedupeWindow()),
+		store.WithResendMemory(p.c.Intake.DedupeWindow)})
 	if r := p.c.Redis; r.WaitReplicas > 0 || r.WaitLocalFsync {
 		opts = append(opts, store.WithWait(store.WaitOptions{Replicas: r.WaitReplicas, Timeout: r.WaitTimeout,
 			LocalFsync: r.WaitLocalFsync, Observer: p.metrics}))

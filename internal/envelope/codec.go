@@ -2,6 +2,7 @@ package envelope
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -25,6 +26,13 @@ type Envelope struct {
 	// from a due time hours ago. It travels in the stored value as the
 	// header headerStored, which Decode takes out again.
 	Stored time.Time
+	// Request is the fingerprint of the request that scheduled it
+	// (Request.Fingerprint), kept for a one-shot with a publisher's id
+	// while resends are remembered (intake.dedupe_window): once delivered,
+	// the id's tombstone holds it, and a resend of the same request is
+	// answered instead of scheduled again. It travels in the stored value
+	// as the header headerRequest, which Decode takes out again.
+	Request string
 }
 
 // headerStored carries Envelope.Stored in a stored value. No request can
@@ -32,6 +40,10 @@ type Envelope struct {
 // it never reaches a target; a format-2 reader that predates it (an older
 // daemon during an upgrade) delivers it as a plain header.
 const headerStored = "Delayd-Stored"
+
+// headerRequest carries Envelope.Request (hex) in a stored value, like
+// headerStored: no request can set it, and Decode removes it.
+const headerRequest = "Delayd-Request"
 
 // Layout of the stored value, format 2:
 //
@@ -57,10 +69,15 @@ var ErrCorrupt = errors.New("envelope: corrupt or unknown encoding")
 
 // Encode returns the stored form of e, in format 2. A Series must be valid.
 func Encode(e Envelope) []byte {
-	if !e.Stored.IsZero() {
-		h := make(map[string][]string, len(e.Header)+1)
+	if !e.Stored.IsZero() || e.Request != "" {
+		h := make(map[string][]string, len(e.Header)+2)
 		maps.Copy(h, e.Header)
-		h[headerStored] = []string{strconv.FormatInt(e.Stored.UnixMilli(), 10)}
+		if !e.Stored.IsZero() {
+			h[headerStored] = []string{strconv.FormatInt(e.Stored.UnixMilli(), 10)}
+		}
+		if e.Request != "" {
+			h[headerRequest] = []string{hex.EncodeToString([]byte(e.Request))}
+		}
 		e.Header = h
 	}
 	var series []byte
@@ -152,6 +169,16 @@ func Decode(b []byte) (Envelope, error) {
 		}
 		e.Stored = time.UnixMilli(ms)
 		if delete(e.Header, headerStored); len(e.Header) == 0 {
+			e.Header = nil
+		}
+	}
+	if vs, ok := e.Header[headerRequest]; ok {
+		fp, err := hex.DecodeString(vs[0])
+		if len(vs) != 1 || err != nil || len(fp) != fingerprintLen {
+			return Envelope{}, fmt.Errorf("%w: %s %q", ErrCorrupt, headerRequest, vs)
+		}
+		e.Request = string(fp)
+		if delete(e.Header, headerRequest); len(e.Header) == 0 {
 			e.Header = nil
 		}
 	}

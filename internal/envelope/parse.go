@@ -3,8 +3,13 @@
 package envelope
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -113,6 +118,46 @@ type Request struct {
 	At    time.Time
 	Delay time.Duration
 	HasAt bool
+}
+
+// fingerprintLen is the length of a request's fingerprint: 64 bits of
+// SHA-256, as the tombstone of a delivered id keeps it.
+const fingerprintLen = 8
+
+// Fingerprint identifies what the request asks for: its target, payload,
+// the headers that travel, a series' rule, and its Delayd-At time or
+// Delayd-Delay duration as given (so a relative delay resent later still
+// matches). Not the id, and not when it was accepted. Two requests with
+// the same fingerprint are one request sent twice.
+func (r Request) Fingerprint() string {
+	h := sha256.New()
+	field := func(s string) {
+		var n [binary.MaxVarintLen64]byte
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		h.Write([]byte(s))
+	}
+	field(r.Target)
+	keys := slices.Sorted(maps.Keys(r.Header))
+	field(strconv.Itoa(len(keys)))
+	for _, k := range keys {
+		field(k)
+		field(strconv.Itoa(len(r.Header[k])))
+		for _, v := range r.Header[k] {
+			field(v)
+		}
+	}
+	if r.Series != nil {
+		field("series:" + r.Series.String())
+	}
+	if r.HasAt {
+		field("at:" + strconv.FormatInt(r.At.UnixNano(), 10))
+	} else {
+		field("delay:" + strconv.FormatInt(int64(r.Delay), 10))
+	}
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(r.Payload)))])
+	h.Write(r.Payload)
+	return string(h.Sum(nil)[:fingerprintLen])
 }
 
 // storedAfter is how far in the past a Delayd-At must lie for the envelope

@@ -135,6 +135,10 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 // could not be decoded.
 func (s *Scanner) outcome(c claimed, d *envelope.Delivery, fail error) (store.Settle, *envelope.Delivery) {
 	st := store.Settle{ID: c.ID, Token: c.Token, Outcome: store.Delivered}
+	if fail == nil && d != nil && d.Series == nil && d.Request != "" {
+		// Its tombstone answers a resend of the same request (store.Ack).
+		st.Request, st.DueMs = d.Request, c.DueMs
+	}
 	switch {
 	case fail == nil && d != nil && d.Series != nil:
 		s.nextOccurrence(&st, *d)

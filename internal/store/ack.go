@@ -40,6 +40,11 @@ type Settle struct {
 	// RetryDelay, if > 0, replaces Ack's retry delay for this one (Retry,
 	// Postpone).
 	RetryDelay time.Duration
+	// Request is the delivered one-shot's request fingerprint
+	// (envelope.Envelope.Request), kept as its tombstone at DueMs, its
+	// original due time, while resends are remembered (WithResendMemory).
+	Request string
+	DueMs   int64
 }
 
 // Acked is what an Ack did.
@@ -82,11 +87,16 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 			case Next:
 				op = "n:" + strconv.FormatInt(it.NextDueMs, 10)
 			}
+			errOrFP := it.Error
+			if (op == string(Delivered)) && it.Request != "" && s.resends > 0 {
+				op = "t:" + strconv.FormatInt(it.DueMs, 10) + ":" + strconv.FormatInt(s.resends.Milliseconds(), 10)
+				errOrFP = it.Request
+			}
 			delay := ""
 			if it.RetryDelay > 0 {
 				delay = strconv.FormatInt(it.RetryDelay.Milliseconds(), 10)
 			}
-			args = append(args, it.ID, it.Token, op, it.Error, delay)
+			args = append(args, it.ID, it.Token, op, errOrFP, delay)
 		}
 		return s.keys[calls[i].shard].list(), args
 	})

@@ -8,7 +8,7 @@ import (
 
 // shardKeys are the Redis keys of one shard. They share the hash tag
 // "{<ns>:<shard>}" so that every script touches a single Cluster slot. The
-// shard scripts (lua/) get the first eight in KEYS, in the order of list,
+// shard scripts (lua/) get the first nine in KEYS, in the order of list,
 // and name them as the fields are named here.
 //
 // Invariants of one shard's keys (checked by Check and the model test):
@@ -61,7 +61,14 @@ type shardKeys struct {
 	// the stream's redelivery horizon: ZSET "<stream seq>@<publish time
 	// ns>" → expiry ms. A redelivery of a message already stored is not
 	// stored again.
-	seen  string
+	seen string
+	// done holds the tombstones of delivered ids whose request is
+	// remembered (Store's dedupe window): ZSET "<fingerprint><id>" → the
+	// due ms the id had. The 8 bytes of the request's fingerprint come
+	// first, so a resend finds its own tombstone with one ZSCORE. Kept
+	// until the due time + the window; a resend of the same request then
+	// is answered with that due time and stores nothing.
+	done  string
 	owner string // STRING id of the daemon scanning the shard, with a TTL
 	// fence is written (with a 60 s TTL) before a WAIT that follows
 	// scripts that may have written nothing (wait.go).
@@ -81,10 +88,11 @@ func keysFor(ns string, shard int) shardKeys {
 		errors:   tag + "errors",
 		lease:    tag + "lease",
 		seen:     tag + "seen",
+		done:     tag + "done",
 		owner:    tag + "owner",
 		fence:    tag + "fence",
 	}
-	k.all = []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen}
+	k.all = []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen, k.done}
 	return k
 }
 

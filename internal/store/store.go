@@ -39,6 +39,9 @@ type Store struct {
 	hint func() int
 	// seenFor is how long a shard remembers a stream message it stored.
 	seenFor time.Duration
+	// resends is how long after its due time a delivered id's tombstone
+	// answers a resend of its request (0: resends are not remembered).
+	resends time.Duration
 	// claimTurn picks the first shard of a byte-bounded claim that may
 	// hand out one envelope beyond its share; claimMax is the largest
 	// value the last claim handed out.
@@ -70,6 +73,14 @@ func WithTokenHint(hint func() int) Option {
 // ack was lost.
 func WithStreamMemory(d time.Duration) Option {
 	return func(s *Store) { s.seenFor = d }
+}
+
+// WithResendMemory sets how long after its due time a delivered one-shot
+// with a fingerprint (Item.Request) keeps a tombstone, so that a resend of
+// the same request is answered with that due time instead of scheduled
+// again (intake.dedupe_window; 0, the default here, keeps none).
+func WithResendMemory(d time.Duration) Option {
+	return func(s *Store) { s.resends = d }
 }
 
 // New returns a store over rdb with the namespace and fixed shard count.
@@ -146,10 +157,16 @@ type Item struct {
 	// (sequence and publish time), "" for a request: a shard that stored
 	// it already does not store it again (Schedule returns due 0).
 	StreamMsg string
+	// Request is the request's fingerprint (envelope.Request.Fingerprint)
+	// for a one-shot with a publisher's id, "" otherwise: an id not stored
+	// whose tombstone holds it is a resend of a delivered request
+	// (WithResendMemory), answered with its due time and not stored.
+	Request string
 }
 
 // Schedule upserts items and returns each one's due time in ms since the
-// epoch (0 for a stream message stored already, which is left as it is),
+// epoch (0 for a stream message stored already, which is left as it is;
+// the due time it had, negated, for a resend of a delivered request),
 // and per item the error that kept it from being stored (nil when
 // stored). An error wraps ErrNotWritten when the item is certainly not
 // stored, else ErrOutcomeUnknown. On a single Redis the whole batch is one
@@ -167,7 +184,7 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 	ctx, req := s.waitCtx(ctx, OpSchedule)
 	var fences []int // shards whose calls may write nothing (wait.go)
 	mark := markOf(int(s.write.Load()))
-	lead := []any{int(mark), s.seenFor.Milliseconds()}
+	lead := []any{int(mark), s.seenFor.Milliseconds(), s.resends.Milliseconds()}
 	for i, it := range items {
 		sh := s.Shard(it.ID)
 		c := byShard[sh]
@@ -177,7 +194,7 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 				// single Redis); a Cluster's call per shard grows as needed.
 				size := len(lead)
 				if !s.cluster {
-					size += 6 * len(items)
+					size += 7 * len(items)
 				}
 				c = &call{slots: map[int]int{}, args: append(make([]any, 0, size), lead...)}
 				calls = append(calls, c)
@@ -204,9 +221,14 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 			mode, us, v = "v", it.AtMicros, stampValue(mark, ceilMs(it.AtMicros), occurrence, it.Data)
 		}
 		c.idx = append(c.idx, i)
-		c.args = append(c.args, off, it.ID, mode, us, v, it.StreamMsg)
-		if req != nil && it.StreamMsg != "" && (s.cluster || len(fences) == 0) && !slices.Contains(fences, sh) {
-			// A stream message stored already is answered without a write.
+		fp := it.Request
+		if s.resends <= 0 {
+			fp = ""
+		}
+		c.args = append(c.args, off, it.ID, mode, us, v, it.StreamMsg, fp)
+		if req != nil && (it.StreamMsg != "" || fp != "") && (s.cluster || len(fences) == 0) && !slices.Contains(fences, sh) {
+			// A stream message stored already, or a resend, is answered
+			// without a write.
 			fences = append(fences, sh)
 		}
 	}
@@ -233,7 +255,7 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 			}
 			due[i] = vals[j]
 			why := short
-			if why == nil && vals[j] == 0 {
+			if why == nil && vals[j] <= 0 {
 				why = req.fenceFailed()
 			}
 			if why != nil {

@@ -5,15 +5,18 @@
 -- retry delay), "u" unreachable (like "r", but the attempt is not counted:
 -- nothing was written to the network), "d" dead (to the dead set), and
 -- "n:<due ms>" for an occurrence of a series delivered: the next
--- occurrence is due then, with fresh attempts. A non-empty error is
--- recorded.
+-- occurrence is due then, with fresh attempts, and "t:<due ms>:<window
+-- ms>" for a delivered one-shot whose request is remembered: like "a",
+-- and its error field is the request's fingerprint, kept with the id in
+-- the done set (keys.go) at its due time, and dropped window ms after it.
+-- A non-empty error is recorded.
 -- A settle whose token is not the id's current lease score is ignored: the
 -- id was replaced, cancelled, or re-claimed after its lease expired, and a
 -- stale daemon must not touch the newer claim. A settle ends the lease, so
 -- a resent settle changes nothing.
 -- Returns {now ms, number settled, number of them moved to the dead set}.
 -- Allowed over maxmemory: settling is what frees memory.
-local due, inflight, data, attempts, dead, errors = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local due, inflight, data, attempts, dead, errors, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9]
 
 local bad = checkKeys()
 if bad then return redis.error_reply(bad) end
@@ -37,18 +40,28 @@ local function holds(tok, id)
   end
   return set[id]
 end
-local settled, acked, errs, count, again, buried, nexts = {}, {}, {}, {}, {}, {}, {}
+local settled, acked, errs, count, again, buried, nexts, tombs = {}, {}, {}, {}, {}, {}, {}, {}
+local forget = nil -- the oldest due time a tombstone is still kept for
 -- Every read comes before any write: an id settled twice in one call
 -- must count once, as it would across two calls.
-local done = {}
+local handled = {}
 for j, id in ipairs(ids) do
   local k = 2 + (j - 1) * 5
   local token, op, err, delay = ARGV[k+1], ARGV[k+2], ARGV[k+3], ARGV[k+4]
-  if not done[id] and holds(token, id) then
-    done[id] = true
+  if not handled[id] and holds(token, id) then
+    handled[id] = true
     settled[#settled+1] = id
     if op == 'a' then
       acked[#acked+1] = id
+    elseif string.sub(op, 1, 2) == 't:' then
+      acked[#acked+1] = id
+      local dueMs, window = string.match(op, '^t:(%d+):(%d+)$')
+      if dueMs and err ~= '' then
+        tombs[#tombs+1] = tonumber(dueMs)
+        tombs[#tombs+1] = err .. id
+        local oldest = now - tonumber(window)
+        if not forget or oldest > forget then forget = oldest end
+      end
     elseif string.sub(op, 1, 2) == 'n:' then
       nexts[#nexts+1] = id
       nexts[#nexts+1] = tonumber(string.sub(op, 3))
@@ -105,6 +118,12 @@ if #restamp > 0 then
   if #fresh > 0 then chunks('HSET', data, fresh) end
   chunks('HDEL', attempts, restamp)
   chunks('HDEL', errors, restamp)
+end
+if #tombs > 0 then
+  -- Remembered before the data goes: a cut in between leaves a tombstone
+  -- beside a stored id, which a resend ignores (it replaces the id).
+  redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. forget)
+  chunks('ZADD', done, tombs)
 end
 if #acked > 0 then
   -- Retries and errors are rare: skip deleting what is not there.

@@ -1,7 +1,7 @@
 -- The prelude of every shard script: script.go puts it before each one.
 -- A shard script's KEYS are one shard's keys in the order of keys.go
 -- (shardKeys.list): due, inflight, data, attempts, dead, errors, lease,
--- seen; the schedule script takes several shards' keys, one shard after
+-- seen, done; the schedule script takes several shards' keys, one shard after
 -- the other. Each script names the keys it uses on its first lines, and
 -- reads "now" from Redis TIME, so daemons with skewed clocks agree.
 --
@@ -13,13 +13,13 @@
 -- chunked, because Lua bounds how many values one unpack may yield.
 
 -- kinds are the types of one shard's keys, in KEYS order.
-local kinds = {'zset', 'zset', 'hash', 'hash', 'zset', 'hash', 'hash', 'zset'}
+local kinds = {'zset', 'zset', 'hash', 'hash', 'zset', 'hash', 'hash', 'zset', 'zset'}
 -- checkKeys fails the script before any write if a key holds the wrong
 -- type (changed behind delayd's back), instead of part-way through.
 local function checkKeys()
   for i = 1, #KEYS do
     local t = redis.call('TYPE', KEYS[i])['ok']
-    local want = kinds[(i - 1) % 8 + 1]
+    local want = kinds[(i - 1) % #kinds + 1]
     if t ~= 'none' and t ~= want then
       return 'WRONGTYPE delayd key ' .. KEYS[i] .. ' is a ' .. t .. ', not a ' .. want
     end

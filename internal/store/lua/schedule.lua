@@ -1,11 +1,13 @@
 -- schedule upserts a batch of envelopes (Schedule, store.go). KEYS hold
--- the 8 keys of each shard the batch touches, shard after shard (one shard
+-- the 9 keys of each shard the batch touches, shard after shard (one shard
 -- under Redis Cluster, where a script must stay in one slot; any number on
 -- a single Redis, so a whole intake batch is one call).
 -- ARGV[1] is the one-shot mark of the value format to write (value.go),
--- ARGV[2] how long to remember a stream message (ms), then per envelope 6
--- values: k (KEYS offset of its shard: 0, 8, 16...), id, mode,
--- microseconds, value, stream message ("" for none): with mode "d" (delay)
+-- ARGV[2] how long to remember a stream message (ms), ARGV[3] how long a
+-- delivered id's tombstone answers a resend (ms after its due time; 0:
+-- never), then per envelope 7 values: k (KEYS offset of its shard: 0, 9,
+-- 18...), id, mode, microseconds, value, stream message ("" for none) and
+-- the request's fingerprint ("" for none): with mode "d" (delay)
 -- or "e" (delay, the first occurrence of a series) the µs are from now and
 -- the value is the encoded envelope, which the script stamps with the
 -- value header; with mode "v" the µs are since the epoch and the value is
@@ -13,8 +15,11 @@
 -- Lua costs about as much as the rest of the upsert).
 -- Returns the due time in ms of each envelope, or 0 for a stream message
 -- this shard stored already (a redelivery after a lost ack: storing it
--- again would deliver it twice, or bring back an older version). The due
--- time is rounded up to the millisecond so that a claim at "now ms" is
+-- again would deliver it twice, or bring back an older version), or minus
+-- the due time it had for a resend: an id that is not stored, whose
+-- tombstone (keys.go, done) holds the same fingerprint within the window,
+-- was delivered for this very request, and is not scheduled again. The
+-- due time is rounded up to the millisecond so that a claim at "now ms" is
 -- never early.
 -- A replace drops any claim in flight for the id: the older delivery may
 -- still go out, but its settle no longer matches a claim and changes nothing.
@@ -22,21 +27,29 @@
 
 -- shard returns the keys of the shard at KEYS offset k.
 local function shard(k)
-  return KEYS[k+1], KEYS[k+2], KEYS[k+3], KEYS[k+4], KEYS[k+5], KEYS[k+6], KEYS[k+7], KEYS[k+8]
+  return KEYS[k+1], KEYS[k+2], KEYS[k+3], KEYS[k+4], KEYS[k+5], KEYS[k+6], KEYS[k+7], KEYS[k+8], KEYS[k+9]
 end
 
 local bad = checkKeys()
 if bad then return redis.error_reply(bad) end
 local _, nowus = nowMs()
 local nowms = math.floor(nowus / 1000)
-local mark, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local mark, window, remember = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out, pruned = {}, {}
-for i = 3, #ARGV, 6 do
+for i = 4, #ARGV, 7 do
   local k = tonumber(ARGV[i])
-  local due, inflight, data, attempts, dead, errors, _, seen = shard(k)
+  local due, inflight, data, attempts, dead, errors, _, seen, done = shard(k)
   local id = ARGV[i+1]
   local msg = ARGV[i+5]
+  local fp = ARGV[i+6]
   local again = false
+  local resent = nil
+  if fp ~= '' and remember > 0 then
+    local was = redis.call('ZSCORE', done, fp .. id)
+    if was and tonumber(was) + remember >= nowms and redis.call('HEXISTS', data, id) == 0 then
+      resent = tonumber(was)
+    end
+  end
   if msg ~= '' then
     if not pruned[k] then
       redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
@@ -46,6 +59,8 @@ for i = 3, #ARGV, 6 do
   end
   if again then
     out[#out+1] = 0
+  elseif resent then
+    out[#out+1] = -resent
   else
     local us = tonumber(ARGV[i+3])
     local mode = ARGV[i+2]

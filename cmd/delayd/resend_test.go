@@ -1,0 +1,76 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+// TestResendOfADeliveredEnvelope: a client that resends its request with
+// the same id after the envelope was delivered (it got a 504 or timed out
+// the first time, as across a Redis failover) is answered with the
+// deliver_at the envelope had, and nothing is delivered twice, for a
+// Delayd-At and for a Delayd-Delay resent later alike. A request that
+// differs is a new version, delivered again. Before intake.dedupe_window
+// each resend was stored again and delivered as attempt 1.
+func TestResendOfADeliveredEnvelope(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cfg()
+	defer e.startDaemon(c)()
+	nc := e.conn()
+	defer nc.Close()
+	s := e.sink(nc, "resend.t")
+
+	at := time.Now().Add(50 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	requests := map[string][]string{
+		"at":    {"Delayd-Target", "resend.t", "Delayd-At", at, "Delayd-Id", "r-at", "X-Trace", "t1"},
+		"delay": {"Delayd-Target", "resend.t", "Delayd-Delay", "50ms", "Delayd-Id", "r-delay"},
+	}
+	deliverAt := map[string]string{}
+	send := func(name, payload string) string {
+		t.Helper()
+		m, err := schedule(nc, c.Subject, hdr(requests[name]...), payload)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if e := m.Header.Get("Nats-Service-Error"); e != "" {
+			t.Fatalf("%s: %s", name, e)
+		}
+		var r struct {
+			DeliverAt string `json:"deliver_at"`
+		}
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r.DeliverAt
+	}
+	for name := range requests {
+		deliverAt[name] = send(name, "p")
+	}
+	s.waitIDs([]string{"r-at", "r-delay"}, 10*time.Second)
+	quiet(t, e, c, s)
+	if got := s.get("r-at"); len(got) != 1 || got[0].header.Get("Delayd-Request") != "" {
+		t.Fatalf("r-at delivered %d times, headers %v; want once, without delayd's own", len(got), got)
+	}
+
+	for name := range requests {
+		if again := send(name, "p"); again != deliverAt[name] {
+			t.Errorf("%s resent after delivery: deliver_at %s, want the first one's %s", name, again, deliverAt[name])
+		}
+	}
+	quiet(t, e, c, s)
+	for _, id := range []string{"r-at", "r-delay"} {
+		if n := len(s.get(id)); n != 1 {
+			t.Errorf("%s delivered %d times after a resend of the same request, want 1", id, n)
+		}
+	}
+
+	// Another payload under the id is a new version.
+	send("delay", "q")
+	s.waitIDs([]string{"r-delay"}, 10*time.Second)
+	quiet(t, e, c, s)
+	if got := s.get("r-delay"); len(got) != 2 || got[1].data != "q" {
+		t.Fatalf("r-delay with another payload: %d deliveries, want a second one with q", len(got))
+	}
+}
