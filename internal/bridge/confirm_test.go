@@ -40,7 +40,7 @@ func streamMsgs(t *testing.T, s jetstream.Stream) uint64 {
 // nothing learned from an earlier answer helps.
 func TestStreamRefusalFailsDelivery(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals())
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestStreamRefusalFailsDelivery(t *testing.T) {
 // the victim, who listens the whole time, succeeds.
 func TestForgedStatusesChangeNothing(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals())
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestForgedStatusesChangeNothing(t *testing.T) {
 // interval in any case.
 func TestStreamRefusalNewStream(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals())
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,8 +94,10 @@ func connectedURL(c *nats.Conn) string { return config.RedactURL(c.ConnectedUrl(
 // outages rather than crash-loop. Connections, disconnections and failed
 // attempts are logged with the server's reason and no credentials.
 // onReconnect, if not nil, is called after each reconnection; refusals, if
-// not nil, records the server's permission refusals for a Publisher.
-func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), refusals *Refusals) (*nats.Conn, error) {
+// not nil, records the server's permission refusals for a Publisher; live,
+// if not nil, sets the pings that notice a silent path and records the
+// disconnects for a Publisher.
+func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), refusals *Refusals, live *Liveness) (*nats.Conn, error) {
 	authOpts, err := auth.options()
 	if err != nil {
 		return nil, err
@@ -106,7 +108,7 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 	// nats.go runs these handlers one at a time, on one goroutine.
 	var failed int
 	var logged time.Time
-	nc, err := nats.Connect(url, append(authOpts,
+	nc, err := nats.Connect(url, append(append(authOpts, live.options()...),
 		nats.Name(name),
 		nats.RetryOnFailedConnect(true),
 		nats.MaxReconnects(-1),
@@ -118,6 +120,7 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			live.disconnected(err)
 			if err != nil {
 				log.Warn("NATS disconnected", "url", servers, "error", err)
 			}

@@ -17,7 +17,7 @@ import (
 func TestConnectRetriesAfterAuthorizationErrors(t *testing.T) {
 	t.Parallel()
 	n := testutil.StartNATS(t, func(o *server.Options) { o.Username, o.Password = "alice", "right" })
-	nc, err := Connect(n.URL(), "delayd-test", Auth{User: "alice", Password: "wrong"}, hclog.NewNullLogger(), nil, nil)
+	nc, err := Connect(n.URL(), "delayd-test", Auth{User: "alice", Password: "wrong"}, hclog.NewNullLogger(), nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

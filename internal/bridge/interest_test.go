@@ -45,7 +45,7 @@ func TestNoInterestAttributedWithinBatch(t *testing.T) {
 		}
 	})
 	ref := NewRefusals()
-	nc, err := Connect(n.URL(), "t", Auth{User: "d", Password: "p", InboxPrefix: "_INBOX_delayd"}, hclog.NewNullLogger(), nil, ref)
+	nc, err := Connect(n.URL(), "t", Auth{User: "d", Password: "p", InboxPrefix: "_INBOX_delayd"}, hclog.NewNullLogger(), nil, ref, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestNoInterestAttributedWithinBatch(t *testing.T) {
 // makes the same target succeed.
 func TestNoInterestConcurrentBatches(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals())
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestNoInterestConcurrentBatches(t *testing.T) {
 // the reply subjects are read and dropped, batch after batch.
 func TestNoInterestStreamIsInterest(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals())
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,14 @@ type Publisher struct {
 	plain      []string // fire-and-forget patterns
 	interest   *interest
 	streams    *captors
+	// A silent path (silence.go): live records the connection's stale
+	// disconnects, probe bounds the round trip that tells silent from
+	// slow, silent says why the path counts as silent (nil: it does not).
+	live     *Liveness
+	probe    time.Duration
+	silentMu sync.Mutex
+	silent   error
+	closed   chan struct{}
 }
 
 // PublisherOptions pick how each target is delivered.
@@ -52,6 +60,13 @@ type PublisherOptions struct {
 	// Log, if not nil, tells what the publisher cannot see (the streams
 	// it cannot list, a stream's late refusal).
 	Log hclog.Logger
+	// Liveness is the one given to Connect for the connection, if any.
+	Liveness *Liveness
+	// Probe: a flush unconfirmed at its deadline is followed by one more
+	// round trip given this long; unanswered too, the path counts as
+	// silent (ErrSilent) until a round trip is answered within it again.
+	// 0: never (every unconfirmed flush is an attempt).
+	Probe time.Duration
 }
 
 // NewPublisher returns a publisher on nc, whose permission refusals are
@@ -67,7 +82,7 @@ func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publi
 		return nil, fmt.Errorf("bridge: jetstream: %w", err)
 	}
 	p := &Publisher{nc: nc, refusals: refusals, js: js, jsPatterns: o.JetStream, plain: o.FireAndForget,
-		streams: newCaptors(js, refusals, log)}
+		streams: newCaptors(js, refusals, log), live: o.Liveness, probe: o.Probe, closed: make(chan struct{})}
 	in, err := newInterest(nc, p.streams.heard)
 	if err != nil {
 		return nil, err
@@ -77,7 +92,10 @@ func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publi
 }
 
 // Close stops the interest check; the connection stays open.
-func (p *Publisher) Close() { p.interest.close() }
+func (p *Publisher) Close() {
+	close(p.closed)
+	p.interest.close()
+}
 
 // Publish sends every delivery and confirms each. A core NATS delivery is
 // confirmed by one flush round trip: the PONG comes back only after the
@@ -87,12 +105,17 @@ func (p *Publisher) Close() { p.interest.close() }
 // target a stream captures is confirmed by the stream's PubAck, and fails
 // with the stream's error when it refuses. JetStream deliveries are
 // confirmed by their PubAck; their Nats-Msg-Id (id@due) makes the stream
-// drop a redelivery inside its duplicate window.
+// drop a redelivery inside its duplicate window. A batch sent into a
+// silent path fails with ErrSilent, not an attempt (silence.go).
 func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error {
 	errs := make([]error, len(ds))
-	if !p.nc.IsConnected() {
+	if !p.nc.IsConnected() || p.Silent() != nil {
+		err := p.Silent()
+		if err == nil {
+			err = ErrNotConnected
+		}
 		for i := range errs {
-			errs[i] = ErrNotConnected
+			errs[i] = err
 		}
 		return errs
 	}
@@ -114,6 +137,16 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	}
 	core := 0
 	p.send.Lock()
+	// Also for batches that waited here while the one before found the
+	// path silent: nothing of them is written.
+	if err := p.Silent(); err != nil {
+		p.send.Unlock()
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	liveMark := p.live.mark()
 	// mark before the last error: an error recorded between the two is
 	// then after the mark, where since looks for it.
 	mark := p.refusals.mark()
@@ -143,7 +176,19 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	// PONG its future would only end at the deadline, holding every
 	// delivery behind it.
 	if core > 0 || len(futures) > 0 {
-		if err := p.nc.FlushWithContext(ctx); err != nil {
+		if err, silent := p.flush(ctx, liveMark); err != nil {
+			if silent != nil {
+				// Nothing came back from NATS: an outage, not attempts.
+				for i := range errs {
+					if errs[i] == nil {
+						errs[i] = silent
+					}
+				}
+				p.interest.unawaited(b, errs)
+				p.send.Unlock()
+				p.interest.settle(ctx, b) // ends the batch: every delivery failed
+				return errs
+			}
 			// Unconfirmed: the messages were handed to the connection and
 			// may have left, so this is an attempt (a redelivery carries a
 			// higher Delayd-Attempt), not "unreachable".
@@ -276,8 +321,8 @@ func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.D
 	}
 }
 
-// Connected reports whether NATS is connected.
-func (p *Publisher) Connected() bool { return p.nc.IsConnected() }
+// Connected reports whether NATS is connected and its path not silent.
+func (p *Publisher) Connected() bool { return p.nc.IsConnected() && p.Silent() == nil }
 
 // matchAny reports whether subject matches one of the patterns (the
 // targets.jetstream list).

@@ -141,7 +141,7 @@ func TestConcurrentBatchesKeepTheirRefusals(t *testing.T) {
 			Publish: &server.SubjectPermission{Allow: []string{"orders.>"}}}}}
 	})
 	ref := NewRefusals()
-	nc, err := Connect(n.URL(), "t", Auth{User: "d", Password: "p"}, hclog.NewNullLogger(), nil, ref)
+	nc, err := Connect(n.URL(), "t", Auth{User: "d", Password: "p"}, hclog.NewNullLogger(), nil, ref, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

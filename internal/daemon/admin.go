@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 
 	"github.com/delayd/delayd/internal/admin"
 	"github.com/delayd/delayd/internal/config"
@@ -35,12 +34,7 @@ func (p *parts) servers() ([]component, error) {
 // scanning daemon, shard ownership working (Ownership.Ready).
 func (p *parts) newAdmin() (*admin.Server, error) {
 	checks := []admin.Check{
-		{Name: "nats", Fn: func(context.Context) error {
-			if !p.natsUp() {
-				return errors.New("not connected")
-			}
-			return nil
-		}},
+		{Name: "nats", Fn: p.natsReady},
 		{Name: "redis", Fn: p.st.Ready},
 	}
 	if p.c.Mode != "intake" {

@@ -99,7 +99,7 @@ func (p *parts) newStreamIntake() (*bridge.StreamIntake, error) {
 	if !c.StreamEnabled() {
 		return nil, nil
 	}
-	nc, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-stream", p.auth, p.log.Named("nats"), nil, nil)
+	nc, err := bridge.Connect(c.NATS.URL, c.NATS.Name+"-stream", p.auth, p.log.Named("nats"), nil, nil, bridge.LivenessFor(c.Ownership.TTL))
 	if err != nil {
 		return nil, err
 	}

@@ -128,18 +128,25 @@ func (p *parts) newNATS() error {
 	if p.auth, err = NATSAuth(c); err != nil {
 		return err
 	}
-	if p.in, err = bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", p.auth, log, nil, nil); err != nil {
+	// Every connection pings at a pace derived from ownership.ttl, so a
+	// silent path is noticed in seconds, not nats.go's minutes.
+	if p.in, err = bridge.Connect(c.NATS.URL, c.NATS.Name+"-intake", p.auth, log, nil, nil, bridge.LivenessFor(c.Ownership.TTL)); err != nil {
 		return err
 	}
 	p.onClose(p.in.Close)
 	refusals := bridge.NewRefusals()
-	if p.out, err = bridge.Connect(c.NATS.URL, c.NATS.Name, p.auth, log, p.metrics.NATSReconnect, refusals); err != nil {
+	live := bridge.LivenessFor(c.Ownership.TTL)
+	if p.out, err = bridge.Connect(c.NATS.URL, c.NATS.Name, p.auth, log, p.metrics.NATSReconnect, refusals, live); err != nil {
 		return err
 	}
 	p.onClose(p.out.Close)
 	p.metrics.WatchNATS(p.natsUp)
 	p.pub, err = bridge.NewPublisher(p.out, refusals, bridge.PublisherOptions{
-		JetStream: c.Targets.JetStream, FireAndForget: c.Targets.FireAndForget, Log: p.log.Named("publish")})
+		JetStream: c.Targets.JetStream, FireAndForget: c.Targets.FireAndForget, Log: p.log.Named("publish"),
+		// A delivery's flush has half the lease from its claim; the wait
+		// that follows an unconfirmed one a quarter, so the batch is given
+		// back before its lease ends.
+		Liveness: live, Probe: c.Scanner.Lease / 4})
 	if err != nil {
 		return err
 	}
@@ -147,7 +154,19 @@ func (p *parts) newNATS() error {
 	return nil
 }
 
-// natsUp tells whether the connections this daemon's mode uses are up.
+// natsUp tells whether the connections this daemon's mode uses are up,
+// the delivery path not silent.
 func (p *parts) natsUp() bool {
-	return p.out.IsConnected() && (p.c.Mode == "scanner" || p.in.IsConnected())
+	return p.pub.Connected() && (p.c.Mode == "scanner" || p.in.IsConnected())
+}
+
+// natsReady is natsUp with the reason when it is not.
+func (p *parts) natsReady(context.Context) error {
+	switch err := p.pub.Down(); {
+	case err != nil:
+		return err
+	case p.c.Mode != "scanner" && !p.in.IsConnected():
+		return errors.New("the NATS intake connection is not connected")
+	}
+	return nil
 }

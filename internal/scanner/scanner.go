@@ -36,7 +36,8 @@ type Store interface {
 
 // Publisher delivers envelopes and confirms each: a nil error means the
 // target has the message (core NATS: flushed; JetStream: PubAck). Errors
-// wrapping ErrUnreachable mean nothing was written to the network; they do
+// wrapping ErrUnreachable mean NATS was unreachable: nothing was written,
+// or it was written into a silent path (nothing came back at all); they do
 // not count as delivery attempts. Any other error may follow a message
 // that left the process, and counts; ErrNoInterest (the server saw no
 // subscriber) gets a longer budget.
@@ -48,10 +49,12 @@ type Publisher interface {
 	Connected() bool
 }
 
-// ErrUnreachable marks a publish error where the message was never written
-// to the network (not connected when the batch was due). A message that
-// may have left (a flush that timed out, a connection lost after the
-// write) is an attempt, whatever happened to it.
+// ErrUnreachable marks a publish error during a NATS outage: the message
+// was never written (not connected when the batch was due), or written
+// into a path that proved silent (no answer to the batch's flush nor to a
+// probe after it, or pings unanswered: the bridge's ErrSilent). Any other
+// message that may have left (a flush answered late, a connection closed
+// by the server after the write) is an attempt, whatever happened to it.
 var ErrUnreachable = errors.New("unreachable")
 
 // Observer is told what happened, for metrics. Every method must be cheap.

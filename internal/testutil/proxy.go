@@ -27,6 +27,11 @@ type Fault struct {
 	// CutAfter, if positive, lets that many more bytes through on each
 	// connection, then closes it: a cut in the middle of a pipeline.
 	CutAfter int
+	// Blackhole holds every chunk, like Stall, and hides a close of the
+	// other side: while it lasts, both sockets stay open and silent, as
+	// behind a dead switch or a paused VM (no FIN, no RST passes either).
+	// Lifted, what was held goes on, as TCP retransmits it.
+	Blackhole bool
 }
 
 // Proxy is a TCP proxy in front of a real server, for injecting network
@@ -39,6 +44,8 @@ type Proxy struct {
 	faults [2]Fault
 	change chan struct{} // closed and replaced when faults change
 	conns  map[net.Conn]struct{}
+	done   chan struct{} // closed by Close
+	close  sync.Once
 }
 
 // StartProxy listens on a free loopback port and forwards to target.
@@ -48,7 +55,8 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{t: t, ln: ln, target: target, change: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	p := &Proxy{t: t, ln: ln, target: target, change: make(chan struct{}), conns: map[net.Conn]struct{}{},
+		done: make(chan struct{})}
 	go p.accept()
 	t.Cleanup(p.Close)
 	return p
@@ -64,6 +72,13 @@ func (p *Proxy) Set(d Direction, f Fault) {
 	p.faults[d] = f
 	close(p.change)
 	p.change = make(chan struct{})
+}
+
+// Blackhole holds every byte both ways, on open and new connections,
+// keeping the sockets open: a silent path until Clear.
+func (p *Proxy) Blackhole() {
+	p.Set(Up, Fault{Blackhole: true})
+	p.Set(Down, Fault{Blackhole: true})
 }
 
 // Clear removes every fault.
@@ -83,6 +98,7 @@ func (p *Proxy) Cut() {
 
 // Close stops the proxy and closes every connection.
 func (p *Proxy) Close() {
+	p.close.Do(func() { close(p.done) })
 	_ = p.ln.Close()
 	p.Cut()
 }
@@ -152,7 +168,19 @@ func (p *Proxy) pipe(d Direction, src, dst net.Conn, closeBoth func()) {
 			}
 		}
 	}()
-	defer closeBoth()
+	defer func() {
+		// A blackhole hides the end of src from dst until it is lifted:
+		// behind a dead switch, no FIN or RST arrives either.
+		for f, changed := p.fault(d); f.Blackhole; f, changed = p.fault(d) {
+			select {
+			case <-changed:
+			case <-p.done:
+				closeBoth()
+				return
+			}
+		}
+		closeBoth()
+	}()
 	passed := 0
 	cutAt := -1
 	for c := range q {
@@ -162,10 +190,14 @@ func (p *Proxy) pipe(d Direction, src, dst net.Conn, closeBoth func()) {
 			if f.CutAfter > 0 && cutAt < 0 {
 				cutAt = passed + f.CutAfter
 			}
-			if !f.Stall {
+			if !f.Stall && !f.Blackhole {
 				break
 			}
-			<-changed
+			select {
+			case <-changed:
+			case <-p.done:
+				return
+			}
 		}
 		b := c.b
 		if cutAt >= 0 && passed+len(b) >= cutAt {
