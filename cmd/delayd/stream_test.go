@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -132,5 +136,150 @@ func TestStreamIntakeEmbedded(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStreamIntakeSourcedAndRepublished: an operator's intake stream that
+// sources another stream, and one that captures a stream's republished
+// messages, gets headers nats-server stamps (Nats-Stream-Source; Nats-Stream,
+// Nats-Subject, Nats-Sequence, Nats-Time-Stamp, Nats-Last-Sequence).
+// delayd stores and delivers those envelopes, without the stamped headers
+// and with the publisher's own. Before, it refused the stamped Nats-*
+// header with 400 and sent the envelope to delayd.rejected, after the
+// publisher had its PubAck. A publisher's own Nats-* header on the
+// request intake is still refused.
+func TestStreamIntakeSourcedAndRepublished(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	nc := e.conn()
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORIGIN", Subjects: []string{"orders.delayed.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "REPUB", Subjects: []string{"rp.src.>"},
+		RePublish: &jetstream.RePublish{Source: "rp.src.>", Destination: "delayd.intake.rp.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DELAYD_INTAKE", Subjects: []string{"delayd.intake", "delayd.intake.>"},
+		Retention: jetstream.WorkQueuePolicy, Sources: []*jetstream.StreamSource{{Name: "ORIGIN"}}}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.cfg()
+	// The source runs before anything is published to ORIGIN: a message
+	// published while nats-server was still setting the source up was not
+	// sourced in three runs of this test (the intake stream's source said
+	// lag 0 with ORIGIN holding it), with or without delayd.
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "orders.delayed.warmup", Data: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	intake, err := js.Stream(ctx, "DELAYD_INTAKE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err := intake.Info(ctx); err == nil && info.State.Msgs == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the intake stream never sourced ORIGIN's warm-up message")
+		}
+	}
+	if err := intake.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	e.startDaemon(c)
+	sink := e.sink(nc, "orders.due")
+	rejected := e.sink(nc, "delayd.rejected")
+	for _, subj := range []string{"orders.delayed.x", "rp.src.x"} {
+		m := &nats.Msg{Subject: subj, Data: []byte("x"), Header: hdr(envelope.HeaderTarget, "orders.due",
+			envelope.HeaderDelay, "50ms", envelope.HeaderID, subj, "X-Trace", "t-"+subj)}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatalf("publish to %s: %v", subj, err)
+		}
+	}
+	if got := sink.waitCount(2, 20*time.Second); got != 2 {
+		var why []string
+		rejected.mu.Lock()
+		for _, r := range rejected.got {
+			why = append(why, r[0].header.Get(envelope.HeaderError))
+		}
+		rejected.mu.Unlock()
+		info, _ := intake.Info(ctx)
+		b, _ := json.Marshal(info)
+		t.Fatalf("%d of 2 delivered (sourced %d, republished %d); rejected: %v; intake stream: %s", got, len(sink.get("orders.delayed.x")), len(sink.get("rp.src.x")), why, b)
+	}
+	for _, id := range []string{"orders.delayed.x", "rp.src.x"} {
+		d := sink.get(id)
+		if len(d) != 1 {
+			t.Fatalf("%s delivered %d times", id, len(d))
+		}
+		for k := range d[0].header {
+			if envelope.IsNATSHeader(k) {
+				t.Errorf("%s delivered with the stamped header %s: %v", id, k, d[0].header)
+			}
+		}
+		if d[0].header.Get("X-Trace") != "t-"+id {
+			t.Errorf("%s lost the publisher's header: %v", id, d[0].header)
+		}
+	}
+	// The request intake still refuses a publisher's Nats-* header, a
+	// stamped name included.
+	rep, err := schedule(nc, "delayd", hdr(envelope.HeaderTarget, "orders.due", envelope.HeaderDelay, "1s",
+		"Nats-Stream-Source", "ORIGIN 1 > > orders.delayed.x"), "x")
+	if err != nil || rep.Header.Get("Nats-Service-Error-Code") != "400" {
+		t.Errorf("a publisher's Nats-Stream-Source on delayd.schedule: want 400, got %v %v", err, rep.Header)
+	}
+}
+
+// TestScheduleThroughServiceImport: a publisher in another account that
+// imports delayd's schedule service schedules like any other. nats-server
+// stamps Nats-Request-Info on every request that crosses the import, and
+// delayd refused each with 400 ("header "Nats-Request-Info" is refused").
+// The stamp is dropped, not delivered.
+func TestScheduleThroughServiceImport(t *testing.T) {
+	t.Parallel()
+	conf := filepath.Join(t.TempDir(), "accounts.conf")
+	if err := os.WriteFile(conf, []byte(`accounts: {
+  D: {users: [{user: d, password: d}], jetstream: enabled, exports: [{service: "delayd.schedule"}]}
+  P: {users: [{user: p, password: p}], imports: [{service: {account: D, subject: "delayd.schedule"}}]}
+}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fo, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testutil.StartNATS(t, func(o *server.Options) { o.Accounts, o.Users = fo.Accounts, fo.Users })
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: n}
+	c := e.cfg()
+	c.NATS.User, c.NATS.Password = "d", "d"
+	runDaemon(t, c)
+	dc, err := nats.Connect(n.URL(), nats.UserInfo("d", "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	daemontest.WaitService(t, strings.Replace(n.URL(), "nats://", "nats://d:d@", 1), c.Subject)
+	sink := e.sink(dc, "imp.due")
+	pc, err := nats.Connect(n.URL(), nats.UserInfo("p", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	rep, err := schedule(pc, "delayd", hdr(envelope.HeaderTarget, "imp.due", envelope.HeaderDelay, "50ms", envelope.HeaderID, "imp-1"), "x")
+	if err != nil || rep.Header.Get("Nats-Service-Error") != "" {
+		t.Fatalf("schedule through the import: %v %v", err, rep.Header)
+	}
+	if sink.waitCount(1, 10*time.Second) != 1 {
+		t.Fatal("not delivered")
+	}
+	if h := sink.get("imp-1")[0].header; h.Get("Nats-Request-Info") != "" {
+		t.Errorf("the import's stamp was delivered: %v", h)
 	}
 }

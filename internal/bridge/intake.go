@@ -357,7 +357,7 @@ func (in *Intake) notReplicated(err error) {
 
 func (in *Intake) handleSchedule(req micro.Request) {
 	start := in.opt.Now()
-	it, err := in.check.item(req.Headers(), req.Data(), func() (string, error) { return nuid.Next(), nil })
+	it, err := in.check.item(requestHeaders(req.Headers()), req.Data(), func() (string, error) { return nuid.Next(), nil })
 	if err != nil {
 		in.count(envelope.CodeOf(err))
 		in.reject(now(req), err)

@@ -64,8 +64,9 @@ func (s *StreamIntake) handle(m jetstream.Msg) {
 }
 
 // intakeHeaders drops the headers that were addressed to the intake
-// stream itself (deduplication and expectations of the publish into it),
-// so they are neither refused as Nats-* nor passed on to the target.
+// stream itself (deduplication and expectations of the publish into it)
+// and those nats-server stamped on the way in (stampedHeaders), so they
+// are neither refused as Nats-* nor passed on to the target.
 func intakeHeaders(h nats.Header) nats.Header {
 	drop := false
 	for k := range h {
@@ -87,7 +88,7 @@ func intakeHeaders(h nats.Header) nats.Header {
 }
 
 func isIntakeHeader(k string) bool {
-	return strings.EqualFold(k, jetstream.MsgIDHeader) || envelope.HasPrefixFold(k, "Nats-Expected-")
+	return strings.EqualFold(k, jetstream.MsgIDHeader) || envelope.HasPrefixFold(k, "Nats-Expected-") || isStampedHeader(k)
 }
 
 // reject publishes the message, headers and payload unchanged plus

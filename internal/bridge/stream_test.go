@@ -424,3 +424,17 @@ func TestStreamIntakeSetsUpAConsumerDeletedWhileAway(t *testing.T) {
 		return e.pending() == 2
 	})
 }
+
+// The headers nats-server stamps on a sourced, republished or imported
+// message are dropped, in any spelling; a publisher's other Nats-* header
+// stays, to be refused.
+func TestIntakeHeadersDropsStampedHeaders(t *testing.T) {
+	h := hdr("Nats-Stream-Source", "ORIGIN 1 > > orders.x Bah0WAb0", "Nats-Stream", "R", "Nats-Subject", "rp.x",
+		"Nats-Sequence", "1", "Nats-Time-Stamp", "2026-01-01T00:00:00Z", "Nats-Last-Sequence", "0", "Nats-Msg-Size", "3",
+		"Nats-Request-Info", `{"acc":"A"}`, "Nats-Rollup", "all", "X-A", "b")
+	h["nats-stream-source"] = []string{"lower"} // not canonical, as a raw header may be
+	got := intakeHeaders(h)
+	if len(got) != 2 || got.Get("Nats-Rollup") != "all" || got.Get("X-A") != "b" {
+		t.Fatalf("intakeHeaders: %v", got)
+	}
+}
