@@ -3,17 +3,22 @@ package main
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // A core target captured by a stream that refuses (CAP on cap.>, max_msgs
@@ -51,7 +56,24 @@ func TestStreamRefusalNotDelivered(t *testing.T) {
 	var dead []store.Entry
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		inStream, dead = map[string]bool{}, nil
+		// Redis first: an envelope gone from it was confirmed, so the
+		// stream had it before; read after, it is in the stream read.
+		settled, gone := true, map[string]bool{}
+		dead = nil
+		for _, id := range ids {
+			en, err := st.Get(ctx, id)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				gone[id] = true
+			case err != nil:
+				t.Fatal(err)
+			case en.State == store.StateDead:
+				dead = append(dead, en)
+			default:
+				settled = false
+			}
+		}
+		inStream = map[string]bool{}
 		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 		if err != nil {
 			t.Fatal(err)
@@ -69,20 +91,9 @@ func TestStreamRefusalNotDelivered(t *testing.T) {
 				inStream[m.Headers().Get(envelope.HeaderID)] = true
 			}
 		}
-		settled := true
-		for _, id := range ids {
-			en, err := st.Get(ctx, id)
-			switch {
-			case errors.Is(err, store.ErrNotFound):
-				if !inStream[id] {
-					t.Fatalf("%s is gone from Redis but not in the stream: counted delivered, and lost", id)
-				}
-			case err != nil:
-				t.Fatal(err)
-			case en.State == store.StateDead:
-				dead = append(dead, en)
-			default:
-				settled = false
+		for id := range gone {
+			if !inStream[id] {
+				t.Fatalf("%s is gone from Redis but not in the stream: counted delivered, and lost", id)
 			}
 		}
 		if settled {
@@ -183,5 +194,106 @@ func TestForgingConsumerChangesNothing(t *testing.T) {
 			}
 			t.Errorf("%s delivered %d times, attempts %v: want once, at attempt 1", id, len(ds), attempts)
 		}
+	}
+}
+
+// A daemon whose NATS user may not subscribe to its inbox cannot hear that
+// a delivery reached no one: it is not ready, with the server's refusal in
+// /readyz and in the log, holds no shard, and delivers nothing (a due
+// envelope stays stored). Once the operator grants the subscription (a
+// config reload of nats-server), it becomes ready and delivers, with the
+// interest check on. Before, it stayed ready, logged one error, and
+// counted every delivery delivered, heard or not.
+func TestDaemonDeniedItsInbox(t *testing.T) {
+	t.Parallel()
+	users := func(inbox bool) []*server.User {
+		sub := []string{"delayd.>", "$SRV.>"}
+		if inbox {
+			sub = append(sub, "_INBOX_delayd.>")
+		}
+		return []*server.User{
+			{Username: "delayd", Password: "d", Permissions: &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: []string{"orders.>", "delayd.>", "$JS.API.>", "$SRV.>"}},
+				Subscribe: &server.SubjectPermission{Allow: sub},
+				Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
+			}},
+			{Username: "app", Password: "a"},
+		}
+	}
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.Users = users(false) })}
+	c := e.cfg()
+	c.NATS.User, c.NATS.Password, c.NATS.InboxPrefix = "delayd", "d", "_INBOX_delayd"
+	c.Scanner.RetryBackoff = 50 * time.Millisecond
+	c.Scanner.RetryBackoffMax = 100 * time.Millisecond
+	c.Scanner.MaxAttempts = 2
+	c.Scanner.NoInterestRetryFor = 300 * time.Millisecond
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})).Run(ctx)
+	}()
+	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	scheduleServed(t, app, hdr("Delayd-Target", "orders.nobody", "Delayd-Delay", "10ms", "Delayd-Id", "unheard"))
+
+	readyz := "http://" + c.HTTP.Addr + "/readyz"
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		code, body := httpGet(t, readyz)
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "Permissions Violation for Subscription to") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz with the inbox refused: %d %q, want 503 with the refusal", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "cannot receive on the delivery inbox") {
+		t.Errorf("the log does not say it cannot receive on its inbox:\n%s", logs.String())
+	}
+	_, body := httpGet(t, "http://"+c.HTTP.Addr+"/metrics")
+	if v, ok := metric(body, "delayd_shards_owned"); !ok || v != 0 {
+		t.Errorf("delayd_shards_owned = %v (present %v), want 0", v, ok)
+	}
+	st := e.inspectStore(c)
+	if en, err := st.Get(ctx, "unheard"); err != nil || en.State != store.StatePending || en.Attempts != 0 {
+		t.Fatalf("the due envelope while the inbox is refused: %+v (%v), want pending, never tried", en, err)
+	}
+
+	// The operator grants the subscription.
+	opts := e.nats.Opts.Clone()
+	opts.Users = users(true)
+	if err := e.nats.Srv.ReloadOptions(opts); err != nil {
+		t.Fatal(err)
+	}
+	e.nats.Opts = opts
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		code, body := httpGet(t, readyz)
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz once the inbox is granted: %d %q", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The interest check works: nobody listens, so the envelope is tried
+	// and goes dead as "no subscriber", never counted delivered.
+	dead := waitState(t, st, "unheard", store.StateDead, 20*time.Second)
+	if !strings.Contains(dead.Error, "no subscriber") {
+		t.Errorf("dead with %q, want no subscriber", dead.Error)
+	}
+	got := e.sink(app, "orders.>")
+	scheduleServed(t, app, hdr("Delayd-Target", "orders.heard", "Delayd-Delay", "10ms", "Delayd-Id", "heard"))
+	got.waitIDs([]string{"heard"}, 10*time.Second)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

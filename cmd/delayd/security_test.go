@@ -22,15 +22,17 @@ import (
 
 // secureNATS starts a nats-server that requires TLS with client
 // certificates and user/password, with per-user permissions: delayd may
-// publish only to orders.>, the app only to delayd.>.
+// publish only to orders.> (and its wake-ups and inbox probe under
+// delayd.internal.>), the app only to delayd.>. delayd subscribes to its
+// inbox: without it, it would never prove its inbox, nor deliver.
 func secureNATS(t *testing.T, certs testutil.Certs) *testutil.NATS {
 	t.Helper()
 	return testutil.StartNATS(t, func(o *server.Options) {
 		o.TLS, o.TLSVerify, o.TLSConfig = true, true, certs.ServerTLS(t)
 		o.Users = []*server.User{
 			{Username: "delayd", Password: "delayd-secret", Permissions: &server.Permissions{
-				Publish:   &server.SubjectPermission{Allow: []string{"orders.>"}},
-				Subscribe: &server.SubjectPermission{Allow: []string{"delayd.>", "$SRV.>"}},
+				Publish:   &server.SubjectPermission{Allow: []string{"orders.>", "delayd.internal.>"}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"delayd.>", "$SRV.>", "_INBOX.>"}},
 				Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
 			}},
 			{Username: "app", Password: "app-secret", Permissions: &server.Permissions{

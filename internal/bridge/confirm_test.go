@@ -83,6 +83,7 @@ func TestStreamRefusalFailsDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	proven(t, p)
 	targets := []string{"msgs.a", "ok.a", "msgs.b", "heard.a", "msgs.a", "size.x", "msgs.c", "sealed.a",
 		"nobody.a", "ok.b", "bytes.a", "bytes.a", "bytes.a", "bytes.a", "bytes.a"}
 	ds := deliveries(targets...)
@@ -159,6 +160,7 @@ func TestForgedStatusesChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	proven(t, p)
 	victim, err := nats.Connect(n.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -283,6 +285,7 @@ func TestStreamRefusalNewStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	proven(t, p)
 	if err := p.Publish(ctx, deliveries("late.a"))[0]; err != nil {
 		t.Fatal(err)
 	}

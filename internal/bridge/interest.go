@@ -43,9 +43,10 @@ import (
 // often as not: a batch waits for the answers of the deliveries to targets
 // a stream is known to capture (await), until its deadline.
 type interest struct {
-	ch   chan *nats.Msg
-	base string // "<inbox>."
-	done chan struct{}
+	ch       chan *nats.Msg
+	base     string // "<inbox>."
+	done     chan struct{}
+	refusals *Refusals
 	// heard is told, outside the lock, of every stream answer: the target
 	// of a waiting batch's delivery, or "" for one that came too late (or
 	// was forged) and cannot be placed.
@@ -62,6 +63,9 @@ type interest struct {
 	// The inbox self-check in flight: its subject, closed when it came.
 	probe  string
 	probed chan struct{}
+	// subscribed is the refusals' mark when sub was made: the server's
+	// refusal of it comes after.
+	subscribed uint64
 }
 
 // verdict is what a delivery's reply subject heard.
@@ -94,9 +98,9 @@ type batch struct {
 // cannot vouch for.
 const statusBuffer = 1 << 16
 
-func newInterest(nc *nats.Conn, heard func(string, verdict, string)) (*interest, error) {
+func newInterest(nc *nats.Conn, refusals *Refusals, heard func(string, verdict, string)) (*interest, error) {
 	in := &interest{ch: make(chan *nats.Msg, statusBuffer), base: nc.NewInbox() + ".",
-		done: make(chan struct{}), heard: heard, batches: map[string]*batch{}}
+		done: make(chan struct{}), refusals: refusals, heard: heard, batches: map[string]*batch{}}
 	if err := in.subscribe(nc); err != nil {
 		return nil, err
 	}
@@ -109,13 +113,14 @@ func newInterest(nc *nats.Conn, heard func(string, verdict, string)) (*interest,
 // permission is granted later, until the client subscribes again. The
 // caller makes sure no batch is in flight.
 func (in *interest) subscribe(nc *nats.Conn) error {
+	mark := in.refusals.mark()
 	sub, err := nc.ChanSubscribe(in.base+">", in.ch)
 	if err != nil {
 		return fmt.Errorf("bridge: subscribe to the delivery answers: %w", err)
 	}
 	in.mu.Lock()
 	old := in.sub
-	in.sub, in.taken = sub, 0
+	in.sub, in.taken, in.subscribed = sub, 0, mark
 	in.mu.Unlock()
 	if old != nil {
 		_ = old.Unsubscribe()

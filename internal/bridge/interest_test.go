@@ -55,6 +55,7 @@ func TestNoInterestAttributedWithinBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	proven(t, p)
 
 	consumer, err := nats.Connect(n.URL(), nats.UserInfo("c", "p"))
 	if err != nil {
@@ -131,6 +132,7 @@ func TestNoInterestConcurrentBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	proven(t, p)
 	consumer, err := nats.Connect(n.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -205,6 +207,7 @@ func TestNoInterestStreamIsInterest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	proven(t, p)
 	for round := range 10 {
 		for i, err := range p.Publish(ctx, deliveries("captured.a", "nobody.here", "captured.b")) {
 			if (i == 1) != errors.Is(err, scanner.ErrNoInterest) || (i != 1 && err != nil) {

@@ -21,6 +21,11 @@ import (
 // nats.go would buffer them, and a buffered publish is not a delivery.
 var ErrNotConnected = fmt.Errorf("NATS not connected: %w", scanner.ErrUnreachable)
 
+// errInboxUnproven is returned for deliveries attempted before the
+// publisher proved it receives on its inbox (see inboxCheck): nothing is
+// sent, as a missing subscriber could not be told from a delivered one.
+var errInboxUnproven = fmt.Errorf("not yet proven to receive on the delivery inbox: %w", scanner.ErrUnreachable)
+
 // Publisher delivers due envelopes: over core NATS, or with the JetStream
 // API to targets matching the configured patterns.
 type Publisher struct {
@@ -45,6 +50,10 @@ type Publisher struct {
 	silentMu sync.Mutex
 	silent   error
 	closed   chan struct{}
+	// The inbox self-check (inbox.go).
+	inbox      inboxCheck
+	inboxProbe string // PublisherOptions.InboxProbe
+	log        hclog.Logger
 }
 
 // PublisherOptions pick how each target is delivered.
@@ -57,8 +66,16 @@ type PublisherOptions struct {
 	// delivered. Every other core delivery that reaches no subscriber
 	// fails with scanner.ErrNoInterest.
 	FireAndForget []string
-	// Log, if not nil, tells what the publisher cannot see (the streams
-	// it cannot list, a stream's late refusal).
+	// InboxProbe, if set, is a subject no one subscribes to (delayd's
+	// <prefix>.internal.probe): a request to it, answered by the server's
+	// no-responders status, is one of the inbox self-check's probes.
+	InboxProbe string
+	// NoInboxCheck skips the inbox self-check (see inboxCheck), for a
+	// daemon that does not deliver (mode intake): Connected is then the
+	// connection's state alone.
+	NoInboxCheck bool
+	// Log, if not nil, tells what the publisher cannot see (its inbox,
+	// the streams it cannot list, a stream's late refusal).
 	Log hclog.Logger
 	// Liveness is the one given to Connect for the connection, if any.
 	Liveness *Liveness
@@ -82,12 +99,18 @@ func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publi
 		return nil, fmt.Errorf("bridge: jetstream: %w", err)
 	}
 	p := &Publisher{nc: nc, refusals: refusals, js: js, jsPatterns: o.JetStream, plain: o.FireAndForget,
-		streams: newCaptors(js, refusals, log), live: o.Liveness, probe: o.Probe, closed: make(chan struct{})}
-	in, err := newInterest(nc, p.streams.heard)
+		streams: newCaptors(js, refusals, log), live: o.Liveness, probe: o.Probe, closed: make(chan struct{}),
+		inboxProbe: o.InboxProbe, log: log}
+	in, err := newInterest(nc, refusals, p.streams.heard)
 	if err != nil {
 		return nil, err
 	}
 	p.interest = in
+	if o.NoInboxCheck {
+		p.inbox.off = true
+	} else {
+		go p.checkInbox(p.closed)
+	}
 	return p, nil
 }
 
@@ -109,9 +132,13 @@ func (p *Publisher) Close() {
 // silent path fails with ErrSilent, not an attempt (silence.go).
 func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error {
 	errs := make([]error, len(ds))
-	if !p.nc.IsConnected() || p.Silent() != nil {
+	if !p.Connected() {
 		err := p.Silent()
-		if err == nil {
+		switch {
+		case err != nil:
+		case p.nc.IsConnected():
+			err = errInboxUnproven
+		default:
 			err = ErrNotConnected
 		}
 		for i := range errs {
@@ -254,7 +281,10 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 		targets[d.Target] = true
 	}
 	for subj := range refused {
-		if !targets[subj] && subj != streamList { // the list of streams is the publisher's own request
+		// The list of streams and the inbox probes are the publisher's
+		// own requests.
+		own := subj == streamList || subj == jsInfo || (subj == p.inboxProbe && subj != "") || strings.HasPrefix(subj, p.interest.base)
+		if !targets[subj] && !own {
 			complete = false // refused something we cannot place
 		}
 	}
@@ -321,8 +351,12 @@ func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.D
 	}
 }
 
-// Connected reports whether NATS is connected and its path not silent.
-func (p *Publisher) Connected() bool { return p.nc.IsConnected() && p.Silent() == nil }
+// Connected reports whether NATS is connected, its path not silent, and
+// the publisher proven to receive the answers to its deliveries on this
+// connection (see inboxCheck).
+func (p *Publisher) Connected() bool {
+	return p.nc.IsConnected() && p.Silent() == nil && p.inbox.verified(p.nc)
+}
 
 // matchAny reports whether subject matches one of the patterns (the
 // targets.jetstream list).

@@ -111,6 +111,7 @@ func benchPublish(b *testing.B, opt PublisherOptions, subscriber bool) {
 		b.Fatal(err)
 	}
 	defer p.Close()
+	proven(b, p)
 	ds := make([]envelope.Delivery, 256)
 	for i := range ds {
 		ds[i] = envelope.Delivery{ID: "order-" + strconv.Itoa(i), Due: time.UnixMilli(1_800_000_000_000), Attempt: 1,
@@ -138,7 +139,8 @@ func benchPublish(b *testing.B, opt PublisherOptions, subscriber bool) {
 func TestConcurrentBatchesKeepTheirRefusals(t *testing.T) {
 	n := testutil.StartNATS(t, func(o *server.Options) {
 		o.Users = []*server.User{{Username: "d", Password: "p", Permissions: &server.Permissions{
-			Publish: &server.SubjectPermission{Allow: []string{"orders.>"}}}}}
+			// $JS.API.INFO: a way to prove its inbox (see inboxCheck).
+			Publish: &server.SubjectPermission{Allow: []string{"orders.>", "$JS.API.INFO"}}}}}
 	})
 	ref := NewRefusals()
 	nc, err := Connect(n.URL(), "t", Auth{User: "d", Password: "p"}, hclog.NewNullLogger(), nil, ref, nil)
@@ -151,6 +153,7 @@ func TestConcurrentBatchesKeepTheirRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	proven(t, p)
 	// Someone listens, so the allowed deliveries reach a subscriber.
 	consumer, err := nats.Connect(n.URL(), nats.UserInfo("d", "p"))
 	if err != nil {

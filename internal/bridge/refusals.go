@@ -142,3 +142,20 @@ func (r *Refusals) refusedSince(mark uint64, subject string) (error, <-chan stru
 	}
 	return nil, r.changed
 }
+
+// after returns every error recorded after mark that the record still
+// keeps.
+func (r *Refusals) after(mark uint64) []error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []error
+	for _, f := range r.recent {
+		if f.seq > mark {
+			out = append(out, f.err)
+		}
+	}
+	return out
+}

@@ -117,13 +117,14 @@ func (l *Liveness) staleSince(mark uint64, d time.Duration) bool {
 const probeEvery = 100 * time.Millisecond
 
 // Down says why this publisher cannot deliver now (nil: it can): its path
-// is silent, or its connection is down, with the reason nats.go gave.
+// is silent, its connection is down, with the reason nats.go gave, or it
+// has not proven yet that it receives on its inbox (inbox.go).
 func (p *Publisher) Down() error {
 	if err := p.Silent(); err != nil {
 		return err
 	}
 	if p.nc.IsConnected() {
-		return nil
+		return p.unproven()
 	}
 	var last error
 	if p.live != nil {

@@ -33,6 +33,7 @@ func silentPath(t *testing.T, live *Liveness, probe time.Duration) (*Publisher, 
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
+	proven(t, p)
 	sub, err := nats.Connect(n.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -31,7 +31,8 @@ func (p *parts) servers() ([]component, error) {
 
 // newAdmin listens on http.addr for /livez, /readyz and /metrics. Ready
 // means the NATS connections of the mode up, Redis answering and, for a
-// scanning daemon, shard ownership working (Ownership.Ready).
+// scanning daemon, its delivery inbox proven and shard ownership working
+// (Ownership.Ready).
 func (p *parts) newAdmin() (*admin.Server, error) {
 	checks := []admin.Check{
 		{Name: "nats", Fn: p.natsReady},

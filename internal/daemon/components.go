@@ -140,7 +140,11 @@ func (p *parts) background() []component {
 	}
 	return append(comps,
 		component{"ready", func(ctx context.Context) error {
-			waitReady(ctx, p.st, p.out.IsConnected, p.log)
+			up := p.out.IsConnected
+			if p.c.Mode != "intake" {
+				up = p.pub.Connected // its inbox proven too
+			}
+			waitReady(ctx, p.st, up, p.log)
 			<-ctx.Done()
 			return nil
 		}},

@@ -146,7 +146,8 @@ func (p *parts) newNATS() error {
 		// A delivery's flush has half the lease from its claim; the wait
 		// that follows an unconfirmed one a quarter, so the batch is given
 		// back before its lease ends.
-		Liveness: live, Probe: c.Scanner.Lease / 4})
+		Liveness: live, Probe: c.Scanner.Lease / 4,
+		InboxProbe: bridge.InternalSubject(c.Subject) + ".probe", NoInboxCheck: c.Mode == "intake"})
 	if err != nil {
 		return err
 	}

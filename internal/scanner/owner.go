@@ -42,11 +42,12 @@ type Ownership struct {
 	cut  int
 	away bool
 	// health, for Ready: guarded by mu.
-	mu      sync.Mutex
-	lastOK  time.Time
-	lastErr error
-	members int
-	nOwned  int
+	mu        sync.Mutex
+	lastOK    time.Time
+	lastErr   error
+	stoodDown bool // away, with lastErr saying why
+	members   int
+	nOwned    int
 }
 
 // NewOwnership manages the shards of sc for the daemon with id. ttl is the
@@ -75,18 +76,26 @@ func (o *Ownership) Run(ctx context.Context) error {
 func (o *Ownership) round(ctx context.Context) {
 	// A daemon that cannot publish must not hold shards: their timers
 	// would stall while it reaches Redis but not NATS (a wrong password,
-	// a cut network path). Two rounds in a row, so a reconnect of a
-	// fraction of a second does not move every shard.
+	// a cut network path, an inbox it may not subscribe to). Two rounds
+	// in a row, so a reconnect of a fraction of a second does not move
+	// every shard; at once when it holds none (it just started).
 	if !o.sc.pub.Connected() {
-		if o.cut++; o.cut >= 2 && !o.away {
+		if o.cut++; (o.cut >= 2 || !o.holds()) && !o.away {
 			o.standDown()
 		}
 		if o.away {
+			why := o.unready() // it may have changed (inbox refused, then NATS down)
+			o.mu.Lock()
+			o.lastErr = why
+			o.mu.Unlock()
 			return
 		}
 	} else {
 		if o.away {
-			o.log.Info("NATS delivery connection back: rejoining the member set")
+			o.log.Info("can deliver again: rejoining the member set")
+			o.mu.Lock()
+			o.stoodDown = false
+			o.mu.Unlock()
 		}
 		o.cut, o.away = 0, false
 	}
@@ -127,6 +136,27 @@ func (o *Ownership) round(ctx context.Context) {
 // errNoNATS: the daemon stood down because it cannot publish.
 var errNoNATS = errors.New("the NATS delivery connection is down: this daemon gave up its shards to daemons that can deliver")
 
+// holds reports whether this daemon owns a shard.
+func (o *Ownership) holds() bool {
+	for _, own := range o.owned {
+		if own {
+			return true
+		}
+	}
+	return false
+}
+
+// unready is why the publisher cannot publish, as it says (a Publisher
+// may implement Down() error), or errNoNATS.
+func (o *Ownership) unready() error {
+	if u, ok := o.sc.pub.(interface{ Down() error }); ok {
+		if err := u.Down(); err != nil {
+			return fmt.Errorf("this daemon cannot deliver, and holds no shard until it can: %w", err)
+		}
+	}
+	return errNoNATS
+}
+
 // standDown releases every shard and leaves the member set, so the other
 // daemons take the shards at their next round.
 func (o *Ownership) standDown() {
@@ -137,12 +167,13 @@ func (o *Ownership) standDown() {
 			n++
 		}
 	}
-	o.log.Warn("NATS delivery connection down: giving up the shards and leaving the member set until it is back",
-		"shards", n)
+	why := o.unready()
+	o.log.Warn("cannot deliver: giving up the shards and leaving the member set until it can",
+		"shards", n, "error", why)
 	o.leave()
 	o.owned = make([]bool, len(o.owned))
 	o.mu.Lock()
-	o.lastErr, o.nOwned = errNoNATS, 0
+	o.lastErr, o.nOwned, o.stoodDown = why, 0, true
 	o.mu.Unlock()
 }
 
@@ -154,8 +185,8 @@ func (o *Ownership) Ready(context.Context) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	switch {
-	case o.lastErr == errNoNATS:
-		return errNoNATS
+	case o.stoodDown:
+		return o.lastErr
 	case o.lastOK.IsZero() && o.lastErr == nil:
 		return errors.New("no ownership round yet")
 	case time.Since(o.lastOK) > o.ttl:

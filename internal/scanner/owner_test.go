@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -51,12 +52,21 @@ func TestOwnershipReadyFollowsLeases(t *testing.T) {
 
 // linkPub is a Publisher whose connection the test cuts: it publishes
 // nothing.
-type linkPub struct{ down atomic.Bool }
+type linkPub struct {
+	down atomic.Bool
+	why  error // Down's reason while down
+}
 
 func (p *linkPub) Publish(_ context.Context, ds []envelope.Delivery) []error {
 	return make([]error, len(ds))
 }
 func (p *linkPub) Connected() bool { return !p.down.Load() }
+func (p *linkPub) Down() error {
+	if p.down.Load() {
+		return p.why
+	}
+	return nil
+}
 
 // A daemon that reaches Redis but not NATS gives its shards up and leaves
 // the member set, so a daemon that can deliver takes them; it says why in
@@ -101,5 +111,42 @@ func TestOwnershipStandsDownWithoutNATS(t *testing.T) {
 	}
 	if err := a.Ready(ctx); err != nil {
 		t.Fatalf("Ready after NATS came back: %v", err)
+	}
+}
+
+// A daemon that cannot deliver from its start (its delivery inbox not
+// proven, NATS not reachable) takes no shard, not even for the one round a
+// reconnect is granted, and says why in Ready; once it can, it takes its
+// share.
+func TestOwnershipTakesNothingBeforeItCanDeliver(t *testing.T) {
+	r := testutil.StartRedis(t)
+	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 8)
+	defer st.Close()
+	const ttl = 3 * time.Second
+	pa, pb := &linkPub{why: errors.New("cannot receive on its inbox: Permissions Violation for Subscription")}, &linkPub{}
+	pa.down.Store(true)
+	sa := New(st, pa, nil, Options{Shared: true, IdleInterval: time.Second}, hclog.NewNullLogger())
+	sb := New(st, pb, nil, Options{Shared: true, IdleInterval: time.Second}, hclog.NewNullLogger())
+	a := NewOwnership(st, sa, "a", ttl, hclog.NewNullLogger())
+	b := NewOwnership(st, sb, "b", ttl, hclog.NewNullLogger())
+	ctx := context.Background()
+	a.round(ctx)
+	if n := len(sa.Owned()); n != 0 {
+		t.Fatalf("a daemon that cannot deliver took %d shards at its first round", n)
+	}
+	b.round(ctx)
+	b.round(ctx)
+	if n := len(sb.Owned()); n != 8 {
+		t.Fatalf("the daemon that can deliver owns %d of 8 shards", n)
+	}
+	if err := a.Ready(ctx); err == nil || !strings.Contains(err.Error(), "Permissions Violation") {
+		t.Fatalf("Ready of the daemon that cannot deliver: %v", err)
+	}
+	pa.down.Store(false)
+	a.round(ctx)
+	b.round(ctx)
+	a.round(ctx)
+	if na, nb := len(sa.Owned()), len(sb.Owned()); na == 0 || na+nb != 8 {
+		t.Fatalf("once it can deliver a owns %d, b %d of 8", na, nb)
 	}
 }
