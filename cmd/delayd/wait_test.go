@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -407,4 +408,66 @@ func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "WAITAOF") {
 		t.Fatalf("want a refusal naming WAITAOF under the ACL of docs/security.md, got %v", err)
 	}
+}
+
+// TestWaitClaimsStrict: with redis.wait_claims: strict, a claim whose WAIT
+// falls short is not published but given back uncounted, so a failover
+// can never repeat an attempt number: while the replica is stopped nothing
+// is delivered and the attempts stay; once it is back, the envelope goes
+// out as attempt 1.
+func TestWaitClaimsStrict(t *testing.T) {
+	t.Parallel()
+	m := testutil.StartRedis(t)
+	r := testutil.StartReplica(t, m)
+	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
+	c := e.cfg()
+	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
+	c.Redis.WaitClaims = "strict"
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "strict.a")
+	testutil.WaitReplicas(t, m, 1, 10*time.Second)
+	due := time.Now().Add(1500 * time.Millisecond)
+	if code, _ := waitSchedule(t, nc, "strict", "strict.a", due); code != "" {
+		t.Fatalf("schedule with the replica up: %q, want 200", code)
+	}
+	r.Pause()
+	// Claimed, its wait short, given back: twice, so the scanner had its
+	// chance to publish more than once.
+	st := e.inspectStore(c)
+	backs := 0
+	for deadline, lastDue := time.Now().Add(20*time.Second), int64(0); backs < 2; time.Sleep(10 * time.Millisecond) {
+		en, err := st.Get(context.Background(), "strict")
+		if n := got.count(); n > 0 {
+			t.Fatalf("published while no replica confirmed its claim: %d deliveries, attempt %d", n, got.get("strict")[0].attempt)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if en.Attempts != 0 {
+			t.Fatalf("attempt counted while no replica confirmed the claim: %+v", en)
+		}
+		if en.Error != "" && en.State == store.StatePending && en.DueMs != lastDue {
+			backs++
+			lastDue = en.DueMs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not given back uncounted while the replica is stopped: %+v", en)
+		}
+	}
+	got.settle(t)
+	if n := got.count(); n != 0 {
+		t.Fatalf("%d deliveries while no replica confirmed a claim", n)
+	}
+	r.Resume()
+	resumed := time.Now()
+	got.waitIDs([]string{"strict"}, 20*time.Second)
+	quiet(t, e, c, got)
+	ds := got.get("strict")
+	if len(ds) != 1 || ds[0].attempt != 1 {
+		t.Fatalf("after the replica came back: %+v; want one delivery, attempt 1", ds)
+	}
+	t.Logf("delivered %s after the replica came back (%s after due)", ds[0].received.Sub(resumed).Round(time.Millisecond),
+		ds[0].received.Sub(due).Round(time.Millisecond))
 }

@@ -135,8 +135,14 @@ type Redis struct {
 	// acknowledged and a claim published only once WAIT confirmed that
 	// this many replicas hold it; otherwise the request gets 504 (the
 	// stream message comes again), and a claim is published anyway,
-	// counted and warned about. 0 waits for none (asynchronous replication).
+	// counted and warned about (WaitClaims: deliver). 0 waits for none
+	// (asynchronous replication).
 	WaitReplicas int `koanf:"wait_replicas"`
+	// WaitClaims is what happens to a claim whose wait falls short:
+	// deliver (published anyway, counted, warned) or strict (not
+	// published, given back uncounted: deliveries pause while no replica
+	// confirms, and no failover can repeat an attempt number).
+	WaitClaims string `koanf:"wait_claims"`
 	// WaitTimeout bounds each wait.
 	WaitTimeout time.Duration `koanf:"wait_timeout"`
 	// WaitLocalFsync also waits for the master's AOF fsync (WAITAOF, Redis
@@ -295,7 +301,7 @@ func Default() Config {
 		Mode:      "all",
 		Ownership: Ownership{TTL: 5 * time.Second},
 		NATS:      NATS{URL: "nats://127.0.0.1:4222", Name: "delayd", InboxPrefix: "_INBOX"},
-		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}, WaitTimeout: time.Second, EvictionCheck: "required"},
+		Redis:     Redis{Addrs: []string{"127.0.0.1:6379"}, WaitTimeout: time.Second, WaitClaims: "deliver", EvictionCheck: "required"},
 		Scanner: Scanner{
 			ClaimBatch:      256,
 			Lease:           10 * time.Second,

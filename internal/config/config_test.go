@@ -206,6 +206,10 @@ func TestValidateWait(t *testing.T) {
 			c.Redis.WaitTimeout = time.Second
 		}, "redis.wait_timeout:"},
 		{"embedded", func(c *Config) { c.Redis.WaitReplicas = 1; c.Embedded = true }, "embedded emulation"},
+		{"strict claims", func(c *Config) { c.Redis.WaitReplicas = 1; c.Redis.WaitClaims = "strict" }, ""},
+		{"strict claims on the fsync alone", func(c *Config) { c.Redis.WaitLocalFsync = true; c.Redis.WaitClaims = "strict" }, ""},
+		{"strict claims without a wait", func(c *Config) { c.Redis.WaitClaims = "strict" }, "redis.wait_claims: strict needs"},
+		{"unknown claims mode", func(c *Config) { c.Redis.WaitReplicas = 1; c.Redis.WaitClaims = "Strict" }, "redis.wait_claims: must be"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Default()

@@ -177,6 +177,15 @@ func (c Config) validateWait(bad func(key, format string, args ...any)) {
 	if r.WaitReplicas < 0 || r.WaitReplicas > 16 {
 		bad("redis.wait_replicas", "must be 0 (no wait) up to 16, got %d", r.WaitReplicas)
 	}
+	switch r.WaitClaims {
+	case "deliver":
+	case "strict":
+		if r.WaitReplicas == 0 && !r.WaitLocalFsync {
+			bad("redis.wait_claims", "strict needs a wait to fall short: set redis.wait_replicas (or wait_local_fsync)")
+		}
+	default:
+		bad("redis.wait_claims", "must be deliver or strict, got %q", r.WaitClaims)
+	}
 	if r.WaitReplicas == 0 && !r.WaitLocalFsync {
 		return
 	}

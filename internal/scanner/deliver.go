@@ -88,6 +88,12 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 		}
 	}
 	for _, c := range items {
+		if c.held != nil {
+			// Given back as it is, not even decoded: it is not sent.
+			settles[c.shard] = append(settles[c.shard], store.Settle{ID: c.ID, Token: c.Token, Outcome: store.Postpone,
+				Error: c.held.Error(), RetryDelay: c.retryIn})
+			continue
+		}
 		e, err := envelope.Decode(c.Data)
 		if err != nil {
 			// Keep it rather than drop it: it retries until max attempts and

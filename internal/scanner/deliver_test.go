@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -203,6 +204,49 @@ func TestStaleBatchPostponedUnsent(t *testing.T) {
 				want := []store.Settle{{ID: id, Token: fmt.Sprintf("1.%d", sh+1), Outcome: store.Postpone, Error: errStale.Error()}}
 				if !reflect.DeepEqual(settles[sh], want) {
 					t.Errorf("shard %d settled %+v, want %+v", sh, settles[sh], want)
+				}
+			}
+		})
+	}
+}
+
+// A claim whose wait fell short: published and counted by default;
+// with StrictClaims not published but given back uncounted (postponed).
+func TestUnconfirmedClaim(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		t.Run(map[bool]string{false: "deliver", true: "strict"}[strict], func(t *testing.T) {
+			clock := testutil.NewClock()
+			var once atomic.Bool
+			st := newClaimStore(1, func([]int) ([]store.ClaimResult, error) {
+				if once.Swap(true) {
+					return nil, nil
+				}
+				r := result(0, clock.Now().UnixMicro(), 2)
+				r.Unconfirmed, r.Why = true, errors.New("WAIT 1: 0 replicas")
+				return []store.ClaimResult{r}, nil
+			})
+			pub := newSwitchPub()
+			s := newTestScanner(st, pub, clock, Options{ClaimBatch: 10, Lease: time.Minute, IdleInterval: time.Hour,
+				RetryBackoff: time.Second, MaxAttempts: 3, StrictClaims: strict})
+			run(t, s)
+			eventually(t, "both settled", func() bool {
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				return len(st.acks) > 0 && len(st.acks[0][0]) == 2
+			})
+			st.mu.Lock()
+			settles := st.acks[0][0]
+			st.mu.Unlock()
+			want, sent := store.Delivered, int64(2)
+			if strict {
+				want, sent = store.Postpone, 0
+			}
+			if pub.sent.Load() != sent {
+				t.Errorf("published %d, want %d", pub.sent.Load(), sent)
+			}
+			for _, x := range settles {
+				if x.Outcome != want {
+					t.Errorf("%s settled %q (%s), want %q", x.ID, x.Outcome, x.Error, want)
 				}
 			}
 		})

@@ -5,6 +5,7 @@ package scanner
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"time"
 
@@ -144,8 +145,22 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 
 	var items []claimed
 	for _, r := range res {
+		plan := s.plan(r)
+		var held error
+		var retryIn time.Duration
+		if r.Unconfirmed && s.opt.StrictClaims && len(r.Items) > 0 {
+			// Given back, and the shard claimed again only after a
+			// backoff: a backlog would otherwise be claimed and given back
+			// in a hot loop while no replica confirms.
+			held = fmt.Errorf("%w: %v", errUnconfirmedClaim, r.Why)
+			retryIn = nextBackoff(s.unconfirmed[r.Shard])
+			s.unconfirmed[r.Shard] = retryIn
+			plan = max(plan, r.NowMs()+retryIn.Milliseconds())
+		} else {
+			delete(s.unconfirmed, r.Shard)
+		}
 		for _, c := range r.Items {
-			items = append(items, claimed{shard: r.Shard, at: start, Claimed: c})
+			items = append(items, claimed{shard: r.Shard, at: start, held: held, retryIn: retryIn, Claimed: c})
 		}
 		if r.Expired > 0 {
 			s.obs.Redelivered("lease_expiry", r.Expired)
@@ -156,7 +171,7 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		if r.Unknown > 0 {
 			s.unknownFormat(r)
 		}
-		s.lower(r.Shard, s.plan(r))
+		s.lower(r.Shard, plan)
 	}
 	if len(items) > 0 {
 		s.budget.take(bytesOf(items))

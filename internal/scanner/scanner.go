@@ -108,6 +108,11 @@ type Options struct {
 	// DeadSubject, if set, is the prefix dead envelopes are also published
 	// under: <DeadSubject>.<target>, with a Delayd-Error header.
 	DeadSubject string
+	// StrictClaims: a claim whose wait for replicas fell short
+	// (redis.wait_claims: strict) is not published but given back
+	// uncounted, so no failover can repeat its attempt number. Otherwise
+	// it is published, and warned about.
+	StrictClaims bool
 	// Shared: shards are owned through an Ownership and scanned only while
 	// owned. Otherwise this scanner scans every shard.
 	Shared bool
@@ -143,8 +148,11 @@ type Scanner struct {
 	// failing holds the backoff of shards whose claims fail; backoff is the
 	// global one used before any claim succeeded; lastFailLog rate-limits
 	// the warning. Only the Run loop touches them.
-	failing     map[int]time.Duration
-	backoff     time.Duration
+	failing map[int]time.Duration
+	backoff time.Duration
+	// unconfirmed holds the backoff of shards whose claims are given back
+	// for a short wait (StrictClaims). Only the Run loop touches it.
+	unconfirmed map[int]time.Duration
 	lastFailLog time.Time
 	// budget bounds the bytes of claimed envelopes until their publish
 	// ends.
@@ -173,7 +181,7 @@ func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *
 	n := st.Shards()
 	s := &Scanner{store: st, pub: pub, obs: obs, opt: opt, log: log,
 		next: make([]atomic.Int64, n), owned: make([]atomic.Bool, n), announced: make([]atomic.Int64, n),
-		wake: make(chan struct{}, 1), failing: map[int]time.Duration{},
+		wake: make(chan struct{}, 1), failing: map[int]time.Duration{}, unconfirmed: map[int]time.Duration{},
 		noInterestTries: opt.noInterestTries(), noInterestLog: rateLog{every: failLogEvery, now: opt.Now},
 		budget: newByteBudget(opt.ClaimBytes), clock: newRedisClock(opt.Now)}
 	s.maxTries = max(opt.MaxAttempts, s.noInterestTries)
@@ -279,5 +287,9 @@ type claimed struct {
 	// at is when the claim was sent: the lease started later, in Redis, so
 	// a publish deadline counted from here can only be early, never late.
 	at time.Time
+	// held, if not nil, is why it is given back unsent and uncounted (a
+	// strict claim its wait did not confirm), due again in retryIn.
+	held    error
+	retryIn time.Duration
 	store.Claimed
 }

@@ -1,6 +1,7 @@
 package scanner
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/delayd/delayd/internal/store"
@@ -13,12 +14,19 @@ type shortClaims struct {
 	n    int // envelopes published unconfirmed since the last warning
 }
 
+// errUnconfirmedClaim marks the envelopes of a claim its wait did not
+// confirm, given back unsent and uncounted with redis.wait_claims: strict.
+// A failover before a replica has the claim brings back the attempt number
+// it took; since nothing went out under it, no attempt repeats.
+var errUnconfirmedClaim = fmt.Errorf("claim not confirmed by the replicas redis.wait_replicas asks for, given back unsent (redis.wait_claims: strict): %w", ErrUnreachable)
+
 // claimUnconfirmed warns, at most every failLogEvery, about claimed
 // envelopes that go out though no replica confirmed their claim: a
 // failover before the replicas have it brings back their previous attempt
 // number, and a lost claim delivers them again under the same attempt. A
 // timer service that stopped delivering for a missing replica would be
-// worse; the store counts the short waits.
+// worse, unless the operator chose that (StrictClaims: the envelopes are
+// given back unsent instead). The store counts the short waits.
 func (s *Scanner) claimUnconfirmed(res []store.ClaimResult) {
 	var why error
 	for _, r := range res {
@@ -30,9 +38,16 @@ func (s *Scanner) claimUnconfirmed(res []store.ClaimResult) {
 	if why == nil {
 		return
 	}
-	if now := s.opt.Now(); now.Sub(s.short.last) >= failLogEvery {
-		s.log.Warn("claims not confirmed by the Redis replicas redis.wait_replicas asks for: delivering anyway "+
-			"(a failover now may repeat these deliveries with the same attempt number)", "envelopes", s.short.n, "error", why)
-		s.short.last, s.short.n = now, 0
+	now := s.opt.Now()
+	if now.Sub(s.short.last) < failLogEvery {
+		return
 	}
+	msg := "claims not confirmed by the Redis replicas redis.wait_replicas asks for: delivering anyway " +
+		"(a failover now may repeat these deliveries with the same attempt number)"
+	if s.opt.StrictClaims {
+		msg = "claims not confirmed by the Redis replicas redis.wait_replicas asks for: given back unsent and uncounted " +
+			"(redis.wait_claims: strict); deliveries pause until a replica confirms"
+	}
+	s.log.Warn(msg, "envelopes", s.short.n, "error", why)
+	s.short.last, s.short.n = now, 0
 }
