@@ -29,7 +29,6 @@ type captors struct {
 	memo     map[string]bool
 	learned  map[string]time.Time // answered by a stream, not in the list
 	listed   time.Time            // when the last list was asked for
-	ok       bool                 // the last list read worked
 	failing  error                // the last failure, logged once
 	running  chan struct{}        // closed when the list being read is in
 	poked    time.Time            // the last refresh an unexpected answer asked for
@@ -64,14 +63,15 @@ func newCaptors(js jetstream.JetStream, refusals *Refusals, log hclog.Logger) *c
 // NATS user's permission to publish.
 const streamList = "$JS.API.STREAM.LIST"
 
-// ready reads the list of streams when it is older than captorsEvery,
-// and waits for it (bounded by ctx and captorsTimeout) unless the last
-// read failed: a refused $JS.API.STREAM.LIST costs a wait once, not every
-// time.
+// ready reads the list of streams when it is older than captorsEvery. It
+// waits for it (bounded by ctx and captorsTimeout) only when no list was
+// ever read: later reads go on beside the deliveries, so a slow JetStream
+// API never holds them (the list is then up to captorsEvery plus one read
+// old).
 func (c *captors) ready(ctx context.Context) {
 	c.mu.Lock()
 	running := c.running
-	wait := c.ok || c.listed.IsZero()
+	wait := c.listed.IsZero()
 	if running == nil && time.Since(c.listed) >= captorsEvery {
 		running = c.refreshLocked()
 	}
@@ -97,7 +97,6 @@ func (c *captors) refreshLocked() chan struct{} {
 		defer c.mu.Unlock()
 		c.running = nil
 		if err != nil {
-			c.ok = false
 			if c.failing == nil || c.failing.Error() != err.Error() {
 				c.log.Warn("cannot list the JetStream streams: a stream that captors a core target is known only "+
 					"once it answered a delivery, so its first refusals may count as delivered "+
@@ -109,7 +108,7 @@ func (c *captors) refreshLocked() chan struct{} {
 		if c.failing != nil {
 			c.log.Info("JetStream streams listed again")
 		}
-		c.patterns, c.ok, c.failing = patterns, true, nil
+		c.patterns, c.failing = patterns, nil
 		clear(c.memo)
 	}()
 	return done
@@ -216,7 +215,7 @@ func (c *captors) forget(target string) {
 	c.mu.Unlock()
 }
 
-// expire makes the next ready read the list again.
+// expire makes the next ready read the list again, and wait for it.
 func (c *captors) expire() {
 	c.mu.Lock()
 	c.listed = time.Time{}

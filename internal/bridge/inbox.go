@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -91,6 +92,12 @@ func (p *Publisher) checkInbox(done <-chan struct{}) {
 		}
 		reconnects := p.nc.Stats().Reconnects
 		err := p.probeInbox(done)
+		if err == nil {
+			// Read the list of streams before the first delivery needs it.
+			ctx, cancel := context.WithTimeout(context.Background(), captorsTimeout)
+			p.streams.ready(ctx)
+			cancel()
+		}
 		p.inbox.mu.Lock()
 		if err == nil {
 			p.inbox.ok, p.inbox.reconnects, p.inbox.err = true, reconnects, nil
