@@ -26,8 +26,9 @@ import (
 // processes while a seeded nemesis kills (-9) and pauses daemons, restarts
 // and pauses Redis (AOF, appendfsync always), restarts NATS (with a core
 // consumer that reconnects after delayd), slows or cuts daemons' Redis
-// links, cuts one daemon's NATS path while its Redis path stays, and sends
-// the core consumer away. Most deliveries go to a JetStream stream, which
+// links, cuts one daemon's NATS path while its Redis path stays,
+// blackholes one (no byte passes, both sockets stay open), and sends the
+// core consumer away. Most deliveries go to a JetStream stream, which
 // keeps every one across the faults; a quarter go to a core NATS subject,
 // whose consumer records each it receives; one in 200 carries a
 // 256 kB payload, and daemon 0 runs under a 96 MiB memory limit. Then it
@@ -38,7 +39,9 @@ import (
 //   - every duplicate carries an attempt number not seen before for it
 //     (a higher one, or an earlier attempt's copy held by a paused daemon
 //     and sent late), or its request was resent after a failure (a
-//     documented upsert).
+//     documented upsert), or its first copy arrived while a daemon's path
+//     was blackholed (a batch that reached NATS before the silence, put
+//     back uncounted: documented).
 //
 // It runs with DELAYD_SOAK=1 (.ci/run's second step), for 60 s;
 // DELAYD_CHAOS_DURATION runs longer, DELAYD_CHAOS_SEED repeats a run's
@@ -88,7 +91,7 @@ func TestChaosSoak(t *testing.T) {
 		}
 		hold := time.Duration(300+rng.IntN(1700)) * time.Millisecond
 		i := rng.IntN(daemons)
-		switch k := rng.IntN(9); k {
+		switch k := rng.IntN(10); k {
 		case 0:
 			faults["kill -9 daemon"]++
 			procs[i].kill()
@@ -136,6 +139,17 @@ func TestChaosSoak(t *testing.T) {
 		case 8:
 			faults["core consumer away"]++
 			consumer.away(hold + time.Second)
+		case 9:
+			// Long enough for the daemon to find the path silent and give
+			// its shards up; then what the proxy held goes on.
+			faults["blackhole a daemon's NATS path"]++
+			from := time.Now()
+			natsProxies[i].Blackhole()
+			time.Sleep(hold + 2*time.Second)
+			natsProxies[i].Clear()
+			w.mu.Lock()
+			w.blackholes = append(w.blackholes, span{from, time.Now()})
+			w.mu.Unlock()
 		}
 	}
 	wg.Wait()
@@ -326,6 +340,11 @@ type chaosWorkload struct {
 	// one (give or take the retries' backoff): a message forwarded over a
 	// route to a node that dies is gone, and no status tells delayd.
 	nodeKills []span
+	// blackholes are the windows a daemon's NATS path was blackholed. A
+	// duplicate with the same attempt number is allowed when its first
+	// copy arrived in one (or 2 s after): a batch that reached NATS just
+	// before the silence is put back uncounted and delivered again.
+	blackholes []span
 }
 
 // run sends schedules (new and replacing) and cancels until ctx ends.
@@ -455,7 +474,7 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 		first    map[int]time.Time // attempt → arrival of its first copy
 	}
 	got := map[string]*seen{}
-	dupRedelivery, dupResent, dupRepeat, dupLate := 0, 0, 0, 0
+	dupRedelivery, dupResent, dupRepeat, dupLate, dupSilent := 0, 0, 0, 0, 0
 	var lateness []time.Duration
 	all := core
 	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
@@ -502,6 +521,8 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 				dupResent++
 			case within(w.lagging, s.first[attempt], 0, 0):
 				dupRepeat++
+			case within(w.blackholes, s.first[attempt], 0, 2*time.Second):
+				dupSilent++
 			default:
 				t.Errorf("%s: duplicate with attempt %d after attempts %v", id, attempt, s.attempts)
 			}
@@ -535,9 +556,9 @@ func (w *chaosWorkload) check(t *testing.T, stream jetstream.Stream, core []chao
 	}
 	t.Logf("chaos: %d acknowledged (%d replaced, %d cancelled, %d unknown outcomes, %d uncertain), %d delivered; "+
 		"faults %d %v; lost %d (and %d core NATS deliveries lost across a NATS node kill); duplicates: %d redeliveries with a higher attempt, %d after a resent request, "+
-		"%d with the same attempt after a failover with a lagging replica, %d earlier attempts arriving after a later one; lateness p50 %s p99 %s",
+		"%d with the same attempt after a failover with a lagging replica, %d with the same attempt around a blackholed path, %d earlier attempts arriving after a later one; lateness p50 %s p99 %s",
 		len(w.acked), w.replaced, len(w.cancelled), len(w.unknown), len(w.uncertain), len(got), total, faults, lost, coreLost,
-		dupRedelivery, dupResent, dupRepeat, dupLate, p50, p99)
+		dupRedelivery, dupResent, dupRepeat, dupSilent, dupLate, p50, p99)
 }
 
 func sleepCtxT(ctx context.Context, d time.Duration) bool {
