@@ -37,8 +37,8 @@ func nodeExample(t *testing.T) string {
 	if err != nil {
 		needTool(t, "node not found (install Node 20): %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(examplesDir, "node", "node_modules", "nats", "package.json")); err != nil {
-		needTool(t, "examples/node has no node_modules: run (cd examples/node && npm ci)")
+	if _, err := os.Stat(filepath.Join(examplesDir, "node", "node_modules", "@nats-io", "transport-node", "package.json")); err != nil {
+		needTool(t, "examples/node has no node_modules: run (cd examples/node && npm ci) or ./test.sh")
 	}
 	return node
 }
@@ -70,21 +70,24 @@ func natscli(t *testing.T) string {
 // TestExamples runs examples/node and examples/shell, as a user would,
 // against a real daemon, Redis and NATS. Each schedules, receives and checks
 // a delivery, cancels a second message and waits 3 s for it not to come,
-// and reads an error reply; both exit non-zero on any mismatch.
+// and reads an error reply; the node one also schedules through the durable
+// intake stream with @nats-io/jetstream. Both exit non-zero on any mismatch.
 func TestExamples(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon(e.cfg())
-	want := []string{"scheduled: ", "delivered order-", "scheduled: ", "cancelled: ",
-		"nothing delivered within 3 s of the cancel", "error reply: 400 ", "ok"}
 	for _, tc := range []struct {
 		name string
+		want []string
 		cmd  func(t *testing.T) (bin string, args, env []string)
 	}{
-		{"node", func(t *testing.T) (string, []string, []string) {
+		{"node", []string{"scheduled: ", "delivered order-", "scheduled: ", "cancelled: ",
+			"nothing delivered within 3 s of the cancel", "durable intake: stream DELAYD_INTAKE ",
+			"error reply: 400 ", "ok"}, func(t *testing.T) (string, []string, []string) {
 			return nodeExample(t), []string{"example.mjs"}, []string{"DELAYD_EXAMPLE_PREFIX=examples.node"}
 		}},
-		{"shell", func(t *testing.T) (string, []string, []string) {
+		{"shell", []string{"scheduled: ", "delivered order-", "scheduled: ", "cancelled: ",
+			"nothing delivered within 3 s of the cancel", "error reply: 400 ", "ok"}, func(t *testing.T) (string, []string, []string) {
 			return "bash", []string{"example.sh"}, []string{"PATH=" + natscli(t) + string(os.PathListSeparator) + os.Getenv("PATH")}
 		}},
 	} {
@@ -104,10 +107,10 @@ func TestExamples(t *testing.T) {
 			}
 			t.Logf("%s example took %s:\n%s", tc.name, time.Since(start).Round(time.Millisecond), stdout.String())
 			lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-			if len(lines) != len(want) {
-				t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), stdout.String())
+			if len(lines) != len(tc.want) {
+				t.Fatalf("%d lines, want %d:\n%s", len(lines), len(tc.want), stdout.String())
 			}
-			for i, prefix := range want {
+			for i, prefix := range tc.want {
 				if !strings.HasPrefix(lines[i], prefix) {
 					t.Errorf("line %d is %q, want it to start with %q", i+1, lines[i], prefix)
 				}

@@ -1,19 +1,21 @@
 // Schedule, receive and cancel a delayed message through delayd with the
-// official nats client, and show an error reply. Exits non-zero on the first
-// thing that does not match the protocol (docs/protocol.md).
+// official NATS clients for Node (@nats-io/transport-node 3.x and
+// @nats-io/jetstream), schedule one through the durable intake stream, and
+// show an error reply. Exits non-zero on the first thing that does not match
+// the protocol (docs/protocol.md).
 //
 //   NATS_URL        NATS server (default nats://127.0.0.1:4222)
 //   DELAYD_EXAMPLE_PREFIX  prefix of the target subjects (default examples.node)
 //
 // Run a delayd first, e.g. `go run ./cmd/delayd --embedded`.
-import { connect, headers, Match, StringCodec } from "nats";
+import { connect, headers, Match } from "@nats-io/transport-node";
+import { jetstream } from "@nats-io/jetstream";
 
 const url = process.env.NATS_URL || "nats://127.0.0.1:4222";
 const prefix = process.env.DELAYD_EXAMPLE_PREFIX || "examples.node";
 const target = `${prefix}.orders.cancel`;
 // A fresh id per run, so reruns against one delayd never replace each other.
 const run = `${process.pid}-${Date.now()}`;
-const sc = StringCodec();
 
 function fail(msg) {
   console.error(`FAIL: ${msg}`);
@@ -64,18 +66,18 @@ h.set("Delayd-Target", target);
 h.set("Delayd-Delay", "500ms");
 h.set("Delayd-Id", id);
 h.set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"); // passes through
-const rep = await nc.request("delayd.schedule", sc.encode(payload), { headers: h, timeout: 5000 })
+const rep = await nc.request("delayd.schedule", payload, { headers: h, timeout: 5000 })
   .catch((err) => fail(`schedule: ${err.message} (is delayd running?)`));
 if (hdr(rep, "Nats-Service-Error-Code")) {
   fail(`schedule refused: ${hdr(rep, "Nats-Service-Error-Code")} ${hdr(rep, "Nats-Service-Error")}`);
 }
 const sched = rep.json();
-if (sched.id !== id || !sched.deliver_at) fail(`schedule reply ${sc.decode(rep.data)}`);
-console.log(`scheduled: ${sc.decode(rep.data)}`);
+if (sched.id !== id || !sched.deliver_at) fail(`schedule reply ${rep.string()}`);
+console.log(`scheduled: ${rep.string()}`);
 
 const { msg, received } = await sub.next(5000).catch((err) => fail(`delivery: ${err.message}`));
 const due = Date.parse(hdr(msg, "Delayd-Due"));
-if (sc.decode(msg.data) !== payload) fail(`payload changed: ${JSON.stringify(sc.decode(msg.data))}`);
+if (msg.string() !== payload) fail(`payload changed: ${JSON.stringify(msg.string())}`);
 if (hdr(msg, "Delayd-Id") !== id) fail(`Delayd-Id ${JSON.stringify(hdr(msg, "Delayd-Id"))}, want ${id}`);
 if (Number.isNaN(due)) fail(`Delayd-Due ${JSON.stringify(hdr(msg, "Delayd-Due"))} is not a time`);
 // Due times are whole milliseconds on Redis' clock; this compares with the
@@ -92,28 +94,46 @@ const h2 = headers();
 h2.set("Delayd-Target", target);
 h2.set("Delayd-Delay", "2s");
 h2.set("Delayd-Id", id2);
-const rep2 = await nc.request("delayd.schedule", sc.encode("order 43"), { headers: h2, timeout: 5000 })
+const rep2 = await nc.request("delayd.schedule", "order 43", { headers: h2, timeout: 5000 })
   .catch((err) => fail(`schedule: ${err.message}`));
 if (hdr(rep2, "Nats-Service-Error-Code")) fail(`schedule refused: ${hdr(rep2, "Nats-Service-Error")}`);
-if (rep2.json().id !== id2) fail(`schedule reply ${sc.decode(rep2.data)}`);
-console.log(`scheduled: ${sc.decode(rep2.data)}`);
+if (rep2.json().id !== id2) fail(`schedule reply ${rep2.string()}`);
+console.log(`scheduled: ${rep2.string()}`);
 
 const ch = headers();
 ch.set("Delayd-Id", id2);
 const crep = await nc.request("delayd.cancel", undefined, { headers: ch, timeout: 5000 })
   .catch((err) => fail(`cancel: ${err.message}`));
 const cancel = crep.json();
-if (cancel.id !== id2 || cancel.cancelled !== true) fail(`cancel reply ${sc.decode(crep.data)}, want cancelled true`);
-console.log(`cancelled: ${sc.decode(crep.data)}`);
+if (cancel.id !== id2 || cancel.cancelled !== true) fail(`cancel reply ${crep.string()}, want cancelled true`);
+console.log(`cancelled: ${crep.string()}`);
 
 const late = await sub.next(3000).catch(() => null);
 if (late) fail(`cancelled message arrived anyway: Delayd-Id ${hdr(late.msg, "Delayd-Id")}`);
 console.log("nothing delivered within 3 s of the cancel");
 
-// 3. An error reply: no Delayd-Target.
+// 3. Through the durable intake: a JetStream publish to delayd.intake is
+// kept by the stream DELAYD_INTAKE even while no delayd runs, so it needs no
+// reply from delayd, only the stream's ack.
+const js = jetstream(nc);
+const id3 = `order-${run}-durable`;
+const h4 = headers();
+h4.set("Delayd-Target", target);
+h4.set("Delayd-Delay", "500ms");
+h4.set("Delayd-Id", id3);
+// retries: the stream may not exist yet (delayd creates it at start);
+// a retried publish stays one envelope, as the Delayd-Id is the same.
+const ack = await js.publish("delayd.intake", "order 44", { headers: h4, retries: 10 })
+  .catch((err) => fail(`durable intake publish: ${err.message}`));
+const durable = await sub.next(5000).catch((err) => fail(`durable delivery: ${err.message}`));
+if (hdr(durable.msg, "Delayd-Id") !== id3) fail(`durable delivery Delayd-Id ${JSON.stringify(hdr(durable.msg, "Delayd-Id"))}, want ${id3}`);
+if (durable.msg.string() !== "order 44") fail(`durable payload changed: ${JSON.stringify(durable.msg.string())}`);
+console.log(`durable intake: stream ${ack.stream} seq ${ack.seq}, delivered ${id3}`);
+
+// 4. An error reply: no Delayd-Target.
 const h3 = headers();
 h3.set("Delayd-Delay", "1s");
-const erep = await nc.request("delayd.schedule", sc.encode("no target"), { headers: h3, timeout: 5000 })
+const erep = await nc.request("delayd.schedule", "no target", { headers: h3, timeout: 5000 })
   .catch((err) => fail(`bad schedule: ${err.message}`));
 const code = hdr(erep, "Nats-Service-Error-Code");
 if (code !== "400") fail(`missing Delayd-Target answered ${JSON.stringify(code)}, want 400`);
