@@ -458,6 +458,9 @@ func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
 	// stalled path, so the publish is written before the cut.
 	c.Targets.FireAndForget = []string{"cut.flush"}
 	e.startDaemon(c)
+	// Ownership rounds are ttl/3 apart: wait for the shards, so the
+	// envelope is claimed at its due time, before the cut.
+	waitOwned(t, e.inspectStore(c))
 	nc := e.conn()
 	defer nc.Close()
 	got := e.sink(nc, "cut.flush")
@@ -480,6 +483,23 @@ func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
 		seen[d.attempt] = true
 		if d.attempt < 2 {
 			t.Errorf("the publish held at the cut counted no attempt: delivered as attempt %d", d.attempt)
+		}
+	}
+}
+
+// waitOwned waits until every shard has an owner.
+func waitOwned(t *testing.T, st *store.Store) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		owners, err := st.Owners(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(owners, "") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shards without an owner: %v", owners)
 		}
 	}
 }
