@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/daemon/daemontest"
@@ -282,4 +283,127 @@ func TestScheduleThroughServiceImport(t *testing.T) {
 	if h := sink.get("imp-1")[0].header; h.Get("Nats-Request-Info") != "" {
 		t.Errorf("the import's stamp was delivered: %v", h)
 	}
+}
+
+// TestStreamIntakeRecreatedConsumerNoReplay: an operator's intake stream
+// with limits retention keeps every message after delayd acknowledged it.
+// Its consumer deleted, delayd creates it again: it must start after what
+// was stored, not at the stream's first message. Before, it started with
+// deliver-all, and once the stream dedupe window had passed every
+// envelope stored earlier was stored and delivered again as attempt 1.
+func TestStreamIntakeRecreatedConsumerNoReplay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	nc := e.conn()
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DELAYD_INTAKE", Subjects: []string{"delayd.intake", "delayd.intake.>"},
+		Retention: jetstream.LimitsPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.cfg()
+	c.Intake.Stream.AckWait = time.Second
+	c.Intake.Stream.DedupeWindow = 2 * time.Second // the shortest allowed: the test waits it out
+	c.Intake.DedupeWindow = 0                      // no resend tombstones either: the consumer alone must not replay
+	e.startDaemon(c)
+	sink := e.sink(nc, "orders.due")
+	ids := []string{"lim-1", "lim-2", "lim-3"}
+	for _, id := range ids {
+		m := &nats.Msg{Subject: "delayd.intake", Data: []byte("x"), Header: hdr(envelope.HeaderTarget, "orders.due",
+			envelope.HeaderDelay, "10ms", envelope.HeaderID, id)}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := sink.waitCount(3, 20*time.Second); got != 3 {
+		t.Fatalf("%d of 3 delivered", got)
+	}
+	// Every delivery acked, and the stream dedupe window over (by Redis's
+	// clock): a message offered again now would be stored again.
+	rc := e.redis.Client()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if e.stored(c) == 0 && seenExpired(t, rc) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the deliveries were not acked, or the dedupe window never passed")
+		}
+	}
+	cons, err := js.Consumer(ctx, "DELAYD_INTAKE", "DELAYD_INTAKE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The ack floor is what delayd keeps: wait until the server has it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err := cons.Info(ctx); err == nil && info.AckFloor.Stream == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the consumer never acked all 3")
+		}
+	}
+	if err := js.DeleteConsumer(ctx, "DELAYD_INTAKE", "DELAYD_INTAKE"); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon creates it again; a new envelope proves it serves.
+	var again jetstream.Consumer
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if again, err = js.Consumer(ctx, "DELAYD_INTAKE", "DELAYD_INTAKE"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the consumer was not created again")
+		}
+	}
+	m := &nats.Msg{Subject: "delayd.intake", Data: []byte("x"), Header: hdr(envelope.HeaderTarget, "orders.due",
+		envelope.HeaderDelay, "10ms", envelope.HeaderID, "lim-4")}
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if sink.waitIDs([]string{"lim-4"}, 20*time.Second); len(sink.get("lim-4")) != 1 {
+		t.Fatal("the envelope published after the consumer came back was not delivered")
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err := again.Info(ctx); err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new consumer never settled what it was given")
+		}
+	}
+	quiet(t, e, c, sink)
+	for _, id := range ids {
+		if n := len(sink.get(id)); n != 1 {
+			t.Errorf("%s delivered %d times: the new consumer replayed the stream", id, n)
+		}
+	}
+}
+
+// seenExpired reports whether every stream message the shards remember has
+// left the stream dedupe window, by Redis's clock.
+func seenExpired(t *testing.T, rc *redis.Client) bool {
+	t.Helper()
+	ctx := context.Background()
+	now, err := rc.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := rc.Keys(ctx, "*:seen").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		last, err := rc.ZRevRangeWithScores(ctx, k, 0, 0).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(last) == 1 && int64(last[0].Score) > now.UnixMilli() {
+			return false
+		}
+	}
+	return true
 }

@@ -21,6 +21,10 @@ import (
 type StreamStore interface {
 	Schedule(ctx context.Context, items []store.Item) ([]int64, []error)
 	Shard(id string) int
+	// IntakeFloor and SaveIntakeFloor keep the stream's floor
+	// (stream_floor.go).
+	IntakeFloor(ctx context.Context, name string, createdNs int64) (uint64, error)
+	SaveIntakeFloor(ctx context.Context, name string, createdNs int64, floor uint64) error
 }
 
 // StreamObserver counts stream intake outcomes for metrics.
@@ -112,6 +116,11 @@ type StreamIntake struct {
 	// every redelivery, so a redelivery replaces, and never the same for
 	// a stream deleted and created again.
 	idPrefix atomic.Value // string; set up again if the stream is re-created while handlers run
+	// bound is the consumer taken from, for the floor (stream_floor.go);
+	// settled says messages were settled since the floor was last saved.
+	bound       atomic.Pointer[boundConsumer]
+	settled     atomic.Bool
+	floorWarned atomic.Pointer[string] // the last floor error warned about
 }
 
 type streamItem struct {
@@ -164,6 +173,17 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 	}
 
 	drained := pipeline(s.queue, s.opt.Batch, 0, s.flush)
+	floorCtx, stopFloor := context.WithCancel(context.Background())
+	floorDone := make(chan struct{})
+	go func() { defer close(floorDone); s.keepFloor(floorCtx) }()
+	defer func() {
+		// After the last acks: the floor they reached is saved too.
+		stopFloor()
+		<-floorDone
+		if s.settled.Load() {
+			s.saveFloor(context.Background())
+		}
+	}()
 	for {
 		lost := make(chan error, 1)
 		cc, err := cons.Consume(s.handle, s.pullSize(),
@@ -306,17 +326,22 @@ func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetst
 			"stream", s.opt.Name, "retention", info.Config.Retention.String())
 	}
 	s.idPrefix.Store("s-" + strconv.FormatInt(info.Created.UnixNano(), 36) + "-")
-	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+	cfg := jetstream.ConsumerConfig{
 		Durable:       s.opt.Name,
 		Description:   "delayd: stores intake envelopes in Redis",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       s.opt.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: max(16*s.opt.Pull, 20000),
-	})
+	}
+	if err := s.startAfterFloor(ctx, st, info, &cfg); err != nil {
+		return nil, fmt.Errorf("bridge: consumer %s: %w", s.opt.Name, err)
+	}
+	cons, err := st.CreateOrUpdateConsumer(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: consumer %s: %w", s.opt.Name, err)
 	}
+	s.bound.Store(&boundConsumer{cons: cons, created: info.Created.UnixNano()})
 	return cons, nil
 }
 

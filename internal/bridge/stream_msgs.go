@@ -117,6 +117,7 @@ func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 	if terr := m.Term(); terr != nil {
 		s.log.Warn("terminating a rejected envelope failed", "error", terr)
 	}
+	s.settled.Store(true)
 	s.log.Warn("rejected a stream envelope", "code", code, "error", err, "subject", m.Subject())
 }
 
@@ -178,6 +179,9 @@ func (s *StreamIntake) flush(batch []streamItem) {
 			s.log.Debug("ack failed", "error", err)
 		}
 		stored++
+	}
+	if stored > 0 {
+		s.settled.Store(true)
 	}
 	if failed > 0 {
 		s.log.Error("storing stream envelopes failed; they stay in the stream", "count", failed, "error", firstErr)

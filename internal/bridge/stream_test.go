@@ -438,3 +438,66 @@ func TestIntakeHeadersDropsStampedHeaders(t *testing.T) {
 		t.Fatalf("intakeHeaders: %v", got)
 	}
 }
+
+// floorDown is a store whose floor cannot be read while down is set.
+type floorDown struct {
+	StreamStore
+	down  atomic.Bool
+	asked atomic.Int64 // floors asked for while down
+}
+
+func (f *floorDown) IntakeFloor(ctx context.Context, name string, created int64) (uint64, error) {
+	if f.down.Load() {
+		f.asked.Add(1)
+		return 0, errors.New("redis down")
+	}
+	return f.StreamStore.IntakeFloor(ctx, name, created)
+}
+
+// On a limits-retention stream, a consumer is never created without its
+// floor: while Redis cannot say it, none is (a consumer from the stream's
+// first message would store everything again); then it starts after it.
+func TestStreamIntakeConsumerWaitsForTheFloor(t *testing.T) {
+	e := newStreamEnv(t)
+	js := e.js()
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DELAYD_INTAKE", Subjects: []string{"delayd.intake", "delayd.intake.>"},
+		Retention: jetstream.LimitsPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "DELAYD_INTAKE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.st.SaveIntakeFloor(ctx, "DELAYD_INTAKE", info.Created.UnixNano(), 7); err != nil {
+		t.Fatal(err)
+	}
+	fd := &floorDown{StreamStore: e.st}
+	fd.down.Store(true)
+	nc := e.conn()
+	si := NewStreamIntake(nc, fd, noWake{}, e.obs, StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1,
+		AckWait: time.Second, RetryDelay: time.Second}, hclog.NewNullLogger())
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- si.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	// Not created while the floor is unknown: checked once the intake has
+	// asked for it, and retried, in vain.
+	e.eventually("the floor asked for twice", func() bool { return fd.asked.Load() >= 2 })
+	if _, err := js.Consumer(ctx, "DELAYD_INTAKE", "DELAYD_INTAKE"); err == nil {
+		t.Fatal("the consumer was created without its floor")
+	}
+	fd.down.Store(false)
+	e.waitStream()
+	cons, err := js.Consumer(ctx, "DELAYD_INTAKE", "DELAYD_INTAKE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cons.CachedInfo().Config; c.DeliverPolicy != jetstream.DeliverByStartSequencePolicy || c.OptStartSeq != 8 {
+		t.Fatalf("consumer starts with %v at %d, want by start sequence at 8", c.DeliverPolicy, c.OptStartSeq)
+	}
+}

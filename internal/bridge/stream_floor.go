@@ -1,0 +1,124 @@
+package bridge
+
+// The intake stream's floor: the stream sequence up to which every
+// message is settled, kept in Redis so that a consumer created again
+// (deleted behind delayd's back) starts after it instead of at the
+// stream's first message. On a stream with limits or interest retention
+// the messages delayd acknowledged stay; a consumer that started over
+// would store every one of them again, and once the stream dedupe window
+// had passed deliver them again as attempt 1.
+//
+// The floor is the consumer's ack floor as the server reports it, not the
+// highest sequence this daemon stored: a lower message may still be
+// unsettled (offered again while Redis was down, or held by another
+// daemon), and starting after a higher one would skip it for good. What
+// was acked after the last save is offered again to the new consumer and
+// caught by the stream dedupe window (intake.stream.dedupe_window).
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// floorEvery is how often, while messages are being settled, the floor is
+// read from the consumer and saved: at most one JetStream API request and
+// one Redis call per interval and daemon.
+const floorEvery = 250 * time.Millisecond
+
+// boundConsumer is the consumer the intake takes from and the creation
+// time of its stream.
+type boundConsumer struct {
+	cons    jetstream.Consumer
+	created int64 // ns
+}
+
+// startAfterFloor sets where the consumer cfg starts. An existing one
+// keeps its start (JetStream does not change it). A new one, or one made
+// again after it was deleted, starts after the floor saved for this
+// stream, or at its first message when none was saved (a new stream). A
+// floor Redis cannot say is an error, retried, except on a work-queue
+// stream: acknowledged messages are gone from it, so starting at its
+// first message repeats nothing.
+func (s *StreamIntake) startAfterFloor(ctx context.Context, st jetstream.Stream, info *jetstream.StreamInfo, cfg *jetstream.ConsumerConfig) error {
+	workQueue := info.Config.Retention == jetstream.WorkQueuePolicy
+	existing, err := st.Consumer(ctx, s.opt.Name)
+	switch {
+	case err == nil:
+		c := existing.CachedInfo().Config
+		cfg.DeliverPolicy, cfg.OptStartSeq = c.DeliverPolicy, c.OptStartSeq
+		return nil
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	case workQueue:
+		// Refused, most likely: a NATS user without
+		// $JS.API.CONSUMER.INFO for it (the permission block of an
+		// earlier version). Safe on a work queue, as below.
+		s.log.Warn("cannot read the intake consumer; a work-queue stream holds only unsettled messages, so the consumer is set up from its first",
+			"stream", s.opt.Name, "error", err)
+		return nil
+	default:
+		return err
+	}
+	floor, err := s.store.IntakeFloor(ctx, s.opt.Name, info.Created.UnixNano())
+	switch {
+	case err != nil && workQueue:
+		s.log.Warn("cannot read the intake stream's floor from Redis; a work-queue stream holds only unsettled messages, starting at its first",
+			"stream", s.opt.Name, "error", err)
+		return nil
+	case err != nil:
+		return err
+	case floor == 0:
+		return nil
+	}
+	cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+	s.log.Info("creating the intake consumer after the last settled message", "stream", s.opt.Name, "start_sequence", floor+1)
+	return nil
+}
+
+// keepFloor saves the floor every floorEvery while messages are settled,
+// until ctx ends.
+func (s *StreamIntake) keepFloor(ctx context.Context) {
+	t := time.NewTicker(floorEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if s.settled.Swap(false) {
+				if !s.saveFloor(ctx) {
+					s.settled.Store(true) // again at the next tick
+				}
+			}
+		}
+	}
+}
+
+// saveFloor reads the consumer's ack floor and saves it in Redis.
+func (s *StreamIntake) saveFloor(ctx context.Context) bool {
+	b := s.bound.Load()
+	if b == nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := b.cons.Info(ctx)
+	if err == nil {
+		err = s.store.SaveIntakeFloor(ctx, s.opt.Name, b.created, info.AckFloor.Stream)
+	}
+	if err != nil {
+		// Said once per cause: a refusal (the NATS user may not read
+		// the consumer's info) would otherwise turn the floor off
+		// silently.
+		msg := err.Error()
+		if prev := s.floorWarned.Swap(&msg); prev == nil || *prev != msg {
+			s.log.Warn("cannot save the intake stream's floor; a consumer created again may store again what was stored (retrying)",
+				"stream", s.opt.Name, "error", err)
+		}
+		return false
+	}
+	s.floorWarned.Store(nil)
+	return true
+}
