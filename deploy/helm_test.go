@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -259,7 +260,7 @@ func TestHelmSidecarParent(t *testing.T) {
 	if c.Ports[0].ContainerPort != 9555 {
 		t.Errorf("admin port %d, want 9555 from the parent's values", c.Ports[0].ContainerPort)
 	}
-	if !strings.HasSuffix(c.Image, ":0.1.0") {
+	if app := docs(t, chartDir+"/Chart.yaml")[0]["appVersion"]; !strings.HasSuffix(c.Image, fmt.Sprintf(":%v", app)) {
 		t.Errorf("image %s: the tag must default to delayd's appVersion, not the parent's", c.Image)
 	}
 	vols := map[string]bool{}

@@ -2,8 +2,10 @@
 # Builds a release of delayd: reproducible, checksummed binaries for linux
 # and darwin on amd64 and arm64, and optionally the image.
 #
-#   deploy/release.sh v0.2.0            # a release: needs a clean tree, a
-#                                       # "## 0.2.0" section in CHANGELOG.md
+#   deploy/release.sh v0.2.0            # a release: needs a clean tree, one
+#                                       # version everywhere (CHANGELOG.md's
+#                                       # "## 0.2.0", the chart's version and
+#                                       # appVersion, the manifests' image)
 #                                       # and the client released first
 #   deploy/release.sh --snapshot        # a test build of the tree as it is
 #
@@ -38,11 +40,54 @@ while (($#)); do
 	--platforms) platforms=$2; shift 2 ;;
 	--image) image=true; shift ;;
 	--snapshot) snapshot=true; shift ;;
-	-h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
 	-*) echo "release: unknown option $1 (see --help)" >&2; exit 2 ;;
 	*) break ;;
 	esac
 done
+
+# check_versions refuses a release that is not one version everywhere:
+# the CHANGELOG's first section, the chart's version and appVersion, the
+# image tag the chart defaults to and the plain manifests' image. It lists
+# every disagreement.
+check_versions() {
+	local v=${1#v} chart=deploy/helm/delayd/Chart.yaml values=deploy/helm/delayd/values.yaml bad=0 got f key
+	if ! grep -q "^## $v\s*$" CHANGELOG.md; then
+		echo "release: CHANGELOG.md has no \"## $v\" section; write it first (kept by hand: \"Unreleased ($v)\" becomes \"$v\")" >&2
+		bad=1
+	else
+		got=$(sed -n -E 's/^## (Unreleased \()?([0-9]+\.[0-9]+\.[0-9]+[-0-9A-Za-z.]*)\)?\s*$/\2/p' CHANGELOG.md | head -1)
+		if [[ $got != "$v" ]]; then
+			echo "release: CHANGELOG.md is about $got (its first section), not $v" >&2
+			bad=1
+		fi
+	fi
+	for key in version appVersion; do
+		got=$(awk -v k="$key:" '$1 == k { gsub(/["\047]/, "", $2); print $2; exit }' "$chart")
+		if [[ $got != "$v" ]]; then
+			echo "release: $chart has $key ${got:-(none)}, not $v" >&2
+			bad=1
+		fi
+	done
+	# image.tag empty means the appVersion.
+	got=$(awk '$1 == "tag:" { gsub(/["\047]/, "", $2); print ($2 ~ /^#/ ? "" : $2); exit }' "$values")
+	if [[ -n $got && $got != "$v" ]]; then
+		echo "release: $values has image.tag $got, not $v (leave it empty: the appVersion)" >&2
+		bad=1
+	fi
+	for f in deploy/kubernetes/*.yaml; do
+		for got in $(grep -o "ghcr\.io/delayd/delayd:[^[:space:]\"']*" "$f"); do
+			if [[ ${got##*:} != "$v" ]]; then
+				echo "release: $f deploys $got, not $v" >&2
+				bad=1
+			fi
+		done
+	done
+	if ((bad)); then
+		echo "  a release is one version everywhere: set each to $v and commit (CONTRIBUTING.md, Releasing)" >&2
+		exit 1
+	fi
+}
 
 # check_client refuses a release whose client module is not released
 # first, and says what to do.
@@ -98,10 +143,7 @@ else
 		echo "release: the working tree has uncommitted changes; commit them or use --snapshot" >&2
 		exit 1
 	fi
-	if ! grep -q "^## ${version#v}\b" CHANGELOG.md; then
-		echo "release: CHANGELOG.md has no \"## ${version#v}\" section; write it first (kept by hand)" >&2
-		exit 1
-	fi
+	check_versions "$version"
 	check_client "$version"
 	gowork=off
 fi

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -52,55 +53,10 @@ func TestReleaseRefuses(t *testing.T) {
 // throwaway repository with the script and the module files alone.
 func TestReleaseNeedsTheClientFirst(t *testing.T) {
 	t.Parallel()
-	script, err := os.ReadFile("release.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
 	const mod = "github.com/delayd/delayd/client"
-	files := map[string]string{
-		"deploy/release.sh": string(script),
-		"CHANGELOG.md":      "# Changelog\n\n## 0.2.0\n",
-		"go.mod":            "module github.com/delayd/delayd\n\ngo 1.26.8\n\nrequire " + mod + " v0.1.0\n",
-		"go.work":           "go 1.26.8\n\nuse (\n\t.\n\t./client\n)\n\nreplace " + mod + " v0.1.0 => ./client\n",
-		"go.sum":            "",
-		"client/go.mod":     "module " + mod + "\n\ngo 1.21\n",
-		"client/doc.go":     "package client\n",
-	}
-	write := func(name, text string) { t.Helper(); writeFile(t, filepath.Join(dir, name), []byte(text)) }
-	git := func(args ...string) {
-		t.Helper()
-		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"}, args...)...)
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-	}
-	commit := func(name, text string) {
-		t.Helper()
-		write(name, text)
-		git("add", "-A")
-		git("commit", "-q", "-m", name)
-	}
-	for name, text := range files {
-		write(name, text)
-	}
-	git("init", "-q")
-	git("add", "-A")
-	git("commit", "-q", "-m", "fixture")
-	refused := func(step string, want ...string) {
-		t.Helper()
-		cmd := exec.Command("bash", "deploy/release.sh", "--platforms", "linux/amd64", "--out", t.TempDir(), "v0.2.0")
-		cmd.Dir = dir
-		// Nothing is fetched: the last check's lookup of the client fails at once.
-		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOFLAGS=")
-		out, code := releaseIn(t, cmd)
-		for _, w := range want {
-			if code != 1 || !strings.Contains(out, w) {
-				t.Errorf("%s: exit %d, want 1 and %q in:\n%s", step, code, w, out)
-			}
-		}
-	}
+	files := releaseFiles()
+	r := newReleaseRepo(t, files)
+	refused, git, commit := r.refused, r.git, r.commit
 
 	refused("client required at another version", "go.mod requires "+mod+" v0.1.0, not v0.2.0", "go mod edit -require="+mod+"@v0.2.0")
 	commit("go.mod", strings.Replace(files["go.mod"], "v0.1.0", "v0.2.0", 1))
@@ -114,6 +70,92 @@ func TestReleaseNeedsTheClientFirst(t *testing.T) {
 	refused("no checksums", "go.sum has no checksums for "+mod+" v0.2.0")
 	commit("go.sum", mod+" v0.2.0 h1:AAAA=\n"+mod+" v0.2.0/go.mod h1:AAAA=\n")
 	refused("client not published", "does not build with the published client/v0.2.0")
+}
+
+// releaseFiles are the files of a throwaway repository release.sh can
+// release v0.2.0 of, but for the client's tag and checksums: the script,
+// the module files, the CHANGELOG and the version-bearing manifests.
+func releaseFiles() map[string]string {
+	const mod = "github.com/delayd/delayd/client"
+	return map[string]string{
+		"CHANGELOG.md":                   "# Changelog\n\n## 0.2.0\n",
+		"go.mod":                         "module github.com/delayd/delayd\n\ngo 1.26.8\n\nrequire " + mod + " v0.1.0\n",
+		"go.work":                        "go 1.26.8\n\nuse (\n\t.\n\t./client\n)\n\nreplace " + mod + " v0.1.0 => ./client\n",
+		"go.sum":                         "",
+		"client/go.mod":                  "module " + mod + "\n\ngo 1.21\n",
+		"client/doc.go":                  "package client\n",
+		"deploy/helm/delayd/Chart.yaml":  "apiVersion: v2\nname: delayd\nversion: 0.2.0\nappVersion: \"0.2.0\"\n",
+		"deploy/helm/delayd/values.yaml": "image:\n  repository: ghcr.io/delayd/delayd\n  tag: \"\"          # the appVersion\n",
+		"deploy/kubernetes/fleet.yaml":   "spec:\n  containers:\n    - image: ghcr.io/delayd/delayd:0.2.0\n",
+		"deploy/kubernetes/sidecar.yaml": "spec:\n  containers:\n    - image: \"ghcr.io/delayd/delayd:0.2.0\"\n",
+	}
+}
+
+// releaseRepo is a throwaway git repository with release.sh in it.
+type releaseRepo struct {
+	t   *testing.T
+	dir string
+}
+
+func newReleaseRepo(t *testing.T, files map[string]string) *releaseRepo {
+	t.Helper()
+	script, err := os.ReadFile("release.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &releaseRepo{t, t.TempDir()}
+	r.write("deploy/release.sh", string(script))
+	for name, text := range files {
+		r.write(name, text)
+	}
+	r.git("init", "-q")
+	r.git("add", "-A")
+	r.git("commit", "-q", "-m", "fixture")
+	return r
+}
+
+func (r *releaseRepo) write(name, text string) {
+	r.t.Helper()
+	writeFile(r.t, filepath.Join(r.dir, name), []byte(text))
+}
+
+func (r *releaseRepo) git(args ...string) {
+	r.t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"}, args...)...)
+	cmd.Dir = r.dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		r.t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+}
+
+// commit writes name and commits it.
+func (r *releaseRepo) commit(name, text string) {
+	r.t.Helper()
+	r.write(name, text)
+	r.git("add", "-A")
+	r.git("commit", "-q", "-m", name)
+}
+
+// run runs release.sh v0.2.0 for one platform, fetching nothing (the last
+// client check's lookup of the client fails at once).
+func (r *releaseRepo) run(env ...string) (string, int) {
+	r.t.Helper()
+	cmd := exec.Command("bash", "deploy/release.sh", "--platforms", "linux/amd64", "--out", r.t.TempDir(), "v0.2.0")
+	cmd.Dir = r.dir
+	cmd.Env = append(append(os.Environ(), "GOPROXY=off", "GOFLAGS="), env...)
+	return releaseIn(r.t, cmd)
+}
+
+// refused runs a release and wants it refused (exit 1) with each of want
+// in its output.
+func (r *releaseRepo) refused(step string, want ...string) {
+	r.t.Helper()
+	out, code := r.run()
+	for _, w := range want {
+		if code != 1 || !strings.Contains(out, w) {
+			r.t.Errorf("%s: exit %d, want 1 and %q in:\n%s", step, code, w, out)
+		}
+	}
 }
 
 // writeFile writes data at p, making its directories.
@@ -166,4 +208,91 @@ func TestReleaseIsReproducible(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "snapshot") || !strings.Contains(string(out), strings.TrimSpace(string(commit))) {
 		t.Fatalf("delayd version: %q (%v), want the snapshot version and commit %s", out, err, commit)
 	}
+}
+
+// changelogVersion is the version CHANGELOG.md's first section is about:
+// "## Unreleased (X.Y.Z)" before the release, "## X.Y.Z" after.
+var changelogVersion = regexp.MustCompile(`(?m)^## (?:Unreleased \()?(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)\)?\s*$`)
+
+// imageRef finds delayd's image in a manifest.
+var imageRef = regexp.MustCompile(`ghcr\.io/delayd/delayd:([^\s"']+)`)
+
+// TestOneVersionEverywhere: the chart (version, appVersion and the image
+// tag it defaults to) and the plain manifests deploy the version the
+// CHANGELOG is about, so a chart never ships another delayd than its own.
+// release.sh checks the same at release time (TestReleaseRefusesMixedVersions).
+func TestOneVersionEverywhere(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../CHANGELOG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := changelogVersion.FindSubmatch(b)
+	if m == nil {
+		t.Fatal(`CHANGELOG.md has no "## Unreleased (X.Y.Z)" or "## X.Y.Z" section`)
+	}
+	want := string(m[1])
+	chart := docs(t, chartDir+"/Chart.yaml")[0]
+	for _, k := range []string{"version", "appVersion"} {
+		if chart[k] != want {
+			t.Errorf("%s/Chart.yaml %s is %v, the CHANGELOG's version %s", chartDir, k, chart[k], want)
+		}
+	}
+	values := docs(t, chartDir+"/values.yaml")[0]
+	if tag := dig(values, "image", "tag"); tag != "" && tag != want {
+		t.Errorf("values.yaml image.tag %v: leave it empty (the appVersion)", tag)
+	}
+	manifests, _ := filepath.Glob("kubernetes/*.yaml")
+	for _, f := range manifests {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range imageRef.FindAllSubmatch(b, -1) {
+			if string(m[1]) != want {
+				t.Errorf("%s deploys delayd %s, the CHANGELOG's version is %s", f, m[1], want)
+			}
+		}
+	}
+}
+
+// A release is one version everywhere: release.sh refuses one whose chart
+// (version, appVersion, image tag), plain manifests or CHANGELOG name
+// another, listing each, before it looks at the client.
+func TestReleaseRefusesMixedVersions(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, file, from, to string
+		want                 []string
+	}{
+		{"chart appVersion", "deploy/helm/delayd/Chart.yaml", `appVersion: "0.2.0"`, `appVersion: "0.1.0"`,
+			[]string{"deploy/helm/delayd/Chart.yaml has appVersion 0.1.0, not 0.2.0"}},
+		{"chart version", "deploy/helm/delayd/Chart.yaml", "version: 0.2.0\n", "version: 0.2.1\n",
+			[]string{"deploy/helm/delayd/Chart.yaml has version 0.2.1, not 0.2.0"}},
+		{"image tag", "deploy/helm/delayd/values.yaml", `tag: ""`, `tag: "0.1.0"`,
+			[]string{"deploy/helm/delayd/values.yaml has image.tag 0.1.0, not 0.2.0"}},
+		{"manifest", "deploy/kubernetes/sidecar.yaml", "delayd:0.2.0", "delayd:0.1.0",
+			[]string{"deploy/kubernetes/sidecar.yaml deploys ghcr.io/delayd/delayd:0.1.0, not 0.2.0"}},
+		{"unreleased section", "CHANGELOG.md", "## 0.2.0\n", "## Unreleased (0.2.0)\n",
+			[]string{`CHANGELOG.md has no "## 0.2.0" section`}},
+		{"newer section above", "CHANGELOG.md", "## 0.2.0\n", "## Unreleased (0.3.0)\n\n## 0.2.0\n",
+			[]string{`CHANGELOG.md is about 0.3.0 (its first section), not 0.2.0`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			files := releaseFiles()
+			if !strings.Contains(files[tc.file], tc.from) {
+				t.Fatalf("%s has no %q", tc.file, tc.from)
+			}
+			files[tc.file] = strings.Replace(files[tc.file], tc.from, tc.to, 1)
+			r := newReleaseRepo(t, files)
+			r.refused(tc.name, tc.want...)
+			if out, _ := r.run(); strings.Contains(out, "go.mod requires") {
+				t.Errorf("the client was checked before the versions:\n%s", out)
+			}
+		})
+	}
+	// All agreeing, the versions pass and the client is next.
+	r := newReleaseRepo(t, releaseFiles())
+	r.refused("consistent", "go.mod requires github.com/delayd/delayd/client v0.1.0, not v0.2.0")
 }
