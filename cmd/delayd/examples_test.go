@@ -14,13 +14,13 @@ import (
 )
 
 // natscliVersion is the nats CLI examples/shell is written and checked
-// against; .ci/run installs it into the same cache dir.
+// against; ./test.sh installs it into the same cache dir.
 const natscliVersion = "v0.5.0"
 
 var examplesDir = filepath.Join("..", "..", "examples")
 
 // needTool skips the test with how to install a missing tool, or fails it
-// under CI=true, where .ci/run installs every tool first.
+// under CI=true, which ./test.sh sets after installing every tool.
 func needTool(t *testing.T, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
@@ -44,7 +44,7 @@ func nodeExample(t *testing.T) string {
 }
 
 // natscli returns the directory holding the pinned nats CLI: the tools
-// cache dir .ci/run installs it into, else PATH when that one is the same
+// cache dir ./test.sh installs it into, else PATH when that one is the same
 // version (examples/shell depends on its flags and output).
 func natscli(t *testing.T) string {
 	t.Helper()
@@ -62,7 +62,7 @@ func natscli(t *testing.T) string {
 			return filepath.Dir(p)
 		}
 	}
-	needTool(t, "nats CLI %s not found in %s or PATH: GOBIN=%s GOFLAGS= go install github.com/nats-io/natscli/nats@%s",
+	needTool(t, "nats CLI %s not found in %s or PATH: run ./test.sh, or GOBIN=%s GOFLAGS= go install github.com/nats-io/natscli/nats@%s",
 		natscliVersion, dir, dir, natscliVersion)
 	return ""
 }

@@ -104,6 +104,38 @@ func TestSoaksRunInCI(t *testing.T) {
 	}
 }
 
+// TestCIRunsTheReadmeTestCommand: the README's test command is the one
+// that sets a fresh machine up (./test.sh installs every tool the tests
+// need, so none of them skips), .ci/run runs exactly it, and CONTRIBUTING
+// shows the same.
+func TestCIRunsTheReadmeTestCommand(t *testing.T) {
+	t.Parallel()
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join("..", "..", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	block := regexp.MustCompile("(?s)\n## Tests\n.*?```sh\n([^\n]*)\n```").FindStringSubmatch(read("README.md"))
+	if block == nil {
+		t.Fatal("README.md has no sh block under \"## Tests\"")
+	}
+	const want = "./test.sh"
+	if cmd := block[1]; cmd != want {
+		t.Fatalf("README's test command is %q, want %q: a bare go test skips what is not installed", cmd, want)
+	}
+	if fi, err := os.Stat(filepath.Join("..", "..", "test.sh")); err != nil || fi.Mode()&0o111 == 0 {
+		t.Fatalf("test.sh is missing or not executable: %v", err)
+	}
+	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `$`).MatchString(read(".ci/run")) {
+		t.Errorf(".ci/run does not run the README's test command %q on a line of its own", want)
+	}
+	if !strings.Contains(read("CONTRIBUTING.md"), "```sh\n"+want+"\n") {
+		t.Errorf("CONTRIBUTING.md does not show the README's test command %q", want)
+	}
+}
+
 // previousRelease is the commit of the release before the stored-format
 // switch: the daemon a rolling upgrade meets (docs/operations.md,
 // Upgrading).

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the tests need, runs staticcheck
+# and every test with CI=true (so a missing tool fails, never skips), then
+# checks that the run left the checkout as it found it.
+#
+#   ./test.sh                          everything (.ci/run runs exactly this)
+#   ./test.sh -run TestExamples ./cmd/delayd   these go test arguments instead
+#
+# What it installs, each only when missing:
+#   - Debian packages (apt-get, as root or through sudo -n): redis-server,
+#     chromium, prometheus (promtool), systemd (systemd-analyze), nodejs and
+#     npm, gcc (for -race);
+#   - pinned Go tools, built with go install into the user's cache dir
+#     (delayd-tools/<tool>-<version>, where the tests look): helm, natscli,
+#     staticcheck;
+#   - examples/node's locked modules (npm ci into examples/node/node_modules,
+#     which git ignores).
+# What it cannot install stops it, with the exact command to run.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+fail() {
+	echo "test.sh: $*" >&2
+	exit 1
+}
+
+command -v go >/dev/null 2>&1 || fail "go not found: install Go 1.26.8 or later (https://go.dev/dl/)"
+command -v git >/dev/null 2>&1 || fail "git not found: apt-get install -y git"
+
+# The tests find pinned tools in os.UserCacheDir()/delayd-tools.
+case "$(uname -s)" in
+Darwin) cache="$HOME/Library/Caches" ;;
+*) cache="${XDG_CACHE_HOME:-$HOME/.cache}" ;;
+esac
+tools="$cache/delayd-tools"
+
+# A run must leave the checkout as it found it (go.work.sum complete, tools
+# and modules outside it or ignored): snapshot it now, compare at the end.
+tree_status() { git status --porcelain=v1 --untracked-files=all; }
+tree_sum() { git diff HEAD --binary | cksum; }
+before=$(tree_status) before_sum=$(tree_sum)
+
+# Debian packages, by the command each one provides.
+missing=()
+need_pkg() { command -v "$1" >/dev/null 2>&1 || missing+=("${@:2}"); }
+need_pkg redis-server redis-server
+need_pkg chromium chromium
+need_pkg promtool prometheus    # checks and unit-tests the alert rules
+need_pkg systemd-analyze systemd # verifies the systemd unit
+need_pkg node nodejs            # runs examples/node
+need_pkg npm npm
+need_pkg gcc gcc                # cgo, for -race
+if ((${#missing[@]})); then
+	install="apt-get install -y ${missing[*]}"
+	if ! command -v apt-get >/dev/null 2>&1; then
+		fail "missing ${missing[*]} (Debian package names): install them with your package manager, e.g. $install"
+	fi
+	sudo=()
+	if [[ $(id -u) != 0 ]]; then
+		sudo -n true 2>/dev/null || fail "missing ${missing[*]}: run  sudo apt-get update && sudo $install  (then ./test.sh again)"
+		sudo=(sudo -n)
+	fi
+	echo "test.sh: installing Debian packages: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	"${sudo[@]}" apt-get update -qq || fail "apt-get update failed: run  ${sudo[*]} apt-get update && ${sudo[*]} $install"
+	"${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null || fail "apt-get failed: run  ${sudo[*]} $install"
+fi
+
+# Pinned Go tools, built from the module proxy outside the checkout (go
+# install pkg@version ignores the workspace; running it from the tools dir
+# keeps it away from go.work.sum all the same).
+go_tool() { # dir-name binary version package
+	local dir="$tools/$1-$3"
+	[[ -x "$dir/$2" ]] && return
+	echo "test.sh: installing $1 $3 into $dir"
+	mkdir -p "$tools"
+	(cd "$tools" && GOBIN="$dir" GOFLAGS= go install "$4@$3") ||
+		fail "could not install $1: run  GOBIN=$dir GOFLAGS= go install $4@$3"
+}
+go_tool helm helm v3.21.4 helm.sh/helm/v3/cmd/helm              # deploy/tools_test.go
+go_tool natscli nats v0.5.0 github.com/nats-io/natscli/nats     # cmd/delayd/examples_test.go
+go_tool staticcheck staticcheck v0.8.2 honnef.co/go/tools/cmd/staticcheck
+
+# examples/node's locked dependencies, again when package-lock.json changed.
+node_modules=examples/node/node_modules
+git check-ignore -q "$node_modules/" || fail "$node_modules is not ignored by git: add node_modules/ to .gitignore"
+if [[ ! -f $node_modules/.package-lock.json || examples/node/package-lock.json -nt $node_modules/.package-lock.json ]]; then
+	echo "test.sh: installing examples/node's dependencies (npm ci)"
+	(cd examples/node && npm ci --no-audit --no-fund) || fail "npm ci failed: run  (cd examples/node && npm ci)"
+fi
+
+export CI=true
+if (($#)); then
+	go test "$@"
+else
+	"$tools/staticcheck-v0.8.2/staticcheck" ./...
+	go test -race -count=1 -timeout 30m ./...
+fi
+
+after=$(tree_status)
+if [[ "$before" != "$after" || "$before_sum" != "$(tree_sum)" ]]; then
+	{
+		echo "test.sh: the tests changed the checkout (nothing a test run does may write to it)."
+		echo "git status --porcelain before the run:"
+		echo "${before:-  (clean)}"
+		echo "after:"
+		echo "${after:-  (clean)}"
+		git diff --stat
+	} >&2
+	exit 1
+fi
+echo "test.sh: ok, and the checkout is as the run found it"
