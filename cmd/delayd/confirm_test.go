@@ -52,7 +52,7 @@ func TestStreamRefusalNotDelivered(t *testing.T) {
 	st := e.inspectStore(c)
 	// Every envelope ends in the stream or in the dead set, and none in
 	// both: nothing is stored any more once each is settled.
-	inStream := map[string]bool{}
+	var inStream map[string]bool
 	var dead []store.Entry
 	deadline := time.Now().Add(20 * time.Second)
 	for {

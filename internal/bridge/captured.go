@@ -124,7 +124,7 @@ func (c *captors) list() ([]capture, error) {
 	l := c.js.ListStreams(ctx)
 	var out []capture
 	for infos := l.Info(); infos != nil; {
-		refused, changed := c.refusals.refusedSince(mark, streamList)
+		changed, refused := c.refusals.refusedSince(mark, streamList)
 		if refused != nil {
 			cancel()
 			for range infos { // the lister ends on the cancel

@@ -127,9 +127,9 @@ func (r *Refusals) since(ctx context.Context, mark uint64, last error) (map[stri
 	}
 }
 
-// refusedSince returns the first refusal of a publish to subject recorded
-// after mark, if any, and a channel closed at the next record.
-func (r *Refusals) refusedSince(mark uint64, subject string) (error, <-chan struct{}) {
+// refusedSince returns a channel closed at the next record, and the first
+// refusal of a publish to subject recorded after mark, if any.
+func (r *Refusals) refusedSince(mark uint64, subject string) (<-chan struct{}, error) {
 	if r == nil {
 		return nil, nil
 	}
@@ -137,10 +137,10 @@ func (r *Refusals) refusedSince(mark uint64, subject string) (error, <-chan stru
 	defer r.mu.Unlock()
 	for _, f := range r.recent {
 		if f.seq > mark && f.subject == subject {
-			return f.err, r.changed
+			return r.changed, f.err
 		}
 	}
-	return nil, r.changed
+	return r.changed, nil
 }
 
 // after returns every error recorded after mark that the record still
