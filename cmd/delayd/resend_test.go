@@ -25,9 +25,13 @@ func TestResendOfADeliveredEnvelope(t *testing.T) {
 	s := e.sink(nc, "resend.t")
 
 	at := time.Now().Add(50 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	// Further in the past than the window: due at once, and remembered
+	// from when it was accepted.
+	past := time.Now().Add(-2 * c.Intake.DedupeWindow).UTC().Format(time.RFC3339Nano)
 	requests := map[string][]string{
 		"at":    {"Delayd-Target", "resend.t", "Delayd-At", at, "Delayd-Id", "r-at", "X-Trace", "t1"},
 		"delay": {"Delayd-Target", "resend.t", "Delayd-Delay", "50ms", "Delayd-Id", "r-delay"},
+		"past":  {"Delayd-Target", "resend.t", "Delayd-At", past, "Delayd-Id", "r-past"},
 	}
 	deliverAt := map[string]string{}
 	send := func(name, payload string) string {
@@ -50,7 +54,7 @@ func TestResendOfADeliveredEnvelope(t *testing.T) {
 	for name := range requests {
 		deliverAt[name] = send(name, "p")
 	}
-	s.waitIDs([]string{"r-at", "r-delay"}, 10*time.Second)
+	s.waitIDs([]string{"r-at", "r-delay", "r-past"}, 10*time.Second)
 	quiet(t, e, c, s)
 	if got := s.get("r-at"); len(got) != 1 || got[0].header.Get("Delayd-Request") != "" {
 		t.Fatalf("r-at delivered %d times, headers %v; want once, without delayd's own", len(got), got)
@@ -62,7 +66,7 @@ func TestResendOfADeliveredEnvelope(t *testing.T) {
 		}
 	}
 	quiet(t, e, c, s)
-	for _, id := range []string{"r-at", "r-delay"} {
+	for _, id := range []string{"r-at", "r-delay", "r-past"} {
 		if n := len(s.get(id)); n != 1 {
 			t.Errorf("%s delivered %d times after a resend of the same request, want 1", id, n)
 		}

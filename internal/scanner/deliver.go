@@ -143,7 +143,7 @@ func (s *Scanner) outcome(c claimed, d *envelope.Delivery, fail error) (store.Se
 	st := store.Settle{ID: c.ID, Token: c.Token, Outcome: store.Delivered}
 	if fail == nil && d != nil && d.Series == nil && d.Request != "" {
 		// Its tombstone answers a resend of the same request (store.Ack).
-		st.Request, st.DueMs = d.Request, c.DueMs
+		st.Request, st.SinceMs = d.Request, max(c.DueMs, d.Stored.UnixMilli())
 	}
 	switch {
 	case fail == nil && d != nil && d.Series != nil:

@@ -41,10 +41,12 @@ type Settle struct {
 	// Postpone).
 	RetryDelay time.Duration
 	// Request is the delivered one-shot's request fingerprint
-	// (envelope.Envelope.Request), kept as its tombstone at DueMs, its
-	// original due time, while resends are remembered (WithResendMemory).
+	// (envelope.Envelope.Request), kept as its tombstone from SinceMs
+	// while resends are remembered (WithResendMemory): its due time, or
+	// when it was accepted if that is later (a Delayd-At in the past), so
+	// the window never starts before the request was made.
 	Request string
-	DueMs   int64
+	SinceMs int64
 }
 
 // Acked is what an Ack did.
@@ -77,8 +79,8 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 	}
 	cmds, err := s.pipelined(ctx, ackScript, len(calls), func(i int) ([]string, []any) {
 		items := calls[i].items
-		args := make([]any, 0, 1+5*len(items))
-		args = append(args, retry.Milliseconds())
+		args := make([]any, 0, 2+5*len(items))
+		args = append(args, retry.Milliseconds(), s.resends.Milliseconds())
 		for _, it := range items {
 			op := string(it.Outcome)
 			switch it.Outcome {
@@ -89,7 +91,7 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 			}
 			errOrFP := it.Error
 			if (op == string(Delivered)) && it.Request != "" && s.resends > 0 {
-				op = "t:" + strconv.FormatInt(it.DueMs, 10) + ":" + strconv.FormatInt(s.resends.Milliseconds(), 10)
+				op = "t:" + strconv.FormatInt(it.SinceMs, 10)
 				errOrFP = it.Request
 			}
 			delay := ""

@@ -16,18 +16,22 @@ func TestResendOfADeliveredRequest(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
 	s.resends = time.Minute
-	deliver := func(id, fp string) int64 {
+	deliverSince := func(id, fp string, since int64) int64 {
 		t.Helper()
 		c, ok := claimAll(t, s, time.Minute)[id]
 		if !ok {
 			t.Fatalf("%s not claimed", id)
 		}
+		if since == 0 {
+			since = c.DueMs
+		}
 		if _, err := s.Ack(ctx, map[int][]Settle{s.Shard(id): {{ID: id, Token: c.Token, Outcome: Delivered,
-			Request: fp, DueMs: c.DueMs}}}, time.Second); err != nil {
+			Request: fp, SinceMs: since}}}, time.Second); err != nil {
 			t.Fatal(err)
 		}
 		return c.DueMs
 	}
+	deliver := func(id, fp string) int64 { return deliverSince(id, fp, 0) }
 	stored := func(id string) bool {
 		return s.rdb.HExists(ctx, s.keys[s.Shard(id)].data, id).Val()
 	}
@@ -76,11 +80,25 @@ func TestResendOfADeliveredRequest(t *testing.T) {
 		t.Fatalf("%d tombstones past the window kept", n)
 	}
 
-	// Off: nothing is remembered.
+	// A Delayd-At further in the past than the window: its tombstone
+	// counts from when it was accepted, and the resend is answered with
+	// its own due time.
+	pastDue := ceilMs(old.UnixMicro())
+	schedule(t, s, Item{ID: "r5", Request: "fp-eeeee", Absolute: true, AtMicros: old.UnixMicro(), Data: enc("p")})
+	deliverSince("r5", "fp-eeeee", time.Now().UnixMilli())
+	if got := schedule(t, s, Item{ID: "r5", Request: "fp-eeeee", Absolute: true, AtMicros: old.UnixMicro(), Data: enc("p")})[0]; got != -pastDue {
+		t.Fatalf("a resend of a past Delayd-At: due %d, want %d", got, -pastDue)
+	}
+
+	// Off: nothing is remembered, and the next ack of a shard drops what
+	// it kept.
 	s.resends = 0
-	schedule(t, s, Item{ID: "r4", Request: "fp-ddddd", Data: enc("p")})
-	deliver("r4", "fp-ddddd")
-	if got := schedule(t, s, Item{ID: "r4", Request: "fp-ddddd", Data: enc("p")})[0]; got <= 0 {
+	schedule(t, s, Item{ID: "r5", Request: "fp-fffff", Data: enc("p")})
+	deliver("r5", "fp-fffff")
+	if n := s.rdb.ZCard(ctx, s.keys[s.Shard("r5")].done).Val(); n != 0 {
+		t.Fatalf("resends off: %d tombstones kept in r5's shard", n)
+	}
+	if got := schedule(t, s, Item{ID: "r5", Request: "fp-fffff", Data: enc("p")})[0]; got <= 0 {
 		t.Fatalf("resends off: due %d, want stored", got)
 	}
 	mustBeConsistent(t, s)

@@ -1,14 +1,17 @@
 -- ack settles claimed envelopes (Ack, ack.go). ARGV[1] is the retry delay
--- in ms for releases, then per envelope 5 values: id, claim token (its
--- lease score), op, error, and its own retry delay in ms ("" for ARGV[1]).
+-- in ms for releases, ARGV[2] how long a tombstone answers resends (ms
+-- after its time; 0: none are kept), then per envelope 5 values: id, claim
+-- token (its lease score), op, error, and its own retry delay in ms (""
+-- for ARGV[1]).
 -- Ops: "a" ack (delivered: delete), "r" release (back to due after the
 -- retry delay), "u" unreachable (like "r", but the attempt is not counted:
 -- nothing was written to the network), "d" dead (to the dead set), and
 -- "n:<due ms>" for an occurrence of a series delivered: the next
--- occurrence is due then, with fresh attempts, and "t:<due ms>:<window
--- ms>" for a delivered one-shot whose request is remembered: like "a",
--- and its error field is the request's fingerprint, kept with the id in
--- the done set (keys.go) at its due time, and dropped window ms after it.
+-- occurrence is due then, with fresh attempts, and "t:<ms>" for a
+-- delivered one-shot whose request is remembered: like "a", and its error
+-- field is the request's fingerprint, kept with the id in the done set
+-- (keys.go) at that time (its due time, or when it was accepted if later),
+-- until ARGV[2] ms after it. Every call drops the tombstones past that.
 -- A non-empty error is recorded.
 -- A settle whose token is not the id's current lease score is ignored: the
 -- id was replaced, cancelled, or re-claimed after its lease expired, and a
@@ -22,7 +25,8 @@ local bad = checkKeys()
 if bad then return redis.error_reply(bad) end
 local now = nowMs()
 local ids = {}
-for i = 2, #ARGV, 5 do ids[#ids+1] = ARGV[i] end
+local remember = tonumber(ARGV[2]) or 0
+for i = 3, #ARGV, 5 do ids[#ids+1] = ARGV[i] end
 if #ids == 0 then return {now, 0, 0} end
 -- The ids one claim leased share its score: one exact range read per
 -- token finds those still leased by it (ZMSCORE would format a double per
@@ -41,12 +45,11 @@ local function holds(tok, id)
   return set[id]
 end
 local settled, acked, errs, count, again, buried, nexts, tombs = {}, {}, {}, {}, {}, {}, {}, {}
-local forget = nil -- the oldest due time a tombstone is still kept for
 -- Every read comes before any write: an id settled twice in one call
 -- must count once, as it would across two calls.
 local handled = {}
 for j, id in ipairs(ids) do
-  local k = 2 + (j - 1) * 5
+  local k = 3 + (j - 1) * 5
   local token, op, err, delay = ARGV[k+1], ARGV[k+2], ARGV[k+3], ARGV[k+4]
   if not handled[id] and holds(token, id) then
     handled[id] = true
@@ -55,12 +58,10 @@ for j, id in ipairs(ids) do
       acked[#acked+1] = id
     elseif string.sub(op, 1, 2) == 't:' then
       acked[#acked+1] = id
-      local dueMs, window = string.match(op, '^t:(%d+):(%d+)$')
-      if dueMs and err ~= '' then
-        tombs[#tombs+1] = tonumber(dueMs)
+      local since = tonumber(string.sub(op, 3))
+      if since and err ~= '' and remember > 0 then
+        tombs[#tombs+1] = since
         tombs[#tombs+1] = err .. id
-        local oldest = now - tonumber(window)
-        if not forget or oldest > forget then forget = oldest end
       end
     elseif string.sub(op, 1, 2) == 'n:' then
       nexts[#nexts+1] = id
@@ -119,10 +120,16 @@ if #restamp > 0 then
   chunks('HDEL', attempts, restamp)
   chunks('HDEL', errors, restamp)
 end
+-- Tombstones past the window go, whether or not this call adds any (a
+-- shard whose named deliveries stopped, a fleet that turned resends off).
+if remember > 0 then
+  redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. (now - remember))
+else
+  redis.call('DEL', done)
+end
 if #tombs > 0 then
   -- Remembered before the data goes: a cut in between leaves a tombstone
   -- beside a stored id, which a resend ignores (it replaces the id).
-  redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. forget)
   chunks('ZADD', done, tombs)
 end
 if #acked > 0 then

@@ -17,7 +17,8 @@
 -- this shard stored already (a redelivery after a lost ack: storing it
 -- again would deliver it twice, or bring back an older version), or minus
 -- the due time it had for a resend: an id that is not stored, whose
--- tombstone (keys.go, done) holds the same fingerprint within the window,
+-- tombstone (keys.go, done) holds the same fingerprint within the window
+-- of its time,
 -- was delivered for this very request, and is not scheduled again. The
 -- due time is rounded up to the millisecond so that a claim at "now ms" is
 -- never early.
@@ -47,7 +48,11 @@ for i = 4, #ARGV, 7 do
   if fp ~= '' and remember > 0 then
     local was = redis.call('ZSCORE', done, fp .. id)
     if was and tonumber(was) + remember >= nowms and redis.call('HEXISTS', data, id) == 0 then
+      -- Answered with the due time it had: a Delayd-At's is its own
+      -- (the same request names the same time; the tombstone's time is
+      -- when it was accepted, if later), a delay's is the tombstone's.
       resent = tonumber(was)
+      if ARGV[i+2] == 'v' then resent = math.max(math.ceil(tonumber(ARGV[i+3]) / 1000), 1) end
     end
   end
   if msg ~= '' then
