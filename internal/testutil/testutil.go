@@ -7,10 +7,13 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -194,10 +197,48 @@ func (n *NATS) Stop() {
 // in one CI run). No port is handed out twice.
 var handedOut sync.Map
 
-// FreePort asks the kernel for a free loopback TCP port that no test of
-// this process has been given before.
+// ephemeralRange is the kernel's range of ports for :0 listeners and the
+// local ends of outgoing connections.
+func ephemeralRange() (lo, hi int, ok bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0, false
+	}
+	lo, err1 := strconv.Atoi(f[0])
+	hi, err2 := strconv.Atoi(f[1])
+	return lo, hi, err1 == nil && err2 == nil && lo <= hi
+}
+
+// FreePort returns a free loopback TCP port that no test of this process
+// has been given before, taken below the kernel's ephemeral range where
+// there is room: a port in that range, free when asked, may be given by the
+// kernel to another process's :0 listener or to the local end of any
+// outgoing connection before the test's server binds it (or while a fault
+// test has it stopped), and the server then fails "address already in
+// use". Below the range only another FreePort (of a test binary running
+// beside this one) can take it: the start is random, so that is rare.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	if lo, _, ok := ephemeralRange(); ok && lo > lowPorts+1024 {
+		span := lo - lowPorts
+		start := rand.IntN(span)
+		for i := range span {
+			port := lowPorts + (start+i)%span
+			if _, taken := handedOut.LoadOrStore(port, true); taken {
+				continue
+			}
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				continue // in use: never handed out
+			}
+			l.Close()
+			return port
+		}
+	}
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -212,6 +253,10 @@ func FreePort(t testing.TB) int {
 	t.Fatal("free port: the kernel kept offering ports handed out already")
 	return 0
 }
+
+// lowPorts is the lowest port FreePort gives below the ephemeral range,
+// above the well-known and most registered ones.
+const lowPorts = 10000
 
 // BuildBinary builds ./cmd/delayd into a temp dir, for tests that need a
 // real process to kill -9.
