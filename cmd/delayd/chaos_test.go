@@ -389,9 +389,16 @@ func (w *chaosWorkload) run(ctx context.Context, nc *nats.Conn, rng *rand.Rand, 
 	}
 }
 
+// resendFor is how long past an envelope's due time the workload keeps
+// resending a request that failed (504, a timeout), as a client that
+// retries until it hears back does: a resend after the delivery is
+// answered from the id's tombstone (intake.dedupe_window), not scheduled
+// again.
+const resendFor = 5 * time.Second
+
 func (w *chaosWorkload) schedule(ctx context.Context, nc *nats.Conn, id string, at time.Time, replace bool) {
 	for try := 0; ; try++ {
-		if try > 0 && (ctx.Err() != nil || time.Now().After(at)) {
+		if try > 0 && (ctx.Err() != nil || time.Now().After(at.Add(resendFor))) {
 			// Gave up: whether it is stored is unknown.
 			w.mu.Lock()
 			if replace {
