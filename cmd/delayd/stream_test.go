@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,19 +99,25 @@ func TestStreamIntakeWithoutJetStream(t *testing.T) {
 func TestStreamIntakeEmbedded(t *testing.T) {
 	t.Parallel()
 	url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
+	admin := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", url, "--set", "http.addr=127.0.0.1:0",
+		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", url, "--set", "http.addr=" + admin,
 			"--set", "ui.addr=127.0.0.1:0"}, func(string) string { return "" }, &logs, &logs)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "stream intake serving") {
+	// The wait for the delivery below starts once the daemon is ready
+	// (stream intake serving, a shard owned): under CI's load the Redis
+	// emulation (Lua in Go, with -race) made the start take 9 s of the
+	// delivery's 10, and the test failed "not delivered" half a second
+	// after "ready". This bound is only against a hang.
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(logs.String(), "stream intake serving") || !readyz(admin) {
 		if time.Now().After(deadline) {
-			t.Fatalf("stream intake not serving:\n%s", logs.String())
+			t.Fatalf("stream intake not serving, or not ready:\n%s", logs.String())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -406,4 +413,14 @@ func seenExpired(t *testing.T, rc *redis.Client) bool {
 		}
 	}
 	return true
+}
+
+// readyz reports whether the admin server at addr answers /readyz with 200.
+func readyz(addr string) bool {
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
