@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/urfave/cli/v3"
 
 	"github.com/delayd/delayd/internal/daemon"
@@ -24,6 +26,9 @@ type doctorReport struct {
 	// Formats counts the stored values by format (1: before the value
 	// header, 2: this version's, higher: written by a newer version).
 	Formats map[int]int `json:"formats"`
+	// Unreadable counts the values that are no envelope of any format
+	// this version reads (corrupt, or not written by delayd).
+	Unreadable int `json:"unreadable"`
 }
 
 // doctorCommand checks the delay set in Redis against the store's invariants:
@@ -57,18 +62,32 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if err != nil {
 		return err
 	}
+	// The Redis library's own log lines (one per failed dial) say less
+	// than the error below.
+	store.SetLogger(hclog.NewNullLogger())
 	rdb := store.NewClient(ropts)
 	st := store.New(rdb, c.Namespace, c.Shards)
 	defer st.Close()
 	rep := doctorReport{Shards: c.Shards, Found: map[string]int{}, ByShard: map[int]map[string]int{}, Repaired: repair}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if p, err := store.ReadPersistence(pctx, rdb); err == nil {
-		rep.Persistence = &p
+	err = rdb.Ping(pctx).Err()
+	if err == nil {
+		if p, err := store.ReadPersistence(pctx, rdb); err == nil {
+			rep.Persistence = &p
+		}
 	}
 	cancel()
+	if err != nil {
+		return fmt.Errorf("doctor: cannot reach Redis at %s (redis.addrs): %w\n"+
+			"  give the address of delayd's Redis with --redis-addrs HOST:PORT (or DELAYD_REDIS_ADDRS, or redis.addrs in --config);\n"+
+			"  a daemon run with --embedded logs the doctor command for its Redis emulation at start",
+			strings.Join(c.Redis.Addrs, ","), err)
+	}
 	if rep.Formats, err = st.Formats(ctx); err != nil {
 		return err
 	}
+	rep.Unreadable = rep.Formats[store.FormatUnreadable]
+	delete(rep.Formats, store.FormatUnreadable)
 	for sh := range c.Shards {
 		found, err := st.Check(ctx, sh, store.CheckOptions{Repair: repair, Pause: pause})
 		if err != nil {
@@ -92,6 +111,9 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	if len(rep.Found) > 0 && !repair {
 		return fmt.Errorf("%d kinds of inconsistency found; run delayd doctor --repair", len(rep.Found))
+	}
+	if rep.Unreadable > 0 {
+		return fmt.Errorf("%d unreadable stored values: delete them by hand (delayd never delivers them)", rep.Unreadable)
 	}
 	return nil
 }
@@ -119,6 +141,9 @@ func printDoctor(w io.Writer, rep doctorReport) {
 			note = " (written by a newer version: this version leaves them alone)"
 		}
 		fmt.Fprintf(w, "stored format %d: %d values%s\n", f, rep.Formats[f], note)
+	}
+	if rep.Unreadable > 0 {
+		fmt.Fprintf(w, "unreadable: %d values that are no envelope of any format (corrupt, or not written by delayd)\n", rep.Unreadable)
 	}
 	if len(rep.Found) == 0 {
 		fmt.Fprintln(w, "consistent: every stored envelope is indexed exactly once, and every index entry has its data")

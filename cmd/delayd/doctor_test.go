@@ -3,13 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
@@ -108,4 +112,62 @@ func TestDoctorWhileDelivering(t *testing.T) {
 	got.waitCount(len(ids), 20*time.Second)
 	<-done
 	got.check(t, ids)
+}
+
+// TestDoctorDayOne: what a newcomer meets first with doctor. A dead address
+// is one clear error that says which flag gives the address, without the
+// Redis library's own lines; --json names every field in snake_case; and
+// a value that is no envelope at all is reported as unreadable, not as the
+// oldest format.
+func TestDoctorDayOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	doctor := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, append([]string{"delayd", "doctor", "--set", "shards=2"}, args...), func(string) string { return "" }, &out, &out)
+		return out.String(), err
+	}
+
+	dead := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	out, err := doctor("--redis-addrs", dead)
+	if err == nil {
+		t.Fatalf("doctor against a dead address succeeded:\n%s", out)
+	}
+	if msg := err.Error(); !strings.Contains(msg, dead) || !strings.Contains(msg, "--redis-addrs") {
+		t.Errorf("error %q: want the address and the --redis-addrs hint", msg)
+	}
+	if strings.Contains(out, "pool.go") || strings.Contains(out, "connection pool") {
+		t.Errorf("doctor printed the Redis library's own lines:\n%s", out)
+	}
+
+	e := newEnv(t)
+	e.redis.Client().HSet(ctx, "{delayd:0}:data", "junk", "not an envelope")
+	out, err = doctor("--redis-addrs", e.redis.Addr)
+	if err == nil {
+		t.Fatalf("doctor found nothing wrong with a junk value:\n%s", out)
+	}
+	if strings.Contains(out, "stored format 1") || !strings.Contains(out, "unreadable") {
+		t.Errorf("a junk value: want it reported unreadable, not as format 1:\n%s", out)
+	}
+	out, _ = doctor("--redis-addrs", e.redis.Addr, "--json")
+	var v any
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("--json: %v\n%s", err, out)
+	}
+	snake := regexp.MustCompile(`^[a-z0-9_]+$`)
+	var walk func(any)
+	walk = func(v any) {
+		if m, ok := v.(map[string]any); ok {
+			for k, x := range m {
+				if !snake.MatchString(k) {
+					t.Errorf("--json field %q is not snake_case:\n%s", k, out)
+				}
+				walk(x)
+			}
+		}
+	}
+	walk(v)
+	if !strings.Contains(out, `"unreadable": 1`) {
+		t.Errorf("--json: want \"unreadable\": 1:\n%s", out)
+	}
 }

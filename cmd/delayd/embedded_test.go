@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -91,6 +92,16 @@ func TestEmbeddedRun(t *testing.T) {
 	case m := <-got:
 		t.Fatalf("cancelled envelope delivered: %v", m.Header)
 	case <-time.After(500 * time.Millisecond):
+	}
+	// The emulation's address is nowhere else: the daemon logs the doctor
+	// command line that reaches it, and that command works.
+	m := regexp.MustCompile(`delayd (doctor --redis-addrs 127\.0\.0\.1:\d+)`).FindStringSubmatch(logs.String())
+	if m == nil {
+		t.Fatalf("embedded mode does not log the doctor command for its Redis emulation:\n%s", logs.String())
+	}
+	out.Reset()
+	if err := run(context.Background(), append([]string{"delayd"}, strings.Fields(m[1])...), getenv, &out, &out); err != nil || !strings.Contains(out.String(), "consistent") {
+		t.Fatalf("%s: %v\n%s", m[0], err, out.String())
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -7,7 +7,9 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
@@ -119,6 +121,9 @@ func (p *parts) startEmbedded() error {
 	p.c.Redis.Addrs = []string{srv.RedisAddr}
 	p.log.Warn("EMBEDDED MODE: in-process NATS and Redis emulation; NOTHING IS DURABLE, every scheduled message is lost when delayd stops",
 		"nats", config.RedactURL(p.c.NATS.URL), "redis", srv.RedisAddr)
+	// The emulation listens on a port of its own choosing: the one way
+	// for an operator to find it is this line.
+	p.log.Info("check the stored data with", "command", doctorCommand(p.c))
 	return nil
 }
 
@@ -131,4 +136,18 @@ func daemonID(name string) string {
 		host = "unknown-host"
 	}
 	return name + "@" + host + "-" + nuid.Next()
+}
+
+// doctorCommand is the delayd doctor command line that checks the data of
+// the daemon configured by c.
+func doctorCommand(c config.Config) string {
+	cmd := "delayd doctor --redis-addrs " + strings.Join(c.Redis.Addrs, ",")
+	d := config.Default()
+	if c.Shards != d.Shards {
+		cmd += fmt.Sprintf(" --set shards=%d", c.Shards)
+	}
+	if c.Namespace != d.Namespace {
+		cmd += " --set namespace=" + c.Namespace
+	}
+	return cmd
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/internal/envelope"
 )
 
 // ErrNotFound is returned for an id that is not stored.
@@ -383,6 +385,10 @@ func (s *Store) DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error)
 // Formats counts the stored values of every shard by format (FormatBare,
 // FormatHeader, or newer ones a newer daemon wrote), for doctor: an
 // upgrade or rollback shows how much each version has written.
+//
+// A value of a format this version reads that does not decode counts as
+// FormatUnreadable: junk without a value mark would otherwise pass for
+// format 1.
 func (s *Store) Formats(ctx context.Context) (map[int]int, error) {
 	out := map[int]int{}
 	for sh := range s.shards {
@@ -393,7 +399,7 @@ func (s *Store) Formats(ctx context.Context) (map[int]int, error) {
 				return nil, fmt.Errorf("store: formats of shard %d: %w", sh, err)
 			}
 			for i := 1; i < len(kv); i += 2 {
-				out[formatOf(kv[i])]++
+				out[readableFormat(kv[i])]++
 			}
 			if cursor = next; cursor == 0 {
 				break
@@ -401,4 +407,21 @@ func (s *Store) Formats(ctx context.Context) (map[int]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// readableFormat is the format of a stored value, or FormatUnreadable when
+// it is of a format this version reads but does not decode.
+func readableFormat(v string) int {
+	f := formatOf(v)
+	if f > formatNext {
+		return f // a newer version's: not ours to judge
+	}
+	dueMs, _, data := splitValue(v)
+	if f != FormatBare && dueMs < 0 {
+		return FormatUnreadable // a mark, but too short for its header
+	}
+	if _, err := envelope.Decode(data); err != nil {
+		return FormatUnreadable
+	}
+	return f
 }

@@ -17,10 +17,10 @@ import (
 type Persistence struct {
 	// EvictionPolicy is maxmemory-policy. Anything but noeviction lets
 	// Redis delete acknowledged envelopes when memory runs short.
-	EvictionPolicy string
-	AppendOnly     string // yes | no
-	AppendFsync    string // always | everysec | no
-	Save           string // RDB snapshot rules, "" for none
+	EvictionPolicy string `json:"eviction_policy"`
+	AppendOnly     string `json:"append_only"`  // yes | no
+	AppendFsync    string `json:"append_fsync"` // always | everysec | no
+	Save           string `json:"save"`         // RDB snapshot rules, "" for none
 }
 
 // Conn is a client or one connection (go-redis OnConnect hands one).

@@ -29,6 +29,10 @@ const (
 // format never meets a daemon that cannot read what it finds; a daemon
 // that meets a newer format anyway (a rollback) leaves it alone.
 const (
+	// FormatUnreadable counts, in Formats, the values that are no
+	// envelope of any format this version reads: corrupt, or written by
+	// something else than delayd.
+	FormatUnreadable = 0
 	// FormatBare is the envelope alone, written by versions before the
 	// value header, which predate this rule.
 	FormatBare = 1
