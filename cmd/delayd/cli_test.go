@@ -327,3 +327,20 @@ func TestFatalErrorIsJSONWithLogJSON(t *testing.T) {
 		t.Fatalf("last line %q: want the fatal error as a JSON error line", last)
 	}
 }
+
+// TestDeadActUnknownID: dead replay and dead purge of an id that is not
+// dead fail with "not found" and exit 1, as get and cancel of an unknown
+// id do, instead of reporting 0 envelopes and exiting 0.
+func TestDeadActUnknownID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon(e.cfg())
+	cli := cliRunner(e)
+	for _, verb := range []string{"replay", "purge"} {
+		out, err := cli("dead", verb, "no-such-id")
+		var buf bytes.Buffer
+		if code := exitCode(err, &buf); code != 1 || !strings.Contains(buf.String(), "not found") || !strings.Contains(buf.String(), "no-such-id") {
+			t.Errorf("dead %s no-such-id: exit %d, %q\n%s; want exit 1 saying no-such-id was not found", verb, code, buf.String(), out)
+		}
+	}
+}

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v3"
@@ -57,19 +60,52 @@ func deadActCommand(o cliIO, verb, usage string, act deadAct) *cli.Command {
 				return usageErr(cmd, "%s takes IDs or --all", verb)
 			}
 			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *client.Client) error {
+				// Named ids that are not dead (unknown, or pending) are
+				// found first, so that the failure below can name them.
+				notDead, err := notDeadIDs(ctx, c, r.IDs)
+				if err != nil {
+					return err
+				}
 				out, err := act(c, ctx, r)
 				if err != nil {
 					return err
 				}
 				if cmd.Bool("json") {
-					return printJSON(o.stdout, out)
+					if err := printJSON(o.stdout, out); err != nil {
+						return err
+					}
+				} else {
+					fmt.Fprintf(o.stdout, "%s %d dead envelope(s)\n", pastTense[verb], out.Count)
+					if out.More {
+						fmt.Fprintln(o.stdout, "more remain: run it again")
+					}
 				}
-				fmt.Fprintf(o.stdout, "%s %d dead envelope(s)\n", pastTense[verb], out.Count)
-				if out.More {
-					fmt.Fprintln(o.stdout, "more remain: run it again")
+				if !r.All && out.Count < len(slices.Compact(slices.Sorted(slices.Values(r.IDs)))) {
+					if len(notDead) == 0 { // it was dead a moment ago
+						return fmt.Errorf("dead %s: %d of the ids given not found among the dead envelopes", verb, len(r.IDs)-out.Count)
+					}
+					return fmt.Errorf("dead %s: not found among the dead envelopes: %s", verb, strings.Join(notDead, ", "))
 				}
 				return nil
 			})
 		},
 	}
+}
+
+// notDeadIDs returns the ids that are not dead envelopes: not stored, or
+// stored but pending or in flight.
+func notDeadIDs(ctx context.Context, c *client.Client, ids []string) ([]string, error) {
+	var out []string
+	for _, id := range slices.Compact(slices.Sorted(slices.Values(ids))) {
+		e, err := c.Get(ctx, id)
+		switch {
+		case errors.Is(err, client.ErrNotFound):
+			out = append(out, id)
+		case err != nil:
+			return nil, err
+		case e.State != "dead":
+			out = append(out, id+" ("+e.State+")")
+		}
+	}
+	return out, nil
 }
