@@ -257,6 +257,20 @@ func jsonFlag(usage string) cli.Flag { return &cli.BoolFlag{Name: "json", Usage:
 // loadConfig layers the config file, the environment and the config flags
 // the command was given.
 func loadConfig(cmd *cli.Command, getenv func(string) string) (config.Config, error) {
+	src, err := configSources(cmd, getenv)
+	if err != nil {
+		return config.Config{}, err
+	}
+	c, err := config.Load(src)
+	if err != nil {
+		return c, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return c, nil
+}
+
+// configSources gathers the layers of the command's configuration: the
+// file, the environment and the flags given.
+func configSources(cmd *cli.Command, getenv func(string) string) (config.Sources, error) {
 	set := map[string]string{}
 	for flag, key := range configFlagKeys {
 		if !cmd.IsSet(flag) {
@@ -272,7 +286,7 @@ func loadConfig(cmd *cli.Command, getenv func(string) string) (config.Config, er
 	for _, kv := range cmd.StringSlice("set") {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return config.Config{}, usageErr(cmd, "--set wants key=value, got %q", kv)
+			return config.Sources{}, usageErr(cmd, "--set wants key=value, got %q", kv)
 		}
 		set[k] = v
 	}
@@ -280,11 +294,7 @@ func loadConfig(cmd *cli.Command, getenv func(string) string) (config.Config, er
 	if path == "" {
 		path = getenv("DELAYD_CONFIG")
 	}
-	c, err := config.Load(config.Sources{Path: path, Getenv: getenv, Environ: environ(), Flags: set})
-	if err != nil {
-		return c, fmt.Errorf("invalid configuration:\n%w", err)
-	}
-	return c, nil
+	return config.Sources{Path: path, Getenv: getenv, Environ: environ(), Flags: set}, nil
 }
 
 func newLogger(c config.Config, w io.Writer) hclog.Logger {

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -341,6 +343,70 @@ func TestDeadActUnknownID(t *testing.T) {
 		var buf bytes.Buffer
 		if code := exitCode(err, &buf); code != 1 || !strings.Contains(buf.String(), "not found") || !strings.Contains(buf.String(), "no-such-id") {
 			t.Errorf("dead %s no-such-id: exit %d, %q\n%s; want exit 1 saying no-such-id was not found", verb, code, buf.String(), out)
+		}
+	}
+}
+
+// TestTakenPortNamesItsKey: a daemon whose probe or console port another
+// process holds stops with an error naming the config key to change, not
+// a bare "address already in use".
+func TestTakenPortNamesItsKey(t *testing.T) {
+	t.Parallel()
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for _, tc := range []struct{ key, other string }{
+		{"http.addr", "ui.addr=127.0.0.1:0"},
+		{"ui.addr", "http.addr=127.0.0.1:0"},
+	} {
+		url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
+		var out bytes.Buffer
+		err := run(context.Background(), []string{"delayd", "run", "--embedded", "--nats-url", url,
+			"--set", tc.key + "=" + held.Addr().String(), "--set", tc.other}, func(string) string { return "" }, &out, &out)
+		if err == nil {
+			t.Fatalf("%s: the daemon started on a port another process holds", tc.key)
+		}
+		if !strings.Contains(out.String()+err.Error(), tc.key+" "+held.Addr().String()) {
+			t.Errorf("%s taken: the error does not name %s:\n%v\n%s", tc.key, tc.key, err, out.String())
+		}
+	}
+}
+
+// TestConfigRefusalIsJSONWithLogJSON: a configuration the daemon refuses
+// is reported as a JSON log line when log.json was asked for, from the
+// flag, the environment or the file, so a log pipeline parses it too.
+func TestConfigRefusalIsJSONWithLogJSON(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "delayd.yaml")
+	if err := os.WriteFile(file, []byte("log:\n  json: true\nshards: 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+	}{
+		{"flag", []string{"--log-json", "--set", "shards=0"}, nil},
+		{"env", []string{"--set", "shards=0"}, map[string]string{"DELAYD_LOG_JSON": "true"}},
+		{"file", []string{"--config", file}, nil},
+	} {
+		var out bytes.Buffer
+		err := run(context.Background(), append([]string{"delayd", "run"}, tc.args...), func(k string) string { return tc.env[k] }, &out, &out)
+		code := exitCode(err, &out)
+		if code != 1 {
+			t.Errorf("%s: exit %d, want 1", tc.name, code)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			var v map[string]any
+			if json.Unmarshal([]byte(l), &v) != nil {
+				t.Errorf("%s: not a JSON line: %q\nall output:\n%s", tc.name, l, out.String())
+				break
+			}
+			if !strings.Contains(l, "shards") {
+				t.Errorf("%s: the refusal does not name the key: %s", tc.name, l)
+			}
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
 )
 
@@ -34,6 +35,14 @@ func runCommand(o cliIO) *cli.Command {
 			}
 			c, err := loadConfig(cmd, o.getenv)
 			if err != nil {
+				// A refusal is logged as the daemon logs, so that with
+				// log.json a log pipeline parses it too.
+				if src, serr := configSources(cmd, o.getenv); serr == nil && config.WantsJSONLog(src) {
+					c := config.Default()
+					c.Log.JSON = true
+					newLogger(c, o.stderr).Error("delayd refused its configuration", "error", err)
+					return &loggedErr{err}
+				}
 				return err
 			}
 			log := newLogger(c, o.stderr)

@@ -418,3 +418,30 @@ func kindOf(def any) string {
 	}
 	return "a string"
 }
+
+// WantsJSONLog reports whether src asks for log.json, by the same order
+// of layers as Load (flags, then the environment, then the file), even
+// when the configuration is otherwise invalid: a refusal is then logged
+// as JSON too. A value that does not parse as a boolean asks for nothing.
+func WantsJSONLog(src Sources) bool {
+	const key = "log.json"
+	if v, ok := src.Flags[key]; ok {
+		b, _ := strconv.ParseBool(v)
+		return b
+	}
+	if src.Getenv != nil {
+		if v := src.Getenv(EnvName(key)); v != "" {
+			b, _ := strconv.ParseBool(v)
+			return b
+		}
+	}
+	if src.Path == "" {
+		return false
+	}
+	fk := koanf.New(".")
+	if err := fk.Load(file.Provider(src.Path), yaml.Parser()); err != nil {
+		return false
+	}
+	b, _ := fk.Get(key).(bool)
+	return b
+}

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
 	"github.com/delayd/delayd/internal/admin"
 	"github.com/delayd/delayd/internal/config"
@@ -41,7 +43,18 @@ func (p *parts) newAdmin() (*admin.Server, error) {
 	if p.c.Mode != "intake" {
 		checks = append(checks, admin.Check{Name: "shards", Fn: p.own.Ready})
 	}
-	return admin.Listen(p.c.HTTP.Addr, p.metrics, checks, p.log.Named("admin"))
+	srv, err := admin.Listen(p.c.HTTP.Addr, p.metrics, checks, p.log.Named("admin"))
+	if err != nil {
+		return nil, listenErr("http.addr", p.c.HTTP.Addr, err)
+	}
+	return srv, nil
+}
+
+// listenErr names the config key of an address delayd could not listen
+// on, so that a taken port says what to change.
+func listenErr(key, addr string, err error) error {
+	return fmt.Errorf("%s %s: %w (set another with --set %s=HOST:PORT or %s)", key, addr, err, key,
+		"DELAYD_"+strings.ToUpper(strings.ReplaceAll(key, ".", "_")))
 }
 
 // newConsole listens on ui.addr for the console, warning when that is
@@ -55,7 +68,7 @@ func (p *parts) newConsole() (*admin.Server, error) {
 	}, p.log.Named("ui"))
 	srv, err := admin.ListenUI(u.Addr, ui, p.log.Named("ui"))
 	if err != nil {
-		return nil, err
+		return nil, listenErr("ui.addr", u.Addr, err)
 	}
 	if !config.Loopback(u.Addr) {
 		p.log.Warn("the console is reachable from the network", "addr", u.Addr,
