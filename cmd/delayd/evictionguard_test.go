@@ -127,3 +127,58 @@ func guardStates(m map[string]float64) map[string]float64 {
 	}
 	return out
 }
+
+// TestPersistenceReportUnderDocsACL: under the ACL of docs/security.md
+// CONFIG GET is refused, so appendfsync and the save rules cannot be read.
+// The start log once showed them empty, which read as "none": save="" and
+// a loss window of "everything: no AOF and no RDB snapshots" on a Redis
+// with `save 3600 1`, and "appendfsync , typically up to 30 s" with AOF
+// on. What cannot be read is said to be unknown, and what INFO tells
+// (AOF on or off, the snapshots made) is used.
+func TestPersistenceReportUnderDocsACL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		want      []string
+		forbidden []string
+	}{
+		{name: "RDB snapshots", args: []string{"--save", "3600 1"},
+			want:      []string{`save="unknown (CONFIG GET refused)"`, "appendonly=no", "since the last RDB snapshot"},
+			forbidden: []string{`save=""`, "no AOF and no RDB snapshots"}},
+		{name: "AOF", args: []string{"--appendonly", "yes"},
+			want:      []string{`appendfsync="unknown (CONFIG GET refused)"`, "appendonly=yes"},
+			forbidden: []string{`appendfsync=""`, "appendfsync ,", "no AOF"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, tc.args...)
+			applyDocsACL(t, e.redis, "report-pw")
+			c := e.cfg()
+			c.Redis.Username, c.Redis.Password = "delayd", "report-pw"
+			logs, _, _ := runDaemon(t, c)
+			e.waitService(c.Subject)
+			var line string
+			for deadline := time.Now().Add(10 * time.Second); line == ""; time.Sleep(20 * time.Millisecond) {
+				for _, l := range strings.Split(logs.String(), "\n") {
+					if strings.Contains(l, "Redis persistence") {
+						line = l
+					}
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no persistence report in the log:\n%s", logs.String())
+				}
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("the report does not say %s:\n%s", w, line)
+				}
+			}
+			for _, f := range tc.forbidden {
+				if strings.Contains(line, f) {
+					t.Errorf("the report says %s:\n%s", f, line)
+				}
+			}
+		})
+	}
+}

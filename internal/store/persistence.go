@@ -13,15 +13,27 @@ import (
 )
 
 // Persistence is what a Redis server says about keeping delayd's data.
-// Empty fields are unknown (the server did not say).
+// EvictionPolicy and AppendOnly are empty when unknown; AppendFsync and
+// Save, which only CONFIG GET tells, say "unknown (why)" when it would not
+// (the ACL of docs/security.md refuses it), never "" (which for Save
+// means no snapshot rules).
 type Persistence struct {
 	// EvictionPolicy is maxmemory-policy. Anything but noeviction lets
 	// Redis delete acknowledged envelopes when memory runs short.
 	EvictionPolicy string `json:"eviction_policy"`
 	AppendOnly     string `json:"append_only"`  // yes | no
-	AppendFsync    string `json:"append_fsync"` // always | everysec | no
-	Save           string `json:"save"`         // RDB snapshot rules, "" for none
+	AppendFsync    string `json:"append_fsync"` // always | everysec | no | unknown (why)
+	Save           string `json:"save"`         // RDB snapshot rules, "" for none, or unknown (why)
+	// Snapshots: INFO's rdb_saves says an RDB snapshot was made since
+	// Redis started (by its save rules or by hand).
+	Snapshots bool `json:"snapshots_since_start"`
 }
+
+// unknown is the value of a setting that could not be read, and why.
+func unknown(why string) string { return "unknown (" + why + ")" }
+
+// known reports whether a setting's value was read.
+func known(v string) bool { return !strings.HasPrefix(v, "unknown (") }
 
 // Conn is a client or one connection (go-redis OnConnect hands one).
 type Conn interface {
@@ -52,6 +64,11 @@ func ReadPersistence(ctx context.Context, c Conn) (Persistence, error) {
 	// refused CONFIG fall through to INFO.
 	cfg := redis.NewCmd(ctx, "CONFIG", "GET", "maxmemory-policy", "appendonly", "appendfsync", "save")
 	cfgErr := c.Process(ctx, cfg)
+	why := "CONFIG GET refused"
+	if cfgErr != nil && !refused(cfgErr) {
+		why = "CONFIG GET failed"
+	}
+	p.AppendFsync, p.Save = unknown(why), unknown(why)
 	if cfgErr == nil {
 		kv := map[string]string{}
 		switch v := cfg.Val().(type) {
@@ -64,9 +81,19 @@ func ReadPersistence(ctx context.Context, c Conn) (Persistence, error) {
 				kv[fmt.Sprint(v[i])] = fmt.Sprint(v[i+1])
 			}
 		}
-		p.EvictionPolicy, p.AppendOnly, p.AppendFsync, p.Save = kv["maxmemory-policy"], kv["appendonly"], kv["appendfsync"], kv["save"]
+		p.EvictionPolicy, p.AppendOnly = kv["maxmemory-policy"], kv["appendonly"]
+		if v, ok := kv["appendfsync"]; ok {
+			p.AppendFsync = v
+		} else {
+			p.AppendFsync = unknown("not in CONFIG GET")
+		}
+		if v, ok := kv["save"]; ok {
+			p.Save = v
+		} else {
+			p.Save = unknown("not in CONFIG GET")
+		}
 	}
-	if p.EvictionPolicy == "" || p.AppendOnly == "" {
+	if p.EvictionPolicy == "" || p.AppendOnly == "" || !known(p.Save) {
 		info, err := c.Info(ctx, "memory", "persistence").Result()
 		if err != nil && p.EvictionPolicy == "" {
 			if refused(err) {
@@ -82,6 +109,8 @@ func ReadPersistence(ctx context.Context, c Conn) (Persistence, error) {
 				p.EvictionPolicy = v
 			case k == "aof_enabled" && p.AppendOnly == "":
 				p.AppendOnly = map[string]string{"1": "yes", "0": "no"}[v]
+			case k == "rdb_saves":
+				p.Snapshots = v != "0"
 			}
 		}
 	}
@@ -134,12 +163,20 @@ func (p Persistence) Evicts() bool { return p.EvictionPolicy != "noeviction" }
 // (not of delayd) can lose with these settings.
 func (p Persistence) LossWindow() string {
 	switch {
+	case p.AppendOnly == "yes" && !known(p.AppendFsync):
+		return "unknown: AOF is on, appendfsync " + p.AppendFsync + ": about the last second of writes with everysec " +
+			"(Redis's default), none with always, what the OS has not flushed (typically up to 30 s) with no"
 	case p.AppendOnly == "yes" && p.AppendFsync == "always":
 		return "none: every write is on disk before Redis answers"
 	case p.AppendOnly == "yes" && p.AppendFsync == "everysec":
 		return "about the last second of writes"
 	case p.AppendOnly == "yes":
 		return "the writes the OS has not flushed yet (appendfsync " + p.AppendFsync + ", typically up to 30 s)"
+	case p.AppendOnly == "no" && !known(p.Save) && p.Snapshots:
+		return "every write since the last RDB snapshot (save rules " + p.Save + "; snapshots were made since Redis started)"
+	case p.AppendOnly == "no" && !known(p.Save):
+		return "unknown: no AOF, save rules " + p.Save + ": every write since the last RDB snapshot if save rules are set, " +
+			"everything if none (no snapshot made since Redis started)"
 	case p.AppendOnly == "no" && p.Save != "":
 		return "every write since the last RDB snapshot (save " + p.Save + ")"
 	case p.AppendOnly == "no":

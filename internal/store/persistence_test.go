@@ -152,3 +152,24 @@ func TestGuardRenamedCommands(t *testing.T) {
 		t.Fatalf("want ErrPolicyHidden naming the unknown command, got %v", err)
 	}
 }
+
+// TestLossWindowUnknown: a setting CONFIG GET would not give is unknown,
+// never read as "none" (no snapshot rules, or an empty appendfsync).
+func TestLossWindowUnknown(t *testing.T) {
+	hidden := unknown("CONFIG GET refused")
+	for _, tc := range []struct {
+		p         Persistence
+		want, not string
+	}{
+		{Persistence{AppendOnly: "no", Save: hidden}, "unknown: no AOF, save rules unknown (CONFIG GET refused)", "everything: no AOF and no RDB"},
+		{Persistence{AppendOnly: "no", Save: hidden, Snapshots: true}, "every write since the last RDB snapshot (save rules unknown", "everything"},
+		{Persistence{AppendOnly: "yes", AppendFsync: hidden, Save: hidden}, "unknown: AOF is on, appendfsync unknown (CONFIG GET refused)", "appendfsync ,"},
+		{Persistence{AppendOnly: "no", Save: ""}, "everything: no AOF and no RDB snapshots", "unknown"},
+		{Persistence{AppendOnly: "no", Save: "3600 1"}, "every write since the last RDB snapshot (save 3600 1)", "unknown"},
+	} {
+		got := tc.p.LossWindow()
+		if !strings.Contains(got, tc.want) || strings.Contains(got, tc.not) {
+			t.Errorf("%+v: %q, want %q and not %q", tc.p, got, tc.want, tc.not)
+		}
+	}
+}
