@@ -5,21 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"os/exec"
-	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v3"
 
 	"github.com/delayd/delayd/internal/bench"
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
-	"github.com/delayd/delayd/internal/embedded"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -62,149 +57,47 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		Lead: cmd.Duration("lead"), Window: cmd.Duration("window"), Target: cmd.String("target"),
 		Timeout: cmd.Duration("timeout"), Grace: cmd.Duration("grace"),
 	}
-	local, embedded, baseline, conns, asJSON := cmd.Bool("local"), cmd.Bool("embedded"), cmd.Bool("baseline"), int(cmd.Int("conns")), cmd.Bool("json")
-	stream, compare, window := cmd.Bool("stream"), cmd.Bool("compare"), int(cmd.Int("max-pending"))
-	stdout, stderr := o.stdout, o.stderr
-	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || conns < 1 || window < 1 {
+	local, embedded := cmd.Bool("local"), cmd.Bool("embedded")
+	opts := bench.Options{Conns: int(cmd.Int("conns")), Baseline: cmd.Bool("baseline"), Stream: cmd.Bool("stream"),
+		Compare: cmd.Bool("compare"), OneRequester: int(cmd.Int("one-requester")), MaxPending: int(cmd.Int("max-pending")),
+		Progress: o.stderr}
+	if w.Count < 1 || w.Concurrency < 1 || w.PayloadSize < 0 || w.Window <= 0 || opts.Conns < 1 || opts.MaxPending < 1 {
 		return usageErr(cmd, "--count, --concurrency, --conns, --window and --max-pending must be positive")
 	}
-	if cmd.Int("one-requester") < 0 {
+	if opts.OneRequester < 0 {
 		return usageErr(cmd, "--one-requester must be 0 (skip) or positive")
 	}
-	if len(childArgs(cmd)) > 0 && !local && !embedded {
+	childSet, childProfile := cmd.StringSlice("child-set"), cmd.String("child-cpuprofile")
+	if (len(childSet) > 0 || childProfile != "") && !local && !embedded {
 		return usageErr(cmd, "--child-set and --child-cpuprofile need a child: add --local or --embedded")
 	}
-	for _, kv := range cmd.StringSlice("child-set") {
-		key, _, ok := strings.Cut(kv, "=")
-		if !ok {
-			return usageErr(cmd, "--child-set %q: want KEY=VALUE", kv)
-		}
-		if benchOwnsKey(key) {
-			return usageErr(cmd, "--child-set %s: the bench sets it itself, so that its child is the only delayd it talks to and loads (use the bench's own flags or --set for the servers: the child inherits them)", key)
-		}
+	if err := bench.CheckChildSet(childSet); err != nil {
+		return usageErr(cmd, "%v", err)
 	}
 	c, err := loadConfig(cmd, o.getenv)
 	if err != nil {
 		return err
 	}
-	// A child of its own answers on a subject prefix (and keeps its
-	// stream) nobody else uses: whatever else runs on that NATS can
-	// neither answer the bench nor be loaded by it.
-	own := ""
-	if local || embedded {
-		own = strconv.FormatInt(time.Now().UnixNano(), 36)
-		c.Subject = "bench" + own
-		c.Intake.Stream.Name = "BENCH_" + strings.ToUpper(own)
-	}
-	if w.Target == c.Subject || len(w.Target) > len(c.Subject) && w.Target[:len(c.Subject)+1] == c.Subject+"." {
-		// The service refuses its own subjects as targets.
-		w.Target = "bench.target"
-	}
-
-	var child *benchChild
-	if local || embedded {
-		child, err = startChild(c, own, embedded, stream, inheritedArgs(cmd), childArgs(cmd), stderr)
-		if err != nil {
-			return err
-		}
-		defer child.kill()
-		if !embedded {
-			// Last, once the child is gone: its namespace was the bench's
-			// alone, and what it leaves (lease hashes, the member list,
-			// anything not delivered after an interrupt) must not stay in
-			// the user's Redis.
-			defer func() {
-				child.kill()
-				dropBenchNamespace(c, "bench-"+own, stderr)
-			}()
-		}
-	}
-	var cleanup *bridge.Probe // deletes the child's stream, on every way out
-
-	clients := make([]*bridge.Probe, conns)
-	for i := range clients {
-		auth, err := daemon.NATSAuth(c)
-		if err != nil {
-			return err
-		}
-		nc, err := bridge.Dial(c.NATS.URL, "delayd-cli", auth, w.Timeout)
-		// A child started with --embedded brings the NATS server up itself.
-		for deadline := time.Now().Add(15 * time.Second); err != nil && child != nil && time.Now().Before(deadline); {
-			time.Sleep(50 * time.Millisecond)
-			nc, err = bridge.Dial(c.NATS.URL, "delayd-cli", auth, w.Timeout)
-		}
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		clients[i] = bridge.NewProbe(nc, c.Subject)
-	}
-	if child != nil && stream {
-		cleanup = clients[0]
-		defer func() {
-			child.kill() // first: a running child would set its stream up again
-			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := cleanup.DeleteStream(dctx, c.Intake.Stream.Name); err != nil {
-				fmt.Fprintf(stderr, "delayd bench: deleting the child's stream %s: %v\n", c.Intake.Stream.Name, err)
-			}
-		}()
-	}
-	if err := waitService(ctx, clients[0], child); err != nil {
-		return err
-	}
-
-	so := bench.StreamOptions{Prefix: c.Subject, Window: window}
-	var base float64
-	if baseline {
-		if stream {
-			base, err = bench.StreamBaseline(ctx, clients, w, so)
-		} else {
-			base, err = bench.Baseline(ctx, clients, w)
-		}
-		if err != nil {
-			return fmt.Errorf("baseline: %w", err)
-		}
-	}
-	progress := stderr
-	var r bench.Result
-	if stream {
-		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		err = clients[0].WaitStream(wctx, c.Intake.Stream.Name)
-		cancel()
-		if err == nil {
-			r, err = bench.RunStream(ctx, clients, w, so, progress)
-		}
-	} else {
-		r, err = bench.Run(ctx, clients, w, progress)
-	}
+	auth, err := daemon.NATSAuth(c)
 	if err != nil {
 		return err
 	}
-	if base > 0 {
-		r.BaselineRate, r.IntakeRatio = base, r.IntakeRate/base
-	}
-	if n := int(cmd.Int("one-requester")); compare && n > 0 {
-		// What one call costs a requester alone, beside JetStream's below.
-		one, err := bench.DelaydOneRequester(ctx, clients[0], w, n)
+	opts.NATSURL, opts.Subject, opts.StreamName = c.NATS.URL, c.Subject, c.Intake.Stream.Name
+	opts.Dial = func(url string) (*nats.Conn, error) { return bridge.Dial(url, "delayd-cli", auth, w.Timeout) }
+	if local || embedded {
+		self, err := os.Executable()
 		if err != nil {
-			return fmt.Errorf("one requester: %w", err)
-		}
-		r.OneRequester = &one
-		so.OneRequester = n
-	}
-	if child != nil {
-		if r.Daemon, err = child.stop(); err != nil {
 			return err
 		}
+		opts.Child = &bench.ChildOptions{Binary: self, Embedded: embedded, RedisAddrs: c.Redis.Addrs,
+			Inherit: inheritedArgs(cmd), Set: childSet, CPUProfile: childProfile, Stderr: o.stderr,
+			DropNamespace: func(ctx context.Context, ns string) error { return dropNamespace(ctx, c, ns) }}
 	}
-	var peer *bench.Result
-	if compare {
-		if peer, err = benchSchedules(ctx, w, so, clients, embedded, progress); err != nil {
-			return fmt.Errorf("compare: %w", err)
-		}
+	r, peer, err := bench.Run(ctx, w, opts)
+	if err != nil {
+		return err
 	}
-	if err := printBench(stdout, r, peer, asJSON); err != nil {
+	if err := printBench(o.stdout, r, peer, cmd.Bool("json")); err != nil {
 		return err
 	}
 	// A run that lost, rejected or delivered early exits 1, so the bench
@@ -213,48 +106,6 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		return fmt.Errorf("bench: %d lost, %d rejected, %d early", r.Lost, r.Rejected, r.Early)
 	}
 	return nil
-}
-
-// benchSchedules runs the workload as JetStream message schedules: on the
-// server delayd uses when it runs them (2.12 or newer), so both sides pay
-// the same NATS, else on an in-process nats-server of its own.
-func benchSchedules(ctx context.Context, w bench.Workload, so bench.StreamOptions, same []*bridge.Probe, embeddedChild bool, progress io.Writer) (*bench.Result, error) {
-	if !embeddedChild && same[0].HasSchedules(ctx) {
-		fmt.Fprintln(progress, "compare: JetStream schedules on delayd's nats-server")
-		r, err := bench.Schedules(ctx, same, w, so, progress)
-		return &r, err
-	}
-	if embeddedChild {
-		fmt.Fprintln(progress, "compare: the embedded child's nats-server stopped with it: JetStream schedules on an in-process nats-server (a different server: compare each with its own echo)")
-	} else {
-		fmt.Fprintln(progress, "compare: delayd's nats-server has no message schedules (2.12+): JetStream schedules on an in-process nats-server (a different server: compare each with its own echo)")
-	}
-	conns := len(same)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	url := "nats://" + l.Addr().String()
-	l.Close()
-	srv, err := embedded.Start(url)
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Stop()
-	clients := make([]*bridge.Probe, conns)
-	for i := range clients {
-		nc, err := bridge.Dial(url, "delayd-cli", bridge.Auth{}, w.Timeout)
-		if err != nil {
-			return nil, err
-		}
-		defer nc.Close()
-		clients[i] = bridge.NewProbe(nc, "bench")
-	}
-	r, err := bench.Schedules(ctx, clients, w, so, progress)
-	if err != nil {
-		return nil, err
-	}
-	return &r, nil
 }
 
 func printBench(stdout io.Writer, r bench.Result, peer *bench.Result, asJSON bool) error {
@@ -274,83 +125,19 @@ func printBench(stdout io.Writer, r bench.Result, peer *bench.Result, asJSON boo
 	return nil
 }
 
-// benchChild is the delayd the bench started, watched so that a child
-// that exits early (its port taken, a bad setting) stops the bench at once.
-type benchChild struct {
-	cmd    *exec.Cmd
-	exited chan struct{}
-	err    error // once exited is closed
-}
-
-// startChild runs this binary as "delayd run" with the bench's own
-// subject prefix (c.Subject), namespace and intake stream (enabled only
-// for --stream), so the bench can tell its child from any other delayd and
-// read its CPU time and peak RSS when it exits.
-func startChild(c config.Config, own string, embedded, stream bool, inherit, extra []string, stderr io.Writer) (*benchChild, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	// The bench's own --config and --set first, so that the child reads
-	// the config the bench does (its Redis above all: the bench deletes
-	// the child's keys through it afterwards), then the bench's settings
-	// as --set, which win over both.
-	args := append([]string{"run"}, inherit...)
-	args = append(args, "--nats-url", c.NATS.URL, "--log-level", "warn", "--set", "http.addr=127.0.0.1:0", "--set", "ui.enabled=false",
-		"--set", "subject="+c.Subject, "--set", "namespace=bench-"+own,
-		"--set", "intake.stream.enabled="+strconv.FormatBool(stream), "--set", "intake.stream.name="+c.Intake.Stream.Name)
-	if embedded {
-		args = append(args, "--embedded")
-	} else if len(c.Redis.Addrs) > 0 {
-		args = append(args, "--redis-addrs", strings.Join(c.Redis.Addrs, ","))
-	}
-	cmd := exec.Command(self, append(args, extra...)...)
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start delayd: %w", err)
-	}
-	ch := &benchChild{cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		ch.err = cmd.Wait()
-		close(ch.exited)
-	}()
-	return ch, nil
-}
-
-// benchOwnsKey reports whether the bench sets config key itself for its
-// child: the keys that keep the child apart from any other delayd (its
-// subject prefix, namespace and stream) and point it at the bench's
-// servers (set them with the bench's --set: the child inherits it). A --child-set of one of them could make the bench load, and
-// then clean up, a real deployment.
-func benchOwnsKey(key string) bool {
-	key = strings.ToLower(strings.TrimSpace(key))
-	switch key {
-	case "subject", "namespace", "intake.stream.enabled", "intake.stream.name", "nats.url", "embedded":
-		return true
-	}
-	// How to reach Redis: the bench deletes the child's keys afterwards
-	// through its own settings, which the child shares (--set for both).
-	switch {
-	case key == "redis.addrs", key == "redis.db", key == "redis.cluster", key == "redis.master_name",
-		key == "redis.username", key == "redis.password", strings.HasPrefix(key, "redis.tls"):
-		return true
-	}
-	return false
-}
-
-// dropBenchNamespace deletes the keys of the child's namespace ns.
-func dropBenchNamespace(c config.Config, ns string, stderr io.Writer) {
+// dropNamespace deletes the keys of the bench child's namespace ns through
+// the bench's own Redis settings, which the child inherited. It stays here
+// rather than in internal/bench so that the bench remains a NATS client of
+// delayd: the Redis side is the store's.
+func dropNamespace(ctx context.Context, c config.Config, ns string) error {
 	ropts, err := daemon.RedisOptions(c)
-	if err == nil {
-		rdb := store.NewClient(ropts)
-		defer rdb.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err = store.DropNamespace(ctx, rdb, ns)
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "delayd bench: the child's Redis keys ({%s:*}) were not deleted: %v\n", ns, err)
+		return err
 	}
+	rdb := store.NewClient(ropts)
+	defer rdb.Close()
+	_, err = store.DropNamespace(ctx, rdb, ns)
+	return err
 }
 
 // inheritedArgs are the bench's own --config and --set, for its child.
@@ -363,65 +150,4 @@ func inheritedArgs(cmd *cli.Command) []string {
 		args = append(args, "--set", kv)
 	}
 	return args
-}
-
-// childArgs are the child's arguments from --child-set and
-// --child-cpuprofile, after the bench's own (a later --set wins).
-func childArgs(cmd *cli.Command) []string {
-	var args []string
-	for _, kv := range cmd.StringSlice("child-set") {
-		args = append(args, "--set", kv)
-	}
-	if p := cmd.String("child-cpuprofile"); p != "" {
-		args = append(args, "--cpuprofile", p)
-	}
-	return args
-}
-
-func (ch *benchChild) kill() {
-	_ = ch.cmd.Process.Kill()
-	<-ch.exited
-}
-
-func (ch *benchChild) stop() (*bench.Usage, error) {
-	_ = ch.cmd.Process.Signal(syscall.SIGTERM)
-	<-ch.exited
-	cmd := ch.cmd
-	if err := ch.err; err != nil {
-		return nil, fmt.Errorf("delayd child: %w", err)
-	}
-	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	if !ok {
-		return nil, nil
-	}
-	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	return &bench.Usage{CPUSeconds: cpu.Seconds(), PeakRSSMiB: float64(ru.Maxrss) / 1024}, nil
-}
-
-// waitService waits until a delayd answers, so a just-started child is
-// not measured while it connects. With a child, only the child can answer
-// (its own subject prefix), and a child that exits first ends the bench
-// before anything was sent.
-func waitService(ctx context.Context, c *bridge.Probe, child *benchChild) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if child != nil {
-			select {
-			case <-child.exited:
-				return fmt.Errorf("the delayd child exited before it answered (%v): nothing was sent; "+
-					"is its NATS port already in use (another server, another delayd)?", child.err)
-			default:
-			}
-		}
-		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		_, err := c.Delayd.Cancel(rctx, "bench-probe")
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no delayd answers: %w", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/client"
-	"github.com/delayd/delayd/internal/bridge"
 )
 
 // Workload describes one run.
@@ -86,18 +85,18 @@ type Usage struct {
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
 }
 
-// Baseline measures the request/reply ceiling: the same requests, same
+// baseline measures the request/reply ceiling: the same requests, same
 // concurrency, answered at once by a trivial responder.
-func Baseline(ctx context.Context, clients []*bridge.Probe, w Workload) (float64, error) {
-	echo := clients[0].WithSubject("delayd-bench-echo")
-	stop, err := echo.Echo("delayd-bench-echo.schedule")
+func baseline(ctx context.Context, clients []*conn, w Workload) (float64, error) {
+	echo := clients[0].withSubject("delayd-bench-echo")
+	stop, err := echo.echo("delayd-bench-echo.schedule")
 	if err != nil {
 		return 0, err
 	}
 	defer stop()
-	echoes := make([]*bridge.Probe, len(clients))
+	echoes := make([]*conn, len(clients))
 	for i, c := range clients {
-		echoes[i] = c.WithSubject("delayd-bench-echo")
+		echoes[i] = c.withSubject("delayd-bench-echo")
 	}
 	d, rejected, _, err := schedule(ctx, echoes, w, "echo", time.Now(), nil)
 	if err != nil {
@@ -106,13 +105,13 @@ func Baseline(ctx context.Context, clients []*bridge.Probe, w Workload) (float64
 	return float64(w.Count-rejected) / d.Seconds(), nil
 }
 
-// Run schedules the workload through delayd and watches the target until
+// runRequest schedules the workload through delayd and watches the target until
 // every envelope arrived or the grace period after the last due time ended.
-func Run(ctx context.Context, clients []*bridge.Probe, w Workload, progress io.Writer) (Result, error) {
+func runRequest(ctx context.Context, clients []*conn, w Workload, progress io.Writer) (Result, error) {
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "b" + runID + "-"
 	rec := newRecorder(w.Count)
-	stop, err := clients[0].Watch(w.Target, watchInto(rec, prefix))
+	stop, err := clients[0].watch(w.Target, watchInto(rec, prefix))
 	if err != nil {
 		return Result{}, err
 	}
@@ -146,7 +145,7 @@ func Run(ctx context.Context, clients []*bridge.Probe, w Workload, progress io.W
 // schedule sends Count requests over Concurrency workers. Envelope i is due
 // at start+Lead+i*Window/Count, given as Delayd-At so the due time does not
 // depend on how fast the intake was.
-func schedule(ctx context.Context, clients []*bridge.Probe, w Workload, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, string, error) {
+func schedule(ctx context.Context, clients []*conn, w Workload, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, string, error) {
 	payload := make([]byte, w.PayloadSize)
 	for i := range payload {
 		payload[i] = 'a' + byte(i%26)
@@ -170,7 +169,7 @@ func schedule(ctx context.Context, clients []*bridge.Probe, w Workload, prefix s
 				}
 				at := start.Add(w.Lead + time.Duration(int64(w.Window)*int64(i)/int64(w.Count)))
 				rctx, cancel := context.WithTimeout(ctx, w.Timeout)
-				_, err := c.Delayd.Schedule(rctx, w.Target, payload, client.At(at), client.ID(prefix+strconv.Itoa(i)))
+				_, err := c.delayd.Schedule(rctx, w.Target, payload, client.At(at), client.ID(prefix+strconv.Itoa(i)))
 				cancel()
 				if err != nil {
 					rejected.Add(1)
@@ -328,8 +327,8 @@ func report(w io.Writer, total int, scheduled *atomic.Int64, rec *recorder, done
 }
 
 // watchInto records the deliveries of ids "<prefix><n>" of a run.
-func watchInto(rec *recorder, prefix string) func(bridge.Delivered) {
-	return func(d bridge.Delivered) {
+func watchInto(rec *recorder, prefix string) func(delivered) {
+	return func(d delivered) {
 		i, ok := strings.CutPrefix(d.ID, prefix)
 		if !ok {
 			return

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/client"
-	"github.com/delayd/delayd/internal/bridge"
 )
 
 // OneRequester is what one call costs a requester alone: the mean
@@ -26,20 +25,20 @@ type OneRequester struct {
 const OneRequesterCalls = 2000
 
 // oneEcho times n requests in a row to an echo responder on p's server.
-func oneEcho(ctx context.Context, p *bridge.Probe, w Workload, n int) (float64, error) {
+func oneEcho(ctx context.Context, p *conn, w Workload, n int) (float64, error) {
 	one := w
 	one.Count, one.Concurrency = n, 1
-	rate, err := Baseline(ctx, []*bridge.Probe{p}, one)
+	rate, err := baseline(ctx, []*conn{p}, one)
 	if err != nil {
 		return 0, fmt.Errorf("echo: %w", err)
 	}
 	return 1e6 / rate, nil
 }
 
-// DelaydOneRequester times n schedule calls in a row to delayd (due in an
+// delaydOneRequester times n schedule calls in a row to delayd (due in an
 // hour, and cancelled afterwards so nothing of the bench stays stored),
 // and n to an echo responder on the same connection.
-func DelaydOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int) (OneRequester, error) {
+func delaydOneRequester(ctx context.Context, p *conn, w Workload, n int) (OneRequester, error) {
 	echo, err := oneEcho(ctx, p, w, n)
 	if err != nil {
 		return OneRequester{}, err
@@ -47,13 +46,13 @@ func DelaydOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int)
 	one := w
 	one.Count, one.Concurrency, one.Lead = n, 1, time.Hour
 	prefix := "l" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
-	took, rejected, first, err := schedule(ctx, []*bridge.Probe{p}, one, prefix, time.Now(), nil)
+	took, rejected, first, err := schedule(ctx, []*conn{p}, one, prefix, time.Now(), nil)
 	// Cancel every one, also after a failure or an interrupt (ctx done):
 	// none may fire in an hour, nor stay stored.
 	for i := range n {
 		for try := 0; try < 3; try++ {
 			cctx, cancel := context.WithTimeout(context.Background(), w.Timeout)
-			_, cerr := p.Delayd.Cancel(cctx, prefix+strconv.Itoa(i))
+			_, cerr := p.delayd.Cancel(cctx, prefix+strconv.Itoa(i))
 			cancel()
 			if !errors.Is(cerr, client.ErrUnavailable) && !errors.Is(cerr, client.ErrOutcomeUnknown) {
 				break
@@ -69,10 +68,10 @@ func DelaydOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int)
 	return OneRequester{Calls: n, Us: us(took, n), EchoUs: echo}, nil
 }
 
-// SchedulesOneRequester times n JetStream message schedules published in a
+// schedulesOneRequester times n JetStream message schedules published in a
 // row, each waiting for its PubAck, into the bench stream (due in an hour;
 // the stream is deleted afterwards).
-func SchedulesOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n int) (OneRequester, error) {
+func schedulesOneRequester(ctx context.Context, p *conn, w Workload, n int) (OneRequester, error) {
 	echo, err := oneEcho(ctx, p, w, n)
 	if err != nil {
 		return OneRequester{}, err
@@ -82,8 +81,8 @@ func SchedulesOneRequester(ctx context.Context, p *bridge.Probe, w Workload, n i
 	start := time.Now()
 	for i := range n {
 		pctx, cancel := context.WithTimeout(ctx, w.Timeout)
-		err := p.PublishSync(pctx, bridge.Outgoing{Subject: "bench.sched.in.one." + strconv.Itoa(i),
-			Header: bridge.ScheduleHeaders(at, "bench.sched.out.one."+strconv.Itoa(i)), Data: payload})
+		err := p.publishSync(pctx, outgoing{Subject: "bench.sched.in.one." + strconv.Itoa(i),
+			Header: scheduleHeaders(at, "bench.sched.out.one."+strconv.Itoa(i)), Data: payload})
 		cancel()
 		if err != nil {
 			return OneRequester{}, err

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/delayd/delayd/internal/bridge"
 )
 
 // Modes of a result.
@@ -19,8 +17,8 @@ const (
 	ModeSchedules = "JetStream schedules"
 )
 
-// StreamOptions configure the runs that publish into JetStream.
-type StreamOptions struct {
+// streamOptions configure the runs that publish into JetStream.
+type streamOptions struct {
 	// Prefix is delayd's subject prefix: envelopes go to <Prefix>.intake.
 	Prefix string
 	// Window is the most PubAcks outstanding per connection.
@@ -33,7 +31,7 @@ type StreamOptions struct {
 // publishShared publishes n messages over every client in parallel (client
 // k takes every len(clients)-th message) and returns the time until the
 // last PubAck, the failed publishes and the first failure ("" for none).
-func publishShared(ctx context.Context, clients []*bridge.Probe, n, window int, msg func(i int) bridge.Outgoing, counter *atomic.Int64) (time.Duration, int, string, error) {
+func publishShared(ctx context.Context, clients []*conn, n, window int, msg func(i int) outgoing, counter *atomic.Int64) (time.Duration, int, string, error) {
 	var wg sync.WaitGroup
 	var failed atomic.Int64
 	errs := make([]error, len(clients))
@@ -44,7 +42,7 @@ func publishShared(ctx context.Context, clients []*bridge.Probe, n, window int, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, f, first, err := c.PublishAsync(ctx, share, window, func(i int) bridge.Outgoing { return msg(i*len(clients) + k) }, counter)
+			_, f, first, err := c.publishAsync(ctx, share, window, func(i int) outgoing { return msg(i*len(clients) + k) }, counter)
 			failed.Add(int64(f))
 			errs[k], firsts[k] = err, first
 		}()
@@ -80,20 +78,20 @@ func (w Workload) dueAt(start time.Time, i int) time.Time {
 	return start.Add(w.Lead + time.Duration(int64(w.Window)*int64(i)/int64(w.Count)))
 }
 
-// StreamBaseline publishes the same messages as RunStream into a stream
+// streamBaseline publishes the same messages as RunStream into a stream
 // nobody consumes and returns PubAcks per second: what JetStream alone
 // takes on this machine.
-func StreamBaseline(ctx context.Context, clients []*bridge.Probe, w Workload, o StreamOptions) (float64, error) {
+func streamBaseline(ctx context.Context, clients []*conn, w Workload, o streamOptions) (float64, error) {
 	const name, subject = "DELAYD_BENCH_BASELINE", "delayd-bench-baseline"
-	drop, err := clients[0].BenchStream(ctx, name, []string{subject + ".>"}, false)
+	drop, err := clients[0].benchStream(ctx, name, []string{subject + ".>"}, false)
 	if err != nil {
 		return 0, err
 	}
 	defer drop()
 	payload := payloadOf(w.PayloadSize)
 	start := time.Now()
-	took, failed, _, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
-		return bridge.Outgoing{Subject: subject + ".intake", Header: bridge.IntakeHeaders(w.Target, w.dueAt(start, i), "base-"+strconv.Itoa(i)), Data: payload}
+	took, failed, _, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) outgoing {
+		return outgoing{Subject: subject + ".intake", Header: intakeHeaders(w.Target, w.dueAt(start, i), "base-"+strconv.Itoa(i)), Data: payload}
 	}, nil)
 	if err != nil {
 		return 0, err
@@ -101,18 +99,18 @@ func StreamBaseline(ctx context.Context, clients []*bridge.Probe, w Workload, o 
 	return float64(w.Count-failed) / took.Seconds(), nil
 }
 
-// RunStream publishes the workload into delayd's intake stream, times it
+// runStream publishes the workload into delayd's intake stream, times it
 // until every envelope is pending in Redis (polling the admin stats
 // endpoint), then watches the deliveries like Run.
-func RunStream(ctx context.Context, clients []*bridge.Probe, w Workload, o StreamOptions, progress io.Writer) (Result, error) {
+func runStream(ctx context.Context, clients []*conn, w Workload, o streamOptions, progress io.Writer) (Result, error) {
 	prefix := "s" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	rec := newRecorder(w.Count)
-	stop, err := clients[0].Watch(w.Target, watchInto(rec, prefix))
+	stop, err := clients[0].watch(w.Target, watchInto(rec, prefix))
 	if err != nil {
 		return Result{}, err
 	}
 	defer stop()
-	before, err := clients[0].PendingTotal(ctx)
+	before, err := clients[0].pendingTotal(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("bench: admin stats: %w", err)
 	}
@@ -120,8 +118,8 @@ func RunStream(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	start := time.Now()
 	var acked atomic.Int64
 	done := startReport(progress, w.Count, &acked, rec)
-	pubTook, failed, first, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
-		return bridge.Outgoing{Subject: o.Prefix + ".intake", Header: bridge.IntakeHeaders(w.Target, w.dueAt(start, i), prefix+strconv.Itoa(i)), Data: payload}
+	pubTook, failed, first, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) outgoing {
+		return outgoing{Subject: o.Prefix + ".intake", Header: intakeHeaders(w.Target, w.dueAt(start, i), prefix+strconv.Itoa(i)), Data: payload}
 	}, &acked)
 	if err != nil {
 		done()
@@ -131,7 +129,7 @@ func RunStream(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	want := int64(w.Count - failed)
 	var pendTook time.Duration
 	for deadline := start.Add(w.Lead + w.Window + w.Grace); ; {
-		n, err := clients[0].PendingTotal(ctx)
+		n, err := clients[0].pendingTotal(ctx)
 		if err == nil && n-before+int64(rec.unique()) >= want {
 			pendTook = time.Since(start)
 			break
@@ -151,21 +149,21 @@ func RunStream(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	return r, nil
 }
 
-// Schedules runs the workload as NATS JetStream message schedules (ADR-51)
+// schedules runs the workload as NATS JetStream message schedules (ADR-51)
 // on the server clients are connected to: one schedule per subject
 // (bench.sched.in.<i>), each firing once into bench.sched.out.<i> of the
 // same stream, read by an ordered consumer. Intake is the PubAck rate: a
 // schedule is stored when it is acknowledged.
-func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o StreamOptions, progress io.Writer) (Result, error) {
+func schedules(ctx context.Context, clients []*conn, w Workload, o streamOptions, progress io.Writer) (Result, error) {
 	const name = "DELAYD_BENCH_SCHEDULES"
-	drop, err := clients[0].BenchStream(ctx, name, []string{"bench.sched.>"}, true)
+	drop, err := clients[0].benchStream(ctx, name, []string{"bench.sched.>"}, true)
 	if err != nil {
 		return Result{}, err
 	}
 	defer drop()
 	prefix := "j" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	rec := newRecorder(w.Count)
-	stop, err := clients[0].WatchStream(ctx, name, "bench.sched.out.>", "Bench-Id", "Bench-Due", watchInto(rec, prefix))
+	stop, err := clients[0].watchStream(ctx, name, "bench.sched.out.>", "Bench-Id", "Bench-Due", watchInto(rec, prefix))
 	if err != nil {
 		return Result{}, err
 	}
@@ -174,12 +172,12 @@ func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	start := time.Now()
 	var acked atomic.Int64
 	done := startReport(progress, w.Count, &acked, rec)
-	took, failed, first, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) bridge.Outgoing {
+	took, failed, first, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) outgoing {
 		at := w.dueAt(start, i)
-		h := bridge.ScheduleHeaders(at, "bench.sched.out."+strconv.Itoa(i))
+		h := scheduleHeaders(at, "bench.sched.out."+strconv.Itoa(i))
 		h["Bench-Id"] = []string{prefix + strconv.Itoa(i)}
 		h["Bench-Due"] = []string{at.UTC().Format(time.RFC3339Nano)}
-		return bridge.Outgoing{Subject: "bench.sched.in." + strconv.Itoa(i), Header: h, Data: payload}
+		return outgoing{Subject: "bench.sched.in." + strconv.Itoa(i), Header: h, Data: payload}
 	}, &acked)
 	if err != nil {
 		done()
@@ -193,7 +191,7 @@ func Schedules(ctx context.Context, clients []*bridge.Probe, w Workload, o Strea
 	r.PubAckRate = r.IntakeRate
 	r.Rejected, r.FirstRejection = failed, first
 	if o.OneRequester > 0 {
-		one, err := SchedulesOneRequester(ctx, clients[0], w, o.OneRequester)
+		one, err := schedulesOneRequester(ctx, clients[0], w, o.OneRequester)
 		if err != nil {
 			return Result{}, fmt.Errorf("one requester: %w", err)
 		}

@@ -1,4 +1,4 @@
-package bridge
+package bench
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func TestPublishAsyncEndsWithItsContext(t *testing.T) {
 	var failed int
 	go func() {
 		defer close(done)
-		_, failed, _, _ = NewProbe(nc, "delayd").PublishAsync(ctx, 5, 16, func(int) Outgoing { return Outgoing{Subject: "swallowed.x"} }, new(atomic.Int64))
+		_, failed, _, _ = newConn(nc, "delayd").publishAsync(ctx, 5, 16, func(int) outgoing { return outgoing{Subject: "swallowed.x"} }, new(atomic.Int64))
 	}()
 	select {
 	case <-done:

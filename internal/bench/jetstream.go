@@ -1,4 +1,4 @@
-package bridge
+package bench
 
 import (
 	"context"
@@ -17,25 +17,25 @@ import (
 // nobody consumes, and one with ADR-51 message schedules), and watching a
 // stream's deliveries.
 
-// Outgoing is one message a bench publishes.
-type Outgoing struct {
+// outgoing is one message a bench publishes.
+type outgoing struct {
 	Subject string
 	Header  map[string][]string
 	Data    []byte
 }
 
-// stallWait is how long PublishAsync waits for room in its window, and
+// stallWait is how long publishAsync waits for room in its window, and
 // ackWait how long for each PubAck.
 const (
 	stallWait = 10 * time.Second
 	ackWait   = 30 * time.Second
 )
 
-// PublishAsync publishes n messages into JetStream with at most window
+// publishAsync publishes n messages into JetStream with at most window
 // PubAcks outstanding, and returns the time until the last PubAck, how
 // many publishes failed and the first failure. counter, if not nil, counts
 // PubAcks.
-func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int) Outgoing, counter *atomic.Int64) (took time.Duration, failed int, first error, err error) {
+func (c *conn) publishAsync(ctx context.Context, n, window int, msg func(i int) outgoing, counter *atomic.Int64) (took time.Duration, failed int, first error, err error) {
 	// A PubAck that never comes (a subject nobody's stream captures
 	// answered by a plain subscriber, a server gone) fails its publish
 	// after ackWait instead of holding the bench forever.
@@ -95,9 +95,9 @@ func (c *Probe) PublishAsync(ctx context.Context, n, window int, msg func(i int)
 	return took, int(failures.Load()), first, ctx.Err()
 }
 
-// HasSchedules reports whether the server c is connected to runs message
+// hasSchedules reports whether the server c is connected to runs message
 // schedules (ADR-51: nats-server 2.12 or newer, with JetStream).
-func (c *Probe) HasSchedules(ctx context.Context) bool {
+func (c *conn) hasSchedules(ctx context.Context) bool {
 	var major, minor int
 	if _, err := fmt.Sscanf(c.nc.ConnectedServerVersion(), "%d.%d", &major, &minor); err != nil ||
 		major < 2 || major == 2 && minor < 12 {
@@ -111,9 +111,9 @@ func (c *Probe) HasSchedules(ctx context.Context) bool {
 	return err == nil
 }
 
-// PublishSync publishes one message into JetStream and waits for its
+// publishSync publishes one message into JetStream and waits for its
 // PubAck.
-func (c *Probe) PublishSync(ctx context.Context, o Outgoing) error {
+func (c *conn) publishSync(ctx context.Context, o outgoing) error {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return err
@@ -122,10 +122,10 @@ func (c *Probe) PublishSync(ctx context.Context, o Outgoing) error {
 	return err
 }
 
-// BenchStream creates a throwaway file-backed stream on subjects (work
+// benchStream creates a throwaway file-backed stream on subjects (work
 // queue retention, like the intake stream), with ADR-51 message schedules
 // allowed when schedules is set, and returns a function that deletes it.
-func (c *Probe) BenchStream(ctx context.Context, name string, subjects []string, schedules bool) (func(), error) {
+func (c *conn) benchStream(ctx context.Context, name string, subjects []string, schedules bool) (func(), error) {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return nil, err
@@ -148,10 +148,10 @@ func (c *Probe) BenchStream(ctx context.Context, name string, subjects []string,
 	}, nil
 }
 
-// WatchStream calls fn for every message of stream on filter, read by an
+// watchStream calls fn for every message of stream on filter, read by an
 // ordered consumer from now on, until stop is called. The due time is the
 // header due carries (RFC 3339).
-func (c *Probe) WatchStream(ctx context.Context, stream, filter, idHeader, dueHeader string, fn func(Delivered)) (stop func(), err error) {
+func (c *conn) watchStream(ctx context.Context, stream, filter, idHeader, dueHeader string, fn func(delivered)) (stop func(), err error) {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return nil, err
@@ -164,7 +164,7 @@ func (c *Probe) WatchStream(ctx context.Context, stream, filter, idHeader, dueHe
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		now := time.Now()
 		due, _ := time.Parse(time.RFC3339Nano, m.Headers().Get(dueHeader))
-		fn(Delivered{ID: m.Headers().Get(idHeader), Due: due, Data: m.Data(), Received: now})
+		fn(delivered{ID: m.Headers().Get(idHeader), Due: due, Data: m.Data(), Received: now})
 	}, jetstream.PullMaxMessages(4096))
 	if err != nil {
 		return nil, err
@@ -172,17 +172,17 @@ func (c *Probe) WatchStream(ctx context.Context, stream, filter, idHeader, dueHe
 	return cc.Stop, nil
 }
 
-// ScheduleHeaders are the ADR-51 headers of a JetStream message schedule
+// scheduleHeaders are the ADR-51 headers of a JetStream message schedule
 // firing once at at and landing on target.
-func ScheduleHeaders(at time.Time, target string) map[string][]string {
+func scheduleHeaders(at time.Time, target string) map[string][]string {
 	return map[string][]string{
 		"Nats-Schedule":        {"@at " + at.UTC().Format(time.RFC3339Nano)},
 		"Nats-Schedule-Target": {target},
 	}
 }
 
-// IntakeHeaders are the headers of a delayd envelope for the stream intake.
-func IntakeHeaders(target string, at time.Time, id string) map[string][]string {
+// intakeHeaders are the headers of a delayd envelope for the stream intake.
+func intakeHeaders(target string, at time.Time, id string) map[string][]string {
 	return map[string][]string{
 		envelope.HeaderTarget: {target},
 		envelope.HeaderAt:     {at.UTC().Format(time.RFC3339Nano)},
@@ -190,18 +190,18 @@ func IntakeHeaders(target string, at time.Time, id string) map[string][]string {
 	}
 }
 
-// PendingTotal is pending plus in flight, from the admin stats endpoint.
-func (c *Probe) PendingTotal(ctx context.Context) (int64, error) {
-	s, err := c.Delayd.Stats(ctx)
+// pendingTotal is pending plus in flight, from the admin stats endpoint.
+func (c *conn) pendingTotal(ctx context.Context) (int64, error) {
+	s, err := c.delayd.Stats(ctx)
 	if err != nil {
 		return 0, err
 	}
 	return s.Pending + s.Inflight, nil
 }
 
-// WaitStream waits until the durable consumer name of stream name exists:
+// waitStream waits until the durable consumer name of stream name exists:
 // a delayd has set its stream intake up.
-func (c *Probe) WaitStream(ctx context.Context, name string) error {
+func (c *conn) waitStream(ctx context.Context, name string) error {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return err
@@ -219,9 +219,9 @@ func (c *Probe) WaitStream(ctx context.Context, name string) error {
 	}
 }
 
-// DeleteStream removes stream name: a bench child's own intake stream,
+// deleteStream removes stream name: a bench child's own intake stream,
 // so a bench against a real NATS leaves nothing behind.
-func (c *Probe) DeleteStream(ctx context.Context, name string) error {
+func (c *conn) deleteStream(ctx context.Context, name string) error {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return err
