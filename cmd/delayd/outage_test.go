@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,8 +53,15 @@ func TestNATSDownAtStart(t *testing.T) {
 	e.nats.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- daemon.New(c, hclog.NewNullLogger()).Run(ctx) }()
+	var logs syncBuffer
+	go func() {
+		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})).Run(ctx)
+	}()
 	time.Sleep(500 * time.Millisecond)
+	// Nothing is served while NATS is down, and the log must not say so.
+	if l := logs.String(); strings.Contains(l, "intake serving") || !strings.Contains(l, "not serving until NATS is connected") {
+		t.Errorf("with NATS down the log says:\n%s", l)
+	}
 	e.nats.Start()
 	e.waitService(c.Subject)
 	nc := e.conn()

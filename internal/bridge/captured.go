@@ -98,7 +98,7 @@ func (c *captors) refreshLocked() chan struct{} {
 		c.running = nil
 		if err != nil {
 			if c.failing == nil || c.failing.Error() != err.Error() {
-				c.log.Warn("cannot list the JetStream streams: a stream that captors a core target is known only "+
+				c.log.Warn("cannot list the JetStream streams: a stream that captures a core target is known only "+
 					"once it answered a delivery, so its first refusals may count as delivered "+
 					"(grant delayd's NATS user $JS.API.STREAM.LIST)", "error", err)
 			}

@@ -208,8 +208,15 @@ func (in *Intake) Run(ctx context.Context) error {
 	if err := in.addInspect(svc.AddGroup(AdminSubject(in.opt.Subject))); err != nil {
 		return fmt.Errorf("bridge: add inspection endpoints: %w", err)
 	}
-	in.log.Info("intake serving", "schedule", in.opt.Subject+".schedule", "cancel", in.opt.Subject+".cancel",
-		"admin", AdminSubject(in.opt.Subject)+".>")
+	subjects := []any{"schedule", in.opt.Subject + ".schedule", "cancel", in.opt.Subject + ".cancel",
+		"admin", AdminSubject(in.opt.Subject) + ".>"}
+	if in.nc.IsConnected() {
+		in.log.Info("intake serving", subjects...)
+	} else {
+		// The subscriptions wait in the client until the connection is
+		// up (the NATS connection logs that): nothing is served yet.
+		in.log.Warn("intake set up, not serving until NATS is connected", subjects...)
+	}
 
 	drained := pipeline(in.queue, in.opt.Batch, in.opt.Linger, in.flush)
 

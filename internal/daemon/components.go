@@ -145,7 +145,7 @@ func (p *parts) background() []component {
 			if p.c.Mode != "intake" {
 				up = p.pub.Connected // its inbox proven too
 			}
-			waitReady(ctx, p.st, up, p.log)
+			waitReady(ctx, p.st, p.c.Redis.Addrs, up, p.log)
 			<-ctx.Done()
 			return nil
 		}},

@@ -1,0 +1,73 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestWaitReadyKeepsSayingRedisIsUnreachable: with a wrong Redis address
+// the daemon says so again and again, with the address and the key to
+// fix, instead of one warning and then silence (a newcomer waited 20 s
+// for anything to happen).
+func TestWaitReadyKeepsSayingRedisIsUnreachable(t *testing.T) {
+	saved := stillUnreachable
+	stillUnreachable = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
+	defer func() { stillUnreachable = saved }()
+
+	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)) // nothing listens
+	st := store.New(store.NewClient(store.Options{Addrs: []string{addr}}), "t", 4)
+	defer st.Close()
+	var out lockedBuffer
+	log := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
+	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
+	defer cancel()
+	waitReady(ctx, st, []string{addr}, func() bool { return true }, log)
+
+	logs := out.String()
+	if n := strings.Count(logs, "Redis still not reachable"); n < 2 {
+		t.Fatalf("%d reminders in 800 ms with reminders at 100 and 200 ms, want at least 2:\n%s", n, logs)
+	}
+	if !strings.Contains(logs, addr) || !strings.Contains(logs, "--redis-addrs") {
+		t.Errorf("the reminders must name the address and how to change it:\n%s", logs)
+	}
+	if strings.Contains(logs, "delayd: ready") || strings.Contains(logs, "[INFO]  ready") {
+		t.Errorf("ready logged without Redis:\n%s", logs)
+	}
+
+	// Once it answers: said, then ready.
+	r := testutil.StartRedis(t)
+	st2 := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 4)
+	defer st2.Close()
+	out = lockedBuffer{}
+	waitReady(context.Background(), st2, []string{r.Addr}, func() bool { return true }, log)
+	if !strings.Contains(out.String(), "ready") || strings.Contains(out.String(), "not reachable") {
+		t.Errorf("a reachable Redis: %s", out.String())
+	}
+}
