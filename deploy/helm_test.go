@@ -331,3 +331,54 @@ func TestHelmSchemaRejects(t *testing.T) {
 		t.Error("Kubernetes 1.28 accepted: native sidecars need 1.29")
 	}
 }
+
+// TestHelmSidecarPodMonitor: in sidecar mode the daemons run in the
+// application's pods, which no Service of this chart selects. A
+// ServiceMonitor there would render nothing while the PrometheusRule
+// renders (alerts blind to the sidecars), so the schema refuses it; a
+// PodMonitor selects the application's pods and labels their fleet.
+func TestHelmSidecarPodMonitor(t *testing.T) {
+	t.Parallel()
+	h := helm(t)
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"mode=sidecar", "metrics.serviceMonitor.enabled=true"}, "metrics.podMonitor"},
+		{[]string{"mode=sidecar", "metrics.podMonitor.enabled=true"}, "selector"},
+		{[]string{"metrics.podMonitor.enabled=true", "metrics.podMonitor.selector.app=orders"}, "metrics.serviceMonitor"},
+	} {
+		args := []string{"template", "rel", chartDir, "--kube-version", kubeVersion}
+		for _, s := range tc.set {
+			args = append(args, "--set", s)
+		}
+		if out, err := tryRun(h, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--set %v: want a schema error naming %s, got %v\n%s", tc.set, tc.want, err, out)
+		}
+	}
+	objs := decodeStrict(t, template(t, chartDir, "--set", "mode=sidecar", "--set", "metrics.podMonitor.enabled=true",
+		"--set", "metrics.podMonitor.selector.app\\.kubernetes\\.io/name=orders", "--set", "metrics.prometheusRule.enabled=true"))
+	pms := find[*podMonitor](objs)
+	if len(pms) != 1 || len(find[*prometheusRule](objs)) != 1 {
+		t.Fatalf("%d PodMonitors and %d PrometheusRules, want 1 of each", len(pms), len(find[*prometheusRule](objs)))
+	}
+	pm := pms[0].Spec
+	if pm.Selector.MatchLabels["app.kubernetes.io/name"] != "orders" || len(pm.Selector.MatchLabels) != 1 {
+		t.Errorf("PodMonitor selects %v, want the application's pods", pm.Selector.MatchLabels)
+	}
+	if len(pm.PodMetricsEndpoints) != 1 || pm.PodMetricsEndpoints[0].Port != "admin" || pm.PodMetricsEndpoints[0].Path != "/metrics" {
+		t.Fatalf("PodMonitor endpoints %+v, want the sidecar's admin port", pm.PodMetricsEndpoints)
+	}
+	if r := pm.PodMetricsEndpoints[0].Relabelings; len(r) != 1 || r[0].TargetLabel != "fleet" || r[0].Replacement != "rel-delayd" {
+		t.Errorf("PodMonitor relabelings %+v, want fleet=rel-delayd", r)
+	}
+	if n := len(find[*serviceMonitor](objs)); n != 0 {
+		t.Errorf("%d ServiceMonitors in sidecar mode", n)
+	}
+	// In the parent chart, as users write it.
+	objs = decodeStrict(t, template(t, parentChart(t), "--set", "delayd.metrics.podMonitor.enabled=true",
+		"--set", "delayd.metrics.podMonitor.selector.app\\.kubernetes\\.io/name=orders"))
+	if pms := find[*podMonitor](objs); len(pms) != 1 {
+		t.Errorf("parent chart: %d PodMonitors", len(pms))
+	}
+}

@@ -46,6 +46,27 @@ type serviceMonitor struct {
 	} `json:"spec"`
 }
 
+// podMonitor scrapes the sidecars in the application's pods.
+type podMonitor struct {
+	APIVersion string          `json:"apiVersion"`
+	Kind       string          `json:"kind"`
+	Metadata   json.RawMessage `json:"metadata"`
+	Spec       struct {
+		Selector struct {
+			MatchLabels map[string]string `json:"matchLabels"`
+		} `json:"selector"`
+		PodMetricsEndpoints []struct {
+			Port        string `json:"port"`
+			Path        string `json:"path"`
+			Interval    string `json:"interval"`
+			Relabelings []struct {
+				TargetLabel string `json:"targetLabel"`
+				Replacement string `json:"replacement"`
+			} `json:"relabelings"`
+		} `json:"podMetricsEndpoints"`
+	} `json:"spec"`
+}
+
 type prometheusRule struct {
 	APIVersion string          `json:"apiVersion"`
 	Kind       string          `json:"kind"`
@@ -85,6 +106,8 @@ func typeOf(apiVersion, kind string) (any, error) {
 		return &networkingv1.NetworkPolicy{}, nil
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		return &serviceMonitor{}, nil
+	case "monitoring.coreos.com/v1/PodMonitor":
+		return &podMonitor{}, nil
 	case "monitoring.coreos.com/v1/PrometheusRule":
 		return &prometheusRule{}, nil
 	}

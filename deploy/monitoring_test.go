@@ -46,7 +46,7 @@ func exportedMetrics(t *testing.T) []string {
 	r := testutil.StartRedis(t)
 	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "metrics", 4)
 	defer st.Close()
-	m := admin.NewMetrics("test")
+	m := admin.NewMetrics("test", "all")
 	m.WatchNATS(func() bool { return true })
 	m.WatchEvictionGuard(func() string { return store.GuardOn })
 	ctx, cancel := context.WithCancel(context.Background())

@@ -54,7 +54,7 @@ func serve(t *testing.T, s *Server) {
 func TestTwoListeners(t *testing.T) {
 	_, st := uiServer(t, UIOptions{})
 	secretEnvelope(t, st)
-	m := NewMetrics("test")
+	m := NewMetrics("test", "all")
 	var logs syncBuf
 	log := hclog.New(&hclog.LoggerOptions{Output: &logs})
 	probes, err := Listen("127.0.0.1:0", m, nil, log)
@@ -137,7 +137,7 @@ func TestConsoleHidesPayloadsByDefault(t *testing.T) {
 
 // TestProbesAloneServeNoConsole: http.addr has no /ui whatever the request.
 func TestProbesAloneServeNoConsole(t *testing.T) {
-	probes, err := Listen("127.0.0.1:0", NewMetrics("test"), nil, hclog.NewNullLogger())
+	probes, err := Listen("127.0.0.1:0", NewMetrics("test", "all"), nil, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,9 @@ var (
 )
 
 // NewMetrics registers every metric, plus the Go and process collectors.
-func NewMetrics(version string) *Metrics {
+// version and mode (config mode: all, intake or scanner) label
+// delayd_build_info, so alerts can count the daemons that scan.
+func NewMetrics(version, mode string) *Metrics {
 	reg := prometheus.NewRegistry()
 	counterVec := func(name, help string, label string, values []string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
@@ -160,9 +162,10 @@ func NewMetrics(version string) *Metrics {
 		m.inconsistent.WithLabelValues(k) // exported at 0 from the start
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_build_info",
-		Help: "Always 1; labels carry the build."}, []string{"version", "goversion"})
+		Help: "Always 1; labels carry the build and the daemon's mode (all, intake, scanner: only all and scanner own shards)."},
+		[]string{"version", "goversion", "mode"})
 	reg.MustRegister(build)
-	build.WithLabelValues(version, runtime.Version()).Set(1)
+	build.WithLabelValues(version, runtime.Version(), mode).Set(1)
 	return m
 }
 

@@ -17,7 +17,7 @@ import (
 // every result exists from the start, at 0, so a rate() over it works
 // before the first one.
 func TestDeliveredResults(t *testing.T) {
-	m := NewMetrics("test")
+	m := NewMetrics("test", "all")
 	value := func(c prometheus.Counter) float64 {
 		var out dto.Metric
 		if err := c.Write(&out); err != nil {
@@ -55,7 +55,7 @@ func TestDeliveredResults(t *testing.T) {
 // late: lateness counts from when it was stored, so it lands in the first
 // buckets, not +Inf, and cannot trip the lateness alert.
 func TestLatenessOfAPastDueEnvelope(t *testing.T) {
-	m := NewMetrics("test")
+	m := NewMetrics("test", "all")
 	now := time.Now()
 	m.Delivered(envelope.Delivery{ID: "old", Due: now.Add(-2 * time.Hour),
 		Envelope: envelope.Envelope{Target: "t", Stored: now}}, nil)
@@ -66,5 +66,33 @@ func TestLatenessOfAPastDueEnvelope(t *testing.T) {
 	h := out.GetHistogram()
 	if h.GetSampleCount() != 1 || h.GetSampleSum() > 1 {
 		t.Fatalf("lateness: %d samples summing to %.1f s, want one under 1 s", h.GetSampleCount(), h.GetSampleSum())
+	}
+}
+
+// delayd_build_info carries the daemon's mode, so an alert can tell the
+// daemons that scan (all, scanner) from intake-only ones, which never own
+// a shard.
+func TestBuildInfoNamesTheMode(t *testing.T) {
+	for _, mode := range []string{"all", "intake", "scanner"} {
+		m := NewMetrics("1.2.3", mode)
+		families, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got map[string]string
+		for _, f := range families {
+			if f.GetName() != "delayd_build_info" {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				got = map[string]string{}
+				for _, l := range s.GetLabel() {
+					got[l.GetName()] = l.GetValue()
+				}
+			}
+		}
+		if got["mode"] != mode || got["version"] != "1.2.3" {
+			t.Errorf("mode %s: delayd_build_info labels %v", mode, got)
+		}
 	}
 }

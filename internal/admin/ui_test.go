@@ -29,7 +29,7 @@ func uiServer(t *testing.T, opt UIOptions) (*httptest.Server, *store.Store) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	NewUI(st, NewMetrics("test"), opt, hclog.NewNullLogger()).register(mux)
+	NewUI(st, NewMetrics("test", "all"), opt, hclog.NewNullLogger()).register(mux)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	var items []store.Item

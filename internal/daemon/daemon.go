@@ -48,7 +48,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	log := d.log
 	log.Info("starting", "version", d.opt.version, "shards", d.c.Shards, "namespace", d.c.Namespace)
 	setMemoryLimit(log)
-	p := &parts{c: d.c, log: log, opt: d.opt, metrics: admin.NewMetrics(d.opt.version)}
+	p := &parts{c: d.c, log: log, opt: d.opt, metrics: admin.NewMetrics(d.opt.version, d.c.Mode)}
 	defer p.close()
 	if err := p.build(ctx); err != nil {
 		return err

@@ -2,7 +2,10 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -85,4 +88,32 @@ func TestShutdownKeepsItsDeadlineWithNATSDown(t *testing.T) {
 	if took := time.Since(start); took > c.Shutdown.Timeout+700*time.Millisecond {
 		t.Fatalf("stopping with NATS down took %s, shutdown.timeout is %s", took.Round(time.Millisecond), c.Shutdown.Timeout)
 	}
+}
+
+// The daemon exports its mode on delayd_build_info: an intake-only daemon
+// says so, and the alert that wants a shard reporter leaves it out.
+func TestBuildInfoCarriesTheMode(t *testing.T) {
+	n, r := testutil.StartNATS(t), testutil.StartRedis(t)
+	c := daemontest.Config(n, r)
+	c.Mode = "intake"
+	c.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	daemontest.Start(t, c)
+	resp, err := http.Get("http://" + c.HTTP.Addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "delayd_build_info{") {
+			if !strings.Contains(line, `mode="intake"`) {
+				t.Fatalf("%s: want mode=\"intake\"", line)
+			}
+			return
+		}
+	}
+	t.Fatalf("no delayd_build_info in:\n%s", b)
 }
