@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+
+	"github.com/delayd/delayd/internal/config"
 )
 
 const (
@@ -380,5 +382,158 @@ func TestHelmSidecarPodMonitor(t *testing.T) {
 		"--set", "delayd.metrics.podMonitor.selector.app\\.kubernetes\\.io/name=orders"))
 	if pms := find[*podMonitor](objs); len(pms) != 1 {
 		t.Errorf("parent chart: %d PodMonitors", len(pms))
+	}
+}
+
+// TestHelmSchemaRefusesSecretsInEnv: extraEnv (and the helm test pod's
+// test.env) are plain pod spec, readable by anyone who can read the
+// Deployment: a literal value under a secret's name, or a URL carrying
+// credentials, is refused; the same names from a Secret are fine.
+func TestHelmSchemaRefusesSecretsInEnv(t *testing.T) {
+	t.Parallel()
+	h := helm(t)
+	dir := t.TempDir()
+	render := func(i int, key, env string) error {
+		values := filepath.Join(dir, fmt.Sprintf("values-%d.yaml", i))
+		text := key + ": [" + env + "]\n"
+		if key == "test.env" {
+			text = "test: {env: [" + env + "]}\n"
+		}
+		writeFile(t, values, []byte(text))
+		_, err := tryRun(h, "template", "rel", chartDir, "--kube-version", kubeVersion, "-f", values)
+		return err
+	}
+	i := 0
+	for _, key := range []string{"extraEnv", "test.env"} {
+		for _, env := range []string{
+			`{name: DELAYD_NATS_TOKEN, value: s3cret}`,
+			`{name: DELAYD_REDIS_PASSWORD, value: s3cret}`,
+			`{name: DELAYD_UI_BEARER_TOKEN, value: s3cret}`,
+			`{name: DB_PASSWORD, value: s3cret}`,
+			`{name: db_passwd, value: s3cret}`,
+			`{name: MY_API_SECRET, value: s3cret}`,
+			`{name: GITHUB_TOKEN, value: s3cret}`,
+			`{name: DELAYD_NATS_URL, value: "nats://s3cret@nats:4222"}`,
+			`{name: DELAYD_NATS_URL, value: "s3cret@nats:4222"}`,
+			`{name: DELAYD_NATS_URL, value: "nats://a:4222,nats://u:s3cret@b:4222"}`,
+			`{name: DELAYD_REDIS_ADDRS, value: "redis://:s3cret@redis:6379"}`,
+			`{name: UPSTREAM, value: "https://user:s3cret@example.com/x"}`,
+		} {
+			i++
+			if err := render(i, key, env); err == nil || !strings.Contains(err.Error(), "/"+strings.ReplaceAll(key, ".", "/")) {
+				t.Errorf("%s %s: want a schema error at %s, got %v", key, env, key, err)
+			}
+		}
+		for _, env := range []string{
+			`{name: DELAYD_NATS_TOKEN, valueFrom: {secretKeyRef: {name: mine, key: token}}}`,
+			`{name: DELAYD_LOG_LEVEL, value: debug}`,
+			`{name: DELAYD_NATS_CREDS_FILE, value: /etc/delayd-creds/delayd.creds}`,
+			`{name: DELAYD_NATS_TLS_KEY_FILE, value: /etc/tls/tls.key}`,
+			`{name: DELAYD_NATS_URL, value: "nats://nats-0.nats:4222,nats://nats-1.nats:4222"}`,
+			`{name: DELAYD_NATS_TOKEN, value: ""}`,
+		} {
+			i++
+			if err := render(i, key, env); err != nil {
+				t.Errorf("%s %s refused: %v", key, env, err)
+			}
+		}
+	}
+}
+
+// TestHelmTestOwnCredentials: on an install secured as security.md says,
+// the daemon's NATS user may not publish delayd.schedule, so the helm test
+// pod cannot borrow the daemon's credentials. With test.existingSecret or
+// test.env it gets its own, and none of the daemon's.
+func TestHelmTestOwnCredentials(t *testing.T) {
+	t.Parallel()
+	testPod := func(args ...string) corev1.PodSpec {
+		t.Helper()
+		base := []string{"--set", "secrets.natsPassword=daemon-pw", "--set", "extraEnv[0].name=DELAYD_NATS_USER",
+			"--set", "extraEnv[0].value=delayd", "--set", "extraVolumes[0].name=creds", "--set", "extraVolumes[0].secret.secretName=daemon-creds",
+			"--set", "extraVolumeMounts[0].name=creds", "--set", "extraVolumeMounts[0].mountPath=/etc/creds"}
+		pods := find[*corev1.Pod](decodeStrict(t, template(t, chartDir, append(base, args...)...)))
+		if len(pods) != 1 {
+			t.Fatalf("%d test pods", len(pods))
+		}
+		return pods[0].Spec
+	}
+	secretRefs := func(ps corev1.PodSpec) map[string]string {
+		refs := map[string]string{}
+		for _, e := range ps.Containers[0].Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				refs[e.Name] = e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+			}
+		}
+		return refs
+	}
+	envNames := func(ps corev1.PodSpec) []string {
+		var names []string
+		for _, e := range ps.Containers[0].Env {
+			names = append(names, e.Name+"="+e.Value)
+		}
+		return names
+	}
+
+	// By default, the daemon's (a cluster without per-user permissions).
+	ps := testPod()
+	if refs := secretRefs(ps); refs["DELAYD_NATS_PASSWORD"] != "rel-delayd/nats-password" {
+		t.Errorf("default test pod secrets %v, want the daemon's", refs)
+	}
+
+	// Its own Secret: its NATS keys only, and nothing of the daemon's.
+	ps = testPod("--set", "test.existingSecret=helm-test-nats", "--set", "test.env[0].name=DELAYD_NATS_USER",
+		"--set", "test.env[0].value=helm-test", "--set", "test.env[1].name=DELAYD_NATS_INBOX_PREFIX", "--set", "test.env[1].value=_INBOX_helmtest")
+	refs := secretRefs(ps)
+	if refs["DELAYD_NATS_PASSWORD"] != "helm-test-nats/nats-password" || refs["DELAYD_NATS_TOKEN"] != "helm-test-nats/nats-token" || len(refs) != 2 {
+		t.Errorf("test pod secrets %v, want nats-password and nats-token of helm-test-nats only", refs)
+	}
+	if names := strings.Join(envNames(ps), " "); strings.Contains(names, "DELAYD_NATS_USER=delayd") ||
+		!strings.Contains(names, "DELAYD_NATS_USER=helm-test") || !strings.Contains(names, "DELAYD_NATS_INBOX_PREFIX=_INBOX_helmtest") {
+		t.Errorf("test pod env %s: want test.env, not the daemon's extraEnv", names)
+	}
+	for _, v := range ps.Volumes {
+		if v.Name == "creds" {
+			t.Error("the test pod mounts the daemon's extraVolumes")
+		}
+	}
+
+	// The pod's config loads without the daemon's secrets, even with a
+	// console behind basic auth, whose password the pod does not get.
+	objs := decodeStrict(t, template(t, chartDir, "--set", "config.ui.addr=0.0.0.0:9480", "--set", "config.ui.basic_auth_user=ops",
+		"--set", "secrets.uiBasicAuthPassword=s3cret", "--set", "test.env[0].name=DELAYD_NATS_USER", "--set", "test.env[0].value=helm-test"))
+	cfg := filepath.Join(t.TempDir(), "delayd.yaml")
+	writeFile(t, cfg, []byte(find[*corev1.ConfigMap](objs)[0].Data["delayd.yaml"]))
+	var env []string
+	for _, e := range find[*corev1.Pod](objs)[0].Spec.Containers[0].Env {
+		if e.ValueFrom != nil {
+			t.Errorf("test pod env %s from %v, want none of the daemon's secrets", e.Name, e.ValueFrom)
+		}
+		env = append(env, e.Name+"="+e.Value)
+	}
+	getenv := func(name string) string {
+		for _, kv := range env {
+			if n, v, _ := strings.Cut(kv, "="); n == name {
+				return v
+			}
+		}
+		return ""
+	}
+	if _, err := config.Load(config.Sources{Path: cfg, Getenv: getenv, Environ: env}); err != nil {
+		t.Errorf("the test pod's config does not load: %v", err)
+	}
+
+	// test.env alone (a creds file from test.volumes): no secret of the daemon.
+	ps = testPod("--set", "test.env[0].name=DELAYD_NATS_CREDS_FILE", "--set", "test.env[0].value=/etc/helm-test/test.creds",
+		"--set", "test.volumes[0].name=test-creds", "--set", "test.volumes[0].secret.secretName=helm-test-creds",
+		"--set", "test.volumeMounts[0].name=test-creds", "--set", "test.volumeMounts[0].mountPath=/etc/helm-test")
+	if refs := secretRefs(ps); len(refs) != 0 {
+		t.Errorf("test pod secrets %v, want none", refs)
+	}
+	mounts := map[string]bool{}
+	for _, m := range ps.Containers[0].VolumeMounts {
+		mounts[m.Name] = true
+	}
+	if !mounts["test-creds"] || mounts["creds"] || !mounts["delayd-config"] {
+		t.Errorf("test pod mounts %v, want delayd-config and test-creds", mounts)
 	}
 }
