@@ -8,7 +8,7 @@
 #
 # What it installs, each only when missing:
 #   - Debian packages (apt-get, as root or through sudo -n): redis-server,
-#     chromium, prometheus (promtool), systemd (systemd-analyze), nodejs and
+#     chromium, prometheus (promtool), systemd (systemd-analyze), minisign, nodejs and
 #     npm, gcc (for -race);
 #   - pinned Go tools, built with go install into the user's cache dir
 #     (delayd-tools/<tool>-<version>, where the tests look): helm, natscli,
@@ -47,6 +47,7 @@ need_pkg redis-server redis-server
 need_pkg chromium chromium
 need_pkg promtool prometheus    # checks and unit-tests the alert rules
 need_pkg systemd-analyze systemd # verifies the systemd unit
+need_pkg minisign minisign       # signs and verifies the release checksums
 need_pkg node nodejs            # runs examples/node
 need_pkg npm npm
 need_pkg gcc gcc                # cgo, for -race

@@ -8,6 +8,14 @@
 #                                       # appVersion, the manifests' image)
 #                                       # and the client released first
 #   deploy/release.sh --snapshot        # a test build of the tree as it is
+#   deploy/release.sh --sign DIR        # sign DIR/SHA256SUMS (built elsewhere)
+#
+# Each archive holds the binary, LICENSE, README.md, CHANGELOG.md, the
+# reference config (configs/delayd.yaml) and the systemd unit
+# (systemd/delayd.service). With RELEASE_SIGNING_KEY set to a minisign
+# secret key file, SHA256SUMS is signed (SHA256SUMS.minisig) and, with
+# RELEASE_SIGNING_PUBKEY (or deploy/minisign.pub), checked against the
+# public key; without it the script says the release is unsigned.
 #
 # Options (before the version):
 #   --out DIR             where the archives go (default dist/)
@@ -34,12 +42,14 @@ out=dist
 platforms="linux/amd64 linux/arm64 darwin/amd64 darwin/arm64"
 image=false
 snapshot=false
+sign_only=
 while (($#)); do
 	case $1 in
 	--out) out=$2; shift 2 ;;
 	--platforms) platforms=$2; shift 2 ;;
 	--image) image=true; shift ;;
 	--snapshot) snapshot=true; shift ;;
+	--sign) sign_only=$2; shift 2 ;;
 	-h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
 	-*) echo "release: unknown option $1 (see --help)" >&2; exit 2 ;;
 	*) break ;;
@@ -127,6 +137,39 @@ check_client() {
 	fi
 }
 
+# sign signs $1/SHA256SUMS with minisign when RELEASE_SIGNING_KEY names a
+# secret key, after checking the archives against it. Without a key it
+# says so and returns 1: the release is then unsigned, and users rely on
+# the checksums and a rebuild (docs/security.md, Release provenance).
+sign() {
+	local dir=$1 version pub
+	if [[ -z ${RELEASE_SIGNING_KEY:-} ]]; then
+		echo "release: SHA256SUMS is NOT signed: set RELEASE_SIGNING_KEY to the minisign secret key file to sign it" >&2
+		echo "  (docs/security.md, Release provenance; then: deploy/release.sh --sign $dir)" >&2
+		return 1
+	fi
+	command -v minisign >/dev/null || { echo "release: signing needs minisign (apt-get install minisign, brew install minisign)" >&2; exit 1; }
+	if ! (cd "$dir" && sha256sum --quiet -c SHA256SUMS >&2); then
+		echo "release: the archives in $dir do not match its SHA256SUMS; not signing" >&2
+		exit 1
+	fi
+	version=$(awk 'NR == 1 { split($2, p, "_"); print p[2] }' "$dir/SHA256SUMS")
+	minisign -S -s "$RELEASE_SIGNING_KEY" -m "$dir/SHA256SUMS" -x "$dir/SHA256SUMS.minisig" \
+		-t "delayd $version SHA256SUMS" -c "signature of delayd $version's SHA256SUMS" >&2
+	pub=${RELEASE_SIGNING_PUBKEY:-deploy/minisign.pub}
+	if [[ -f $pub ]]; then
+		minisign -V -q -p "$pub" -m "$dir/SHA256SUMS" -x "$dir/SHA256SUMS.minisig" >&2 ||
+			{ echo "release: the signature does not verify with $pub: the wrong key?" >&2; exit 1; }
+	fi
+	echo "signed $dir/SHA256SUMS: $dir/SHA256SUMS.minisig"
+}
+
+if [[ -n $sign_only ]]; then
+	[[ -f $sign_only/SHA256SUMS ]] || { echo "release: no $sign_only/SHA256SUMS to sign" >&2; exit 2; }
+	sign "$(cd "$sign_only" && pwd)" || exit 1
+	exit 0
+fi
+
 commit=$(git rev-parse HEAD)
 gowork=
 if $snapshot; then
@@ -166,15 +209,21 @@ for p in $platforms; do
 	CGO_ENABLED=0 GOOS=$goos GOARCH=$goarch GOFLAGS= GOWORK=$gowork \
 		go build -trimpath -buildvcs=true -ldflags "-s -w -buildid= -X main.version=$version" \
 		-o "$work/$name/delayd" ./cmd/delayd
-	cp README.md CHANGELOG.md "$work/$name/"
-	[[ -f LICENSE ]] && cp LICENSE "$work/$name/"
-	tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$work" -cf - "$name" |
-		gzip -n -9 >"$out/$name.tar.gz"
+	mkdir -p "$work/$name/configs" "$work/$name/systemd"
+	cp LICENSE README.md CHANGELOG.md "$work/$name/"
+	cp configs/delayd.yaml "$work/$name/configs/"
+	cp deploy/systemd/delayd.service "$work/$name/systemd/"
+	# Modes fixed too: a checkout's depend on the umask.
+	tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner --mode='u+rw,go+r,go-w' \
+		-C "$work" -cf - "$name" | gzip -n -9 >"$out/$name.tar.gz"
 	archives+=("$name.tar.gz")
 done
 (cd "$out" && sha256sum "${archives[@]}" >SHA256SUMS)
 echo "wrote $out/SHA256SUMS:"
 cat "$out/SHA256SUMS"
+rm -f "$out/SHA256SUMS.minisig" # a stale signature of an earlier build
+signed=true
+sign "$out" || signed=false
 
 if $image; then
 	command -v docker >/dev/null || { echo "release: --image needs docker" >&2; exit 1; }
@@ -188,6 +237,8 @@ if ! $snapshot; then
 Release $version of $commit is built, with the client module client/$version. To publish it:
   git tag -a $version -m "delayd $version"
   git push origin $version
-then attach $out/*.tar.gz and $out/SHA256SUMS to the release, and push the image.
+then attach $out/*.tar.gz, $out/SHA256SUMS and $out/SHA256SUMS.minisig to the
+release, push the image and publish the chart (CONTRIBUTING.md, Releasing).
 EOF
+	$signed || echo "NOT SIGNED: sign before publishing (RELEASE_SIGNING_KEY=... deploy/release.sh --sign $out)." >&2
 fi

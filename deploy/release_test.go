@@ -177,11 +177,26 @@ func TestReleaseIsReproducible(t *testing.T) {
 		t.Skip("builds delayd twice; DELAYD_SOAK=1 runs it")
 	}
 	t.Parallel()
+	// The first build is signed with a throwaway key, the second is not:
+	// a signature changes no archive and no checksum.
+	ms := minisign(t)
+	keys := t.TempDir()
+	sec, pub := filepath.Join(keys, "release.key"), filepath.Join(keys, "release.pub")
+	run(t, ms, "-G", "-W", "-s", sec, "-p", pub)
 	sums := make([][]byte, 2)
 	dirs := []string{t.TempDir(), t.TempDir()}
 	for i, dir := range dirs {
-		if out, code := release(t, "--snapshot", "--platforms", "linux/amd64", "--out", dir); code != 0 {
+		cmd := exec.Command("bash", "release.sh", "--snapshot", "--platforms", "linux/amd64", "--out", dir)
+		cmd.Env = append(os.Environ(), "RELEASE_SIGNING_KEY=", "RELEASE_SIGNING_PUBKEY="+pub)
+		if i == 0 {
+			cmd.Env = append(cmd.Env, "RELEASE_SIGNING_KEY="+sec)
+		}
+		out, code := releaseIn(t, cmd)
+		if code != 0 {
 			t.Fatalf("release --snapshot: exit %d\n%s", code, out)
+		}
+		if signed := strings.Contains(out, "SHA256SUMS.minisig"); signed != (i == 0) || i == 1 && !strings.Contains(out, "NOT signed") {
+			t.Errorf("build %d (signed: %v) says:\n%s", i, i == 0, out)
 		}
 		b, err := os.ReadFile(filepath.Join(dir, "SHA256SUMS"))
 		if err != nil {
@@ -195,6 +210,16 @@ func TestReleaseIsReproducible(t *testing.T) {
 	archives, _ := filepath.Glob(filepath.Join(dirs[0], "delayd_*_linux_amd64.tar.gz"))
 	if len(archives) != 1 {
 		t.Fatalf("archives: %v", archives)
+	}
+	run(t, ms, "-V", "-p", pub, "-m", filepath.Join(dirs[0], "SHA256SUMS"))
+	list := run(t, "tar", "-tvzf", archives[0])
+	for _, f := range []string{"/delayd", "/LICENSE", "/README.md", "/CHANGELOG.md", "/configs/delayd.yaml", "/systemd/delayd.service"} {
+		if !strings.Contains(list, f+"\n") {
+			t.Errorf("the archive has no %s:\n%s", f, list)
+		}
+	}
+	if strings.Contains(list, "rw-rw") || strings.Contains(list, "rwxrwx") {
+		t.Errorf("group-writable files in the archive:\n%s", list)
 	}
 	if out, err := exec.Command("tar", "-xzf", archives[0], "-C", dirs[0]).CombinedOutput(); err != nil {
 		t.Fatalf("untar: %v %s", err, out)
@@ -295,4 +320,60 @@ func TestReleaseRefusesMixedVersions(t *testing.T) {
 	// All agreeing, the versions pass and the client is next.
 	r := newReleaseRepo(t, releaseFiles())
 	r.refused("consistent", "go.mod requires github.com/delayd/delayd/client v0.1.0, not v0.2.0")
+}
+
+// minisign returns the minisign binary, the release signing tool.
+func minisign(t *testing.T) string {
+	t.Helper()
+	return tool(t, "minisign", "apt-get install minisign")
+}
+
+// With RELEASE_SIGNING_KEY, release.sh --sign DIR checks DIR's archives
+// against SHA256SUMS and signs it with minisign; the signature verifies
+// with the public key, and a changed SHA256SUMS does not. Without a key
+// it says that nothing is signed and exits 1. A throwaway key, made here.
+func TestReleaseSignsChecksums(t *testing.T) {
+	t.Parallel()
+	ms := minisign(t)
+	keys := t.TempDir()
+	sec, pub := filepath.Join(keys, "release.key"), filepath.Join(keys, "release.pub")
+	run(t, ms, "-G", "-W", "-s", sec, "-p", pub)
+
+	dist := t.TempDir()
+	writeFile(t, filepath.Join(dist, "delayd_0.2.0_linux_amd64.tar.gz"), []byte("an archive"))
+	sha := exec.Command("sha256sum", "delayd_0.2.0_linux_amd64.tar.gz")
+	sha.Dir = dist
+	sums, err := sha.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sumsPath := filepath.Join(dist, "SHA256SUMS")
+	writeFile(t, sumsPath, sums)
+	cmdIn := func(dir string, env ...string) (string, int) {
+		cmd := exec.Command("bash", "release.sh", "--sign", dir)
+		cmd.Env = append(os.Environ(), env...)
+		return releaseIn(t, cmd)
+	}
+
+	if out, code := cmdIn(dist, "RELEASE_SIGNING_KEY="); code != 1 || !strings.Contains(out, "RELEASE_SIGNING_KEY") {
+		t.Errorf("--sign without a key: exit %d, %q", code, out)
+	}
+	out, code := cmdIn(dist, "RELEASE_SIGNING_KEY="+sec, "RELEASE_SIGNING_PUBKEY="+pub)
+	if code != 0 || !strings.Contains(out, "SHA256SUMS.minisig") {
+		t.Fatalf("--sign: exit %d\n%s", code, out)
+	}
+	verify := run(t, ms, "-V", "-p", pub, "-m", sumsPath)
+	if !strings.Contains(verify, "delayd 0.2.0") {
+		t.Errorf("the trusted comment does not name the release: %s", verify)
+	}
+	if err := os.WriteFile(sumsPath, []byte("0000  delayd_0.2.0_linux_amd64.tar.gz\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tryRun(ms, "-V", "-p", pub, "-m", sumsPath); err == nil {
+		t.Error("a changed SHA256SUMS verifies")
+	}
+	// An archive that does not match its checksum is not signed.
+	if out, code := cmdIn(dist, "RELEASE_SIGNING_KEY="+sec); code != 1 || !strings.Contains(out, "do not match") {
+		t.Errorf("--sign with a wrong checksum: exit %d, %q", code, out)
+	}
 }
