@@ -195,7 +195,7 @@ func BenchmarkScheduleCall(b *testing.B) {
 			traces[v.prefix] = tr
 			trace = tr.record
 		}
-		in := NewIntake(nc, v.st, noInspect{}, noWake{}, nil, IntakeOptions{Subject: v.prefix, Version: "0.0.0", Batch: 256, StoreTimeout: 5 * time.Second,
+		in := NewIntake(nc, v.st, noInspect{}, noWake{}, nil, IntakeOptions{Subject: v.prefix, Version: "0.0.0", Batch: 256, storeTimeout: 5 * time.Second,
 			Limits: envelope.Limits{MaxPayload: 1 << 20, MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: 24 * time.Hour},
 			trace:  trace}, hclog.NewNullLogger())
 		ctx, cancel := context.WithCancel(context.Background())

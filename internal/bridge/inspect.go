@@ -44,7 +44,7 @@ func (in *Intake) handleGet(req micro.Request) {
 		in.reject(now(req), err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
 	defer cancel()
 	e, err := in.insp.Get(ctx, id)
 	switch {
@@ -96,7 +96,7 @@ func (in *Intake) handleList(req micro.Request) {
 		in.fail(now(req), envelope.CodeBadRequest, err.Error())
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
 	defer cancel()
 	entries, next, done, err := in.insp.List(ctx, o)
 	if err != nil {
@@ -118,7 +118,7 @@ func (in *Intake) handleList(req micro.Request) {
 }
 
 func (in *Intake) handleStats(req micro.Request) {
-	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
 	defer cancel()
 	shards, nowMs, err := in.insp.Stats(ctx)
 	if err != nil {
@@ -159,7 +159,7 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 			in.fail(now(req), envelope.CodeBadRequest, verb+` body must be {"ids": [...]} or {"all": true}`)
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 4*in.opt.StoreTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), 4*in.opt.storeTimeout)
 		defer cancel()
 		var out client.DeadResult
 		ids := r.IDs

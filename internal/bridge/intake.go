@@ -60,8 +60,8 @@ type IntakeOptions struct {
 	Policy  envelope.Policy
 	// RedactHeaders are headers whose values the get endpoint never returns.
 	RedactHeaders []string
-	// StoreTimeout bounds one Redis pipeline; past it callers get 504.
-	StoreTimeout time.Duration
+	// storeTimeout bounds one Redis pipeline; past it callers get 504.
+	storeTimeout time.Duration
 	// JetStream are the target patterns delivered with JetStream (their
 	// deliveries carry a Nats-Msg-Id, which counts against max_payload).
 	JetStream []string
@@ -84,15 +84,15 @@ type IntakeOptions struct {
 	trace func(id, stage string, at time.Time)
 }
 
-// UnknownReply is the body of a 504 answer: the outcome is unknown, and a
+// unknownReply is the body of a 504 answer: the outcome is unknown, and a
 // retry with this id (as Delayd-Id) replaces rather than duplicates.
-type UnknownReply struct {
+type unknownReply struct {
 	ID string `json:"id"`
 }
 
-// CodeOutcomeUnknown answers a request whose write may or may not have
+// codeOutcomeUnknown answers a request whose write may or may not have
 // happened (Redis timed out after the request was sent).
-const CodeOutcomeUnknown = 504
+const codeOutcomeUnknown = 504
 
 // Intake is the delayd micro service.
 type Intake struct {
@@ -152,8 +152,8 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 	if obs == nil {
 		obs = nopIntakeObserver{}
 	}
-	if opt.StoreTimeout == 0 {
-		opt.StoreTimeout = 5 * time.Second
+	if opt.storeTimeout == 0 {
+		opt.storeTimeout = 5 * time.Second
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
@@ -163,9 +163,9 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
 }
 
-// AdminSubject is the prefix of the operator endpoints (get, list, stats,
+// adminSubject is the prefix of the operator endpoints (get, list, stats,
 // replay, purge): <prefix>.admin.
-func AdminSubject(prefix string) string { return prefix + ".admin" }
+func adminSubject(prefix string) string { return prefix + ".admin" }
 
 // Run serves until ctx is done, then stops taking requests, stores and
 // answers every request already taken, and returns.
@@ -205,11 +205,11 @@ func (in *Intake) Run(ctx context.Context) error {
 	}
 	// Operator endpoints live apart from the publisher's, so that NATS
 	// permissions tell the two roles apart.
-	if err := in.addInspect(svc.AddGroup(AdminSubject(in.opt.Subject))); err != nil {
+	if err := in.addInspect(svc.AddGroup(adminSubject(in.opt.Subject))); err != nil {
 		return fmt.Errorf("bridge: add inspection endpoints: %w", err)
 	}
 	subjects := []any{"schedule", in.opt.Subject + ".schedule", "cancel", in.opt.Subject + ".cancel",
-		"admin", AdminSubject(in.opt.Subject) + ".>"}
+		"admin", adminSubject(in.opt.Subject) + ".>"}
 	if in.nc.IsConnected() {
 		in.log.Info("intake serving", subjects...)
 	} else {
@@ -248,7 +248,7 @@ func (in *Intake) flush(batch []pending) {
 	// cancelled, and a late write would overtake that.
 	fresh := batch[:0]
 	for _, p := range batch {
-		if in.opt.Now().Sub(p.start) > in.opt.StoreTimeout {
+		if in.opt.Now().Sub(p.start) > in.opt.storeTimeout {
 			in.count(envelope.CodeUnavailable)
 			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable: waited too long for Redis, nothing stored")
 			in.replied(p.start)
@@ -266,7 +266,7 @@ func (in *Intake) flush(batch []pending) {
 		items[i] = p.item
 	}
 	in.traceBatch(batch, "flush")
-	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
 	due, errs := in.store.Schedule(ctx, items)
 	cancel()
 	in.traceBatch(batch, "stored")
@@ -333,7 +333,7 @@ func failedCode(err error) int {
 	if errors.Is(err, store.ErrNotWritten) {
 		return envelope.CodeUnavailable
 	}
-	return CodeOutcomeUnknown
+	return codeOutcomeUnknown
 }
 
 // storeFailed answers a request whose write failed with failedCode: 504
@@ -343,12 +343,12 @@ func (in *Intake) storeFailed(reply answer, id string, err error) {
 		in.fail(reply, envelope.CodeUnavailable, "store unavailable, nothing stored")
 		return
 	}
-	b, _ := json.Marshal(UnknownReply{ID: id})
+	b, _ := json.Marshal(unknownReply{ID: id})
 	msg := "store timed out: the envelope may or may not be stored; retry with Delayd-Id " + id
 	if errors.Is(err, store.ErrNotReplicated) {
 		msg = "not confirmed by the Redis replicas redis.wait_replicas asks for: written on the master, but a failover may lose it; retry with Delayd-Id " + id
 	}
-	in.failWith(reply, CodeOutcomeUnknown, msg, b)
+	in.failWith(reply, codeOutcomeUnknown, msg, b)
 }
 
 // notReplicated warns, at most every 5 s, that requests get 504 because
@@ -392,7 +392,7 @@ func (in *Intake) handleCancel(req micro.Request) {
 		in.reject(now(req), err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), in.opt.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
 	c, err := in.store.Cancel(ctx, id)
 	cancel()
 	if err != nil {
@@ -403,7 +403,7 @@ func (in *Intake) handleCancel(req micro.Request) {
 			in.redisError(store.OpCancel)
 		}
 		// Counted before the reply, like every outcome.
-		if failedCode(err) == CodeOutcomeUnknown {
+		if failedCode(err) == codeOutcomeUnknown {
 			in.cancelled("outcome_unknown")
 		} else {
 			in.cancelled("unavailable")

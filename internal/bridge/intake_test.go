@@ -177,7 +177,7 @@ type intakeEnv struct {
 func startIntake(t *testing.T, st *intakeStore, mod ...func(*IntakeOptions)) *intakeEnv {
 	t.Helper()
 	n := testutil.StartNATS(t)
-	opt := IntakeOptions{Subject: "delayd", Version: "0.0.0-test", Batch: 16, StoreTimeout: 5 * time.Second, Policy: envelope.Policy{Prefix: "delayd"},
+	opt := IntakeOptions{Subject: "delayd", Version: "0.0.0-test", Batch: 16, storeTimeout: 5 * time.Second, Policy: envelope.Policy{Prefix: "delayd"},
 		Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}}
 	for _, m := range mod {
 		m(&opt)
@@ -267,7 +267,7 @@ func TestScheduleStoreOutcomes(t *testing.T) {
 
 	for _, target := range []string{"t.unknown", "t.notreplicated"} {
 		m = e.request(t, "delayd.schedule", schedule(target, ""))
-		var unknown UnknownReply
+		var unknown unknownReply
 		if err := json.Unmarshal(m.Data, &unknown); err != nil || errorCode(m) != "504" {
 			t.Fatalf("%s: reply %q %v (%v), want 504 with a body", target, m.Data, m.Header, err)
 		}
@@ -330,7 +330,7 @@ func TestScheduleOlderThanStoreTimeout(t *testing.T) {
 	clock := testutil.NewClock()
 	st := &intakeStore{block: make(chan struct{}), in: make(chan string, 16)}
 	const timeout = 5 * time.Second
-	e := startIntake(t, st, func(o *IntakeOptions) { o.Now, o.StoreTimeout, o.PendingBytes = clock.Now, timeout, 1<<30 })
+	e := startIntake(t, st, func(o *IntakeOptions) { o.Now, o.storeTimeout, o.PendingBytes = clock.Now, timeout, 1<<30 })
 	// Every pipeline stalls in Redis.
 	replies := make(chan *nats.Msg, flushers+1)
 	send := func(id string) {
@@ -416,7 +416,7 @@ func TestCancelOutcomes(t *testing.T) {
 				t.Errorf("cancel %q: reply %q (%v), want %+v", tc.id, m.Data, err, tc.reply)
 			}
 		case "504":
-			var got UnknownReply
+			var got unknownReply
 			if err := json.Unmarshal(m.Data, &got); err != nil || got.ID != tc.id {
 				t.Errorf("cancel %q: 504 body %q (%v), want the id", tc.id, m.Data, err)
 			}

@@ -17,9 +17,9 @@ import (
 	"github.com/delayd/delayd/internal/scanner"
 )
 
-// ErrNotConnected is returned for deliveries attempted while NATS is down:
+// errNotConnected is returned for deliveries attempted while NATS is down:
 // nats.go would buffer them, and a buffered publish is not a delivery.
-var ErrNotConnected = fmt.Errorf("NATS not connected: %w", scanner.ErrUnreachable)
+var errNotConnected = fmt.Errorf("NATS not connected: %w", scanner.ErrUnreachable)
 
 // errInboxUnproven is returned for deliveries attempted before the
 // publisher proved it receives on its inbox (see inboxCheck): nothing is
@@ -81,7 +81,7 @@ type PublisherOptions struct {
 	Liveness *Liveness
 	// Probe: a flush unconfirmed at its deadline is followed by one more
 	// round trip given this long; unanswered too, the path counts as
-	// silent (ErrSilent) until a round trip is answered within it again.
+	// silent (errSilent) until a round trip is answered within it again.
 	// 0: never (every unconfirmed flush is an attempt).
 	Probe time.Duration
 }
@@ -129,17 +129,17 @@ func (p *Publisher) Close() {
 // with the stream's error when it refuses. JetStream deliveries are
 // confirmed by their PubAck; their Nats-Msg-Id (id@due) makes the stream
 // drop a redelivery inside its duplicate window. A batch sent into a
-// silent path fails with ErrSilent, not an attempt (silence.go).
+// silent path fails with errSilent, not an attempt (silence.go).
 func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error {
 	errs := make([]error, len(ds))
 	if !p.Connected() {
-		err := p.Silent()
+		err := p.whySilent()
 		switch {
 		case err != nil:
 		case p.nc.IsConnected():
 			err = errInboxUnproven
 		default:
-			err = ErrNotConnected
+			err = errNotConnected
 		}
 		for i := range errs {
 			errs[i] = err
@@ -166,7 +166,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	p.send.Lock()
 	// Also for batches that waited here while the one before found the
 	// path silent: nothing of them is written.
-	if err := p.Silent(); err != nil {
+	if err := p.whySilent(); err != nil {
 		p.send.Unlock()
 		for i := range errs {
 			errs[i] = err
@@ -183,12 +183,12 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	})
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
-		m := DeliveryMsg(d)
+		m := deliveryMsg(d)
 		if kinds[i] == viaJetStream {
 			// No client-side retries on "no responders": a target without a
 			// stream would hold up every other delivery of the batch; the
 			// scanner retries with its own backoff.
-			futures[i], errs[i] = p.js.PublishMsgAsync(m, jetstream.WithMsgID(MsgID(d)), jetstream.WithRetryAttempts(0))
+			futures[i], errs[i] = p.js.PublishMsgAsync(m, jetstream.WithMsgID(msgID(d)), jetstream.WithRetryAttempts(0))
 			continue
 		}
 		if kinds[i] == checkedCore {
@@ -355,7 +355,7 @@ func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.D
 // the publisher proven to receive the answers to its deliveries on this
 // connection (see inboxCheck).
 func (p *Publisher) Connected() bool {
-	return p.nc.IsConnected() && p.Silent() == nil && p.inbox.verified(p.nc)
+	return p.nc.IsConnected() && p.whySilent() == nil && p.inbox.verified(p.nc)
 }
 
 // matchAny reports whether subject matches one of the patterns (the
@@ -369,18 +369,18 @@ func matchAny(patterns []string, subject string) bool {
 	return false
 }
 
-// MsgID is the JetStream deduplication id of a delivery: the same for every
+// msgID is the JetStream deduplication id of a delivery: the same for every
 // redelivery of one envelope version's due time.
-func MsgID(d envelope.Delivery) string {
+func msgID(d envelope.Delivery) string {
 	return d.ID + "@" + strconv.FormatInt(d.Due.UnixMilli(), 10)
 }
 
-// DeliverySize is what NATS counts against max_payload for the delivery of
+// deliverySize is what NATS counts against max_payload for the delivery of
 // e under id: the payload and every header, delayd's at their longest. It
-// runs for every schedule request, so it adds up what DeliveryMsg and the
+// runs for every schedule request, so it adds up what deliveryMsg and the
 // JetStream client would write (nats.go's header encoding: "NATS/1.0\r\n",
 // "key: value\r\n" per value, "\r\n") instead of building the message.
-func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
+func deliverySize(e envelope.Envelope, id string, jetStream bool) int {
 	line := func(k, v string) int { return len(k) + len(textproto.TrimString(v)) + len(": \r\n") }
 	n := len("NATS/1.0\r\n\r\n") + len(e.Payload)
 	for k, vs := range e.Header {
@@ -397,7 +397,7 @@ func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
 		n += longestDelivery.occurrence
 	}
 	if jetStream {
-		// MsgID(id, the longest due): "<id>@<ms>", trimmed like any value
+		// msgID(id, the longest due): "<id>@<ms>", trimmed like any value
 		// (only its start can be space: it ends in digits).
 		n += len(jetstream.MsgIDHeader) + len(": \r\n") + len(strings.TrimLeft(id, " \t\r\n")) + 1 + longestDelivery.ms
 	}
@@ -405,7 +405,7 @@ func DeliverySize(e envelope.Envelope, id string, jetStream bool) int {
 }
 
 // longestDelivery holds the lengths of delayd's delivery headers at their
-// longest, worked out once: DeliverySize runs for every request.
+// longest, worked out once: deliverySize runs for every request.
 var longestDelivery = func() (l struct{ due, attempt, occurrence, ms int }) {
 	line := func(k, v string) int { return len(k) + len(v) + len(": \r\n") }
 	due := envelope.MaxDue.Add(-time.Millisecond).UnixMilli()
@@ -423,12 +423,12 @@ const longestAttempt = 999999
 // bytes in the value header).
 const longestOccurrence = 1<<32 - 1
 
-// DeliveryMsg builds the delivered message: the payload unchanged, the
+// deliveryMsg builds the delivered message: the payload unchanged, the
 // publisher's headers minus the control ones (already removed at intake),
 // plus the delivery headers. The headers are a copy: the JetStream client
 // adds Nats-Msg-Id to the message it publishes, and that must not leak
 // into the envelope (a dead letter is built from it).
-func DeliveryMsg(d envelope.Delivery) *nats.Msg {
+func deliveryMsg(d envelope.Delivery) *nats.Msg {
 	h := make(nats.Header, len(d.Header)+4)
 	for k, v := range d.Header {
 		h[k] = v

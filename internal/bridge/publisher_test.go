@@ -24,24 +24,24 @@ import (
 func TestDeliveryMsgCopiesHeaders(t *testing.T) {
 	d := envelope.Delivery{ID: "a", Due: time.UnixMilli(1000), Attempt: 1,
 		Envelope: envelope.Envelope{Target: "t", Header: map[string][]string{"Traceparent": {"00-1"}}}}
-	m := DeliveryMsg(d)
-	m.Header.Set("Nats-Msg-Id", MsgID(d))
+	m := deliveryMsg(d)
+	m.Header.Set("Nats-Msg-Id", msgID(d))
 	if len(d.Header) != 1 || m.Header.Get("Traceparent") != "00-1" || m.Header.Get(envelope.HeaderID) != "a" {
 		t.Fatalf("envelope headers %v, message headers %v", d.Header, m.Header)
 	}
 }
 
-// DeliverySize adds up exactly what nats.go counts for the message
-// DeliveryMsg builds (plus JetStream's Nats-Msg-Id), without building it.
+// deliverySize adds up exactly what nats.go counts for the message
+// deliveryMsg builds (plus JetStream's Nats-Msg-Id), without building it.
 func TestDeliverySizeMatchesTheMessage(t *testing.T) {
 	built := func(e envelope.Envelope, id string, js bool) int {
 		d := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond), Attempt: longestAttempt, Envelope: e}
 		if e.Series != nil {
 			d.Occurrence = longestOccurrence
 		}
-		m := DeliveryMsg(d)
+		m := deliveryMsg(d)
 		if js {
-			m.Header[jetstream.MsgIDHeader] = []string{MsgID(d)}
+			m.Header[jetstream.MsgIDHeader] = []string{msgID(d)}
 		}
 		return m.Size() - len(m.Subject)
 	}
@@ -54,7 +54,7 @@ func TestDeliverySizeMatchesTheMessage(t *testing.T) {
 	} {
 		for _, js := range []bool{false, true} {
 			for _, id := range []string{"order-42", " spaced id ", "\tlead", "trail\t", "ünï"} {
-				if got, want := DeliverySize(e, id, js), built(e, id, js); got != want {
+				if got, want := deliverySize(e, id, js), built(e, id, js); got != want {
 					t.Errorf("%v js=%v id %q: computed %d, the message is %d", e.Header, js, id, got, want)
 				}
 			}

@@ -17,10 +17,10 @@ import (
 	"github.com/delayd/delayd/internal/scanner"
 )
 
-// ErrSilent marks deliveries that got no confirmation while the path to
+// errSilent marks deliveries that got no confirmation while the path to
 // NATS was silent: no answer came back at all, so they count as never
 // sent (scanner.ErrUnreachable), like deliveries during an outage.
-var ErrSilent = fmt.Errorf("NATS path silent: %w", scanner.ErrUnreachable)
+var errSilent = fmt.Errorf("NATS path silent: %w", scanner.ErrUnreachable)
 
 // Liveness sets how often a connection pings the server and how many pings
 // may go unanswered before nats.go counts it stale and reconnects, and
@@ -120,7 +120,7 @@ const probeEvery = 100 * time.Millisecond
 // is silent, its connection is down, with the reason nats.go gave, or it
 // has not proven yet that it receives on its inbox (inbox.go).
 func (p *Publisher) Down() error {
-	if err := p.Silent(); err != nil {
+	if err := p.whySilent(); err != nil {
 		return err
 	}
 	if p.nc.IsConnected() {
@@ -138,9 +138,9 @@ func (p *Publisher) Down() error {
 	return errors.New("the NATS delivery connection is down")
 }
 
-// Silent returns why the path to NATS counts as silent, nil while it does
+// whySilent returns why the path to NATS counts as silent, nil while it does
 // not: this publisher then reports itself not connected.
-func (p *Publisher) Silent() error {
+func (p *Publisher) whySilent() error {
 	p.silentMu.Lock()
 	defer p.silentMu.Unlock()
 	return p.silent
@@ -151,7 +151,7 @@ func (p *Publisher) Silent() error {
 // the answer has not come by then, up to the probe time more: an answer
 // then shows a slow path, and the batch fails as an attempt (its messages
 // reached NATS); none shows a silent one, and the batch fails with
-// ErrSilent, never sent as far as anyone can tell. A connection nats.go
+// errSilent, never sent as far as anyone can tell. A connection nats.go
 // drops meanwhile for unanswered pings is a silent path too; one the
 // server closes is not (what was written may have been delivered).
 func (p *Publisher) flush(ctx context.Context, mark uint64) (err, silent error) {
@@ -169,9 +169,9 @@ func (p *Publisher) flush(ctx context.Context, mark uint64) (err, silent error) 
 	case err == nil, p.nc.IsClosed():
 		return err, nil
 	case isTimeout(err):
-		return err, p.goSilent(fmt.Errorf("%w: no answer to a flush within its deadline and %s more", ErrSilent, p.probe))
+		return err, p.goSilent(fmt.Errorf("%w: no answer to a flush within its deadline and %s more", errSilent, p.probe))
 	case errors.Is(err, nats.ErrConnectionClosed) && p.live.staleSince(mark, p.probe):
-		return err, p.goSilent(fmt.Errorf("%w: %d pings in a row unanswered", ErrSilent, p.live.MaxPingsOut+1))
+		return err, p.goSilent(fmt.Errorf("%w: %d pings in a row unanswered", errSilent, p.live.MaxPingsOut+1))
 	}
 	return err, nil
 }

@@ -71,20 +71,20 @@ func TestSilentPathFlushTimeoutIsUnreachable(t *testing.T) {
 	}
 	proxy.Blackhole()
 	err := publishWithin(p, 300*time.Millisecond)
-	if !errors.Is(err, ErrSilent) || !errors.Is(err, scanner.ErrUnreachable) {
-		t.Fatalf("into a silent path: %v; want ErrSilent (unreachable, not an attempt)", err)
+	if !errors.Is(err, errSilent) || !errors.Is(err, scanner.ErrUnreachable) {
+		t.Fatalf("into a silent path: %v; want errSilent (unreachable, not an attempt)", err)
 	}
-	if p.Connected() || p.Silent() == nil {
-		t.Fatalf("connected %v, silent %v: want not connected, with the reason", p.Connected(), p.Silent())
+	if p.Connected() || p.whySilent() == nil {
+		t.Fatalf("connected %v, silent %v: want not connected, with the reason", p.Connected(), p.whySilent())
 	}
 	// A batch that comes after is not even written.
-	if err := publishWithin(p, 5*time.Second); !errors.Is(err, ErrSilent) {
+	if err := publishWithin(p, 5*time.Second); !errors.Is(err, errSilent) {
 		t.Fatalf("while silent: %v", err)
 	}
 	proxy.Clear()
 	for deadline := time.Now().Add(10 * time.Second); !p.Connected(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("still silent 10 s after the path healed: %v", p.Silent())
+			t.Fatalf("still silent 10 s after the path healed: %v", p.whySilent())
 		}
 	}
 	if err := publishWithin(p, 5*time.Second); err != nil {
@@ -104,7 +104,7 @@ func TestSlowPathFlushTimeoutIsAnAttempt(t *testing.T) {
 		t.Fatalf("slow flush: %v; want a failure that counts as an attempt", err)
 	}
 	if !p.Connected() {
-		t.Fatalf("a slow path counted as silent: %v", p.Silent())
+		t.Fatalf("a slow path counted as silent: %v", p.whySilent())
 	}
 }
 
@@ -119,8 +119,8 @@ func TestStaleConnectionDuringFlushIsUnreachable(t *testing.T) {
 	}
 	proxy.Blackhole()
 	err := publishWithin(p, 20*time.Second)
-	if !errors.Is(err, ErrSilent) {
-		t.Fatalf("a batch cut by a stale connection: %v; want ErrSilent", err)
+	if !errors.Is(err, errSilent) {
+		t.Fatalf("a batch cut by a stale connection: %v; want errSilent", err)
 	}
 	if p.Connected() {
 		t.Fatal("connected into a blackhole")

@@ -61,7 +61,7 @@ type StreamOptions struct {
 	RetryDelay time.Duration
 	// Batch bounds one Redis pipeline.
 	Batch        int
-	StoreTimeout time.Duration
+	storeTimeout time.Duration
 	Limits       envelope.Limits
 	Policy       envelope.Policy
 	JetStream    []string
@@ -87,16 +87,16 @@ func (s *StreamIntake) pullSize() jetstream.PullConsumeOpt {
 	return jetstream.PullMaxMessagesWithBytesLimit(s.opt.Pull, int(limit))
 }
 
-// IntakeSubject is the subject publishers publish durable envelopes to
+// intakeSubject is the subject publishers publish durable envelopes to
 // (and <prefix>.intake.> below it).
-func IntakeSubject(prefix string) string { return prefix + ".intake" }
+func intakeSubject(prefix string) string { return prefix + ".intake" }
 
-// RejectedSubject is where invalid stream envelopes are published.
-func RejectedSubject(prefix string) string { return prefix + ".rejected" }
+// rejectedSubject is where invalid stream envelopes are published.
+func rejectedSubject(prefix string) string { return prefix + ".rejected" }
 
-// ErrStreamClash means a stream of the configured name exists and does
+// errStreamClash means a stream of the configured name exists and does
 // not capture delayd's intake subjects: likely another deployment's.
-var ErrStreamClash = errors.New("stream does not capture the intake subjects")
+var errStreamClash = errors.New("stream does not capture the intake subjects")
 
 // StreamIntake takes envelopes from the JetStream intake stream, stores
 // them in Redis, and acknowledges each only after Redis confirmed it.
@@ -141,8 +141,8 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 	if obs == nil {
 		obs = nopStreamObserver{}
 	}
-	if opt.StoreTimeout == 0 {
-		opt.StoreTimeout = 5 * time.Second
+	if opt.storeTimeout == 0 {
+		opt.storeTimeout = 5 * time.Second
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
@@ -212,7 +212,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 			drained()
 			return fmt.Errorf("bridge: consume %s: %w", s.opt.Name, err)
 		}
-		s.log.Info("stream intake serving", "stream", s.opt.Name, "subjects", IntakeSubject(s.opt.Subject)+", "+IntakeSubject(s.opt.Subject)+".>")
+		s.log.Info("stream intake serving", "stream", s.opt.Name, "subjects", intakeSubject(s.opt.Subject)+", "+intakeSubject(s.opt.Subject)+".>")
 		select {
 		case err := <-lost:
 			// The stream or its consumer was deleted behind delayd's back:
@@ -239,7 +239,7 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 		cc.Drain()
 		select {
 		case <-cc.Closed():
-		case <-time.After(s.opt.StoreTimeout):
+		case <-time.After(s.opt.storeTimeout):
 			s.log.Warn("stream consumer did not drain in time; what it holds is offered again after ack_wait")
 			cc.Stop()
 		}
@@ -271,14 +271,14 @@ func (s *StreamIntake) setupRetrying(ctx context.Context, js jetstream.JetStream
 		}
 		noJS := errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)
 		switch {
-		case errors.Is(err, ErrStreamClash):
+		case errors.Is(err, errStreamClash):
 			return nil, err
 		case noJS && s.opt.Required:
 			return nil, fmt.Errorf("bridge: intake.stream.enabled is true but the NATS server has no JetStream: %w", err)
 		case noJS:
 			if warned != "nojs" {
 				s.log.Warn("the NATS server has no JetStream: the durable stream intake is off until it has (the request intake works)",
-					"subject", IntakeSubject(s.opt.Subject))
+					"subject", intakeSubject(s.opt.Subject))
 				warned = "nojs"
 			}
 			backoff = 30 * time.Second
@@ -317,9 +317,9 @@ func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetst
 		return nil, fmt.Errorf("bridge: stream %s: %w", s.opt.Name, err)
 	}
 	info := st.CachedInfo()
-	if !captures(info.Config.Subjects, IntakeSubject(s.opt.Subject)) || !captures(info.Config.Subjects, IntakeSubject(s.opt.Subject)+".x") {
+	if !captures(info.Config.Subjects, intakeSubject(s.opt.Subject)) || !captures(info.Config.Subjects, intakeSubject(s.opt.Subject)+".x") {
 		return nil, fmt.Errorf("bridge: stream %s captures %v, not %s and %[3]s.>: %w (set intake.stream.name)",
-			s.opt.Name, info.Config.Subjects, IntakeSubject(s.opt.Subject), ErrStreamClash)
+			s.opt.Name, info.Config.Subjects, intakeSubject(s.opt.Subject), errStreamClash)
 	}
 	if info.Config.Retention != jetstream.WorkQueuePolicy {
 		s.log.Warn("the intake stream does not use work-queue retention: stored envelopes stay in it after delayd acknowledged them",
@@ -353,7 +353,7 @@ func (s *StreamIntake) streamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        s.opt.Name,
 		Description: "delayd intake: envelopes waiting to be stored in Redis",
-		Subjects:    []string{IntakeSubject(s.opt.Subject), IntakeSubject(s.opt.Subject) + ".>"},
+		Subjects:    []string{intakeSubject(s.opt.Subject), intakeSubject(s.opt.Subject) + ".>"},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    s.opt.Replicas,

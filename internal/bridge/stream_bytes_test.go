@@ -40,7 +40,7 @@ func TestStreamIntakeBoundsTheBytesItHolds(t *testing.T) {
 	e.start(bs, func(o *StreamOptions) {
 		o.PullBytes = bound
 		o.Limits.MaxPayload = 256 << 10
-		o.StoreTimeout = time.Minute
+		o.storeTimeout = time.Minute
 	})
 	js := e.js()
 	payload := strings.Repeat("x", size)
@@ -99,7 +99,7 @@ func TestStreamIntakePullBytesBelowOneMessage(t *testing.T) {
 	e.eventually("the large envelope and the small ones behind it stored", func() bool { return e.pending() == 4 })
 }
 
-// Shutting down while Redis is slower than the drain wait (StoreTimeout)
+// Shutting down while Redis is slower than the drain wait (storeTimeout)
 // and a handler waits for held bytes: the intake stops cleanly once the
 // flush returns, and stores what it took (before, Run closed the queue
 // after the drain wait and the waking handler panicked sending on it).
@@ -111,7 +111,7 @@ func TestStreamIntakeShutdownWithAHandlerWaitingForBytes(t *testing.T) {
 	stop := e.start(calledStore{bs, called}, func(o *StreamOptions) {
 		o.PullBytes = 1
 		o.Limits.MaxPayload = 128 << 10
-		o.StoreTimeout = 100 * time.Millisecond
+		o.storeTimeout = 100 * time.Millisecond
 	})
 	js := e.js()
 	for i := range 8 {

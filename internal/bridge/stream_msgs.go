@@ -107,8 +107,8 @@ func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 		}
 	}
 	h.Set(envelope.HeaderError, err.Error())
-	h.Set(HeaderErrorCode, strconv.Itoa(code))
-	if perr := s.nc.PublishMsg(&nats.Msg{Subject: RejectedSubject(s.opt.Subject), Header: h, Data: m.Data()}); perr != nil {
+	h.Set(headerErrorCode, strconv.Itoa(code))
+	if perr := s.nc.PublishMsg(&nats.Msg{Subject: rejectedSubject(s.opt.Subject), Header: h, Data: m.Data()}); perr != nil {
 		s.log.Warn("publishing a rejected envelope failed", "error", perr)
 	}
 	// Plain Term: nats-server before 2.11 does not know "+TERM <reason>"
@@ -121,9 +121,9 @@ func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 	s.log.Warn("rejected a stream envelope", "code", code, "error", err, "subject", m.Subject())
 }
 
-// HeaderErrorCode carries the protocol code (400, 403, 413) of a rejected
+// headerErrorCode carries the protocol code (400, 403, 413) of a rejected
 // stream envelope, next to Delayd-Error.
-const HeaderErrorCode = "Delayd-Error-Code"
+const headerErrorCode = "Delayd-Error-Code"
 
 func resultOfCode(code int) string {
 	switch code {
@@ -144,7 +144,7 @@ func (s *StreamIntake) flush(batch []streamItem) {
 	for i, b := range batch {
 		items[i] = b.item
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.opt.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.opt.storeTimeout)
 	due, errs := s.store.Schedule(ctx, items)
 	cancel()
 	stored, failed, again := 0, 0, 0

@@ -77,7 +77,7 @@ func (e *streamEnv) conn() *nats.Conn {
 func (e *streamEnv) start(st StreamStore, mod ...func(*StreamOptions)) (stop func()) {
 	e.t.Helper()
 	opt := StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1, Pull: 64, AckWait: 30 * time.Second,
-		RetryDelay: 50 * time.Millisecond, Batch: 32, StoreTimeout: 2 * time.Second,
+		RetryDelay: 50 * time.Millisecond, Batch: 32, storeTimeout: 2 * time.Second,
 		Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}}
 	for _, m := range mod {
 		m(&opt)
@@ -238,7 +238,7 @@ func TestStreamIntakeRejects(t *testing.T) {
 	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.ok", envelope.HeaderDelay, "1s", "Delayd-Id", "ok"), "fine")
 	for i, want := range []struct{ code, payload, result string }{{"400", "bad target", "bad_request"}, {"403", "denied", "forbidden"}} {
 		m := <-rejected
-		if m.Header.Get(envelope.HeaderError) == "" || m.Header.Get(HeaderErrorCode) != want.code || string(m.Data) != want.payload {
+		if m.Header.Get(envelope.HeaderError) == "" || m.Header.Get(headerErrorCode) != want.code || string(m.Data) != want.payload {
 			t.Errorf("rejected %d: %v %q", i, m.Header, m.Data)
 		}
 		if i == 0 && (m.Header.Get("X-Trace") != "t1" || m.Header.Get(envelope.HeaderTarget) != "orders.>") {
@@ -362,7 +362,7 @@ func TestStreamIntakeNameClash(t *testing.T) {
 	nc, _ := nats.Connect(e.nats.URL())
 	si := NewStreamIntake(nc, e.st, noWake{}, e.obs, StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1,
 		AckWait: time.Second, RetryDelay: time.Second}, hclog.NewNullLogger())
-	if err := si.Run(context.Background()); !errors.Is(err, ErrStreamClash) {
+	if err := si.Run(context.Background()); !errors.Is(err, errStreamClash) {
 		t.Fatalf("Run on a clashing stream: %v", err)
 	}
 }

@@ -56,7 +56,7 @@ func (v validator) itemAt(h map[string][]string, data []byte, newID func() (stri
 	if srvMax > 0 {
 		// The delivery carries more headers than the request: refuse now
 		// what could never be delivered.
-		if n := DeliverySize(r.Envelope, r.ID, matchAny(v.jetStream, r.Target)); n > srvMax {
+		if n := deliverySize(r.Envelope, r.ID, matchAny(v.jetStream, r.Target)); n > srvMax {
 			return store.Item{}, &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
 				"the delivered message would be %d bytes (payload plus headers, with delayd's), over the NATS server's max_payload of %d", n, srvMax)}
 		}

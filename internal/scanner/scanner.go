@@ -52,7 +52,7 @@ type Publisher interface {
 // ErrUnreachable marks a publish error during a NATS outage: the message
 // was never written (not connected when the batch was due), or written
 // into a path that proved silent (no answer to the batch's flush nor to a
-// probe after it, or pings unanswered: the bridge's ErrSilent). Any other
+// probe after it, or pings unanswered: the bridge's errSilent). Any other
 // message that may have left (a flush answered late, a connection closed
 // by the server after the write) is an attempt, whatever happened to it.
 var ErrUnreachable = errors.New("unreachable")
