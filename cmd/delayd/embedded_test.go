@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,23 +14,8 @@ import (
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-// syncBuffer is a bytes.Buffer safe for a logger writing while a test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a bytes.Buffer safe for a logger writing while a test reads it.
+type syncBuffer = testutil.Buffer
 
 // TestEmbeddedRun runs the README's quick start through run(), with the
 // same Lua scripts on the Redis emulation, and uses the CLI against it.

@@ -1,11 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,22 +13,7 @@ import (
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = testutil.Buffer
 
 // TestWaitReadyKeepsSayingRedisIsUnreachable: with a wrong Redis address
 // the daemon says so again and again, with the address and the key to
@@ -65,7 +48,7 @@ func TestWaitReadyKeepsSayingRedisIsUnreachable(t *testing.T) {
 	r := testutil.StartRedis(t)
 	st2 := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 4)
 	defer st2.Close()
-	out = lockedBuffer{}
+	out.Reset()
 	waitReady(context.Background(), st2, []string{r.Addr}, func() bool { return true }, log)
 	if !strings.Contains(out.String(), "ready") || strings.Contains(out.String(), "not reachable") {
 		t.Errorf("a reachable Redis: %s", out.String())

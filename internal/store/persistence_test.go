@@ -1,12 +1,10 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,22 +14,7 @@ import (
 )
 
 // lockedBuffer is a log sink safe for go-redis's connection goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = testutil.Buffer
 
 // TestGuardQuietUnderSentinel: through Sentinel the guard reads the
 // master's policy, and says nothing about the sentinel's own connections.
