@@ -297,3 +297,40 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDeliversBesideAWildcardSubscriber: an operator runs `nats sub '>'`
+// on a server without JetStream. The inbox self-check once relied on the
+// server's no-responders status for its probes ($JS.API.INFO and
+// <prefix>.internal.probe); a `>` subscriber suppresses that status and
+// never answers, so the daemon stayed not ready ("no probe came back on
+// its inbox ... no reason given by the server"), held no shard and
+// delivered nothing. The daemon now answers its own probe.
+func TestDeliversBesideAWildcardSubscriber(t *testing.T) {
+	t.Parallel()
+	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })}
+	watcher := e.conn()
+	defer watcher.Close()
+	if _, err := watcher.Subscribe(">", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := watcher.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c := e.cfg()
+	e.startDaemon(c)
+	nc := e.conn()
+	defer nc.Close()
+	got := e.sink(nc, "wild.x")
+	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "wild.x", "Delayd-Delay", "10ms", "Delayd-Id", "w1"), "hi"); err != nil {
+		t.Fatal(err)
+	}
+	got.waitIDs([]string{"w1"}, 15*time.Second)
+	if len(got.get("w1")) == 0 {
+		_, body := httpGet(t, "http://"+c.HTTP.Addr+"/readyz")
+		t.Fatalf("not delivered beside a '>' subscriber; /readyz: %q", body)
+	}
+	readyz := "http://" + c.HTTP.Addr + "/readyz"
+	if code, body := httpGet(t, readyz); code != http.StatusOK {
+		t.Fatalf("/readyz beside a '>' subscriber: %d %q", code, body)
+	}
+}

@@ -37,6 +37,36 @@ const (
 	jsInfo = "$JS.API.INFO"
 )
 
+// answerProbes subscribes to <prefix>.<random token> and answers, with an
+// empty message, each request there whose reply subject is one of this
+// publisher's probes: the answer comes back on its inbox whatever else
+// subscribes on the server. A subscriber to ">" (nats sub '>') suppresses
+// the server's no-responders status and answers nothing, so probes
+// answered by the server alone never came back beside one (without
+// JetStream, whose $JS.API.INFO answers), and the daemon stayed not ready.
+// If the server refuses this subscription (a NATS user without
+// <prefix>.internal.> to subscribe to), the server's no-responders status
+// answers the probe instead; a probe to the prefix itself, where nobody
+// subscribes, covers a user that may not answer (no allow_responses).
+func (p *Publisher) answerProbes(prefix string) error {
+	var random [9]byte
+	_, _ = rand.Read(random[:])
+	subject := prefix + "." + enc.EncodeToString(random[:])
+	mine := p.interest.base + "probe."
+	sub, err := p.nc.Subscribe(subject, func(m *nats.Msg) {
+		// Only this publisher's probes: not a reflector for anyone
+		// allowed to publish here.
+		if strings.HasPrefix(m.Reply, mine) {
+			_ = m.Respond(nil)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("bridge: subscribe to the inbox probe %s: %w", subject, err)
+	}
+	p.inboxProbe, p.probePrefix, p.prober = subject, prefix, sub
+	return nil
+}
+
 // verified reports whether the inbox was proven on the connection as it
 // is now.
 func (c *inboxCheck) verified(nc *nats.Conn) bool {
@@ -142,13 +172,20 @@ func (p *Publisher) probeInbox(done <-chan struct{}) error {
 		}
 		p.interest.mu.Unlock()
 	}()
-	// Requests the server answers on the inbox, for NATS users allowed
-	// either (docs/security.md's daemon block allows both). Not a publish
-	// to the inbox itself: that block does not allow it, and a refusal on
-	// every reconnect would be an error in the log to learn to ignore.
+	// Requests answered on the inbox, for NATS users allowed either
+	// (docs/security.md's daemon block allows both): JetStream's account
+	// info (or the server's no-responders status), and this publisher's
+	// own probe subject (answered by answerProbes, whose reply the block's
+	// allow_responses lets through). Not a publish to the inbox itself:
+	// that block does not allow it, and a refusal on every reconnect would
+	// be an error in the log to learn to ignore.
 	_ = p.nc.PublishRequest(jsInfo, subject, nil)
 	if p.inboxProbe != "" {
 		_ = p.nc.PublishRequest(p.inboxProbe, subject, nil)
+		// Nobody subscribes to the prefix itself: the server's
+		// no-responders status answers, for a NATS user whose answer to
+		// its own probe is refused (no allow_responses).
+		_ = p.nc.PublishRequest(p.probePrefix, subject, nil)
 	}
 	_ = p.nc.FlushTimeout(inboxProbeWait)
 	t := time.NewTimer(inboxProbeWait)
@@ -163,7 +200,7 @@ func (p *Publisher) probeInbox(done <-chan struct{}) error {
 	why := []string{}
 	for _, err := range p.refusals.after(mark) {
 		if s := err.Error(); strings.Contains(s, p.interest.base) || strings.Contains(s, jsInfo) ||
-			(p.inboxProbe != "" && strings.Contains(s, `"`+p.inboxProbe+`"`)) {
+			(p.inboxProbe != "" && (strings.Contains(s, `"`+p.inboxProbe+`"`) || strings.Contains(s, `"`+p.probePrefix+`"`))) {
 			why = append(why, s)
 		}
 	}

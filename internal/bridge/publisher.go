@@ -51,9 +51,11 @@ type Publisher struct {
 	silent   error
 	closed   chan struct{}
 	// The inbox self-check (inbox.go).
-	inbox      inboxCheck
-	inboxProbe string // PublisherOptions.InboxProbe
-	log        hclog.Logger
+	inbox       inboxCheck
+	inboxProbe  string             // the subject this publisher answers its probes on
+	probePrefix string             // PublisherOptions.InboxProbe, where nobody subscribes
+	prober      *nats.Subscription // on inboxProbe
+	log         hclog.Logger
 }
 
 // PublisherOptions pick how each target is delivered.
@@ -66,9 +68,11 @@ type PublisherOptions struct {
 	// delivered. Every other core delivery that reaches no subscriber
 	// fails with scanner.ErrNoInterest.
 	FireAndForget []string
-	// InboxProbe, if set, is a subject no one subscribes to (delayd's
-	// <prefix>.internal.probe): a request to it, answered by the server's
-	// no-responders status, is one of the inbox self-check's probes.
+	// InboxProbe, if set, is the prefix of a subject the publisher
+	// answers itself (delayd's <prefix>.internal.probe, to which it adds
+	// a random token): a request to it, answered by the publisher (or by
+	// the server's no-responders status if that subscription is refused),
+	// is one of the inbox self-check's probes.
 	InboxProbe string
 	// NoInboxCheck skips the inbox self-check (see inboxCheck), for a
 	// daemon that does not deliver (mode intake): Connected is then the
@@ -106,6 +110,12 @@ func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publi
 		return nil, err
 	}
 	p.interest = in
+	if o.InboxProbe != "" && !o.NoInboxCheck {
+		if err := p.answerProbes(o.InboxProbe); err != nil {
+			in.close()
+			return nil, err
+		}
+	}
 	if o.NoInboxCheck {
 		p.inbox.off = true
 	} else {
@@ -118,6 +128,9 @@ func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publi
 func (p *Publisher) Close() {
 	close(p.closed)
 	p.interest.close()
+	if p.prober != nil {
+		_ = p.prober.Unsubscribe()
+	}
 }
 
 // Publish sends every delivery and confirms each. A core NATS delivery is
@@ -283,7 +296,8 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 	for subj := range refused {
 		// The list of streams and the inbox probes are the publisher's
 		// own requests.
-		own := subj == streamList || subj == jsInfo || (subj == p.inboxProbe && subj != "") || strings.HasPrefix(subj, p.interest.base)
+		own := subj == streamList || subj == jsInfo || (subj != "" && (subj == p.inboxProbe || subj == p.probePrefix)) ||
+			strings.HasPrefix(subj, p.interest.base)
 		if !targets[subj] && !own {
 			complete = false // refused something we cannot place
 		}
