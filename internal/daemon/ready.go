@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -20,6 +21,8 @@ var stillUnreachable = []time.Duration{5 * time.Second, 15 * time.Second, 30 * t
 // logged wait, not a crash. addrs names the Redis servers tried, for the
 // log.
 func waitReady(ctx context.Context, st *store.Store, addrs []string, natsUp func() bool, log hclog.Logger) {
+	// A redis:// address may carry a password: never logged.
+	shown := config.RedactURL(strings.Join(addrs, ","))
 	backoff := 50 * time.Millisecond
 	start := time.Now()
 	next := 0 // the reminder due next, in stillUnreachable
@@ -29,7 +32,7 @@ func waitReady(ctx context.Context, st *store.Store, addrs []string, natsUp func
 		cancel()
 		if err == nil {
 			if failed {
-				log.Info("Redis reachable", "addrs", strings.Join(addrs, ","), "after", time.Since(start).Round(time.Millisecond))
+				log.Info("Redis reachable", "addrs", shown, "after", time.Since(start).Round(time.Millisecond))
 			}
 			break
 		}
@@ -39,11 +42,11 @@ func waitReady(ctx context.Context, st *store.Store, addrs []string, natsUp func
 		waited := time.Since(start)
 		switch {
 		case !failed:
-			log.Warn("Redis not reachable yet, retrying", "addrs", strings.Join(addrs, ","), "error", err)
+			log.Warn("Redis not reachable yet, retrying", "addrs", shown, "error", err)
 			failed = true
 		case waited >= stillUnreachable[min(next, len(stillUnreachable)-1)]+time.Duration(max(0, next-len(stillUnreachable)+1))*time.Minute:
 			log.Warn("Redis still not reachable: nothing is stored or delivered; check redis.addrs (--redis-addrs, DELAYD_REDIS_ADDRS) and the credentials",
-				"addrs", strings.Join(addrs, ","), "waited", waited.Round(time.Second), "error", err)
+				"addrs", shown, "waited", waited.Round(time.Second), "error", err)
 			next++
 		}
 		select {
