@@ -21,8 +21,13 @@ var stillUnreachable = []time.Duration{5 * time.Second, 15 * time.Second, 30 * t
 // logged wait, not a crash. addrs names the Redis servers tried, for the
 // log.
 func waitReady(ctx context.Context, st *store.Store, addrs []string, natsUp func() bool, log hclog.Logger) {
-	// A redis:// address may carry a password: never logged.
-	shown := config.RedactURL(strings.Join(addrs, ","))
+	// A redis:// address may carry a password: never logged. Each one
+	// alone, as a URL parser reads one.
+	redacted := make([]string, len(addrs))
+	for i, a := range addrs {
+		redacted[i] = config.RedactURL(a)
+	}
+	shown := strings.Join(redacted, ",")
 	backoff := 50 * time.Millisecond
 	start := time.Now()
 	next := 0 // the reminder due next, in stillUnreachable

@@ -24,20 +24,27 @@ func TestWaitReadyKeepsSayingRedisIsUnreachable(t *testing.T) {
 	stillUnreachable = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
 	defer func() { stillUnreachable = saved }()
 
-	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)) // nothing listens
-	st := store.New(store.NewClient(store.Options{Addrs: []string{addr}}), "t", 4)
+	// Nothing listens there; the address carries a password, which no
+	// log line may show.
+	hostport := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	addr := "redis://:pwSECRET@" + hostport
+	second := fmt.Sprintf("redis://u:pw2SECRET@127.0.0.1:%d", testutil.FreePort(t))
+	st := store.New(store.NewClient(store.Options{Addrs: []string{hostport}}), "t", 4)
 	defer st.Close()
 	var out lockedBuffer
 	log := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
 	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
 	defer cancel()
-	waitReady(ctx, st, []string{addr}, func() bool { return true }, log)
+	waitReady(ctx, st, []string{addr, second}, func() bool { return true }, log)
 
 	logs := out.String()
 	if n := strings.Count(logs, "Redis still not reachable"); n < 2 {
 		t.Fatalf("%d reminders in 800 ms with reminders at 100 and 200 ms, want at least 2:\n%s", n, logs)
 	}
-	if !strings.Contains(logs, addr) || !strings.Contains(logs, "--redis-addrs") {
+	if strings.Contains(logs, "SECRET") {
+		t.Errorf("the password of the address is in the log:\n%s", logs)
+	}
+	if !strings.Contains(logs, hostport) || !strings.Contains(logs, "--redis-addrs") {
 		t.Errorf("the reminders must name the address and how to change it:\n%s", logs)
 	}
 	if strings.Contains(logs, "delayd: ready") || strings.Contains(logs, "[INFO]  ready") {
