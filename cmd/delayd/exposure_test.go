@@ -30,6 +30,7 @@ func TestProbeListenerServesNoConsole(t *testing.T) {
 	c := e.cfg()
 	c.UI.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	e.startDaemon(c)
+	e.waitReady(c)
 	nc := e.conn()
 	defer nc.Close()
 	h := hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "secret-1", "Authorization", "Bearer s3cret-token")

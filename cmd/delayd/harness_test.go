@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -57,6 +58,25 @@ func (e *env) startDaemon(c config.Config, opts ...daemon.Option) (stop func() e
 	d := daemontest.Run(e.t, c, opts...)
 	d.WaitServing(e.t, e.nats.URL(), c.Subject)
 	return d.Stop
+}
+
+// waitReady waits until the daemon of c answers /readyz with 200: it
+// serves requests before it has proven its delivery inbox and taken its
+// shards, which readiness waits for.
+func (e *env) waitReady(c config.Config) {
+	e.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://" + c.HTTP.Addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("/readyz on %s not 200 within 10 s (%v)", c.HTTP.Addr, err)
+		}
+	}
 }
 
 // waitService waits until a delayd answers on the subject.
