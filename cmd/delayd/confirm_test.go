@@ -27,7 +27,28 @@ import (
 // error. Before, delayd counted all 4 delivered and deleted them.
 func TestStreamRefusalNotDelivered(t *testing.T) {
 	t.Parallel()
+	streamRefusals(t, newEnv(t), "cap.>", "cap.x")
+}
+
+// The same through a subject mapping of the account (capm.x → capm.y, the
+// stream on capm.y): the stream's listed subjects do not match the
+// target, so before, the delivery was not awaited; the stream's refusal
+// came after the batch was confirmed and taught delayd nothing: the
+// stream kept 2, delayd counted 4 delivered, 2 were lost, and the log
+// said "a stream refused a core delivery after its batch was confirmed".
+func TestStreamRefusalThroughMapping(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
+	if err := e.nats.Srv.GlobalAccount().AddMapping("capm.x", "capm.y"); err != nil {
+		t.Fatal(err)
+	}
+	streamRefusals(t, e, "capm.y", "capm.x")
+}
+
+// streamRefusals schedules 4 envelopes to target, captured by a stream
+// on subject with max_msgs 2 and discard new: 2 must end in the stream
+// and 2 dead with the stream's error, none lost.
+func streamRefusals(t *testing.T, e *env, subject, target string) {
 	c := e.cfg()
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
 	c.Scanner.RetryBackoffMax = 200 * time.Millisecond
@@ -40,14 +61,16 @@ func TestStreamRefusalNotDelivered(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAP", Subjects: []string{"cap.>"}, MaxMsgs: 2, Discard: jetstream.DiscardNew})
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAP", Subjects: []string{subject}, MaxMsgs: 2, Discard: jetstream.DiscardNew})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.startDaemon(c)
 	ids := []string{"cap-0", "cap-1", "cap-2", "cap-3"}
+	// One due time: one batch, the first deliveries to the target.
+	at := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
 	for _, id := range ids {
-		scheduleServed(t, nc, hdr("Delayd-Target", "cap.x", "Delayd-Delay", "200ms", "Delayd-Id", id))
+		scheduleServed(t, nc, hdr("Delayd-Target", target, "Delayd-At", at, "Delayd-Id", id))
 	}
 	st := e.inspectStore(c)
 	// Every envelope ends in the stream or in the dead set, and none in

@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,7 +19,13 @@ import (
 // after the flush that confirms the publish. It lists the streams of
 // delayd's account ($JS.API.STREAM.LIST), at most captorsEvery apart,
 // and learns the targets that a stream answered for (a stream of another
-// account, importing the subject, is never listed).
+// account, importing the subject, is never listed). A subject mapping of
+// the account (capm.x → capm.y) is invisible to clients: a stream on the
+// mapped subject captures a target its listed subjects do not match. So
+// while the account has a stream, the first delivery to a target no
+// listed stream matches is a probe: it waits up to probeGrace for a
+// stream's answer; none, and the target counts as not captured for
+// learnedFor (or until the list changes).
 type captors struct {
 	js       jetstream.JetStream
 	refusals *Refusals
@@ -26,8 +33,10 @@ type captors struct {
 
 	mu       sync.Mutex
 	patterns []capture // from the last list read
-	memo     map[string]bool
+	memo     map[string]match
 	learned  map[string]time.Time // answered by a stream, not in the list
+	unheard  map[string]time.Time // probed: no stream answered
+	anyAck   bool                 // a listed stream answers (not no_ack)
 	listed   time.Time            // when the last list was asked for
 	failing  error                // the last failure, logged once
 	running  chan struct{}        // closed when the list being read is in
@@ -41,6 +50,15 @@ type capture struct {
 	noAck   bool // the stream never answers
 }
 
+// match is what the listed streams say of a target.
+type match uint8
+
+const (
+	unmatched  match = iota // no listed stream's subjects match it
+	matchAck                // a listed stream captures it and answers
+	matchNoAck              // a listed no_ack stream captures it: no answer comes
+)
+
 const (
 	// captorsEvery bounds the age of the list: a stream created since is
 	// known from its first answer to a delivery that still waits (or a
@@ -51,12 +69,20 @@ const (
 	// learnedFor is how long a target a stream answered for stays
 	// captured without a new answer.
 	learnedFor = 10 * time.Minute
-	// memoMax bounds the memo of targets looked up.
+	// memoMax bounds the memo of targets looked up, and the targets
+	// probed.
 	memoMax = 1 << 16
+	// probeGrace is how long a probe waits for a stream's answer after
+	// its batch is confirmed otherwise: a stream answers from its own
+	// goroutine, within a millisecond on an idle server. An answer later
+	// than this is late: the target is learned, but that delivery was
+	// counted (its refusal is logged as a loss).
+	probeGrace = 100 * time.Millisecond
 )
 
 func newCaptors(js jetstream.JetStream, refusals *Refusals, log hclog.Logger) *captors {
-	return &captors{js: js, refusals: refusals, log: log, memo: map[string]bool{}, learned: map[string]time.Time{}}
+	return &captors{js: js, refusals: refusals, log: log, memo: map[string]match{}, learned: map[string]time.Time{},
+		unheard: map[string]time.Time{}}
 }
 
 // streamList is the subject of the list request, which needs delayd's
@@ -108,7 +134,11 @@ func (c *captors) refreshLocked() chan struct{} {
 		if c.failing != nil {
 			c.log.Info("JetStream streams listed again")
 		}
+		if !slices.Equal(c.patterns, patterns) {
+			clear(c.unheard) // a new stream may capture a probed target through a mapping
+		}
 		c.patterns, c.failing = patterns, nil
+		c.anyAck = slices.ContainsFunc(patterns, func(p capture) bool { return !p.noAck })
 		clear(c.memo)
 	}()
 	return done
@@ -151,54 +181,89 @@ func (c *captors) list() ([]capture, error) {
 }
 
 // captured reports whether a delivery to target should wait for a
-// stream's answer: a listed stream without no_ack captures it, or a stream
-// answered for it lately.
-func (c *captors) captured(target string) bool {
+// stream's answer until its deadline (await: a listed stream without
+// no_ack captures it, or a stream answered for it lately), or up to
+// probeGrace (probe: no listed stream matches it, but the account has a
+// stream that answers, or its streams cannot be listed, and no probe of
+// it went unanswered lately).
+func (c *captors) captured(target string) (await, probe bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if at, ok := c.learned[target]; ok {
 		if time.Since(at) < learnedFor {
-			return true
+			return true, false
 		}
 		delete(c.learned, target)
 	}
-	if v, ok := c.memo[target]; ok {
-		return v
-	}
-	v := false
-	for _, p := range c.patterns {
-		if envelope.Match(p.pattern, target) {
-			v = !p.noAck
-			break
-		}
-	}
-	if len(c.memo) >= memoMax {
-		clear(c.memo)
-	}
-	c.memo[target] = v
-	return v
-}
-
-// heard is told of every stream answer to a delivery: target, or "" when
-// the answer came after its batch ended (or was forged). A target that no
-// listed stream captors is learned, and the list read again (at most once
-// a second), since a stream may have been created since.
-func (c *captors) heard(target string, a verdict, reason string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if target == "" {
-		if a == refused {
-			// At most one line in 10 s: anyone allowed to publish to
-			// delayd's inbox can send these.
-			if c.late++; time.Since(c.warned) >= 10*time.Second {
-				c.log.Warn("a stream refused a core delivery after its batch was confirmed, or an answer was forged: "+
-					"if it was not forged, that delivery is lost", "error", reason, "count", c.late)
-				c.warned, c.late = time.Now(), 0
+	m, ok := c.memo[target]
+	if !ok {
+		for _, p := range c.patterns {
+			if envelope.Match(p.pattern, target) {
+				m = matchAck
+				if p.noAck {
+					m = matchNoAck
+				}
+				break
 			}
 		}
-	} else if !c.memo[target] {
+		if len(c.memo) >= memoMax {
+			clear(c.memo)
+		}
+		c.memo[target] = m
+	}
+	switch {
+	case m == matchAck:
+		return true, false
+	case m == matchNoAck || (!c.anyAck && c.failing == nil):
+		return false, false
+	}
+	if at, ok := c.unheard[target]; ok {
+		if time.Since(at) < learnedFor {
+			return false, false
+		}
+		delete(c.unheard, target)
+	}
+	return false, true
+}
+
+// unanswered records that a probe of target heard no stream.
+func (c *captors) unanswered(target string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.unheard) >= memoMax {
+		clear(c.unheard)
+	}
+	c.unheard[target] = time.Now()
+}
+
+// heard is told of every stream answer to a delivery: its target (late:
+// the answer came after the delivery's batch ended, and the delivery was
+// counted), or "" when the answer cannot be placed (too old, or forged). A
+// target that no listed stream captures is learned, so later deliveries
+// to it wait for the stream, and the list read again (at most once a
+// second), since a stream may have been created since.
+func (c *captors) heard(target string, a verdict, reason string, late bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if (target == "" || late) && a == refused {
+		// At most one line in 10 s: the answers can come in floods.
+		if c.late++; time.Since(c.warned) >= 10*time.Second {
+			if target == "" {
+				c.log.Warn("a stream refused a core delivery after its batch was confirmed, or an answer was forged: "+
+					"if it was not forged, that delivery is lost", "error", reason, "count", c.late)
+			} else {
+				c.log.Warn("a stream refused a core delivery after its batch was confirmed: that delivery is lost "+
+					"(later deliveries to the target wait for the stream's answer)", "target", target, "error", reason, "count", c.late)
+			}
+			c.warned, c.late = time.Now(), 0
+		}
+	}
+	switch {
+	case target == "":
+	case c.memo[target] != matchAck:
 		c.learned[target] = time.Now()
-	} else {
+		delete(c.unheard, target)
+	default:
 		return
 	}
 	if c.running == nil && time.Since(c.poked) >= time.Second {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -48,9 +49,10 @@ type interest struct {
 	done     chan struct{}
 	refusals *Refusals
 	// heard is told, outside the lock, of every stream answer: the target
-	// of a waiting batch's delivery, or "" for one that came too late (or
-	// was forged) and cannot be placed.
-	heard func(target string, a verdict, reason string)
+	// of a delivery of a waiting batch, or of one that ended lately (late
+	// set: the delivery was counted already), or "" for an answer that
+	// cannot be placed (too old, or forged).
+	heard func(target string, a verdict, reason string, late bool)
 
 	mu    sync.Mutex
 	sub   *nats.Subscription
@@ -60,6 +62,10 @@ type interest struct {
 	woken   chan struct{}
 	until   int64
 	batches map[string]*batch // by token, until finished
+	// ended keeps the batches finished lately (by token, and in the order
+	// they ended), so that a stream's late answer still names its target.
+	ended      map[string]*batch
+	endedOrder []string
 	// The inbox self-check in flight: its subject, closed when it came.
 	probe  string
 	probed chan struct{}
@@ -90,6 +96,12 @@ type batch struct {
 	await    []bool   // waits for a stream's answer
 	pending  int      // awaited answers not in yet
 	settled  chan struct{}
+	// probe: a delivery to a target no listed stream captures, whose
+	// capture is unknown (a subject mapping of the account can route it
+	// to a stream): it waits for a stream's answer up to a short grace.
+	probe   []bool
+	probing int           // probes not answered yet
+	allIn   chan struct{} // closed when pending and probing are both 0
 }
 
 // statusBuffer is the channel between nats.go's read loop and the
@@ -98,9 +110,9 @@ type batch struct {
 // cannot vouch for.
 const statusBuffer = 1 << 16
 
-func newInterest(nc *nats.Conn, refusals *Refusals, heard func(string, verdict, string)) (*interest, error) {
+func newInterest(nc *nats.Conn, refusals *Refusals, heard func(string, verdict, string, bool)) (*interest, error) {
 	in := &interest{ch: make(chan *nats.Msg, statusBuffer), base: nc.NewInbox() + ".",
-		done: make(chan struct{}), refusals: refusals, heard: heard, batches: map[string]*batch{}}
+		done: make(chan struct{}), refusals: refusals, heard: heard, batches: map[string]*batch{}, ended: map[string]*batch{}}
 	if err := in.subscribe(nc); err != nil {
 		return nil, err
 	}
@@ -143,43 +155,51 @@ func (in *interest) run() {
 					in.woken = nil
 				}
 			}
-			target, placed := in.take(m.Subject, a, reason)
+			target, placed, late := in.take(m.Subject, a, reason)
 			in.mu.Unlock()
 			if (a == stored || a == refused) && in.heard != nil {
 				if !placed {
 					target = ""
 				}
-				in.heard(target, a, reason)
+				in.heard(target, a, reason, late)
 			}
 		}
 	}
 }
 
 // take records answer a on subject, if it is a reply subject of a
-// waiting batch's delivery, and returns that delivery's target. Under mu.
-func (in *interest) take(subject string, a verdict, reason string) (target string, ok bool) {
+// waiting batch's delivery, and returns that delivery's target; for a
+// batch that ended lately it returns the target with late set, and
+// records nothing. Under mu.
+func (in *interest) take(subject string, a verdict, reason string) (target string, ok, late bool) {
 	rest, ok := strings.CutPrefix(subject, in.base)
 	if !ok {
-		return "", false
+		return "", false, false
 	}
 	if in.probe != "" && subject == in.probe {
 		close(in.probed)
 		in.probe = ""
-		return "", false
+		return "", false, false
 	}
 	token, idx, ok := strings.Cut(rest, ".")
 	b := in.batches[token]
+	if b == nil {
+		b, late = in.ended[token], true
+	}
 	if !ok || b == nil {
-		return "", false
+		return "", false, false
 	}
 	idx, _, ok = strings.Cut(idx, ".")
 	n, err := strconv.ParseUint(idx, 36, 31)
 	if !ok || err != nil || int(n) >= len(b.verdicts) {
-		return "", false
+		return "", false, false
 	}
 	i := int(n)
 	if subtle.ConstantTimeCompare([]byte(subject), []byte(b.reply(i))) != 1 {
-		return "", false // a guessed key
+		return "", false, false // a guessed key
+	}
+	if late {
+		return b.targets[i], true, true
 	}
 	// A refusal stands whatever else answered; a stream's answer outranks
 	// a subscriber's reply; no responders is only ever alone.
@@ -189,20 +209,28 @@ func (in *interest) take(subject string, a verdict, reason string) (target strin
 			b.reasons[i] = reason
 		}
 	}
-	if (a == stored || a == refused) && b.await[i] {
+	if a == stored || a == refused {
 		in.unawait(b, i)
 	}
-	return b.targets[i], true
+	return b.targets[i], true, false
 }
 
 // unawait stops waiting for delivery i's stream answer. Under mu.
 func (in *interest) unawait(b *batch, i int) {
-	if !b.await[i] {
+	switch {
+	case b.await[i]:
+		b.await[i] = false
+		if b.pending--; b.pending == 0 {
+			close(b.settled)
+		}
+	case b.probe[i]:
+		b.probe[i] = false
+		b.probing--
+	default:
 		return
 	}
-	b.await[i] = false
-	if b.pending--; b.pending == 0 {
-		close(b.settled)
+	if b.pending == 0 && b.probing == 0 {
+		close(b.allIn)
 	}
 }
 
@@ -255,16 +283,18 @@ const (
 var enc = base64.RawURLEncoding
 
 // begin registers a batch of ds, whose deliveries awaited (by index) wait
-// for a stream's answer, and builds its reply subjects. The caller holds
-// the publisher's send lock until flushed or its batch is begun in vain.
-func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) bool) (b *batch, dropped int) {
+// for a stream's answer (await: until the deadline; probe: a short grace),
+// and builds its reply subjects. The caller holds the publisher's send
+// lock until flushed or its batch is begun in vain.
+func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) (await, probe bool)) (b *batch, dropped int) {
 	n := len(ds)
 	random := make([]byte, tokenBytes+keyBytes*n)
 	if _, err := rand.Read(random); err != nil {
 		panic(err) // crypto/rand never fails (Go 1.24+)
 	}
 	b = &batch{token: enc.EncodeToString(random[:tokenBytes]), ends: make([]int, n), targets: make([]string, n),
-		verdicts: make([]verdict, n), reasons: make([]string, n), await: make([]bool, n), settled: make(chan struct{})}
+		verdicts: make([]verdict, n), reasons: make([]string, n), await: make([]bool, n), settled: make(chan struct{}),
+		probe: make([]bool, n), allIn: make(chan struct{})}
 	// Every reply subject of the batch is cut from one string: one
 	// allocation per batch, not one per delivery.
 	size := n * (len(in.base) + enc.EncodedLen(tokenBytes) + enc.EncodedLen(keyBytes) + 2 + 4)
@@ -278,14 +308,21 @@ func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) bool) (b *
 		s = enc.AppendEncode(s, random[tokenBytes+keyBytes*i:tokenBytes+keyBytes*(i+1)])
 		b.ends[i] = len(s)
 		b.targets[i] = d.Target
-		if awaited(i) {
+		switch await, probe := awaited(i); {
+		case await:
 			b.await[i] = true
 			b.pending++
+		case probe:
+			b.probe[i] = true
+			b.probing++
 		}
 	}
 	b.replies = string(s)
 	if b.pending == 0 {
 		close(b.settled)
+	}
+	if b.pending == 0 && b.probing == 0 {
+		close(b.allIn)
 	}
 	in.mu.Lock()
 	in.batches[b.token] = b
@@ -352,19 +389,40 @@ func (in *interest) unawaited(b *batch, failed []error) {
 	}
 }
 
-// settle waits until every awaited stream answer is in, or ctx ends, then
-// ends the batch: later answers to it are dropped. It returns what each
-// delivery heard, and which awaited answers never came.
-func (in *interest) settle(ctx context.Context, b *batch) (verdicts []verdict, reasons []string, missing []bool) {
+// settle waits until every awaited stream answer is in, or ctx ends, and
+// the probes' answers up to grace more, then ends the batch: a later
+// answer is only told to heard, as late. It returns what each delivery
+// heard, which awaited answers never came, and which probes heard no
+// stream.
+func (in *interest) settle(ctx context.Context, b *batch, grace time.Duration) (verdicts []verdict, reasons []string, missing, unheard []bool) {
 	select {
 	case <-b.settled:
 	case <-ctx.Done():
 	}
+	if ctx.Err() == nil {
+		t := time.NewTimer(grace)
+		select {
+		case <-b.allIn:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	delete(in.batches, b.token)
-	return b.verdicts, b.reasons, b.await
+	in.ended[b.token] = b
+	in.endedOrder = append(in.endedOrder, b.token)
+	if len(in.endedOrder) > endedKept {
+		delete(in.ended, in.endedOrder[0])
+		in.endedOrder = append(in.endedOrder[:0], in.endedOrder[1:]...)
+	}
+	return b.verdicts, b.reasons, b.await, b.probe
 }
+
+// endedKept is how many ended batches keep their targets for late
+// answers.
+const endedKept = 64
 
 // verdict reports what delivery i heard so far.
 func (in *interest) verdict(b *batch, i int) verdict {

@@ -191,8 +191,11 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	// then after the mark, where since looks for it.
 	mark := p.refusals.mark()
 	lastErr := p.nc.LastError()
-	b, dropped := p.interest.begin(ds, func(i int) bool {
-		return kinds[i] == checkedCore && p.streams.captured(ds[i].Target)
+	b, dropped := p.interest.begin(ds, func(i int) (await, probe bool) {
+		if kinds[i] != checkedCore {
+			return false, false
+		}
+		return p.streams.captured(ds[i].Target)
 	})
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
@@ -226,7 +229,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 				}
 				p.interest.unawaited(b, errs)
 				p.send.Unlock()
-				p.interest.settle(ctx, b) // ends the batch: every delivery failed
+				p.interest.settle(ctx, b, 0) // ends the batch: every delivery failed
 				return errs
 			}
 			// Unconfirmed: the messages were handed to the connection and
@@ -349,7 +352,7 @@ func (p *Publisher) noInterest(ctx context.Context, b *batch, ds []envelope.Deli
 // answer that did not come by the deadline leaves the delivery unconfirmed:
 // failed, to be retried, as stored or refused is unknown.
 func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.Delivery, kinds []kind, errs []error) {
-	verdicts, reasons, missing := p.interest.settle(ctx, b)
+	verdicts, reasons, missing, unheard := p.interest.settle(ctx, b, probeGrace)
 	for i, d := range ds {
 		if kinds[i] != checkedCore || errs[i] != nil {
 			continue
@@ -361,6 +364,8 @@ func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.D
 			errs[i] = fmt.Errorf("publish to %s: the stream that captures it did not answer in time (stored or refused is unknown): %w",
 				d.Target, context.Cause(ctx))
 			p.streams.forget(d.Target)
+		case unheard[i]:
+			p.streams.unanswered(d.Target)
 		}
 	}
 }

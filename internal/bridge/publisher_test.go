@@ -69,22 +69,30 @@ func TestDeliverySizeMatchesTheMessage(t *testing.T) {
 // interest_check (the default: a reply subject per delivery, the statuses
 // read after the flush), fire_and_forget (a plain publish, the delivery
 // path before the check), and no_subscriber (the check, every delivery
-// answered by a no-responders status).
+// answered by a no-responders status). With a stream in the account (on
+// other subjects): stream_known_targets (every target probed once, then
+// known uncaptured) and stream_new_targets (every delivery to a target
+// never seen: each batch waits probeGrace for a stream's answer, the
+// worst case of the probe).
 func BenchmarkPublish(b *testing.B) {
 	for _, bc := range []struct {
 		name       string
 		opt        PublisherOptions
 		subscriber bool
+		stream     bool
+		newTargets bool
 	}{
-		{"interest_check", PublisherOptions{}, true},
-		{"fire_and_forget", PublisherOptions{FireAndForget: []string{"orders.>"}}, true},
-		{"no_subscriber", PublisherOptions{}, false},
+		{"interest_check", PublisherOptions{}, true, false, false},
+		{"fire_and_forget", PublisherOptions{FireAndForget: []string{"orders.>"}}, true, false, false},
+		{"no_subscriber", PublisherOptions{}, false, false, false},
+		{"stream_known_targets", PublisherOptions{}, true, true, false},
+		{"stream_new_targets", PublisherOptions{}, true, true, true},
 	} {
-		b.Run(bc.name, func(b *testing.B) { benchPublish(b, bc.opt, bc.subscriber) })
+		b.Run(bc.name, func(b *testing.B) { benchPublish(b, bc.opt, bc.subscriber, bc.stream, bc.newTargets) })
 	}
 }
 
-func benchPublish(b *testing.B, opt PublisherOptions, subscriber bool) {
+func benchPublish(b *testing.B, opt PublisherOptions, subscriber, stream, newTargets bool) {
 	n := testutil.StartNATS(b)
 	nc, err := nats.Connect(n.URL())
 	if err != nil {
@@ -97,12 +105,21 @@ func benchPublish(b *testing.B, opt PublisherOptions, subscriber bool) {
 			b.Fatal(err)
 		}
 		defer consumer.Close()
-		sub, err := consumer.Subscribe("orders.cancel", func(*nats.Msg) {})
+		sub, err := consumer.Subscribe("orders.>", func(*nats.Msg) {})
 		if err != nil {
 			b.Fatal(err)
 		}
 		_ = sub.SetPendingLimits(-1, -1)
 		if err := consumer.Flush(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if stream {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -123,6 +140,11 @@ func benchPublish(b *testing.B, opt PublisherOptions, subscriber bool) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i += len(ds) {
+		if newTargets {
+			for j := range ds {
+				ds[j].Target = "orders.cancel." + strconv.Itoa(i+j)
+			}
+		}
 		for _, err := range p.Publish(ctx, ds) {
 			if err != nil && (subscriber || !errors.Is(err, scanner.ErrNoInterest)) {
 				b.Fatal(err)
