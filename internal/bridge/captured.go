@@ -30,6 +30,7 @@ type captors struct {
 	js       jetstream.JetStream
 	refusals *Refusals
 	log      hclog.Logger
+	own      string // the name of delayd's intake stream (capture.own)
 
 	mu       sync.Mutex
 	patterns []capture // from the last list read
@@ -48,6 +49,11 @@ type captors struct {
 type capture struct {
 	pattern string
 	noAck   bool // the stream never answers
+	// own: delayd's own intake stream. A target it captures is awaited
+	// like any other, but it alone does not make unknown targets probed:
+	// nothing maps a target into it, and every account with a durable
+	// intake has it, so every first delivery to a new subject would wait.
+	own bool
 }
 
 // match is what the listed streams say of a target.
@@ -80,8 +86,8 @@ const (
 	probeGrace = 100 * time.Millisecond
 )
 
-func newCaptors(js jetstream.JetStream, refusals *Refusals, log hclog.Logger) *captors {
-	return &captors{js: js, refusals: refusals, log: log, memo: map[string]match{}, learned: map[string]time.Time{},
+func newCaptors(js jetstream.JetStream, refusals *Refusals, log hclog.Logger, own string) *captors {
+	return &captors{js: js, refusals: refusals, log: log, own: own, memo: map[string]match{}, learned: map[string]time.Time{},
 		unheard: map[string]time.Time{}}
 }
 
@@ -138,7 +144,7 @@ func (c *captors) refreshLocked() chan struct{} {
 			clear(c.unheard) // a new stream may capture a probed target through a mapping
 		}
 		c.patterns, c.failing = patterns, nil
-		c.anyAck = slices.ContainsFunc(patterns, func(p capture) bool { return !p.noAck })
+		c.anyAck = slices.ContainsFunc(patterns, func(p capture) bool { return !p.noAck && !p.own })
 		clear(c.memo)
 	}()
 	return done
@@ -168,7 +174,7 @@ func (c *captors) list() ([]capture, error) {
 				break
 			}
 			for _, s := range info.Config.Subjects {
-				out = append(out, capture{pattern: s, noAck: info.Config.NoAck})
+				out = append(out, capture{pattern: s, noAck: info.Config.NoAck, own: info.Config.Name == c.own})
 			}
 		case <-changed:
 		}

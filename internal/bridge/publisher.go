@@ -78,6 +78,9 @@ type PublisherOptions struct {
 	// daemon that does not deliver (mode intake): Connected is then the
 	// connection's state alone.
 	NoInboxCheck bool
+	// IntakeStream names delayd's own intake stream: listed with the
+	// others, but not a reason to probe targets no stream lists.
+	IntakeStream string
 	// Log, if not nil, tells what the publisher cannot see (its inbox,
 	// the streams it cannot list, a stream's late refusal).
 	Log hclog.Logger
@@ -103,7 +106,7 @@ func NewPublisher(nc *nats.Conn, refusals *Refusals, o PublisherOptions) (*Publi
 		return nil, fmt.Errorf("bridge: jetstream: %w", err)
 	}
 	p := &Publisher{nc: nc, refusals: refusals, js: js, jsPatterns: o.JetStream, plain: o.FireAndForget,
-		streams: newCaptors(js, refusals, log), live: o.Liveness, probe: o.Probe, closed: make(chan struct{}),
+		streams: newCaptors(js, refusals, log, o.IntakeStream), live: o.Liveness, probe: o.Probe, closed: make(chan struct{}),
 		inboxProbe: o.InboxProbe, log: log}
 	in, err := newInterest(nc, refusals, p.streams.heard)
 	if err != nil {

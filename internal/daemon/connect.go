@@ -143,6 +143,7 @@ func (p *parts) newNATS() error {
 	p.metrics.WatchNATS(p.natsUp)
 	p.pub, err = bridge.NewPublisher(p.out, refusals, bridge.PublisherOptions{
 		JetStream: c.Targets.JetStream, FireAndForget: c.Targets.FireAndForget, Log: p.log.Named("publish"),
+		IntakeStream: c.Intake.Stream.Name,
 		// A delivery's flush has half the lease from its claim; the wait
 		// that follows an unconfirmed one a quarter, so the batch is given
 		// back before its lease ends.

@@ -1,0 +1,53 @@
+package bridge
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// TestOwnIntakeStreamProbesNothing: delayd's own intake stream, the one
+// stream of most accounts, does not make every first delivery to a new
+// subject wait for a stream's answer (100 ms each); a target it captures
+// is still awaited, and a stream of the user's does make unknown targets
+// probed (a subject mapping may lead into it).
+func TestOwnIntakeStreamProbesNothing(t *testing.T) {
+	n := testutil.StartNATS(t)
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DELAYD_INTAKE", Subjects: []string{"delayd.intake", "delayd.intake.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := newCaptors(js, NewRefusals(), hclog.NewNullLogger(), "DELAYD_INTAKE")
+	c.ready(ctx)
+	if await, probe := c.captured("orders.new"); await || probe {
+		t.Errorf("with only delayd's intake stream, a new target: await %v probe %v, want neither", await, probe)
+	}
+	if await, _ := c.captured("delayd.intake.x"); !await {
+		t.Error("a target the intake stream captures is not awaited")
+	}
+
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.y"}}); err != nil {
+		t.Fatal(err)
+	}
+	c = newCaptors(js, NewRefusals(), hclog.NewNullLogger(), "DELAYD_INTAKE")
+	c.ready(ctx)
+	if _, probe := c.captured("other.z"); !probe {
+		t.Error("with a stream of the user's, a target no stream lists is not probed")
+	}
+}
