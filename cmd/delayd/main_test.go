@@ -71,6 +71,14 @@ func soak(t *testing.T, what string) {
 	}
 }
 
+// knownFailingSoaks are soaks .ci/run leaves out, each with the reason and
+// the issue that owns it; TestSoaksRunInCI fails on any other omission, and
+// on one listed here that .ci/run runs again (then drop it here).
+var knownFailingSoaks = map[string]string{
+	"TestLargePayloadsUnderMemoryLimit": "delivers 19-67 of 200 x 900 kB in 60 s on the machines of the seventh " +
+		"session, at its starting commit (a451f2b) too, Redis calls timing out; issue 29 item 8",
+}
+
 // TestSoaksRunInCI: every test of this package that soak gates is named in
 // .ci/run's soak step, so a new soak does not silently drop out of CI.
 func TestSoaksRunInCI(t *testing.T) {
@@ -94,7 +102,13 @@ func TestSoaksRunInCI(t *testing.T) {
 		}
 		for _, g := range gated.FindAllSubmatch(b, -1) {
 			n++
-			if !listed.Match(g[1]) {
+			why, known := knownFailingSoaks[string(g[1])]
+			switch {
+			case known && listed.Match(g[1]):
+				t.Errorf("%s is run by .ci/run again: take it out of knownFailingSoaks", g[1])
+			case known:
+				t.Logf("%s is left out of CI: %s", g[1], why)
+			case !listed.Match(g[1]):
 				t.Errorf("%s (%s) is a soak that .ci/run's soaks= does not run", g[1], f)
 			}
 		}
