@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,7 +66,11 @@ func startRedis(t testing.TB, certs *Certs, clientTLS *tls.Config, extra ...stri
 	t.Helper()
 	bin := RedisBinary(t)
 	r := &Redis{t: t, dir: t.TempDir(), tls: clientTLS}
-	r.Addr = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	if slices.Contains(extra, "--cluster-enabled") {
+		r.Addr = fmt.Sprintf("127.0.0.1:%d", clusterPort(t))
+	} else {
+		r.Addr = fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	}
 	_, port, _ := net.SplitHostPort(r.Addr)
 	listen := []string{"--port", port}
 	if certs != nil {
@@ -251,6 +256,36 @@ func FreePort(t testing.TB) int {
 		}
 	}
 	t.Fatal("free port: the kernel kept offering ports handed out already")
+	return 0
+}
+
+// clusterPort is FreePort for a Redis Cluster node, which also listens on
+// its port + 10000 (the cluster bus): that one must be free too, never
+// handed out to another server, and below the ephemeral range as well (a
+// CI run had a node fail to start, "did not become ready", on port 25170).
+func clusterPort(t testing.TB) int {
+	t.Helper()
+	lo, _, ok := ephemeralRange()
+	if !ok {
+		lo = 65536
+	}
+	for range 1000 {
+		p := FreePort(t)
+		bus := p + 10000
+		if bus >= lo || bus > 65535 {
+			continue
+		}
+		if _, taken := handedOut.LoadOrStore(bus, true); taken {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", bus))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return p
+	}
+	t.Fatal("no free port whose cluster bus port (+10000) is free too")
 	return 0
 }
 
