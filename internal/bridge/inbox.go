@@ -87,7 +87,7 @@ func (p *Publisher) unproven() error {
 	p.inbox.mu.Lock()
 	defer p.inbox.mu.Unlock()
 	if p.inbox.err == nil {
-		return fmt.Errorf("not yet proven to receive on its inbox %s>", p.interest.base)
+		return fmt.Errorf("not yet proven to receive on its NATS inbox %s>", p.interest.base)
 	}
 	return p.inbox.err
 }

@@ -24,7 +24,7 @@ var errNotConnected = fmt.Errorf("NATS not connected: %w", scanner.ErrUnreachabl
 // errInboxUnproven is returned for deliveries attempted before the
 // publisher proved it receives on its inbox (see inboxCheck): nothing is
 // sent, as a missing subscriber could not be told from a delivered one.
-var errInboxUnproven = fmt.Errorf("not yet proven to receive on the delivery inbox: %w", scanner.ErrUnreachable)
+var errInboxUnproven = fmt.Errorf("not yet proven to receive on the NATS delivery inbox: %w", scanner.ErrUnreachable)
 
 // Publisher delivers due envelopes: over core NATS, or with the JetStream
 // API to targets matching the configured patterns.
