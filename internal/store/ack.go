@@ -2,18 +2,9 @@ package store
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
-	"strconv"
 	"time"
 )
-
-//go:embed lua/ack.lua
-var ackLua string
-
-// ackScript settles claimed envelopes (lua/ack.lua). Allowed over
-// maxmemory: settling is what frees memory.
-var ackScript = newScript("allow-oom", ackLua)
 
 // Outcome is what becomes of a claimed envelope.
 type Outcome byte
@@ -65,49 +56,34 @@ type Acked struct {
 // is ignored.
 func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (Acked, error) {
 	// Calls of at most ackChunk envelopes keep one script call short.
-	type call struct {
+	type chunk struct {
 		shard int
 		items []Settle
 	}
-	var calls []call
+	var calls []chunk
 	for sh, items := range byShard {
 		for len(items) > ackChunk {
-			calls = append(calls, call{sh, items[:ackChunk]})
+			calls = append(calls, chunk{sh, items[:ackChunk]})
 			items = items[ackChunk:]
 		}
-		calls = append(calls, call{sh, items})
+		calls = append(calls, chunk{sh, items})
 	}
-	cmds, err := s.pipelined(ctx, ackScript, len(calls), func(i int) ([]string, []any) {
-		items := calls[i].items
-		args := make([]any, 0, 2+5*len(items))
-		args = append(args, retry.Milliseconds(), s.resends.Milliseconds())
-		for _, it := range items {
-			op := string(it.Outcome)
-			switch it.Outcome {
-			case 0:
-				op = string(Delivered)
-			case Next:
-				op = "n:" + strconv.FormatInt(it.NextDueMs, 10)
-			}
-			errOrFP := it.Error
-			if (op == string(Delivered)) && it.Request != "" && s.resends > 0 {
-				op = "t:" + strconv.FormatInt(it.SinceMs, 10)
-				errOrFP = it.Request
-			}
-			delay := ""
-			if it.RetryDelay > 0 {
-				delay = strconv.FormatInt(it.RetryDelay.Milliseconds(), 10)
-			}
-			args = append(args, it.ID, it.Token, op, errOrFP, delay)
+	encoded := make([]call, len(calls))
+	for i, c := range calls {
+		args := ackArgs{shard: &s.keys[c.shard], retryMs: retry.Milliseconds(), resendsMs: s.resends.Milliseconds(),
+			settles: make([]ackSettle, len(c.items))}
+		for j, st := range c.items {
+			args.settles[j] = ackOp(st, s.resends > 0)
 		}
-		return s.keys[calls[i].shard].list(), args
-	})
+		encoded[i] = args.encode()
+	}
+	cmds, err := s.pipelined(ctx, ackScript, encoded)
 	var a Acked
 	for _, c := range cmds {
-		if v, _ := c.Int64Slice(); len(v) == 3 {
-			a.NowMs = max(a.NowMs, v[0])
-			a.Settled += int(v[1])
-			a.Buried += int(v[2])
+		if r, err := decodeAck(c); err == nil {
+			a.NowMs = max(a.NowMs, r.nowMs)
+			a.Settled += r.settled
+			a.Buried += r.buried
 		}
 	}
 	if err != nil {

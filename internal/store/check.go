@@ -2,18 +2,10 @@ package store
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"sort"
 	"time"
 )
-
-//go:embed lua/check.lua
-var checkLua string
-
-// checkScript checks one page of one shard against the invariants of
-// keys.go, and repairs what it finds if asked (lua/check.lua).
-var checkScript = newScript("allow-oom", checkLua)
 
 // checkPhases are the passes of a shard check: data first, then every
 // index and hash whose members need data, by key name (lua/check.lua).
@@ -51,25 +43,18 @@ func (s *Store) Check(ctx context.Context, shard int, o CheckOptions) (map[strin
 	if o.Page <= 0 {
 		o.Page = 200
 	}
-	repair := "0"
-	if o.Repair {
-		repair = "1"
-	}
 	found := map[string]int{}
 	for _, phase := range checkPhases {
 		cursor := "0"
 		for {
-			raw, err := s.run(ctx, checkScript, s.keys[shard].list(), phase, cursor, o.Page, repair).Slice()
+			reply, err := decodeCheck(s.run(ctx, checkScript, checkArgs{shard: &s.keys[shard], phase: phase, cursor: cursor,
+				page: o.Page, repair: o.Repair}.encode()))
 			if err != nil {
 				return found, fmt.Errorf("store: check shard %d: %w", shard, err)
 			}
-			if len(raw) < 1 || len(raw)%2 != 1 {
-				return found, fmt.Errorf("store: check shard %d: malformed reply", shard)
-			}
-			cursor, _ = raw[0].(string)
-			for i := 1; i < len(raw); i += 2 {
-				kind, _ := raw[i].(string)
-				found[kind] += int(asInt(raw[i+1]))
+			cursor = reply.cursor
+			for kind, n := range reply.found {
+				found[kind] += n
 			}
 			if cursor == "0" || cursor == "" {
 				break

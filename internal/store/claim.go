@@ -2,19 +2,11 @@ package store
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 )
-
-//go:embed lua/claim.lua
-var claimLua string
-
-// claimScript hands out due envelopes and expired leases with a new lease
-// (lua/claim.lua). Allowed over maxmemory: delivering is what frees memory.
-var claimScript = newScript("allow-oom", claimLua)
 
 // Claimed is one envelope handed out for delivery.
 type Claimed struct {
@@ -103,13 +95,12 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		over = min(over, len(shards))
 	}
 	oversize := func(i int) bool { return over > 0 && (i-first+len(shards))%len(shards) < over }
-	cmds, perr := s.pipelined(ctx, claimScript, len(shards), func(i int) ([]string, []any) {
-		over := "0"
-		if oversize(i) {
-			over = "1"
-		}
-		return s.keys[shards[i]].list(), []any{o.Batch, o.Lease.Milliseconds(), hint, known, share, over}
-	})
+	calls := make([]call, len(shards))
+	for i, sh := range shards {
+		calls[i] = claimArgs{shard: &s.keys[sh], batch: o.Batch, leaseMs: o.Lease.Milliseconds(), hint: hint, knownMark: known,
+			share: share, oversize: oversize(i)}.encode()
+	}
+	cmds, perr := s.pipelined(ctx, claimScript, calls)
 	if perr != nil {
 		perr = fmt.Errorf("store: claim: %w", perr)
 	}
@@ -117,34 +108,30 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	short := false
 	var largest int64
 	for i, cmd := range cmds {
-		raw, err := cmd.Slice()
-		if err != nil {
+		if cmd.Err() != nil {
 			continue // this shard's node failed: perr says so
+		}
+		reply, err := decodeClaim(cmd)
+		if err != nil {
+			return nil, fmt.Errorf("store: claim shard %d: %w", shards[i], err)
 		}
 		why := req.confirmed(cmd)
 		short = short || why != nil
-		const head = 8
-		if len(raw) < head || (len(raw)-head)%3 != 0 {
-			return nil, fmt.Errorf("store: claim shard %d: malformed reply of %d values", shards[i], len(raw))
-		}
 		r := ClaimResult{
-			Shard: shards[i], Oversize: oversize(i), NowMicros: asInt(raw[0]), NextDueMs: asInt(raw[1]), NextLeaseMs: asInt(raw[2]),
-			Missing: int(asInt(raw[3])), Expired: int(asInt(raw[4])), Unknown: int(asInt(raw[6])),
-			Items: make([]Claimed, 0, (len(raw)-head)/3), Unconfirmed: why != nil, Why: why,
+			Shard: shards[i], Oversize: oversize(i), NowMicros: reply.nowMicros, NextDueMs: reply.nextDueMs,
+			NextLeaseMs: reply.nextLeaseMs, Missing: reply.missing, Expired: reply.expired, Unknown: reply.unknown,
+			Items: make([]Claimed, 0, len(reply.items)), Unconfirmed: why != nil, Why: why,
 		}
-		if m := asInt(raw[7]); m > 0 {
+		if m := reply.unknownMark; m > 0 {
 			r.UnknownFormat = formatOf(string([]byte{byte(m)}))
 		}
-		lease, _ := raw[5].(string)
-		for j := head; j < len(raw); j += 3 {
-			id, _ := raw[j].(string)
-			v, _ := raw[j+2].(string)
+		for _, it := range reply.items {
 			// The script stamps values stored by older versions.
-			due, occurrence, data := splitValue(v)
-			largest = max(largest, int64(len(v)))
-			attempt, base := parseAttempt(raw[j+1])
-			r.Items = append(r.Items, Claimed{ID: id, DueMs: due, Attempt: attempt, Base: base, Occurrence: occurrence,
-				Data: data, Token: lease})
+			due, occurrence, data := splitValue(it.value)
+			largest = max(largest, int64(len(it.value)))
+			attempt, base := parseAttempt(it.attempt)
+			r.Items = append(r.Items, Claimed{ID: it.id, DueMs: due, Attempt: attempt, Base: base, Occurrence: occurrence,
+				Data: data, Token: reply.token})
 		}
 		out = append(out, r)
 	}

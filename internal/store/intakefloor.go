@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -17,13 +16,6 @@ import (
 // its sequences at 1) from the one the floor was saved for.
 func intakeKey(ns string) string { return membersKey(ns) + ":intake" }
 
-//go:embed lua/intake_floor.lua
-var intakeFloorLua string
-
-// intakeFloorScript may run over maxmemory: it writes one small field,
-// and a floor left behind makes a consumer created again repeat more.
-var intakeFloorScript = newRawScript("allow-oom", intakeFloorLua)
-
 // SaveIntakeFloor records that every message of the intake stream name
 // (created at createdNs) up to sequence floor is settled. A lower floor
 // than the one saved changes nothing.
@@ -31,8 +23,8 @@ func (s *Store) SaveIntakeFloor(ctx context.Context, name string, createdNs int6
 	if floor == 0 {
 		return nil
 	}
-	err := s.run(ctx, intakeFloorScript, []string{intakeKey(s.ns)}, name, strconv.FormatInt(createdNs, 10),
-		strconv.FormatUint(floor, 10)).Err()
+	_, err := decodeIntakeFloor(s.run(ctx, intakeFloorScript, intakeFloorArgs{key: intakeKey(s.ns), stream: name,
+		createdNs: createdNs, floor: floor}.encode()))
 	if err != nil {
 		return fmt.Errorf("store: save intake floor of %s: %w", name, err)
 	}

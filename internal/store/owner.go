@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strconv"
 	"strings"
@@ -19,34 +18,16 @@ import (
 // expiry ms), so every daemon sees the same live set and computes the same
 // fair assignment.
 
-//go:embed lua/heartbeat.lua
-var heartbeatLua string
-
-// heartbeatScript keeps a ZSET of members with their expiry: the live
-// daemons, or their announced formats (lua/heartbeat.lua).
-var heartbeatScript = newRawScript("allow-oom", heartbeatLua)
-
-//go:embed lua/own.lua
-var ownLua string
-
-// ownScript holds or releases one shard's lease (lua/own.lua).
-var ownScript = newRawScript("allow-oom", ownLua)
-
 // Heartbeat marks id alive for ttl and returns the live members (sorted)
 // and Redis' time. A ttl of 0 removes id: a graceful leave.
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) ([]string, int64, error) {
-	raw, err := s.run(ctx, heartbeatScript, []string{membersKey(s.ns)}, id, ttl.Milliseconds()).Slice()
+	reply, err := decodeHeartbeat(s.run(ctx, heartbeatScript, heartbeatArgs{set: membersKey(s.ns), member: id,
+		ttlMs: ttl.Milliseconds()}.encode()))
 	if err != nil {
 		s.failed(err)
 		return nil, 0, fmt.Errorf("store: heartbeat: %w", err)
 	}
-	members := make([]string, 0, len(raw)-1)
-	for _, m := range raw[1:] {
-		if v, ok := m.(string); ok {
-			members = append(members, v)
-		}
-	}
-	return members, asInt(raw[0]), nil
+	return reply.members, reply.nowMs, nil
 }
 
 // Own holds the shards in hold and releases those in release, for id, in
@@ -56,19 +37,21 @@ func (s *Store) Own(ctx context.Context, id string, ttl time.Duration, hold, rel
 	if n == 0 {
 		return nil, nil
 	}
-	cmds, err := s.pipelined(ctx, ownScript, n, func(i int) ([]string, []any) {
-		if i < len(hold) {
-			return []string{s.keys[hold[i]].owner}, []any{id, ttl.Milliseconds(), "h"}
-		}
-		return []string{s.keys[release[i-len(hold)]].owner}, []any{id, ttl.Milliseconds(), "r"}
-	})
+	calls := make([]call, 0, n)
+	for _, sh := range hold {
+		calls = append(calls, ownArgs{owner: s.keys[sh].owner, id: id, ttlMs: ttl.Milliseconds()}.encode())
+	}
+	for _, sh := range release {
+		calls = append(calls, ownArgs{owner: s.keys[sh].owner, id: id, ttlMs: ttl.Milliseconds(), release: true}.encode())
+	}
+	cmds, err := s.pipelined(ctx, ownScript, calls)
 	if err != nil {
 		return nil, fmt.Errorf("store: own: %w", err)
 	}
 	owned := make([]bool, len(hold))
 	for i := range hold {
-		v, _ := cmds[i].Int()
-		owned[i] = v == 1
+		reply, _ := decodeOwn(cmds[i])
+		owned[i] = reply.owned
 	}
 	return owned, nil
 }
@@ -109,7 +92,8 @@ func formatsKey(ns string) string { return membersKey(ns) + ":formats" }
 func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) (int, error) {
 	me := strconv.Itoa(s.newest) + ":" + id
 	// The heartbeat's script: a ZSET of announcements with their expiry.
-	raw, err := s.run(ctx, heartbeatScript, []string{formatsKey(s.ns)}, me, ttl.Milliseconds()).Slice()
+	reply, err := decodeHeartbeat(s.run(ctx, heartbeatScript, heartbeatArgs{set: formatsKey(s.ns), member: me,
+		ttlMs: ttl.Milliseconds()}.encode()))
 	if err != nil {
 		s.failed(err)
 		return int(s.write.Load()), fmt.Errorf("store: announce formats: %w", err)
@@ -118,9 +102,8 @@ func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) 
 		return int(s.write.Load()), nil
 	}
 	w := s.newest
-	announced := make(map[string]bool, len(raw)-1)
-	for _, m := range raw[1:] {
-		v, _ := m.(string)
+	announced := make(map[string]bool, len(reply.members))
+	for _, v := range reply.members {
 		f, member, _ := strings.Cut(v, ":")
 		if n, err := strconv.Atoi(f); err == nil {
 			w = min(w, max(n, FormatHeader))
@@ -137,7 +120,7 @@ func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) 
 		s.failed(err)
 		return w, fmt.Errorf("store: read the members: %w", err)
 	}
-	now := float64(asInt(raw[0]))
+	now := float64(reply.nowMs)
 	legacy := false
 	for _, m := range members {
 		id, _ := m.Member.(string)

@@ -9,8 +9,10 @@ import (
 )
 
 // The Lua scripts live in lua/, one file each, headed by a comment on their
-// KEYS, ARGV and reply, and naming their keys on their first lines; the Go
-// file that runs a script declares it. The shard scripts share a prelude
+// KEYS, ARGV and reply, and naming their keys on their first lines. Beside
+// each, script_<name>.go declares it and holds its ARGV and its reply as
+// named structs, encoded and decoded there and nowhere else: a change of a
+// script's arguments or reply changes that file and its callers' fields. The shard scripts share a prelude
 // (lua/prelude.lua): key type checks, chunked commands, the value header,
 // the attempts values, and one fenced block for the formats of older
 // versions.
@@ -31,22 +33,24 @@ var allScripts = []*script{scheduleScript, cancelScript, claimScript, ackScript,
 // where a script is refused at its first write (and all our scripts check
 // before they write).
 type script struct {
+	// name is its file's, lua/<name>.lua.
+	name           string
 	flagged, plain *redis.Script
 }
 
 // newScript builds a shard script: the prelude, then body. flags may be
 // empty (the script then only gets Redis 7's refuse-whole-when-OOM).
-func newScript(flags, body string) *script {
-	return newRawScript(flags, prelude+body)
+func newScript(name, flags, body string) *script {
+	return newRawScript(name, flags, prelude+body)
 }
 
 // newRawScript builds a script without the shard prelude.
-func newRawScript(flags, src string) *script {
+func newRawScript(name, flags, src string) *script {
 	shebang := "#!lua"
 	if flags != "" {
 		shebang += " flags=" + flags
 	}
-	return &script{flagged: redis.NewScript(shebang + "\n" + src), plain: redis.NewScript(src)}
+	return &script{name: name, flagged: redis.NewScript(shebang + "\n" + src), plain: redis.NewScript(src)}
 }
 
 // pick returns the build the server understands.
@@ -79,26 +83,30 @@ func isCompileError(err error) bool {
 	return strings.Contains(msg, "compil") || strings.Contains(msg, "shebang") || strings.Contains(msg, "syntax")
 }
 
-// pipelined runs n calls of one script in a pipeline with EVALSHA. If Redis
+// call is one script call, encoded (script_<name>.go): its KEYS and ARGV.
+type call struct {
+	keys []string
+	argv []any
+}
+
+// pipelined runs calls of one script in a pipeline with EVALSHA. If Redis
 // lost its script cache (restart, failover, SCRIPT FLUSH) it loads the script
 // and resends only the calls that failed with NOSCRIPT: those did not run,
 // while the others did and must not run twice. On error the commands are
 // returned too, each with its own result: under Cluster one node can fail
 // while the others answer.
-func (s *Store) pipelined(ctx context.Context, sc *script, n int, call func(i int) ([]string, []any)) ([]*redis.Cmd, error) {
-	return s.pipelinedOnce(ctx, sc, n, call, nil, true)
+func (s *Store) pipelined(ctx context.Context, sc *script, calls []call) ([]*redis.Cmd, error) {
+	return s.pipelinedOnce(ctx, sc, calls, nil, true)
 }
 
 // pipelinedOnce is pipelined, reloading the script once if reload is set;
 // the pipeline ends with the fences of the shards in fences (wait.go).
-func (s *Store) pipelinedOnce(ctx context.Context, sc *script, n int, call func(i int) ([]string, []any), fences []int,
-	reload bool) ([]*redis.Cmd, error) {
+func (s *Store) pipelinedOnce(ctx context.Context, sc *script, calls []call, fences []int, reload bool) ([]*redis.Cmd, error) {
 	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, n)
+	cmds := make([]*redis.Cmd, len(calls))
 	rs := s.pick(sc)
-	for i := range n {
-		keys, args := call(i)
-		cmds[i] = rs.EvalSha(ctx, pipe, keys, args...)
+	for i, c := range calls {
+		cmds[i] = rs.EvalSha(ctx, pipe, c.keys, c.argv...)
 	}
 	fenced := make([]*redis.Cmd, len(fences))
 	for i, sh := range fences {
@@ -113,15 +121,17 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *script, n int, call func(
 	if err == nil {
 		return cmds, nil
 	}
-	var redo []int
+	var redo []call
+	var at []int
 	for i, c := range cmds {
 		if reload && c.Err() != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			redo = append(redo, i)
+			redo = append(redo, calls[i])
+			at = append(at, i)
 		}
 	}
 	if len(redo) > 0 && s.load(ctx, sc) == nil {
-		again, _ := s.pipelinedOnce(ctx, sc, len(redo), func(j int) ([]string, []any) { return call(redo[j]) }, fences, false)
-		for j, i := range redo {
+		again, _ := s.pipelinedOnce(ctx, sc, redo, fences, false)
+		for j, i := range at {
 			cmds[i] = again[j]
 		}
 	}
@@ -135,7 +145,7 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *script, n int, call func(
 }
 
 // run is one call of sc.
-func (s *Store) run(ctx context.Context, sc *script, keys []string, args ...any) *redis.Cmd {
-	cmds, _ := s.pipelined(ctx, sc, 1, func(int) ([]string, []any) { return keys, args })
+func (s *Store) run(ctx context.Context, sc *script, c call) *redis.Cmd {
+	cmds, _ := s.pipelined(ctx, sc, []call{c})
 	return cmds[0]
 }

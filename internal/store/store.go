@@ -134,13 +134,6 @@ const (
 	OpAck      = "ack"
 )
 
-//go:embed lua/schedule.lua
-var scheduleLua string
-
-// scheduleScript upserts a batch of envelopes (lua/schedule.lua). Not
-// allowed over maxmemory: it is what fills Redis.
-var scheduleScript = newScript("", scheduleLua)
-
 // Item is one envelope to schedule.
 type Item struct {
 	ID string
@@ -173,30 +166,28 @@ type Item struct {
 // script call; under Cluster it is one call per shard (a script must stay
 // in one slot), all in one pipeline, and a failed node fails only its shards.
 func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
-	type call struct {
+	type batch struct {
 		idx   []int
-		keys  []string
-		args  []any
+		args  scheduleArgs
 		slots map[int]int // shard → KEYS offset
 	}
-	var calls []*call
-	byShard := map[int]*call{}
+	var calls []*batch
+	byShard := map[int]*batch{}
 	ctx, req := s.waitCtx(ctx, OpSchedule)
 	var fences []int // shards whose calls may write nothing (wait.go)
 	mark := markOf(int(s.write.Load()))
-	lead := []any{int(mark), s.seenFor.Milliseconds(), s.resends.Milliseconds()}
 	for i, it := range items {
 		sh := s.Shard(it.ID)
 		c := byShard[sh]
 		if c == nil {
 			if s.cluster || len(calls) == 0 {
-				// Sized for the whole batch when one call takes it all (a
-				// single Redis); a Cluster's call per shard grows as needed.
-				size := len(lead)
+				c = &batch{slots: map[int]int{}, args: scheduleArgs{mark: mark, seenForMs: s.seenFor.Milliseconds(),
+					resendsMs: s.resends.Milliseconds()}}
 				if !s.cluster {
-					size += 7 * len(items)
+					// Sized for the whole batch when one call takes it all (a
+					// single Redis); a Cluster's call per shard grows as needed.
+					c.args.items = make([]scheduleItem, 0, len(items))
 				}
-				c = &call{slots: map[int]int{}, args: append(make([]any, 0, size), lead...)}
 				calls = append(calls, c)
 			} else {
 				c = calls[0]
@@ -205,9 +196,9 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 		}
 		off, ok := c.slots[sh]
 		if !ok {
-			off = len(c.keys)
+			off = len(c.args.keys)
 			c.slots[sh] = off
-			c.keys = append(c.keys, s.keys[sh].list()...)
+			c.args.keys = append(c.args.keys, s.keys[sh].list()...)
 		}
 		mode, us, v := "d", it.DelayMicros, it.Data
 		if it.Series && !it.Absolute {
@@ -225,23 +216,23 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 		if s.resends <= 0 {
 			fp = ""
 		}
-		c.args = append(c.args, off, it.ID, mode, us, v, it.StreamMsg, fp)
+		c.args.items = append(c.args.items, scheduleItem{k: off, id: it.ID, mode: mode, us: us, value: v,
+			streamMsg: it.StreamMsg, fingerprint: fp})
 		if req != nil && (it.StreamMsg != "" || fp != "") && (s.cluster || len(fences) == 0) && !slices.Contains(fences, sh) {
 			// A stream message stored already, or a resend, is answered
 			// without a write.
 			fences = append(fences, sh)
 		}
 	}
-	cmds, _ := s.pipelinedOnce(ctx, scheduleScript, len(calls), func(i int) ([]string, []any) {
-		return calls[i].keys, calls[i].args
-	}, fences, true)
+	encoded := make([]call, len(calls))
+	for i, c := range calls {
+		encoded[i] = c.args.encode()
+	}
+	cmds, _ := s.pipelinedOnce(ctx, scheduleScript, encoded, fences, true)
 	due := make([]int64, len(items))
 	errs := make([]error, len(items))
 	for ci, cmd := range cmds {
-		vals, err := cmd.Int64Slice()
-		if err == nil && len(vals) != len(calls[ci].idx) {
-			err = fmt.Errorf("bad reply %v", vals)
-		}
+		reply, err := decodeSchedule(cmd, len(calls[ci].idx))
 		if err != nil {
 			err = fmt.Errorf("store: schedule: %w", classify(err, s.cluster))
 		}
@@ -253,9 +244,9 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 			if err != nil {
 				continue
 			}
-			due[i] = vals[j]
+			due[i] = reply.due[j]
 			why := short
-			if why == nil && vals[j] <= 0 {
+			if why == nil && reply.due[j] <= 0 {
 				why = req.fenceFailed()
 			}
 			if why != nil {
@@ -265,13 +256,6 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 	}
 	return due, errs
 }
-
-//go:embed lua/cancel.lua
-var cancelLua string
-
-// cancelScript removes envelopes wherever they are, or only dead ones
-// (lua/cancel.lua).
-var cancelScript = newScript("allow-oom", cancelLua)
 
 // Cancelled is the outcome of a cancel.
 type Cancelled struct {
@@ -292,50 +276,46 @@ func (s *Store) Cancel(ctx context.Context, id string) (Cancelled, error) {
 	if req != nil {
 		fences = []int{sh} // a cancel of an id not stored writes nothing
 	}
-	cmds, _ := s.pipelinedOnce(ctx, cancelScript, 1, func(int) ([]string, []any) { return s.keys[sh].list(), []any{id} },
-		fences, true)
-	codes, err := cmds[0].Int64Slice()
-	if err == nil && len(codes) != 1 {
-		err = fmt.Errorf("bad reply %v", codes)
-	}
+	cmds, _ := s.pipelinedOnce(ctx, cancelScript, []call{cancelArgs{shard: &s.keys[sh], ids: []string{id}}.encode()}, fences, true)
+	reply, err := decodeCancel(cmds[0], 1)
 	if err != nil {
 		return Cancelled{}, fmt.Errorf("store: cancel: %w", classify(err, s.cluster))
 	}
 	if err := req.confirmed(cmds[0]); err != nil {
 		return Cancelled{}, fmt.Errorf("store: cancel: %w", err)
 	}
-	if codes[0] == 0 {
+	code := reply.codes[0]
+	if code == cancelNotStored {
 		if err := req.fenceFailed(); err != nil {
 			return Cancelled{}, fmt.Errorf("store: cancel: %w", err)
 		}
 	}
-	return Cancelled{Existed: codes[0] > 0, InFlight: codes[0] == 2}, nil
+	return Cancelled{Existed: code != cancelNotStored, InFlight: code == cancelInFlight}, nil
 }
 
 // Purge deletes the given ids if they are in the dead set, and returns how
 // many were.
 func (s *Store) Purge(ctx context.Context, ids []string) (int, error) {
-	cmds, err := s.perShard(ctx, cancelScript, ids, "")
+	byShard := s.byShard(ids)
+	calls := make([]call, len(byShard))
+	for i, sh := range byShard {
+		calls[i] = cancelArgs{shard: &s.keys[sh.shard], deadOnly: true, ids: sh.ids}.encode()
+	}
+	cmds, err := s.pipelined(ctx, cancelScript, calls)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("store: %w", err)
 	}
 	n := 0
-	for _, c := range cmds {
-		codes, _ := c.Int64Slice()
-		for _, v := range codes {
-			if v > 0 {
+	for i, c := range cmds {
+		reply, _ := decodeCancel(c, len(byShard[i].ids))
+		for _, v := range reply.codes {
+			if v != cancelNotStored {
 				n++
 			}
 		}
 	}
 	return n, nil
 }
-
-//go:embed lua/replay.lua
-var replayLua string
-
-// replayScript moves dead envelopes back to due (lua/replay.lua).
-var replayScript = newScript("allow-oom", replayLua)
 
 // ErrOlderDaemon refuses a replay while a daemon of the release before the
 // format switch is live (PlainAttempts).
@@ -354,41 +334,45 @@ func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 	if s.plainAttempts.Load() {
 		return 0, fmt.Errorf("store: replay: %w", ErrOlderDaemon)
 	}
-	cmds, err := s.perShard(ctx, replayScript, ids)
+	byShard := s.byShard(ids)
+	calls := make([]call, len(byShard))
+	for i, sh := range byShard {
+		calls[i] = replayArgs{shard: &s.keys[sh.shard], ids: sh.ids}.encode()
+	}
+	cmds, err := s.pipelined(ctx, replayScript, calls)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("store: %w", err)
 	}
 	n := 0
 	for _, c := range cmds {
-		if v, _ := c.Int64Slice(); len(v) == 2 {
-			n += int(v[1])
+		if reply, err := decodeReplay(c); err == nil {
+			n += reply.dead
 		}
 	}
 	return n, nil
 }
 
-// perShard runs sc once per shard over the ids of that shard, in one
-// pipeline, with lead prepended to each call's ARGV.
-func (s *Store) perShard(ctx context.Context, sc *script, ids []string, lead ...any) ([]*redis.Cmd, error) {
-	byShard := map[int][]any{}
+// shardIDs are the ids of one shard.
+type shardIDs struct {
+	shard int
+	ids   []string
+}
+
+// byShard groups ids by shard.
+func (s *Store) byShard(ids []string) []shardIDs {
+	at := map[int]int{}
+	var out []shardIDs
 	for _, id := range ids {
 		sh := s.Shard(id)
-		if byShard[sh] == nil {
-			byShard[sh] = append([]any{}, lead...)
+		i, ok := at[sh]
+		if !ok {
+			i = len(out)
+			at[sh] = i
+			out = append(out, shardIDs{shard: sh})
 		}
-		byShard[sh] = append(byShard[sh], id)
+		out[i].ids = append(out[i].ids, id)
 	}
-	shards := make([]int, 0, len(byShard))
-	for sh := range byShard {
-		shards = append(shards, sh)
-	}
-	cmds, err := s.pipelined(ctx, sc, len(shards), func(i int) ([]string, []any) {
-		return s.keys[shards[i]].list(), byShard[shards[i]]
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	return cmds, nil
+	return out
 }
 
 // Counts are the sizes of one shard's sets.

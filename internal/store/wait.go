@@ -31,7 +31,6 @@ package store
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -295,15 +294,6 @@ func (r *waitReq) send(ctx context.Context, cmds []redis.Cmder, next redis.Proce
 	r.mu.Unlock()
 	return err
 }
-
-//go:embed lua/fence.lua
-var fenceLua string
-
-// fenceScript is the fence of a pipeline whose scripts may have written
-// nothing (lua/fence.lua): KEYS[1] a shard's fence key. It is sent whole
-// (EVAL), so its file holds no comment. allow-oom: cancels run over
-// maxmemory, and their fence must too.
-var fenceScript = newRawScript("allow-oom", fenceLua)
 
 // fence adds the fence of shard to pipe (see wait.go).
 func (s *Store) fence(ctx context.Context, pipe redis.Pipeliner, shard int) *redis.Cmd {

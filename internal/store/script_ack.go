@@ -1,0 +1,91 @@
+package store
+
+// The ack script (lua/ack.lua): its arguments and reply.
+
+import (
+	_ "embed"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/ack.lua
+var ackLua string
+
+// ackScript settles claimed envelopes (lua/ack.lua). Allowed over
+// maxmemory: settling is what frees memory.
+var ackScript = newScript("ack", "allow-oom", ackLua)
+
+// ackArgs are one call of ack.lua, on one shard.
+type ackArgs struct {
+	shard *shardKeys
+	// retryMs is the retry delay of releases without their own;
+	// resendsMs how long a tombstone answers resends (0: none are kept).
+	retryMs   int64
+	resendsMs int64
+	settles   []ackSettle
+}
+
+// ackSettle is one settle of an ack call: 5 values of ARGV.
+type ackSettle struct {
+	id, token string
+	// op: "a", "r", "u", "d", "n:<next due ms>" or "t:<since ms>"
+	// (lua/ack.lua; ackOp builds it).
+	op string
+	// errOrFP is the error to record, or for "t:" the request's
+	// fingerprint.
+	errOrFP string
+	// delay is the settle's own retry delay in ms, "" for retryMs.
+	delay string
+}
+
+// ackOp encodes st as one settle of ack.lua; tombstones says whether
+// resends are remembered.
+func ackOp(st Settle, tombstones bool) ackSettle {
+	op := string(st.Outcome)
+	switch st.Outcome {
+	case 0:
+		op = string(Delivered)
+	case Next:
+		op = "n:" + strconv.FormatInt(st.NextDueMs, 10)
+	}
+	errOrFP := st.Error
+	if op == string(Delivered) && st.Request != "" && tombstones {
+		op = "t:" + strconv.FormatInt(st.SinceMs, 10)
+		errOrFP = st.Request
+	}
+	delay := ""
+	if st.RetryDelay > 0 {
+		delay = strconv.FormatInt(st.RetryDelay.Milliseconds(), 10)
+	}
+	return ackSettle{id: st.ID, token: st.Token, op: op, errOrFP: errOrFP, delay: delay}
+}
+
+func (a ackArgs) encode() call {
+	argv := make([]any, 0, 2+5*len(a.settles))
+	argv = append(argv, a.retryMs, a.resendsMs)
+	for _, st := range a.settles {
+		argv = append(argv, st.id, st.token, st.op, st.errOrFP, st.delay)
+	}
+	return call{keys: a.shard.list(), argv: argv}
+}
+
+// ackReply is ack.lua's answer.
+type ackReply struct {
+	nowMs int64
+	// settled counts the settles whose token was the claim; buried those
+	// of them moved to the dead set.
+	settled, buried int
+}
+
+func decodeAck(cmd *redis.Cmd) (ackReply, error) {
+	v, err := cmd.Int64Slice()
+	if err == nil && len(v) != 3 {
+		err = fmt.Errorf("bad reply %v", v)
+	}
+	if err != nil {
+		return ackReply{}, err
+	}
+	return ackReply{nowMs: v[0], settled: int(v[1]), buried: int(v[2])}, nil
+}

@@ -1,0 +1,76 @@
+package store
+
+// The schedule script (lua/schedule.lua): its arguments and reply.
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/schedule.lua
+var scheduleLua string
+
+// scheduleScript upserts a batch of envelopes (lua/schedule.lua). Not
+// allowed over maxmemory: it is what fills Redis.
+var scheduleScript = newScript("schedule", "", scheduleLua)
+
+// scheduleArgs are one call of schedule.lua: the keys of every shard its
+// items touch, one shard after the other, and its ARGV.
+type scheduleArgs struct {
+	keys []string
+	// mark is the one-shot mark of the format to write (value.go);
+	// seenForMs how long a stream message is remembered; resendsMs how
+	// long a tombstone answers a resend (0: never).
+	mark      byte
+	seenForMs int64
+	resendsMs int64
+	items     []scheduleItem
+}
+
+// scheduleItem is one envelope of a schedule call: 7 values of ARGV.
+type scheduleItem struct {
+	// k is the KEYS offset of the envelope's shard (0, 9, 18...).
+	k  int
+	id string
+	// mode "d" (delay: us from now, value the bare envelope), "e" (delay,
+	// the first occurrence of a series) or "v" (us since the epoch, value
+	// stamped already).
+	mode  string
+	us    int64
+	value []byte
+	// streamMsg ("" for a request) and fingerprint ("" for none): a call
+	// carrying either may write nothing for it (lua/schedule.lua).
+	streamMsg   string
+	fingerprint string
+}
+
+// scheduleLead is the number of ARGV before the items.
+const scheduleLead = 3
+
+// encode is the call's KEYS and ARGV.
+func (a *scheduleArgs) encode() call {
+	argv := make([]any, 0, scheduleLead+7*len(a.items))
+	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs)
+	for _, it := range a.items {
+		argv = append(argv, it.k, it.id, it.mode, it.us, it.value, it.streamMsg, it.fingerprint)
+	}
+	return call{keys: a.keys, argv: argv}
+}
+
+// scheduleReply is schedule.lua's answer: per item, in order, its due
+// time in ms; 0 for a stream message stored already, minus the due time
+// it had for a resend of a delivered request: both wrote nothing.
+type scheduleReply struct {
+	due []int64
+}
+
+// decodeSchedule reads the reply of a call of n items.
+func decodeSchedule(cmd *redis.Cmd, n int) (scheduleReply, error) {
+	due, err := cmd.Int64Slice()
+	if err == nil && len(due) != n {
+		err = fmt.Errorf("bad reply %v", due)
+	}
+	return scheduleReply{due: due}, err
+}
