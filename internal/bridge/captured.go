@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/ratelog"
 )
 
 // captors knows which core targets a JetStream stream captures, so that
@@ -42,8 +43,7 @@ type captors struct {
 	failing  error                // the last failure, logged once
 	running  chan struct{}        // closed when the list being read is in
 	poked    time.Time            // the last refresh an unexpected answer asked for
-	warned   time.Time            // the last late refusal logged
-	late     int                  // late refusals since
+	lateLog  *ratelog.Limiter     // late refusals: one line per lateLogEvery
 }
 
 type capture struct {
@@ -84,11 +84,14 @@ const (
 	// than this is late: the target is learned, but that delivery was
 	// counted (its refusal is logged as a loss).
 	probeGrace = 100 * time.Millisecond
+	// lateLogEvery is the least time between two lines about late
+	// refusals.
+	lateLogEvery = 10 * time.Second
 )
 
 func newCaptors(js jetstream.JetStream, refusals *Refusals, log hclog.Logger, own string) *captors {
 	return &captors{js: js, refusals: refusals, log: log, own: own, memo: map[string]match{}, learned: map[string]time.Time{},
-		unheard: map[string]time.Time{}}
+		unheard: map[string]time.Time{}, lateLog: ratelog.New(lateLogEvery, nil)}
 }
 
 // streamList is the subject of the list request, which needs delayd's
@@ -252,16 +255,15 @@ func (c *captors) heard(target string, a verdict, reason string, late bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if (target == "" || late) && a == refused {
-		// At most one line in 10 s: the answers can come in floods.
-		if c.late++; time.Since(c.warned) >= 10*time.Second {
+		// At most one line per lateLogEvery: the answers can come in floods.
+		if ok, n := c.lateLog.Note(1); ok {
 			if target == "" {
 				c.log.Warn("a stream refused a core delivery after its batch was confirmed, or an answer was forged: "+
-					"if it was not forged, that delivery is lost", "error", reason, "count", c.late)
+					"if it was not forged, that delivery is lost", "error", reason, "count", n)
 			} else {
 				c.log.Warn("a stream refused a core delivery after its batch was confirmed: that delivery is lost "+
-					"(later deliveries to the target wait for the stream's answer)", "target", target, "error", reason, "count", c.late)
+					"(later deliveries to the target wait for the stream's answer)", "target", target, "error", reason, "count", n)
 			}
-			c.warned, c.late = time.Now(), 0
 		}
 	}
 	switch {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/ratelog"
 )
 
 // Auth is how delayd authenticates to NATS; at most one method is set.
@@ -107,7 +108,7 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 	// its reason, then one a minute, so an outage does not flood the log.
 	// nats.go runs these handlers one at a time, on one goroutine.
 	var failed int
-	var logged time.Time
+	failLog := ratelog.New(time.Minute, nil)
 	nc, err := nats.Connect(url, append(append(authOpts, live.options()...),
 		nats.Name(name),
 		nats.RetryOnFailedConnect(true),
@@ -128,13 +129,14 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			// Also called with the first failure of the initial connect,
 			// such as "nats: authorization violation".
-			if failed++; failed == 1 || time.Since(logged) >= time.Minute {
-				logged = time.Now()
+			failed++
+			if ok, _ := failLog.Note(1); ok {
 				log.Warn("NATS not reachable, retrying in the background", "url", servers, "attempts", failed, "error", err)
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			failed = 0
+			failLog.Reset()
 			log.Info("NATS reconnected", "url", connectedURL(c))
 			if onReconnect != nil {
 				onReconnect()
@@ -142,6 +144,7 @@ func Connect(url, name string, auth Auth, log hclog.Logger, onReconnect func(), 
 		}),
 		nats.ConnectHandler(func(c *nats.Conn) {
 			failed = 0
+			failLog.Reset()
 			log.Info("NATS connected", "url", connectedURL(c))
 		}),
 		nats.ClosedHandler(func(c *nats.Conn) {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/ratelog"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -109,9 +109,9 @@ type Intake struct {
 	log   hclog.Logger
 	queue chan pending
 	check validator
-	// shortLog rate-limits the warning about writes the replicas did not
-	// confirm (unix nanos of the last one).
-	shortLog atomic.Int64
+	// shortLog limits the warning about writes the replicas did not
+	// confirm to one line per shortLogEvery.
+	shortLog *ratelog.Limiter
 	// late counts the error replies micro cannot see (answer).
 	late lateErrors
 	// held bounds the bytes of requests between handler and reply.
@@ -159,7 +159,7 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 		opt.Now = time.Now
 	}
 	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes),
+		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes), shortLog: ratelog.New(shortLogEvery, opt.Now),
 		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
 }
 
@@ -351,11 +351,14 @@ func (in *Intake) storeFailed(reply answer, id string, err error) {
 	in.failWith(reply, codeOutcomeUnknown, msg, b)
 }
 
-// notReplicated warns, at most every 5 s, that requests get 504 because
-// the replicas did not confirm their writes.
+// shortLogEvery is the least time between two warnings that requests get
+// 504 because the replicas did not confirm their writes.
+const shortLogEvery = 5 * time.Second
+
+// notReplicated warns, at most every shortLogEvery, that requests get 504
+// because the replicas did not confirm their writes.
 func (in *Intake) notReplicated(err error) {
-	now, last := time.Now().UnixNano(), in.shortLog.Load()
-	if now-last < int64(5*time.Second) || !in.shortLog.CompareAndSwap(last, now) {
+	if ok, _ := in.shortLog.Note(1); !ok {
 		return
 	}
 	in.log.Warn("requests answered 504: the Redis replicas did not confirm their writes (redis.wait_replicas); "+

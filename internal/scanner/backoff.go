@@ -3,10 +3,7 @@ package scanner
 import (
 	"errors"
 	"math"
-	"sync"
 	"time"
-
-	"github.com/hashicorp/go-hclog"
 )
 
 // ErrNoInterest marks a core NATS delivery the server confirmed reached no
@@ -56,28 +53,4 @@ func (o Options) noInterestTries() int {
 		k++
 	}
 	return max(o.MaxAttempts, k)
-}
-
-// rateLog logs a recurring warning at most once per interval, with how
-// many were left out since; publish workers share it.
-type rateLog struct {
-	mu         sync.Mutex
-	every      time.Duration
-	now        func() time.Time // the local clock
-	last       time.Time
-	suppressed int
-}
-
-func (r *rateLog) warn(log hclog.Logger, msg string, args ...any) {
-	r.mu.Lock()
-	now := r.now()
-	if !r.last.IsZero() && now.Sub(r.last) < r.every {
-		r.suppressed++
-		r.mu.Unlock()
-		return
-	}
-	n := r.suppressed
-	r.last, r.suppressed = now, 0
-	r.mu.Unlock()
-	log.Warn(msg, append(args, "similar_not_logged", n)...)
 }

@@ -176,8 +176,10 @@ func (s *Scanner) outcome(c claimed, d *envelope.Delivery, fail error) (store.Se
 		s.obs.Redelivered("retry", 1)
 		if noInterest {
 			s.log.Debug("delivery reached no subscriber, will retry", "id", c.ID, "attempt", c.Attempt, "retry_in", st.RetryDelay)
-			s.noInterestLog.warn(s.log, "core NATS delivery reached no subscriber, will retry with backoff",
-				"id", c.ID, "target", d.Target, "attempt", c.Attempt, "retry_in", st.RetryDelay)
+			if ok, n := s.noInterestLog.Note(1); ok {
+				s.log.Warn("core NATS delivery reached no subscriber, will retry with backoff",
+					"id", c.ID, "target", d.Target, "attempt", c.Attempt, "retry_in", st.RetryDelay, "similar_not_logged", n-1)
+			}
 		} else {
 			s.log.Warn("delivery failed, will retry", "id", c.ID, "attempt", c.Attempt, "retry_in", st.RetryDelay, "error", fail)
 		}

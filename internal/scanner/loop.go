@@ -12,7 +12,9 @@ import (
 	"github.com/delayd/delayd/internal/store"
 )
 
-// failLogEvery rate-limits the claim-failure warning during an outage.
+// failLogEvery is the least time between two lines of a recurring
+// warning of the scanner (a claim failure during an outage, deliveries
+// nobody subscribed to, claims their wait did not confirm).
 const failLogEvery = 5 * time.Second
 
 // pausePoll is how often a scanner paused by a NATS outage looks again.
@@ -129,9 +131,8 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 	for _, r := range res {
 		delete(s.failing, r.Shard)
 	}
-	if len(s.failing) == 0 && !s.lastFailLog.IsZero() {
+	if len(s.failing) == 0 && s.failLog.Reset() {
 		s.log.Info("claims recovered on every shard")
-		s.lastFailLog = time.Time{}
 	}
 	if len(res) == 0 {
 		return nil
@@ -185,10 +186,9 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 // ever succeeded, so there is no Redis time to plan per shard with).
 func (s *Scanner) claimFailed(shards []int, res []store.ClaimResult, err error) (global bool) {
 	s.obs.RedisError(store.OpClaim)
-	if now := s.opt.Now(); now.Sub(s.lastFailLog) > failLogEvery {
+	if ok, _ := s.failLog.Note(1); ok {
 		s.log.Warn("claim failed, retrying the failed shards with backoff", "failed", len(shards)-len(res),
 			"of", len(shards), "error", err)
-		s.lastFailLog = now
 	}
 	nowMs := s.clock.nowMs()
 	if nowMs == 0 {

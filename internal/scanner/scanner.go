@@ -24,6 +24,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/ratelog"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -146,28 +147,29 @@ type Scanner struct {
 	// clock maps local monotonic time to Redis time, from the last claim.
 	clock *redisClock
 	// failing holds the backoff of shards whose claims fail; backoff is the
-	// global one used before any claim succeeded; lastFailLog rate-limits
-	// the warning. Only the Run loop touches them.
+	// global one used before any claim succeeded; failLog limits the
+	// warning. Only the Run loop touches them.
 	failing map[int]time.Duration
 	backoff time.Duration
 	// unconfirmed holds the backoff of shards whose claims are given back
 	// for a short wait (StrictClaims). Only the Run loop touches it.
 	unconfirmed map[int]time.Duration
-	lastFailLog time.Time
+	failLog     *ratelog.Limiter
 	// budget bounds the bytes of claimed envelopes until their publish
 	// ends.
 	budget *byteBudget
 	// unknown holds the stored formats met that this daemon cannot read,
 	// each logged once. Only the Run loop touches it.
 	unknown map[int]bool
-	// short: claims published though their wait fell short (wait.go).
-	short shortClaims
+	// shortLog limits the warning about claims published though their
+	// wait fell short (wait.go), counting their envelopes.
+	shortLog *ratelog.Limiter
 	// noInterestTries is the budget of a delivery nobody subscribed to,
 	// maxTries the larger of it and MaxAttempts (see Options).
 	noInterestTries, maxTries int
 	// noInterestLog rate-limits the warning about deliveries that found
 	// no subscriber: a consumer that is away makes one per envelope.
-	noInterestLog rateLog
+	noInterestLog *ratelog.Limiter
 }
 
 // New builds a scanner over every shard of st. A nil obs counts nothing.
@@ -182,7 +184,8 @@ func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *
 	s := &Scanner{store: st, pub: pub, obs: obs, opt: opt, log: log,
 		next: make([]atomic.Int64, n), owned: make([]atomic.Bool, n), announced: make([]atomic.Int64, n),
 		wake: make(chan struct{}, 1), failing: map[int]time.Duration{}, unconfirmed: map[int]time.Duration{},
-		noInterestTries: opt.noInterestTries(), noInterestLog: rateLog{every: failLogEvery, now: opt.Now},
+		noInterestTries: opt.noInterestTries(), noInterestLog: ratelog.New(failLogEvery, opt.Now),
+		failLog: ratelog.New(failLogEvery, opt.Now), shortLog: ratelog.New(failLogEvery, opt.Now),
 		budget: newByteBudget(opt.ClaimBytes), clock: newRedisClock(opt.Now)}
 	s.maxTries = max(opt.MaxAttempts, s.noInterestTries)
 	for i := range s.owned {

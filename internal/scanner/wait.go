@@ -2,17 +2,9 @@ package scanner
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/delayd/delayd/internal/store"
 )
-
-// shortClaims rate-limits the warning about claims whose wait for
-// replicas fell short (redis.wait_replicas). Only the Run loop touches it.
-type shortClaims struct {
-	last time.Time
-	n    int // envelopes published unconfirmed since the last warning
-}
 
 // errUnconfirmedClaim marks the envelopes of a claim its wait did not
 // confirm, given back unsent and uncounted with redis.wait_claims: strict.
@@ -29,17 +21,18 @@ var errUnconfirmedClaim = fmt.Errorf("claim not confirmed by the replicas redis.
 // given back unsent instead). The store counts the short waits.
 func (s *Scanner) claimUnconfirmed(res []store.ClaimResult) {
 	var why error
+	n := 0
 	for _, r := range res {
 		if r.Unconfirmed && len(r.Items) > 0 {
-			s.short.n += len(r.Items)
+			n += len(r.Items)
 			why = r.Why
 		}
 	}
 	if why == nil {
 		return
 	}
-	now := s.opt.Now()
-	if now.Sub(s.short.last) < failLogEvery {
+	ok, n := s.shortLog.Note(n)
+	if !ok {
 		return
 	}
 	msg := "claims not confirmed by the Redis replicas redis.wait_replicas asks for: delivering anyway " +
@@ -48,6 +41,5 @@ func (s *Scanner) claimUnconfirmed(res []store.ClaimResult) {
 		msg = "claims not confirmed by the Redis replicas redis.wait_replicas asks for: given back unsent and uncounted " +
 			"(redis.wait_claims: strict); deliveries pause until a replica confirms"
 	}
-	s.log.Warn(msg, "envelopes", s.short.n, "error", why)
-	s.short.last, s.short.n = now, 0
+	s.log.Warn(msg, "envelopes", n, "error", why)
 }
