@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"os"
 	"os/exec"
 	"strings"
@@ -18,11 +19,11 @@ import (
 // its JSON result adds up.
 func TestBenchCommand(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"delayd", "bench", "--nats-url", e.nats.URL(), "--json",
+	err := run(context.Background(), []string{"delayd", "bench", "--nats-url", e.NATS.URL(), "--json",
 		"--count", "500", "--concurrency", "8", "--window", "500ms", "--lead", "1s", "--grace", "5s", "--conns", "2"},
 		func(string) string { return "" }, &out, &errOut)
 	if err != nil {
@@ -47,11 +48,11 @@ func TestBenchCommand(t *testing.T) {
 // one-requester figure beside an echo. Correctness only.
 func TestBenchStreamCompare(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"delayd", "bench", "--nats-url", e.nats.URL(), "--json", "--stream", "--compare",
+	err := run(context.Background(), []string{"delayd", "bench", "--nats-url", e.NATS.URL(), "--json", "--stream", "--compare",
 		"--count", "500", "--window", "500ms", "--lead", "1s", "--grace", "5s", "--conns", "2", "--max-pending", "64", "--one-requester", "50"},
 		func(string) string { return "" }, &out, &errOut)
 	if err != nil {
@@ -78,8 +79,8 @@ func TestBenchStreamCompare(t *testing.T) {
 	}
 	// The run's envelopes were delivered and the one-requester schedules
 	// (due in an hour) cancelled: the bench leaves nothing stored.
-	quiet(t, e, c)
-	if left := e.stored(c); left != 0 {
+	daemontest.Quiet(t, e, c)
+	if left := e.Stored(c); left != 0 {
 		t.Fatalf("%d envelopes left stored after the bench", left)
 	}
 	t.Logf("stream intake %.0f/s (baseline %.0f/s), p99 %.2f ms; JetStream schedules %.0f/s, p99 %.2f ms, early %d",
@@ -92,12 +93,12 @@ func TestBenchStreamCompare(t *testing.T) {
 // Before, it ran its whole workload against whatever answered there.
 func TestBenchEmbeddedNeverLoadsAnotherDelayd(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.HTTP.Addr = ""
-	e.startDaemon(c)
+	e.StartDaemon(c)
 	bin := delaydBinary(t)
-	cmd := exec.Command(bin, "bench", "--embedded", "--nats-url", e.nats.URL(), "--count", "100", "--baseline=false")
+	cmd := exec.Command(bin, "bench", "--embedded", "--nats-url", e.NATS.URL(), "--count", "100", "--baseline=false")
 	out, err := cmd.CombinedOutput()
 	if err == nil {
 		t.Fatalf("bench against a port another server holds succeeded:\n%s", out)
@@ -105,7 +106,7 @@ func TestBenchEmbeddedNeverLoadsAnotherDelayd(t *testing.T) {
 	if !strings.Contains(string(out), "exited before it answered") {
 		t.Fatalf("bench did not say its child failed:\n%s", out)
 	}
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Fatalf("bench loaded %d envelopes into the other delayd", n)
 	}
 }
@@ -116,9 +117,9 @@ func TestBenchEmbeddedNeverLoadsAnotherDelayd(t *testing.T) {
 // runs the bench through. Without a child the flag is a usage error.
 func TestBenchChildSet(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := daemontest.NewEnv(t)
 	bin := delaydBinary(t)
-	args := []string{"bench", "--local", "--nats-url", e.nats.URL(), "--redis-addrs", e.redis.Addr, "--count", "50",
+	args := []string{"bench", "--local", "--nats-url", e.NATS.URL(), "--redis-addrs", e.Redis.Addr, "--count", "50",
 		"--concurrency", "4", "--window", "200ms", "--lead", "500ms", "--baseline=false"}
 	out, err := exec.Command(bin, append(args, "--child-set", "scanner.claim_batch=0")...).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "scanner.claim_batch") {
@@ -134,10 +135,10 @@ func TestBenchChildSet(t *testing.T) {
 	}
 	// The child's namespace was the bench's alone: nothing of it stays
 	// (before, its 16 lease hashes did).
-	if keys, err := e.redis.Client().Keys(context.Background(), "{bench-*").Result(); err != nil || len(keys) > 0 {
+	if keys, err := e.Redis.Client().Keys(context.Background(), "{bench-*").Result(); err != nil || len(keys) > 0 {
 		t.Fatalf("the bench left %d keys of its child in Redis: %v %v", len(keys), keys, err)
 	}
-	out, err = exec.Command(bin, "bench", "--nats-url", e.nats.URL(), "--child-set", "a=b").CombinedOutput()
+	out, err = exec.Command(bin, "bench", "--nats-url", e.NATS.URL(), "--child-set", "a=b").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "need a child") {
 		t.Fatalf("--child-set without a child: err %v\n%s", err, out)
 	}
@@ -147,7 +148,7 @@ func TestBenchChildSet(t *testing.T) {
 		t.Fatalf("bench with --set redis.db=3: %v\n%s", err, out)
 	}
 	for _, db := range []int{0, 3} {
-		rc := redis.NewClient(&redis.Options{Addr: e.redis.Addr, DB: db})
+		rc := redis.NewClient(&redis.Options{Addr: e.Redis.Addr, DB: db})
 		keys, err := rc.Keys(context.Background(), "{bench-*").Result()
 		rc.Close()
 		if err != nil || len(keys) > 0 {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,25 +24,25 @@ import (
 // a purge.
 func TestReplayCarriesTheNextAttempt(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.MaxAttempts = 2
 	c.HTTP.SampleInterval = 50 * time.Millisecond
 	c.Targets.JetStream = []string{"later.>"}
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	scheduleServed(t, nc, hdr("Delayd-Target", "later.once", "Delayd-Delay", "10ms", "Delayd-Id", "once"))
-	scheduleServed(t, nc, hdr("Delayd-Target", "later.every", "Delayd-Every", "1h", "Delayd-Start",
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "later.once", "Delayd-Delay", "10ms", "Delayd-Id", "once"))
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "later.every", "Delayd-Every", "1h", "Delayd-Start",
 		time.Now().Add(20*time.Millisecond).UTC().Format(time.RFC3339Nano), "Delayd-Id", "every"))
-	scheduleServed(t, nc, hdr("Delayd-Target", "later.gone", "Delayd-Delay", "10ms", "Delayd-Id", "gone"))
-	st := e.inspectStore(c)
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "later.gone", "Delayd-Delay", "10ms", "Delayd-Id", "gone"))
+	st := e.InspectStore(c)
 	for _, id := range []string{"once", "every", "gone"} {
 		if en := waitState(t, st, id, store.StateDead, 10*time.Second); en.Attempts != 2 {
 			t.Fatalf("%s dead after %d attempts, want 2", id, en.Attempts)
 		}
 	}
-	s := e.stream("LATER", "later.>")
+	s := stream(e, "LATER", "later.>")
 	for verb, ids := range map[string]string{"replay": `["once","every"]`, "purge": `["gone"]`} {
 		req := nats.NewMsg("delayd.admin." + verb)
 		req.Data = []byte(`{"ids":` + ids + `}`)
@@ -117,15 +118,15 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 // delivers every one of them once, as attempt 1.
 func TestMixedVersionFleet(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.HTTP.Addr = "" // several daemons side by side
-	stopOld := e.startDaemon(c)
-	stopNew := e.startDaemon(c, daemon.WithNewestFormat(3))
-	nc := e.conn()
+	stopOld := e.StartDaemon(c)
+	stopNew := e.StartDaemon(c, daemon.WithNewestFormat(3))
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "mixed.t")
-	st := e.inspectStore(c)
+	got := e.Sink(nc, "mixed.t")
+	st := e.InspectStore(c)
 	formats := func() map[int]int {
 		t.Helper()
 		n, err := st.Formats(context.Background())
@@ -143,7 +144,7 @@ func TestMixedVersionFleet(t *testing.T) {
 		for i := range n {
 			id := fmt.Sprintf("%s-%d", prefix, i)
 			ids = append(ids, id)
-			scheduleServed(t, nc, hdr("Delayd-Target", "mixed.t", "Delayd-At", at, "Delayd-Id", id))
+			daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "mixed.t", "Delayd-At", at, "Delayd-Id", id))
 		}
 	}
 	time.Sleep(c.Ownership.TTL) // both announced
@@ -160,7 +161,7 @@ func TestMixedVersionFleet(t *testing.T) {
 		t.Fatalf("the newer daemon alone wrote %v, want 20 of format 3", f)
 	}
 	// A rollback: an older daemon joins, owns some shards, meets format 3.
-	stopOld = e.startDaemon(c)
+	stopOld = e.StartDaemon(c)
 	time.Sleep(c.Ownership.TTL)
 	send("rollback", 20)
 	if f := formats(); f[3] != 20 || f[2] != 40 {
@@ -179,16 +180,16 @@ func TestMixedVersionFleet(t *testing.T) {
 	if err := stopOld(); err != nil {
 		t.Fatal(err)
 	}
-	if n := got.waitCount(len(ids), 20*time.Second); n < len(ids) {
+	if n := got.WaitCount(len(ids), 20*time.Second); n < len(ids) {
 		t.Fatalf("%d of %d delivered", n, len(ids))
 	}
-	if _, dups := got.check(t, ids); dups != 0 {
+	if _, dups := got.Check(t, ids); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
 	for _, id := range ids {
-		for _, d := range got.get(id) {
-			if d.attempt != 1 {
-				t.Fatalf("%s arrived as attempt %d, want 1 (a give-back is not an attempt)", id, d.attempt)
+		for _, d := range got.Get(id) {
+			if d.Attempt != 1 {
+				t.Fatalf("%s arrived as attempt %d, want 1 (a give-back is not an attempt)", id, d.Attempt)
 			}
 		}
 	}

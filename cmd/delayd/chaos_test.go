@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -47,14 +48,14 @@ import (
 // DELAYD_CHAOS_DURATION runs longer, DELAYD_CHAOS_SEED repeats a run's
 // nemesis.
 func TestChaosSoak(t *testing.T) {
-	soak(t, "a 60 s chaos soak")
+	daemontest.Soak(t, "a 60 s chaos soak")
 	t.Parallel()
 	dur, seed, rng := soakParams(t)
-	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
-	stream := chaosStream(t, e.conn(), 1)
+	e := daemontest.NewEnv(t, "--appendonly", "yes", "--appendfsync", "always")
+	stream := chaosStream(t, e.Conn(), 1)
 	bin := delaydBinary(t)
 	const daemons = 3
-	c := e.cfg()
+	c := e.Config()
 	c.Scanner.Lease = time.Second
 	extra := []string{"DELAYD_TARGETS_JETSTREAM=chaos.>", "DELAYD_SCANNER_MAX_ATTEMPTS=1000",
 		"DELAYD_SCANNER_RETRY_BACKOFF=100ms", "DELAYD_UI_ENABLED=false"}
@@ -69,15 +70,15 @@ func TestChaosSoak(t *testing.T) {
 		if i == 0 {
 			env = append(slices.Clone(extra), "GOMEMLIMIT=96MiB")
 		}
-		procs[i] = e.startProcEnv(bin, ci, env...)
+		procs[i] = startProcEnv(e, bin, ci, env...)
 	}
 	for i := range daemons {
-		proxies[i] = testutil.StartProxy(t, e.redis.Addr)
-		natsProxies[i] = testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+		proxies[i] = testutil.StartProxy(t, e.Redis.Addr)
+		natsProxies[i] = testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
 		start(i)
 	}
-	consumer := startChaosConsumer(t, e.nats.URL())
-	nc := e.conn()
+	consumer := startChaosConsumer(t, e.NATS.URL())
+	nc := e.Conn()
 	defer nc.Close()
 	ctx, stop := context.WithTimeout(context.Background(), dur)
 	defer stop()
@@ -104,19 +105,19 @@ func TestChaosSoak(t *testing.T) {
 			_ = procs[i].cmd.Process.Signal(syscall.SIGCONT)
 		case 2:
 			faults["restart Redis"]++
-			e.redis.Kill()
+			e.Redis.Kill()
 			time.Sleep(hold)
-			e.redis.Start()
+			e.Redis.Start()
 		case 3:
 			faults["pause Redis"]++
-			e.redis.Pause()
+			e.Redis.Pause()
 			time.Sleep(hold)
-			e.redis.Resume()
+			e.Redis.Resume()
 		case 4:
 			faults["restart NATS"]++
-			e.nats.Stop()
+			e.NATS.Stop()
 			time.Sleep(hold)
-			e.nats.Start()
+			e.NATS.Start()
 		case 5:
 			faults["slow Redis link"]++
 			proxies[i].Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
@@ -411,7 +412,7 @@ func (w *chaosWorkload) schedule(ctx context.Context, nc *nats.Conn, id string, 
 		}
 		target, data := chaosTarget(id)
 		m := &nats.Msg{Subject: "delayd.schedule", Data: data,
-			Header: hdr("Delayd-Target", target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
+			Header: daemontest.Hdr("Delayd-Target", target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
 		rep, err := nc.RequestMsg(m, 2*time.Second)
 		if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
 			w.mu.Lock()
@@ -450,7 +451,7 @@ func chaosTarget(id string) (string, []byte) {
 }
 
 func (w *chaosWorkload) cancel(nc *nats.Conn, id string) {
-	m := &nats.Msg{Subject: "delayd.cancel", Header: hdr("Delayd-Id", id)}
+	m := &nats.Msg{Subject: "delayd.cancel", Header: daemontest.Hdr("Delayd-Id", id)}
 	sent := time.Now()
 	rep, err := nc.RequestMsg(m, 2*time.Second)
 	w.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -31,7 +32,7 @@ import (
 // node kill (forwarded to a node that dies: core NATS is at-most-once, and
 // no status tells delayd), and these are counted apart.
 func TestChaosSoakTopology(t *testing.T) {
-	soak(t, "a 60 s chaos soak on the production topology")
+	daemontest.Soak(t, "a 60 s chaos soak on the production topology")
 	t.Parallel()
 	dur, seed, rng := soakParams(t)
 
@@ -42,12 +43,12 @@ func TestChaosSoakTopology(t *testing.T) {
 	}
 	testutil.WaitReplicas(t, sn.Master, 1, 15*time.Second)
 	nodes := testutil.StartNATSCluster(t, 3)
-	e := &clusterEnv{env: &env{t: t, redis: sn.Master, nats: nodes[0]}, nodes: nodes}
+	e := &clusterEnv{Env: &daemontest.Env{T: t, Redis: sn.Master, NATS: nodes[0]}, nodes: nodes}
 	stream := chaosStream(t, e.connTo(0), 3)
 	bin := delaydBinary(t)
 
 	const daemons = 3
-	c := e.cfg()
+	c := e.Config()
 	c.Scanner.Lease = time.Second
 	c.Redis.Addrs = []string{sn.Addr}
 	extra := []string{"DELAYD_TARGETS_JETSTREAM=chaos.>", "DELAYD_SCANNER_MAX_ATTEMPTS=1000",
@@ -57,7 +58,7 @@ func TestChaosSoakTopology(t *testing.T) {
 	start := func(i int) {
 		ci := c
 		ci.NATS.URL = e.urlsFrom(i)
-		procs[i] = e.startProcEnv(bin, ci, extra...)
+		procs[i] = startProcEnv(e.Env, bin, ci, extra...)
 	}
 	for i := range daemons {
 		start(i)

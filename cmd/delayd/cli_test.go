@@ -20,14 +20,15 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
 // cliRunner runs delayd commands against a test daemon's NATS.
-func cliRunner(e *env) func(args ...string) (string, error) {
+func cliRunner(e *daemontest.Env) func(args ...string) (string, error) {
 	getenv := func(k string) string {
 		if k == "DELAYD_NATS_URL" {
-			return e.nats.URL()
+			return e.NATS.URL()
 		}
 		return ""
 	}
@@ -42,9 +43,9 @@ func cliRunner(e *env) func(args ...string) (string, error) {
 // after arguments, exit codes, and list in due order a page at a time.
 func TestCLIBehaves(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
 	cli := cliRunner(e)
 	// Due times whose order differs from both id order and shard order;
 	// whole seconds, so the service prints them without a fraction.
@@ -131,7 +132,7 @@ func TestCLIBehaves(t *testing.T) {
 		t.Errorf("list --limit 5000: %v, want a usage error", err)
 	}
 	// The service refuses it too, rather than clamping it silently.
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
 	var se *client.ServiceError
 	if _, err := client.New(nc).List(context.Background(), client.ListRequest{Limit: 5000}); !errors.As(err, &se) || se.Code != 400 {
@@ -335,8 +336,8 @@ func TestFatalErrorIsJSONWithLogJSON(t *testing.T) {
 // id do, instead of reporting 0 envelopes and exiting 0.
 func TestDeadActUnknownID(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
+	e := daemontest.NewEnv(t)
+	e.StartDaemon(e.Config())
 	cli := cliRunner(e)
 	for _, verb := range []string{"replay", "purge"} {
 		out, err := cli("dead", verb, "no-such-id")

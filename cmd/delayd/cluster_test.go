@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -15,13 +16,13 @@ import (
 func TestRedisCluster(t *testing.T) {
 	t.Parallel()
 	cl := testutil.StartRedisCluster(t)
-	e := &env{t: t, redis: cl.Nodes[0], nats: testutil.StartNATS(t)}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: cl.Nodes[0], NATS: testutil.StartNATS(t)}
+	c := e.Config()
 	c.Redis.Addrs = cl.Addrs()
 	c.Shards = 12
-	f := &faultRun{e: e, target: "cl.x", stream: e.captureStream("CL", "cl.>"), acked: map[string]time.Time{}}
-	e.startDaemon(c)
-	nc := e.conn()
+	f := &faultRun{e: e, target: "cl.x", stream: captureStream(e, "CL", "cl.>"), acked: map[string]time.Time{}}
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	cc := cl.Client(t)
 	ctx := context.Background()
@@ -57,7 +58,7 @@ func TestRedisCluster(t *testing.T) {
 	}
 
 	// Part 2: a master dies and its replica is promoted mid-run.
-	f2 := &faultRun{e: e, target: "cl2.y", stream: e.captureStream("CL2", "cl2.>"), acked: map[string]time.Time{}}
+	f2 := &faultRun{e: e, target: "cl2.y", stream: captureStream(e, "CL2", "cl2.>"), acked: map[string]time.Time{}}
 	start = time.Now().Add(1500 * time.Millisecond)
 	slot3, _ := cc.ClusterKeySlot(ctx, "{delayd:3}:due").Result()
 	victim := cl.MasterOf(t, int(slot3))

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
@@ -27,7 +28,7 @@ import (
 // error. Before, delayd counted all 4 delivered and deleted them.
 func TestStreamRefusalNotDelivered(t *testing.T) {
 	t.Parallel()
-	streamRefusals(t, newEnv(t), "cap.>", "cap.x")
+	streamRefusals(t, daemontest.NewEnv(t), "cap.>", "cap.x")
 }
 
 // The same through a subject mapping of the account (capm.x → capm.y, the
@@ -38,8 +39,8 @@ func TestStreamRefusalNotDelivered(t *testing.T) {
 // said "a stream refused a core delivery after its batch was confirmed".
 func TestStreamRefusalThroughMapping(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	if err := e.nats.Srv.GlobalAccount().AddMapping("capm.x", "capm.y"); err != nil {
+	e := daemontest.NewEnv(t)
+	if err := e.NATS.Srv.GlobalAccount().AddMapping("capm.x", "capm.y"); err != nil {
 		t.Fatal(err)
 	}
 	streamRefusals(t, e, "capm.y", "capm.x")
@@ -48,12 +49,12 @@ func TestStreamRefusalThroughMapping(t *testing.T) {
 // streamRefusals schedules 4 envelopes to target, captured by a stream
 // on subject with max_msgs 2 and discard new: 2 must end in the stream
 // and 2 dead with the stream's error, none lost.
-func streamRefusals(t *testing.T, e *env, subject, target string) {
-	c := e.cfg()
+func streamRefusals(t *testing.T, e *daemontest.Env, subject, target string) {
+	c := e.Config()
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
 	c.Scanner.RetryBackoffMax = 200 * time.Millisecond
 	c.Scanner.MaxAttempts = 3
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -65,14 +66,14 @@ func streamRefusals(t *testing.T, e *env, subject, target string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.startDaemon(c)
+	e.StartDaemon(c)
 	ids := []string{"cap-0", "cap-1", "cap-2", "cap-3"}
 	// One due time: one batch, the first deliveries to the target.
 	at := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
 	for _, id := range ids {
-		scheduleServed(t, nc, hdr("Delayd-Target", target, "Delayd-At", at, "Delayd-Id", id))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", target, "Delayd-At", at, "Delayd-Id", id))
 	}
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 	// Every envelope ends in the stream or in the dead set, and none in
 	// both: nothing is stored any more once each is settled.
 	var inStream map[string]bool
@@ -147,17 +148,17 @@ func streamRefusals(t *testing.T, e *env, subject, target string) {
 // once, at attempt 1. Before, it got them 1,040 times.
 func TestForgingConsumerChangesNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
 	c.Scanner.RetryBackoffMax = 200 * time.Millisecond
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	victimConn := e.conn()
+	victimConn := e.Conn()
 	defer victimConn.Close()
-	victim := e.sink(victimConn, "victim.orders")
-	attacker := e.conn()
+	victim := e.Sink(victimConn, "victim.orders")
+	attacker := e.Conn()
 	defer attacker.Close()
 	var mu sync.Mutex
 	forged := 0
@@ -196,24 +197,24 @@ func TestForgingConsumerChangesNothing(t *testing.T) {
 	for i := range n {
 		ids[i] = "victim-" + strconv.Itoa(i)
 		delay := strconv.Itoa(300+i*3) + "ms"
-		scheduleServed(t, nc, hdr("Delayd-Target", "victim.orders", "Delayd-Delay", delay, "Delayd-Id", ids[i]))
-		scheduleServed(t, nc, hdr("Delayd-Target", "attacker.feed", "Delayd-Delay", delay, "Delayd-Id", "attacker-"+strconv.Itoa(i)))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "victim.orders", "Delayd-Delay", delay, "Delayd-Id", ids[i]))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "attacker.feed", "Delayd-Delay", delay, "Delayd-Id", "attacker-"+strconv.Itoa(i)))
 	}
-	victim.waitIDs(ids, 30*time.Second)
+	victim.WaitIDs(ids, 30*time.Second)
 	waitGone(t, e, c)
-	victim.settle(t)
+	victim.Settle(t)
 	mu.Lock()
 	if forged == 0 {
 		t.Error("the attacker forged nothing: the test proves nothing")
 	}
 	mu.Unlock()
-	victim.check(t, ids)
+	victim.Check(t, ids)
 	for _, id := range ids {
-		ds := victim.get(id)
-		if len(ds) != 1 || ds[0].attempt != 1 {
+		ds := victim.Get(id)
+		if len(ds) != 1 || ds[0].Attempt != 1 {
 			attempts := []int{}
 			for _, d := range ds {
-				attempts = append(attempts, d.attempt)
+				attempts = append(attempts, d.Attempt)
 			}
 			t.Errorf("%s delivered %d times, attempts %v: want once, at attempt 1", id, len(ds), attempts)
 		}
@@ -243,8 +244,8 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 			{Username: "app", Password: "a"},
 		}
 	}
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.Users = users(false) })}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) { o.Users = users(false) })}
+	c := e.Config()
 	c.NATS.User, c.NATS.Password, c.NATS.InboxPrefix = "delayd", "d", "_INBOX_delayd"
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
 	c.Scanner.RetryBackoffMax = 100 * time.Millisecond
@@ -257,12 +258,12 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 	go func() {
 		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})).Run(ctx)
 	}()
-	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
+	app, err := nats.Connect(e.NATS.URL(), nats.UserInfo("app", "a"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer app.Close()
-	scheduleServed(t, app, hdr("Delayd-Target", "orders.nobody", "Delayd-Delay", "10ms", "Delayd-Id", "unheard"))
+	daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", "orders.nobody", "Delayd-Delay", "10ms", "Delayd-Id", "unheard"))
 
 	readyz := "http://" + c.HTTP.Addr + "/readyz"
 	deadline := time.Now().Add(15 * time.Second)
@@ -283,18 +284,18 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 	if v, ok := metric(body, "delayd_shards_owned"); !ok || v != 0 {
 		t.Errorf("delayd_shards_owned = %v (present %v), want 0", v, ok)
 	}
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 	if en, err := st.Get(ctx, "unheard"); err != nil || en.State != store.StatePending || en.Attempts != 0 {
 		t.Fatalf("the due envelope while the inbox is refused: %+v (%v), want pending, never tried", en, err)
 	}
 
 	// The operator grants the subscription.
-	opts := e.nats.Opts.Clone()
+	opts := e.NATS.Opts.Clone()
 	opts.Users = users(true)
-	if err := e.nats.Srv.ReloadOptions(opts); err != nil {
+	if err := e.NATS.Srv.ReloadOptions(opts); err != nil {
 		t.Fatal(err)
 	}
-	e.nats.Opts = opts
+	e.NATS.Opts = opts
 	deadline = time.Now().Add(15 * time.Second)
 	for {
 		code, body := httpGet(t, readyz)
@@ -312,9 +313,9 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 	if !strings.Contains(dead.Error, "no subscriber") {
 		t.Errorf("dead with %q, want no subscriber", dead.Error)
 	}
-	got := e.sink(app, "orders.>")
-	scheduleServed(t, app, hdr("Delayd-Target", "orders.heard", "Delayd-Delay", "10ms", "Delayd-Id", "heard"))
-	got.waitIDs([]string{"heard"}, 10*time.Second)
+	got := e.Sink(app, "orders.>")
+	daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", "orders.heard", "Delayd-Delay", "10ms", "Delayd-Id", "heard"))
+	got.WaitIDs([]string{"heard"}, 10*time.Second)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -330,8 +331,8 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 // delivered nothing. The daemon now answers its own probe.
 func TestDeliversBesideAWildcardSubscriber(t *testing.T) {
 	t.Parallel()
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })}
-	watcher := e.conn()
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })}
+	watcher := e.Conn()
 	defer watcher.Close()
 	if _, err := watcher.Subscribe(">", func(*nats.Msg) {}); err != nil {
 		t.Fatal(err)
@@ -339,16 +340,16 @@ func TestDeliversBesideAWildcardSubscriber(t *testing.T) {
 	if err := watcher.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "wild.x")
-	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "wild.x", "Delayd-Delay", "10ms", "Delayd-Id", "w1"), "hi"); err != nil {
+	got := e.Sink(nc, "wild.x")
+	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "wild.x", "Delayd-Delay", "10ms", "Delayd-Id", "w1"), "hi"); err != nil {
 		t.Fatal(err)
 	}
-	got.waitIDs([]string{"w1"}, 15*time.Second)
-	if len(got.get("w1")) == 0 {
+	got.WaitIDs([]string{"w1"}, 15*time.Second)
+	if len(got.Get("w1")) == 0 {
 		_, body := httpGet(t, "http://"+c.HTTP.Addr+"/readyz")
 		t.Fatalf("not delivered beside a '>' subscriber; /readyz: %q", body)
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -25,14 +27,14 @@ type proc struct {
 	log string
 }
 
-func (e *env) startProc(bin string, c config.Config) *proc {
-	e.t.Helper()
-	return e.startProcEnv(bin, c)
+func startProc(e *daemontest.Env, bin string, c config.Config) *proc {
+	e.T.Helper()
+	return startProcEnv(e, bin, c)
 }
 
 // startProcEnv starts a daemon process with extra environment settings.
-func (e *env) startProcEnv(bin string, c config.Config, extra ...string) *proc {
-	e.t.Helper()
+func startProcEnv(e *daemontest.Env, bin string, c config.Config, extra ...string) *proc {
+	e.T.Helper()
 	cmd := exec.Command(bin, "run")
 	cmd.Env = append(append(os.Environ(), extra...),
 		"DELAYD_NATS_URL="+c.NATS.URL,
@@ -44,22 +46,22 @@ func (e *env) startProcEnv(bin string, c config.Config, extra ...string) *proc {
 		"DELAYD_UI_ADDR=127.0.0.1:0",
 		"DELAYD_OWNERSHIP_TTL="+c.Ownership.TTL.String(),
 	)
-	logPath := filepath.Join(e.t.TempDir(), "delayd.log")
+	logPath := filepath.Join(e.T.TempDir(), "delayd.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	cmd.Stderr = logf
 	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	p := &proc{cmd: cmd, log: logPath}
-	e.t.Cleanup(func() {
+	e.T.Cleanup(func() {
 		p.kill()
 		logf.Close()
-		if e.t.Failed() {
+		if e.T.Failed() {
 			b, _ := os.ReadFile(logPath)
-			e.t.Logf("daemon log %s:\n%s", logPath, b)
+			e.T.Logf("daemon log %s:\n%s", logPath, b)
 		}
 	})
 	deadline := time.Now().Add(10 * time.Second)
@@ -68,7 +70,7 @@ func (e *env) startProcEnv(bin string, c config.Config, extra ...string) *proc {
 			return p
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatal("daemon process did not log ready")
+			e.T.Fatal("daemon process did not log ready")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -85,11 +87,11 @@ func (p *proc) kill() {
 // in Redis and be delivered again by a new daemon once their lease expires.
 func TestKill9BetweenClaimAndAck(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.Lease = time.Second
 	bin := delaydBinary(t)
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
 	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
 	defer st.Close()
@@ -98,26 +100,26 @@ func TestKill9BetweenClaimAndAck(t *testing.T) {
 	// replies back 300 ms: the flush that confirms the deliveries, and so
 	// the ack, comes well after the first delivery reached the target, so
 	// the kill lands between them however fast the machine is.
-	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
 	slow := c
 	slow.NATS.URL = "nats://" + proxy.Addr()
-	p := e.startProc(bin, slow)
+	p := startProc(e, bin, slow)
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
-	first := e.sink(nc, "crash.target")
+	first := e.Sink(nc, "crash.target")
 	killed, _ := killOnFirst(t, nc, "crash.target", p)
 	const n = 500
 	at := time.Now().Add(500 * time.Millisecond).UTC().Format(time.RFC3339Nano)
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = "crash-" + strconv.Itoa(i)
-		m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "crash.target", "Delayd-At", at, "Delayd-Id", ids[i]), Data: []byte(ids[i])}
+		m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "crash.target", "Delayd-At", at, "Delayd-Id", ids[i]), Data: []byte(ids[i])}
 		if err := nc.PublishMsg(m); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// One request/reply after the burst: once it is answered, the queue
 	// group's single member has stored everything sent before it.
-	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "crash.target", "Delayd-At", at, "Delayd-Id", "crash-last"), "crash-last"); err != nil {
+	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "crash.target", "Delayd-At", at, "Delayd-Id", "crash-last"), "crash-last"); err != nil {
 		t.Fatal(err)
 	}
 	ids = append(ids, "crash-last")
@@ -141,34 +143,54 @@ func TestKill9BetweenClaimAndAck(t *testing.T) {
 	// from the publisher at the moment it was killed got later messages
 	// from other publishers up to ~10 s late, a broker-side effect that
 	// would make this test measure NATS rather than delayd.
-	sc := e.conn()
+	sc := e.Conn()
 	defer sc.Close()
-	second := e.sink(sc, "crash.target")
-	e.startProc(bin, c)
-	second.waitCount(len(inflight), 10*time.Second)
-	quiet(t, e, c, first, second)
+	second := e.Sink(sc, "crash.target")
+	startProc(e, bin, c)
+	second.WaitCount(len(inflight), 10*time.Second)
+	daemontest.Quiet(t, e, c, first, second)
 	for _, id := range ids {
-		a, b := first.get(id), second.get(id)
+		a, b := first.Get(id), second.Get(id)
 		if len(a)+len(b) == 0 {
 			t.Errorf("%s lost", id)
 		}
 		for _, d := range append(a, b...) {
-			if d.received.Before(d.due) {
+			if d.Received.Before(d.Due) {
 				t.Errorf("%s early", id)
 			}
 		}
 	}
 	for _, id := range inflight {
-		ds := second.get(id)
-		if len(ds) != 1 || ds[0].attempt != 2 || ds[0].data != id {
+		ds := second.Get(id)
+		if len(ds) != 1 || ds[0].Attempt != 2 || ds[0].Data != id {
 			t.Errorf("%s claimed at the kill: redelivered %+v", id, ds)
 			continue
 		}
-		if a := first.get(id); len(a) == 1 && !a[0].due.Equal(ds[0].due) {
+		if a := first.Get(id); len(a) == 1 && !a[0].Due.Equal(ds[0].Due) {
 			t.Errorf("%s: Delayd-Due changed on redelivery", id)
 		}
 	}
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Fatalf("%d envelopes left after redelivery", n)
 	}
+}
+
+// killOnFirst subscribes to subject and kills p with SIGKILL when the first
+// message arrives: the daemon dies with the rest of its batch claimed and
+// not acknowledged. It counts every message seen.
+func killOnFirst(t *testing.T, nc *nats.Conn, subject string, p *proc) (killed *atomic.Bool, seen *atomic.Int64) {
+	t.Helper()
+	killed, seen = new(atomic.Bool), new(atomic.Int64)
+	if _, err := nc.Subscribe(subject, func(*nats.Msg) {
+		seen.Add(1)
+		if killed.CompareAndSwap(false, true) {
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return killed, seen
 }

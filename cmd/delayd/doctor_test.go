@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -23,25 +24,25 @@ func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score,
 // --repair, and that a repaired envelope is then delivered.
 func TestDoctor(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Shards = 2
 	ctx := context.Background()
 	doctor := func(args ...string) (string, error) {
 		var out bytes.Buffer
-		args = append([]string{"delayd", "doctor", "--redis-addrs", e.redis.Addr, "--set", "shards=2"}, args...)
+		args = append([]string{"delayd", "doctor", "--redis-addrs", e.Redis.Addr, "--set", "shards=2"}, args...)
 		err := run(ctx, args, func(string) string { return "" }, &out, &out)
 		return out.String(), err
 	}
 	if out, err := doctor(); err != nil || !strings.Contains(out, "consistent") {
 		t.Fatalf("empty store: %v\n%s", err, out)
 	}
-	stop := e.startDaemon(c)
-	nc := e.conn()
+	stop := e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "doc.>")
+	got := e.Sink(nc, "doc.>")
 	for i := range 4 {
-		scheduleServed(t, nc, hdr("Delayd-Target", "doc.t", "Delayd-Delay", "1h", "Delayd-Id", fmt.Sprintf("d%d", i)))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "doc.t", "Delayd-Delay", "1h", "Delayd-Id", fmt.Sprintf("d%d", i)))
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -49,8 +50,8 @@ func TestDoctor(t *testing.T) {
 	if out, err := doctor(); err != nil || !strings.Contains(out, "stored format 2: 4 values") {
 		t.Fatalf("counts per format: %v\n%s", err, out)
 	}
-	st := e.inspectStore(c)
-	rc := e.redis.Client()
+	st := e.InspectStore(c)
+	rc := e.Redis.Client()
 	k := func(id, name string) string { return fmt.Sprintf("{delayd:%d}:%s", st.Shard(id), name) }
 	rc.ZRem(ctx, k("d0", "due"), "d0")                  // data without an index: would never be delivered
 	rc.ZAdd(ctx, k("d1", "dead"), redisZ(1, "d1"))      // in two indexes
@@ -75,8 +76,8 @@ func TestDoctor(t *testing.T) {
 		t.Fatalf("after repair: %v\n%s", err, out)
 	}
 	// The unindexed envelope was made due now: a daemon delivers it.
-	e.startDaemon(c)
-	if got.waitCount(1, 10*time.Second) != 1 || len(got.get("d0")) != 1 {
+	e.StartDaemon(c)
+	if got.WaitCount(1, 10*time.Second) != 1 || len(got.Get("d0")) != 1 {
 		t.Fatal("repaired envelope not delivered")
 	}
 }
@@ -86,13 +87,13 @@ func TestDoctor(t *testing.T) {
 // be found.
 func TestDoctorWhileDelivering(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Shards = 4
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "busy.>")
+	got := e.Sink(nc, "busy.>")
 	ids := scheduleMany(t, nc, 3000, 16, "busy", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "busy.t")
 		h.Set("Delayd-Delay", fmt.Sprintf("%dms", 200+i%1500))
@@ -100,18 +101,18 @@ func TestDoctorWhileDelivering(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for got.count() < len(ids) {
+		for got.Count() < len(ids) {
 			var out bytes.Buffer
-			args := []string{"delayd", "doctor", "--redis-addrs", e.redis.Addr, "--set", "shards=4", "--json"}
+			args := []string{"delayd", "doctor", "--redis-addrs", e.Redis.Addr, "--set", "shards=4", "--json"}
 			if err := run(context.Background(), args, func(string) string { return "" }, &out, &out); err != nil {
 				t.Errorf("doctor during delivery: %v\n%s", err, out.String())
 				return
 			}
 		}
 	}()
-	got.waitCount(len(ids), 20*time.Second)
+	got.WaitCount(len(ids), 20*time.Second)
 	<-done
-	got.check(t, ids)
+	got.Check(t, ids)
 }
 
 // TestDoctorDayOne: what a newcomer meets first with doctor. A dead address
@@ -140,16 +141,16 @@ func TestDoctorDayOne(t *testing.T) {
 		t.Errorf("doctor printed the Redis library's own lines:\n%s", out)
 	}
 
-	e := newEnv(t)
-	e.redis.Client().HSet(ctx, "{delayd:0}:data", "junk", "not an envelope")
-	out, err = doctor("--redis-addrs", e.redis.Addr)
+	e := daemontest.NewEnv(t)
+	e.Redis.Client().HSet(ctx, "{delayd:0}:data", "junk", "not an envelope")
+	out, err = doctor("--redis-addrs", e.Redis.Addr)
 	if err == nil {
 		t.Fatalf("doctor found nothing wrong with a junk value:\n%s", out)
 	}
 	if strings.Contains(out, "stored format 1") || !strings.Contains(out, "unreadable") {
 		t.Errorf("a junk value: want it reported unreadable, not as format 1:\n%s", out)
 	}
-	out, _ = doctor("--redis-addrs", e.redis.Addr, "--json")
+	out, _ = doctor("--redis-addrs", e.Redis.Addr, "--json")
 	var v any
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		t.Fatalf("--json: %v\n%s", err, out)

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"slices"
 	"strconv"
 	"sync"
@@ -17,17 +18,17 @@ import (
 
 func TestOrderScenario(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "orders.cancel")
+	s := e.Sink(nc, "orders.cancel")
 
 	// Delivered after 1 s with the payload and headers unchanged.
 	payload := "order 42 \x00\xff binary-safe"
 	start := time.Now()
-	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1s",
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1s",
 		"Delayd-Id", "order-42", "traceparent", "00-abc-def-01", "X-Multi", "a", "X-Multi", "b"), payload)
 	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
 		t.Fatalf("schedule: %v %v", err, rep.Header)
@@ -37,7 +38,7 @@ func TestOrderScenario(t *testing.T) {
 		t.Fatalf("reply %q: %v", rep.Data, err)
 	}
 	// Paid: cancel before it is due.
-	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1s", "Delayd-Id", "order-43"), "x"); err != nil {
+	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1s", "Delayd-Id", "order-43"), "x"); err != nil {
 		t.Fatal(err)
 	}
 	m := nats.NewMsg("delayd.cancel")
@@ -47,62 +48,62 @@ func TestOrderScenario(t *testing.T) {
 		t.Fatalf("cancel: %v %q", err, crep.Data)
 	}
 	// Same id twice: delivered once, newer payload and time.
-	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "500ms", "Delayd-Id", "order-44"), "old")
-	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1200ms", "Delayd-Id", "order-44"), "new")
+	_, _ = daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "500ms", "Delayd-Id", "order-44"), "old")
+	_, _ = daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1200ms", "Delayd-Id", "order-44"), "new")
 
-	s.waitCount(2, 5*time.Second)
-	quiet(t, e, c, s) // nothing stored or in flight: nothing else can come
+	s.WaitCount(2, 5*time.Second)
+	daemontest.Quiet(t, e, c, s) // nothing stored or in flight: nothing else can come
 
-	got := s.get("order-42")
+	got := s.Get("order-42")
 	if len(got) != 1 {
 		t.Fatalf("order-42 delivered %d times", len(got))
 	}
 	d := got[0]
-	if d.data != payload {
-		t.Errorf("payload changed: %q", d.data)
+	if d.Data != payload {
+		t.Errorf("payload changed: %q", d.Data)
 	}
-	if d.header.Get("traceparent") != "00-abc-def-01" || !slices.Equal(d.header.Values("X-Multi"), []string{"a", "b"}) {
-		t.Errorf("headers not passed through: %v", d.header)
+	if d.Header.Get("traceparent") != "00-abc-def-01" || !slices.Equal(d.Header.Values("X-Multi"), []string{"a", "b"}) {
+		t.Errorf("headers not passed through: %v", d.Header)
 	}
-	if d.header.Get("Delayd-Target") != "" || d.header.Get("Delayd-Delay") != "" || d.attempt != 1 {
-		t.Errorf("control headers leaked or wrong attempt: %v", d.header)
+	if d.Header.Get("Delayd-Target") != "" || d.Header.Get("Delayd-Delay") != "" || d.Attempt != 1 {
+		t.Errorf("control headers leaked or wrong attempt: %v", d.Header)
 	}
-	if d.received.Sub(start) < time.Second {
-		t.Errorf("delivered after %s, before the 1 s delay", d.received.Sub(start))
+	if d.Received.Sub(start) < time.Second {
+		t.Errorf("delivered after %s, before the 1 s delay", d.Received.Sub(start))
 	}
-	if n := len(s.get("order-43")); n != 0 {
+	if n := len(s.Get("order-43")); n != 0 {
 		t.Errorf("cancelled envelope delivered %d times", n)
 	}
-	o44 := s.get("order-44")
-	if len(o44) != 1 || o44[0].data != "new" || o44[0].received.Sub(start) < 1200*time.Millisecond {
+	o44 := s.Get("order-44")
+	if len(o44) != 1 || o44[0].Data != "new" || o44[0].Received.Sub(start) < 1200*time.Millisecond {
 		t.Errorf("replaced envelope: %+v", o44)
 	}
-	t.Logf("order-42 lateness %s", d.received.Sub(d.due))
+	t.Logf("order-42 lateness %s", d.Received.Sub(d.Due))
 }
 
 func TestPlainPublishIsStored(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	e.StartDaemon(e.Config())
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "plain.target")
-	m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "plain.target", "Delayd-Delay", "100ms", "Delayd-Id", "p1"), Data: []byte("fire and forget")}
+	s := e.Sink(nc, "plain.target")
+	m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "plain.target", "Delayd-Delay", "100ms", "Delayd-Id", "p1"), Data: []byte("fire and forget")}
 	if err := nc.PublishMsg(m); err != nil {
 		t.Fatal(err)
 	}
-	if s.waitCount(1, 5*time.Second) != 1 || s.get("p1")[0].data != "fire and forget" {
+	if s.WaitCount(1, 5*time.Second) != 1 || s.Get("p1")[0].Data != "fire and forget" {
 		t.Fatal("plain publish not delivered")
 	}
 }
 
 func TestNeverEarly(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	e.StartDaemon(e.Config())
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "early.check")
+	s := e.Sink(nc, "early.check")
 	const n = 2000
 	ids := scheduleMany(t, nc, n, 16, "e", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "early.check")
@@ -112,8 +113,8 @@ func TestNeverEarly(t *testing.T) {
 			h.Set("Delayd-At", time.Now().Add(time.Duration(200+i%1000)*time.Millisecond).UTC().Format(time.RFC3339Nano))
 		}
 	})
-	s.waitCount(n, 10*time.Second)
-	lateness, dups := s.check(t, ids)
+	s.WaitCount(n, 10*time.Second)
+	lateness, dups := s.Check(t, ids)
 	if dups != 0 {
 		t.Errorf("%d duplicates without any fault", dups)
 	}
@@ -132,9 +133,9 @@ func scheduleMany(t testing.TB, nc *nats.Conn, n, workers int, prefix string, se
 			defer wg.Done()
 			for i := w; i < n; i += workers {
 				ids[i] = prefix + strconv.Itoa(i)
-				h := hdr("Delayd-Id", ids[i])
+				h := daemontest.Hdr("Delayd-Id", ids[i])
 				set(i, h)
-				if rep, err := schedule(nc, "delayd", h, "x"); err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+				if rep, err := daemontest.Schedule(nc, "delayd", h, "x"); err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
 					t.Errorf("schedule %s: %v %v", ids[i], err, rep.Header)
 				}
 			}
@@ -156,54 +157,54 @@ func logLateness(t *testing.T, l []time.Duration) {
 
 func TestRestartKeepsPending(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	stop := e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	stop := e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "restart.target")
+	s := e.Sink(nc, "restart.target")
 	var ids []string
 	for i := range 50 {
 		id := "r" + strconv.Itoa(i)
 		ids = append(ids, id)
-		if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "restart.target", "Delayd-Delay", "1500ms", "Delayd-Id", id), id); err != nil {
+		if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "restart.target", "Delayd-Delay", "1500ms", "Delayd-Id", id), id); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := stop(); err != nil {
 		t.Fatalf("graceful stop: %v", err)
 	}
-	if got := e.stored(c); got != 50 {
+	if got := e.Stored(c); got != 50 {
 		t.Fatalf("stored after stop: %d", got)
 	}
-	e.startDaemon(c)
-	s.waitCount(50, 10*time.Second)
-	_, dups := s.check(t, ids)
+	e.StartDaemon(c)
+	s.WaitCount(50, 10*time.Second)
+	_, dups := s.Check(t, ids)
 	if dups != 0 {
 		t.Errorf("%d duplicates", dups)
 	}
-	if got := e.stored(c); got != 0 {
+	if got := e.Stored(c); got != 0 {
 		t.Errorf("%d envelopes left in Redis after delivery", got)
 	}
 }
 
 func TestTwoDaemonsDeliverOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "two.target")
+	s := e.Sink(nc, "two.target")
 	const n = 2000
 	ids := scheduleMany(t, nc, n, 8, "t", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "two.target")
 		h.Set("Delayd-Delay", fmt.Sprintf("%dms", 100+i%700))
 	})
-	s.waitCount(n, 10*time.Second)
-	quiet(t, e, c, s)
-	lateness, dups := s.check(t, ids)
+	s.WaitCount(n, 10*time.Second)
+	daemontest.Quiet(t, e, c, s)
+	lateness, dups := s.Check(t, ids)
 	if dups != 0 {
 		t.Errorf("%d duplicates with two daemons and no fault", dups)
 	}
@@ -212,15 +213,15 @@ func TestTwoDaemonsDeliverOnce(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Limits.MaxPayload = 1024
 	c.Limits.MaxIDLen = 64
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	ok := func(kv ...string) nats.Header {
-		return hdr(append([]string{"Delayd-Target", "ok.target", "Delayd-Delay", "1h"}, kv...)...)
+		return daemontest.Hdr(append([]string{"Delayd-Target", "ok.target", "Delayd-Delay", "1h"}, kv...)...)
 	}
 	cases := []struct {
 		name    string
@@ -228,29 +229,29 @@ func TestBadInput(t *testing.T) {
 		payload string
 		code    string
 	}{
-		{"missing target", hdr("Delayd-Delay", "1s"), "", "400"},
-		{"wildcard target", hdr("Delayd-Target", "orders.*", "Delayd-Delay", "1s"), "", "400"},
-		{"full wildcard target", hdr("Delayd-Target", ">", "Delayd-Delay", "1s"), "", "400"},
-		{"empty token", hdr("Delayd-Target", "orders..x", "Delayd-Delay", "1s"), "", "400"},
+		{"missing target", daemontest.Hdr("Delayd-Delay", "1s"), "", "400"},
+		{"wildcard target", daemontest.Hdr("Delayd-Target", "orders.*", "Delayd-Delay", "1s"), "", "400"},
+		{"full wildcard target", daemontest.Hdr("Delayd-Target", ">", "Delayd-Delay", "1s"), "", "400"},
+		{"empty token", daemontest.Hdr("Delayd-Target", "orders..x", "Delayd-Delay", "1s"), "", "400"},
 		{"both at and delay", ok("Delayd-At", "2030-01-01T00:00:00Z"), "", "400"},
-		{"neither at nor delay", hdr("Delayd-Target", "ok.target"), "", "400"},
-		{"bad time", hdr("Delayd-Target", "ok.target", "Delayd-At", "tomorrow"), "", "400"},
-		{"bad duration", hdr("Delayd-Target", "ok.target", "Delayd-Delay", "soon"), "", "400"},
-		{"negative delay", hdr("Delayd-Target", "ok.target", "Delayd-Delay", "-5s"), "", "400"},
-		{"delay over max", hdr("Delayd-Target", "ok.target", "Delayd-Delay", "9000h"), "", "400"},
-		{"at too far in the past", hdr("Delayd-Target", "ok.target", "Delayd-At", "2001-01-01T00:00:00Z"), "", "400"},
+		{"neither at nor delay", daemontest.Hdr("Delayd-Target", "ok.target"), "", "400"},
+		{"bad time", daemontest.Hdr("Delayd-Target", "ok.target", "Delayd-At", "tomorrow"), "", "400"},
+		{"bad duration", daemontest.Hdr("Delayd-Target", "ok.target", "Delayd-Delay", "soon"), "", "400"},
+		{"negative delay", daemontest.Hdr("Delayd-Target", "ok.target", "Delayd-Delay", "-5s"), "", "400"},
+		{"delay over max", daemontest.Hdr("Delayd-Target", "ok.target", "Delayd-Delay", "9000h"), "", "400"},
+		{"at too far in the past", daemontest.Hdr("Delayd-Target", "ok.target", "Delayd-At", "2001-01-01T00:00:00Z"), "", "400"},
 		{"oversized payload", ok(), string(make([]byte, 1025)), "413"},
 		{"over-long id", ok("Delayd-Id", string(make([]byte, 65))), "", "400"},
 		{"control char in id", ok("Delayd-Id", "a\x01b"), "", "400"},
 		{"unknown control header", ok("Delayd-Priority", "high"), "", "400"},
-		{"system target", hdr("Delayd-Target", "$SYS.REQ.SERVER.PING", "Delayd-Delay", "1s"), "", "403"},
-		{"jetstream api target", hdr("Delayd-Target", "$JS.API.STREAM.DELETE.X", "Delayd-Delay", "1s"), "", "403"},
-		{"inbox target", hdr("Delayd-Target", "_INBOX.abc", "Delayd-Delay", "1s"), "", "403"},
-		{"own subject loops", hdr("Delayd-Target", "delayd.schedule", "Delayd-Delay", "1s"), "", "403"},
+		{"system target", daemontest.Hdr("Delayd-Target", "$SYS.REQ.SERVER.PING", "Delayd-Delay", "1s"), "", "403"},
+		{"jetstream api target", daemontest.Hdr("Delayd-Target", "$JS.API.STREAM.DELETE.X", "Delayd-Delay", "1s"), "", "403"},
+		{"inbox target", daemontest.Hdr("Delayd-Target", "_INBOX.abc", "Delayd-Delay", "1s"), "", "403"},
+		{"own subject loops", daemontest.Hdr("Delayd-Target", "delayd.schedule", "Delayd-Delay", "1s"), "", "403"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			rep, err := schedule(nc, "delayd", tc.h, tc.payload)
+			rep, err := daemontest.Schedule(nc, "delayd", tc.h, tc.payload)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -267,15 +268,15 @@ func TestBadInput(t *testing.T) {
 	if err != nil || crep.Header.Get(micro.ErrorCodeHeader) != "400" {
 		t.Fatalf("cancel without id: %v %v", err, crep.Header)
 	}
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Fatalf("%d envelopes stored from bad input", n)
 	}
 	// The daemon carries on.
-	rep, err := schedule(nc, "delayd", ok("Delayd-Id", "fine"), "x")
+	rep, err := daemontest.Schedule(nc, "delayd", ok("Delayd-Id", "fine"), "x")
 	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
 		t.Fatalf("valid request after bad ones: %v %v", err, rep.Header)
 	}
-	if n := e.stored(c); n != 1 {
+	if n := e.Stored(c); n != 1 {
 		t.Fatalf("stored %d, want 1", n)
 	}
 }

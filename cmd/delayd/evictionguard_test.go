@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -48,13 +49,13 @@ func applyDocsACL(t *testing.T, r *testutil.Redis, password string) {
 // one NOPERM warning and never noticed the switch.
 func TestEvictionGuardUnderDocsACL(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	applyDocsACL(t, e.redis, "guard-pw")
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	applyDocsACL(t, e.Redis, "guard-pw")
+	c := e.Config()
 	c.Redis.Username, c.Redis.Password = "delayd", "guard-pw"
 	logs, done, _ := runDaemon(t, c)
-	e.waitService(c.Subject)
-	if err := e.redis.Client().ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+	e.WaitService(c.Subject)
+	if err := e.Redis.Client().ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err(); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -74,12 +75,12 @@ func TestEvictionGuardUnderDocsACL(t *testing.T) {
 // NOPERM warning and ran with the guard off.
 func TestEvictionGuardHiddenPolicy(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	if err := e.redis.Client().Do(context.Background(), "ACL", "SETUSER", "delayd", "on", ">pw", "resetkeys", "~{delayd:*",
+	e := daemontest.NewEnv(t)
+	if err := e.Redis.Client().Do(context.Background(), "ACL", "SETUSER", "delayd", "on", ">pw", "resetkeys", "~{delayd:*",
 		"-@all", "+@read", "+@write", "+@scripting", "+@connection", "+time", "-@dangerous", "+script|load", "+script|exists").Err(); err != nil {
 		t.Fatal(err)
 	}
-	c := e.cfg()
+	c := e.Config()
 	c.Redis.Username, c.Redis.Password = "delayd", "pw"
 	logs, done, _ := runDaemon(t, c)
 	select {
@@ -93,7 +94,7 @@ func TestEvictionGuardHiddenPolicy(t *testing.T) {
 
 	c.Redis.EvictionCheck = "skip"
 	logs, done, cancel := runDaemon(t, c)
-	e.waitService(c.Subject)
+	e.WaitService(c.Subject)
 	if !strings.Contains(logs.String(), "THE EVICTION GUARD IS OFF") {
 		t.Errorf("eviction_check: skip on a hidden policy without a loud warning:\n%s", logs.String())
 	}
@@ -105,12 +106,12 @@ func TestEvictionGuardHiddenPolicy(t *testing.T) {
 	<-done
 
 	// Under the documented ACL the guard is on.
-	e2 := newEnv(t)
-	applyDocsACL(t, e2.redis, "pw")
-	c2 := e2.cfg()
+	e2 := daemontest.NewEnv(t)
+	applyDocsACL(t, e2.Redis, "pw")
+	c2 := e2.Config()
 	c2.Redis.Username, c2.Redis.Password = "delayd", "pw"
 	_, done, cancel = runDaemon(t, c2)
-	e2.waitService(c2.Subject)
+	e2.WaitService(c2.Subject)
 	if m := scrape(t, c2.HTTP.Addr); m[`delayd_redis_eviction_guard{state="on"}`] != 1 {
 		t.Errorf("want delayd_redis_eviction_guard state on under the documented ACL, got %v", guardStates(m))
 	}
@@ -152,12 +153,12 @@ func TestPersistenceReportUnderDocsACL(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, tc.args...)
-			applyDocsACL(t, e.redis, "report-pw")
-			c := e.cfg()
+			e := daemontest.NewEnv(t, tc.args...)
+			applyDocsACL(t, e.Redis, "report-pw")
+			c := e.Config()
 			c.Redis.Username, c.Redis.Password = "delayd", "report-pw"
 			logs, _, _ := runDaemon(t, c)
-			e.waitService(c.Subject)
+			e.WaitService(c.Subject)
 			var line string
 			for deadline := time.Now().Add(10 * time.Second); line == ""; time.Sleep(20 * time.Millisecond) {
 				for _, l := range strings.Split(logs.String(), "\n") {

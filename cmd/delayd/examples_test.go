@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,8 +75,8 @@ func natscli(t *testing.T) string {
 // intake stream with @nats-io/jetstream. Both exit non-zero on any mismatch.
 func TestExamples(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
+	e := daemontest.NewEnv(t)
+	e.StartDaemon(e.Config())
 	for _, tc := range []struct {
 		name string
 		want []string
@@ -98,7 +99,7 @@ func TestExamples(t *testing.T) {
 			defer cancel()
 			cmd := exec.CommandContext(ctx, bin, args...)
 			cmd.Dir = filepath.Join(examplesDir, tc.name)
-			cmd.Env = append(append(os.Environ(), "NATS_URL="+e.nats.URL()), env...)
+			cmd.Env = append(append(os.Environ(), "NATS_URL="+e.NATS.URL()), env...)
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			start := time.Now()

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -26,15 +27,15 @@ import (
 // number in a payload are not reachable through it.
 func TestProbeListenerServesNoConsole(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.UI.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	e.startDaemon(c)
-	e.waitReady(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	e.WaitReady(c)
+	nc := e.Conn()
 	defer nc.Close()
-	h := hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "secret-1", "Authorization", "Bearer s3cret-token")
-	rep, err := schedule(nc, "delayd", h, "card 4111111111111111")
+	h := daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "secret-1", "Authorization", "Bearer s3cret-token")
+	rep, err := daemontest.Schedule(nc, "delayd", h, "card 4111111111111111")
 	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
 		t.Fatalf("schedule: %v %v", err, rep.Header)
 	}
@@ -111,13 +112,13 @@ func TestConsoleOnNetworkNeedsAuth(t *testing.T) {
 // subscriber. It is refused with 403 and never stored.
 func TestMQTTRetainedMessageRefused(t *testing.T) {
 	t.Parallel()
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) {
 		o.ServerName = "mqtt-test" // MQTT requires a server name
 		o.MQTT.Host, o.MQTT.Port = "127.0.0.1", testutil.FreePort(t)
 	})}
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	refusedTargets(t, e, c, nc, `{"topic":"a","msg":"forged"}`, "$MQTT.rmsgs", "$MQTT.rmsgs.forged", "$MQTT.sess.abc", "$MQTT.JSA.x.RM.y")
 }
@@ -126,20 +127,20 @@ func TestMQTTRetainedMessageRefused(t *testing.T) {
 // request-reply spaces are refused, not only the ones a list named.
 func TestSystemNamespacesRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	refusedTargets(t, e, c, nc, "x", "$JSC.CI.X.Y", "$NRG.AE.x", "$G.anything", "$FUTURE.api", "_R_.abc.def", "_R_.x")
 }
 
 // refusedTargets schedules payload to each target and wants 403 for each,
 // and nothing stored.
-func refusedTargets(t *testing.T, e *env, c config.Config, nc *nats.Conn, payload string, targets ...string) {
+func refusedTargets(t *testing.T, e *daemontest.Env, c config.Config, nc *nats.Conn, payload string, targets ...string) {
 	t.Helper()
 	for _, target := range targets {
-		rep, err := schedule(nc, "delayd", hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), payload)
+		rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", target, "Delayd-Delay", "10ms"), payload)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +148,7 @@ func refusedTargets(t *testing.T, e *env, c config.Config, nc *nats.Conn, payloa
 			t.Errorf("target %s: code %q, want 403", target, code)
 		}
 	}
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Fatalf("%d envelopes stored", n)
 	}
 }
@@ -156,15 +157,15 @@ func refusedTargets(t *testing.T, e *env, c config.Config, nc *nats.Conn, payloa
 // into a stream with delayd's rights (a purge by rollup, a forged dedup id).
 func TestNATSHeadersFromPublishersRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	for _, k := range []string{"Nats-Rollup", "Nats-Expected-Last-Sequence", "Nats-Expected-Stream", "Nats-Msg-Id", "Nats-TTL", "nats-rollup", "NATS-MSG-ID"} {
-		h := hdr("Delayd-Target", "orders.x", "Delayd-Delay", "1h")
+		h := daemontest.Hdr("Delayd-Target", "orders.x", "Delayd-Delay", "1h")
 		h[k] = []string{"all"} // as spelled: the wire keeps the case
-		rep, err := schedule(nc, "delayd", h, "x")
+		rep, err := daemontest.Schedule(nc, "delayd", h, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,7 +173,7 @@ func TestNATSHeadersFromPublishersRefused(t *testing.T) {
 			t.Errorf("header %s: code %q, want 400", k, code)
 		}
 	}
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Fatalf("%d envelopes with Nats-* headers stored", n)
 	}
 }
@@ -183,10 +184,10 @@ func TestNATSHeadersFromPublishersRefused(t *testing.T) {
 // delayd.schedule/delayd.cancel (or, carelessly, delayd.>) reach neither.
 func TestOperatorEndpointsLeftThePublisherSpace(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	for _, verb := range []string{"get", "list", "stats", "replay", "purge"} {
 		m := nats.NewMsg("delayd." + verb)
@@ -196,7 +197,7 @@ func TestOperatorEndpointsLeftThePublisherSpace(t *testing.T) {
 			t.Errorf("delayd.%s: %v, want no responders", verb, err)
 		}
 	}
-	subs, err := e.nats.Srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: "delayd.wake.1"})
+	subs, err := e.NATS.Srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: "delayd.wake.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,20 +211,20 @@ func TestOperatorEndpointsLeftThePublisherSpace(t *testing.T) {
 // be dropped as a duplicate, or forge one, in a stream on the dead subject).
 func TestDeadLetterCarriesNoMsgID(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Targets.JetStream = []string{"nostream.>"}
 	c.Scanner.MaxAttempts = 1
 	c.Dead.Publish = true
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	got := make(chan *nats.Msg, 1)
 	if _, err := nc.Subscribe("delayd.dead.>", func(m *nats.Msg) { got <- m }); err != nil {
 		t.Fatal(err)
 	}
 	_ = nc.Flush()
-	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "nostream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "dl-1", "traceparent", "00-abc-01"), "x")
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "nostream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "dl-1", "traceparent", "00-abc-01"), "x")
 	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
 		t.Fatalf("schedule: %v %v", err, rep.Header)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -27,7 +28,7 @@ import (
 // faultRun is one workload: envelopes due over a window, each scheduled
 // until delayd acknowledged it.
 type faultRun struct {
-	e      *env
+	e      *daemontest.Env
 	target string
 	stream jetstream.Stream
 	mu     sync.Mutex
@@ -38,13 +39,13 @@ type faultRun struct {
 	resent map[string]bool
 }
 
-func (e *env) faultRun(name string) *faultRun {
-	return &faultRun{e: e, target: "fault." + name, stream: e.stream("F"+name, "fault."+name), acked: map[string]time.Time{}}
+func newFaultRun(e *daemontest.Env, name string) *faultRun {
+	return &faultRun{e: e, target: "fault." + name, stream: stream(e, "F"+name, "fault."+name), acked: map[string]time.Time{}}
 }
 
-// faultCfg is e.cfg() delivering the fault stream with JetStream.
-func (e *env) faultCfg() config.Config {
-	c := e.cfg()
+// faultCfg is e.Config() delivering the fault stream with JetStream.
+func faultCfg(e *daemontest.Env) config.Config {
+	c := e.Config()
 	c.Targets.JetStream = []string{"fault.>"}
 	c.Scanner.Lease = time.Second
 	return c
@@ -73,7 +74,7 @@ func (f *faultRun) schedule(nc *nats.Conn, n int, start time.Time, window time.D
 						f.mu.Unlock()
 					}
 					m := &nats.Msg{Subject: "delayd.schedule", Data: []byte(id),
-						Header: hdr("Delayd-Target", f.target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
+						Header: daemontest.Hdr("Delayd-Target", f.target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
 					rep, err := nc.RequestMsg(m, 2*time.Second)
 					if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
 						f.mu.Lock()
@@ -164,13 +165,13 @@ func (f *faultRun) verifyLoss(t *testing.T, wait time.Duration, allowLoss bool) 
 // times at random points of a run and restarts it each time.
 func TestFaultKill9ThreeTimes(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.faultCfg()
-	f := e.faultRun("kill")
+	e := daemontest.NewEnv(t)
+	c := faultCfg(e)
+	f := newFaultRun(e, "kill")
 	bin := delaydBinary(t)
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	p := e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
+	p := startProcEnv(e, bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
 	start := time.Now().Add(time.Second)
 	done := make(chan struct{})
 	go func() {
@@ -182,7 +183,7 @@ func TestFaultKill9ThreeTimes(t *testing.T) {
 		time.Sleep(time.Until(start.Add(time.Duration(k)*2*time.Second + time.Duration(rand.IntN(1500))*time.Millisecond)))
 		p.kill()
 		t.Logf("kill %d at +%s", k+1, time.Since(start).Round(time.Millisecond))
-		p = e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
+		p = startProcEnv(e, bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
 	}
 	<-done
 	f.verify(t, 20*time.Second)
@@ -193,27 +194,27 @@ func TestFaultKill9ThreeTimes(t *testing.T) {
 // wait and go out after the reconnect; nothing sits in a reconnect buffer
 // counted as delivered.
 func TestFaultNATSOutage(t *testing.T) {
-	soak(t, "a 30 s NATS outage")
+	daemontest.Soak(t, "a 30 s NATS outage")
 	t.Parallel()
-	e := newEnv(t)
-	c := e.faultCfg()
-	f := e.faultRun("nats")
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := faultCfg(e)
+	f := newFaultRun(e, "nats")
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	start := time.Now().Add(1500 * time.Millisecond)
 	f.schedule(nc, 2000, start, 4*time.Second, time.Now().Add(20*time.Second))
 	time.Sleep(time.Until(start.Add(time.Second))) // mid-delivery
-	e.nats.Stop()
+	e.NATS.Stop()
 	downAt := time.Now()
-	if _, err := nats.Connect(e.nats.URL(), nats.Timeout(500*time.Millisecond)); err == nil {
+	if _, err := nats.Connect(e.NATS.URL(), nats.Timeout(500*time.Millisecond)); err == nil {
 		t.Error("connected to a stopped NATS")
 	}
-	if rep, err := nc.RequestMsg(&nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", f.target, "Delayd-Delay", "1s")}, time.Second); err == nil {
+	if rep, err := nc.RequestMsg(&nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", f.target, "Delayd-Delay", "1s")}, time.Second); err == nil {
 		t.Errorf("schedule answered while NATS was down: %v", rep.Header)
 	}
 	time.Sleep(30*time.Second - time.Since(downAt))
-	e.nats.Start()
+	e.NATS.Start()
 	dups := f.verify(t, 30*time.Second)
 	t.Logf("NATS down for %s; %d duplicates", 30*time.Second, dups)
 }
@@ -223,25 +224,25 @@ func TestFaultNATSOutage(t *testing.T) {
 // backs off without a hot loop, and nothing acknowledged is lost.
 func TestFaultRedisRestart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
-	c := e.faultCfg()
+	e := daemontest.NewEnv(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := faultCfg(e)
 	c.HTTP.SampleInterval = time.Hour // keep the error counter to claims and intake
-	f := e.faultRun("redis")
-	e.startDaemon(c)
-	nc := e.conn()
+	f := newFaultRun(e, "redis")
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	start := time.Now().Add(1500 * time.Millisecond)
 	f.schedule(nc, 2000, start, 4*time.Second, time.Now().Add(20*time.Second))
 	time.Sleep(time.Until(start.Add(time.Second)))
 	_, before := httpGet(t, "http://"+c.HTTP.Addr+"/metrics")
-	e.redis.Kill()
-	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", f.target, "Delayd-Delay", "1s", "Delayd-Id", "during"), "x")
+	e.Redis.Kill()
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", f.target, "Delayd-Delay", "1s", "Delayd-Id", "during"), "x")
 	if err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "503" {
 		t.Errorf("schedule while Redis is down: want 503, got %v %v", err, rep.Header)
 	}
 	time.Sleep(3 * time.Second)
 	_, during := httpGet(t, "http://"+c.HTTP.Addr+"/metrics")
-	e.redis.Start()
+	e.Redis.Start()
 	b, _ := metric(before, "delayd_redis_errors_total")
 	a, _ := metric(during, "delayd_redis_errors_total")
 	t.Logf("Redis errors during a 3 s outage: %v", a-b)
@@ -255,21 +256,21 @@ func TestFaultRedisRestart(t *testing.T) {
 // Redis (which empties it again); the daemon reloads and carries on.
 func TestFaultScriptFlush(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "--appendonly", "yes", "--appendfsync", "always")
-	c := e.faultCfg()
-	f := e.faultRun("flush")
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := faultCfg(e)
+	f := newFaultRun(e, "flush")
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	start := time.Now().Add(time.Second)
 	restarted := make(chan struct{})
 	go func() {
 		defer close(restarted)
 		time.Sleep(1500 * time.Millisecond)
-		_ = e.redis.Client().ScriptFlush(context.Background()).Err()
+		_ = e.Redis.Client().ScriptFlush(context.Background()).Err()
 		time.Sleep(1500 * time.Millisecond)
-		e.redis.Kill()
-		e.redis.Start()
+		e.Redis.Kill()
+		e.Redis.Start()
 	}()
 	f.schedule(nc, 2000, start, 5*time.Second, time.Now().Add(30*time.Second))
 	<-restarted // before the cleanup's Kill reads the process
@@ -280,14 +281,14 @@ func TestFaultScriptFlush(t *testing.T) {
 // 30 s behind. Due times and "now" are Redis time, so nothing fires early.
 func TestFaultClockSkew(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.faultCfg()
-	f := e.faultRun("skew")
-	e.startDaemon(c, daemon.WithClock(func() time.Time { return time.Now().Add(30 * time.Second) }))
+	e := daemontest.NewEnv(t)
+	c := faultCfg(e)
+	f := newFaultRun(e, "skew")
+	e.StartDaemon(c, daemon.WithClock(func() time.Time { return time.Now().Add(30 * time.Second) }))
 	c2 := c
 	c2.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	e.startDaemon(c2, daemon.WithClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
-	nc := e.conn()
+	e.StartDaemon(c2, daemon.WithClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
+	nc := e.Conn()
 	defer nc.Close()
 	f.schedule(nc, 1000, time.Now().Add(500*time.Millisecond), 2*time.Second, time.Now().Add(20*time.Second))
 	// Relative delays too: converted by Redis, not by a skewed daemon.

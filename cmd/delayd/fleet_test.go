@@ -12,20 +12,21 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
 // captureStream makes a stream that records every core publish on subjects
 // without deduplication, so duplicates stay visible and countable.
-func (e *env) captureStream(name, subject string) jetstream.Stream {
-	e.t.Helper()
-	nc := e.conn()
-	e.t.Cleanup(nc.Close)
+func captureStream(e *daemontest.Env, name, subject string) jetstream.Stream {
+	e.T.Helper()
+	nc := e.Conn()
+	e.T.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
 	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return s
 }
@@ -35,17 +36,17 @@ func (e *env) captureStream(name, subject string) jetstream.Stream {
 // duplicates only as redeliveries of leases in flight, and the orphaned
 // shards are taken over within the ownership lease.
 func TestTenDaemonsThreeKilled(t *testing.T) {
-	soak(t, "ten daemon processes, 30,000 envelopes")
+	daemontest.Soak(t, "ten daemon processes, 30,000 envelopes")
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Shards = 16
 	c.Scanner.Lease = time.Second
-	f := &faultRun{e: e, target: "ten.x", stream: e.captureStream("TEN", "ten.>"), acked: map[string]time.Time{}}
+	f := &faultRun{e: e, target: "ten.x", stream: captureStream(e, "TEN", "ten.>"), acked: map[string]time.Time{}}
 	bin := delaydBinary(t)
 	procs := make([]*proc, 10)
 	for i := range procs {
-		procs[i] = e.startProcEnv(bin, c, "DELAYD_NATS_NAME=d"+strconv.Itoa(i), "DELAYD_SHARDS=16")
+		procs[i] = startProcEnv(e, bin, c, "DELAYD_NATS_NAME=d"+strconv.Itoa(i), "DELAYD_SHARDS=16")
 	}
 	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
 	defer st.Close()
@@ -71,7 +72,7 @@ func TestTenDaemonsThreeKilled(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
 	start := time.Now().Add(2 * time.Second)
 	done := make(chan struct{})
@@ -129,23 +130,23 @@ func commandCalls(t *testing.T, r *testutil.Redis) int64 {
 // TestIdleLoadFlat: Redis commands per second at idle with ten daemons are
 // at most twice those with one, measured from INFO commandstats deltas.
 func TestIdleLoadFlat(t *testing.T) {
-	soak(t, "measures idle Redis load for 2 x 8 s")
+	daemontest.Soak(t, "measures idle Redis load for 2 x 8 s")
 	t.Parallel()
 	measure := func(daemons int) float64 {
-		e := newEnv(t)
-		c := e.cfg()
+		e := daemontest.NewEnv(t)
+		c := e.Config()
 		c.Shards = 16
 		c.Ownership.TTL = 3 * time.Second
 		c.Scanner.IdleInterval = time.Second
 		var stops []func() error
 		for range daemons {
 			c.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-			stops = append(stops, e.startDaemon(c))
+			stops = append(stops, e.StartDaemon(c))
 		}
 		time.Sleep(2 * c.Ownership.TTL) // settle ownership
-		before, t0 := commandCalls(t, e.redis), time.Now()
+		before, t0 := commandCalls(t, e.Redis), time.Now()
 		time.Sleep(8 * time.Second)
-		rate := float64(commandCalls(t, e.redis)-before-1) / time.Since(t0).Seconds()
+		rate := float64(commandCalls(t, e.Redis)-before-1) / time.Since(t0).Seconds()
 		for _, stop := range stops {
 			_ = stop()
 		}
@@ -164,21 +165,21 @@ func TestIdleLoadFlat(t *testing.T) {
 // only the NATS wake-up can deliver them on time; it returns the lateness
 // of each, sorted.
 func crossDaemonRun(t testing.TB, n int) []time.Duration {
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.IdleInterval = 5 * time.Second
 	ci := c
 	ci.Mode = "intake"
-	e.startDaemon(ci)
+	e.StartDaemon(ci)
 	cs := c
 	cs.Mode = "scanner"
 	cs.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	e.startDaemon(cs)
-	nc := e.conn()
+	e.StartDaemon(cs)
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "cross.target")
+	s := e.Sink(nc, "cross.target")
 	// The scanner takes every shard.
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		owners, err := st.Owners(context.Background())
 		if err == nil && !slices.Contains(owners, "") {
@@ -192,8 +193,8 @@ func crossDaemonRun(t testing.TB, n int) []time.Duration {
 		h.Set("Delayd-Target", "cross.target")
 		h.Set("Delayd-Delay", strconv.Itoa(50+i%900)+"ms")
 	})
-	s.waitCount(len(ids), 15*time.Second)
-	lateness, dups := s.check(t, ids)
+	s.WaitCount(len(ids), 15*time.Second)
+	lateness, dups := s.Check(t, ids)
 	if dups != 0 {
 		t.Errorf("%d duplicates", dups)
 	}

@@ -10,16 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
 // startForFootprint starts the daemon binary with 16 shards and its admin
 // server on a known port, returning the process and the readyz URL.
-func startForFootprint(b *testing.B, bin string, e *env) (*exec.Cmd, string) {
+func startForFootprint(b *testing.B, bin string, e *daemontest.Env) (*exec.Cmd, string) {
 	b.Helper()
 	port := testutil.FreePort(b)
 	cmd := exec.Command(bin, "run")
-	cmd.Env = append(os.Environ(), "DELAYD_NATS_URL="+e.nats.URL(), "DELAYD_REDIS_ADDRS="+e.redis.Addr,
+	cmd.Env = append(os.Environ(), "DELAYD_NATS_URL="+e.NATS.URL(), "DELAYD_REDIS_ADDRS="+e.Redis.Addr,
 		"DELAYD_SHARDS=16", "DELAYD_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(port), "DELAYD_UI_ADDR=127.0.0.1:0", "DELAYD_LOG_LEVEL=warn")
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -30,7 +31,7 @@ func startForFootprint(b *testing.B, bin string, e *env) (*exec.Cmd, string) {
 // BenchmarkStartToReady measures from exec to /readyz answering 200,
 // against reachable Redis and NATS.
 func BenchmarkStartToReady(b *testing.B) {
-	e := &env{redis: testutil.StartRedis(b), nats: testutil.StartNATS(b)}
+	e := &daemontest.Env{Redis: testutil.StartRedis(b), NATS: testutil.StartNATS(b)}
 	bin := delaydBinary(b)
 	var total time.Duration
 	for i := 0; i < b.N; i++ {
@@ -58,7 +59,7 @@ func BenchmarkStartToReady(b *testing.B) {
 // BenchmarkIdleCPU measures the daemon's CPU use with 16 shards and nothing
 // due, over 20 s, as a percentage of one core.
 func BenchmarkIdleCPU(b *testing.B) {
-	e := &env{redis: testutil.StartRedis(b), nats: testutil.StartNATS(b)}
+	e := &daemontest.Env{Redis: testutil.StartRedis(b), NATS: testutil.StartNATS(b)}
 	bin := delaydBinary(b)
 	for i := 0; i < b.N; i++ {
 		cmd, url := startForFootprint(b, bin, e)

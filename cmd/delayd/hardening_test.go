@@ -19,6 +19,7 @@ import (
 
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -69,42 +70,42 @@ func TestSeveralRefusedTargetsInOneBatch(t *testing.T) {
 	t.Parallel()
 	e, c := refusingNATS(t)
 	logs, _, _ := runDaemon(t, c)
-	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
+	app, err := nats.Connect(e.NATS.URL(), nats.UserInfo("app", "a"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer app.Close()
-	paid := e.sink(app, "payments.>")
-	orders := e.sink(app, "orders.>")
+	paid := e.Sink(app, "payments.>")
+	orders := e.Sink(app, "orders.>")
 	at := time.Now().Add(1500 * time.Millisecond).UTC().Format(time.RFC3339Nano)
 	var refused []string
 	for i := range 10 {
 		id := fmt.Sprintf("refused-%d", i)
 		refused = append(refused, id)
-		scheduleServed(t, app, hdr("Delayd-Target", fmt.Sprintf("payments.p%d", i), "Delayd-At", at, "Delayd-Id", id))
-		scheduleServed(t, app, hdr("Delayd-Target", "orders.o", "Delayd-At", at, "Delayd-Id", fmt.Sprintf("ok-%d", i)))
+		daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", fmt.Sprintf("payments.p%d", i), "Delayd-At", at, "Delayd-Id", id))
+		daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", "orders.o", "Delayd-At", at, "Delayd-Id", fmt.Sprintf("ok-%d", i)))
 	}
-	if got := orders.waitCount(10, 10*time.Second); got != 10 {
+	if got := orders.WaitCount(10, 10*time.Second); got != 10 {
 		t.Fatalf("allowed targets: %d of 10 delivered\n%s", got, logs.String())
 	}
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 	for _, id := range refused {
 		d := waitState(t, st, id, store.StateDead, 10*time.Second)
 		if !strings.Contains(d.Error, "ermissions") || d.Attempts != 2 {
 			t.Errorf("%s dead with %d attempts and error %q; want 2 and a permissions violation", id, d.Attempts, d.Error)
 		}
 	}
-	if paid.count() != 0 {
+	if paid.Count() != 0 {
 		t.Fatal("a refused publish was delivered")
 	}
 }
 
 // natsBehindProxy is an env whose daemon config reaches NATS through a
 // fault proxy, with a 1 s lease.
-func natsBehindProxy(t *testing.T) (*env, *testutil.Proxy, config.Config) {
-	e := newEnv(t)
-	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
-	c := e.cfg()
+func natsBehindProxy(t *testing.T) (*daemontest.Env, *testutil.Proxy, config.Config) {
+	e := daemontest.NewEnv(t)
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
+	c := e.Config()
 	c.NATS.URL = "nats://" + proxy.Addr()
 	c.Scanner.Lease = time.Second
 	return e, proxy, c
@@ -126,12 +127,12 @@ func TestSlowPathIsDownNotAttempts(t *testing.T) {
 	// Pings slow enough that the delivery's flush, not nats.go, finds
 	// the path too slow.
 	c.Ownership.TTL = 5 * time.Second
-	e.startDaemon(c)
-	st := e.inspectStore(c)
-	nc := e.conn() // direct, not through the proxy
+	e.StartDaemon(c)
+	st := e.InspectStore(c)
+	nc := e.Conn() // direct, not through the proxy
 	defer nc.Close()
-	got := e.sink(nc, "slow.flush")
-	scheduleServed(t, nc, hdr("Delayd-Target", "slow.flush", "Delayd-Delay", "1s", "Delayd-Id", "slow"))
+	got := e.Sink(nc, "slow.flush")
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "slow.flush", "Delayd-Delay", "1s", "Delayd-Id", "slow"))
 	// Every PONG (and everything else) from the server to delayd now
 	// takes 2 s: no flush is confirmed within half the 1 s lease, nor a
 	// probe within a quarter.
@@ -152,23 +153,23 @@ func TestSlowPathIsDownNotAttempts(t *testing.T) {
 	if code, body := httpGet(t, "http://"+c.HTTP.Addr+"/readyz"); code != 503 || !strings.Contains(body, "NATS") {
 		t.Fatalf("readyz behind a 2 s path: %d %s", code, body)
 	}
-	got.settle(t)
-	if n := len(got.get("slow")); n > 1 {
+	got.Settle(t)
+	if n := len(got.Get("slow")); n > 1 {
 		t.Fatalf("delivered %d times into a path too slow to confirm: want at most one try", n)
 	}
 	if en, err := st.Get(context.Background(), "slow"); err != nil || en.State == store.StateDead || en.Attempts > 0 {
 		t.Fatalf("behind the slow path: %+v %v; want it waiting, no attempt counted", en, err)
 	}
 	proxy.Clear()
-	got.waitIDs([]string{"slow"}, 20*time.Second)
-	quiet(t, e, c, got)
-	ds := got.get("slow")
+	got.WaitIDs([]string{"slow"}, 20*time.Second)
+	daemontest.Quiet(t, e, c, got)
+	ds := got.Get("slow")
 	if len(ds) == 0 || len(ds) > 2 {
 		t.Fatalf("%d deliveries; want the one after the path healed, and at most one try before", len(ds))
 	}
 	for _, d := range ds {
-		if d.attempt != 1 {
-			t.Errorf("delivered with attempt %d: the slow path was counted", d.attempt)
+		if d.Attempt != 1 {
+			t.Errorf("delivered with attempt %d: the slow path was counted", d.Attempt)
 		}
 	}
 }
@@ -178,20 +179,20 @@ func TestSlowPathIsDownNotAttempts(t *testing.T) {
 // and a retry with that id replaces it.
 func TestStoreTimeoutAnswers504WithID(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "unknown.outcome")
-	e.redis.Pause()
+	got := e.Sink(nc, "unknown.outcome")
+	e.Redis.Pause()
 	resumed := make(chan struct{})
 	go func() {
 		defer close(resumed)
 		time.Sleep(6 * time.Second)
-		e.redis.Resume()
+		e.Redis.Resume()
 	}()
-	m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "unknown.outcome", "Delayd-Delay", "500ms"), Data: []byte("x")}
+	m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "unknown.outcome", "Delayd-Delay", "500ms"), Data: []byte("x")}
 	rep, err := nc.RequestMsg(m, 10*time.Second)
 	<-resumed
 	if err != nil {
@@ -205,10 +206,10 @@ func TestStoreTimeoutAnswers504WithID(t *testing.T) {
 		t.Fatalf("504 without the id: %q %v", rep.Data, err)
 	}
 	// The retry with that id is an upsert: one envelope, one delivery.
-	scheduleServed(t, nc, hdr("Delayd-Target", "unknown.outcome", "Delayd-Delay", "500ms", "Delayd-Id", body.ID))
-	got.waitCount(1, 10*time.Second)
-	quiet(t, e, c, got)
-	if n := len(got.get(body.ID)); n != 1 {
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "unknown.outcome", "Delayd-Delay", "500ms", "Delayd-Id", body.ID))
+	got.WaitCount(1, 10*time.Second)
+	daemontest.Quiet(t, e, c, got)
+	if n := len(got.Get(body.ID)); n != 1 {
 		t.Fatalf("id %s delivered %d times; want once", body.ID, n)
 	}
 }
@@ -218,37 +219,37 @@ func TestStoreTimeoutAnswers504WithID(t *testing.T) {
 // while delivering is what frees memory. Schedules are refused whole (503).
 func TestOverMaxmemoryStillDelivers(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "oom.>")
+	got := e.Sink(nc, "oom.>")
 	// The first daemon stores, then Redis goes over maxmemory.
-	stop := e.startDaemon(c)
+	stop := e.StartDaemon(c)
 	for i := range 20 {
-		scheduleServed(t, nc, hdr("Delayd-Target", "oom.t", "Delayd-Delay", "3s", "Delayd-Id", fmt.Sprintf("oom-%d", i)))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "oom.t", "Delayd-Delay", "3s", "Delayd-Id", fmt.Sprintf("oom-%d", i)))
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	rc := e.redis.Client()
+	rc := e.Redis.Client()
 	if err := rc.ConfigSet(context.Background(), "maxmemory", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
 	// A new daemon must still take the shards and deliver.
-	e.startDaemon(c)
-	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "oom.t", "Delayd-Delay", "1s", "Delayd-Id", "refused"), "x")
+	e.StartDaemon(c)
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "oom.t", "Delayd-Delay", "1s", "Delayd-Id", "refused"), "x")
 	if err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "503" {
 		t.Errorf("schedule over maxmemory: want 503, got %v %v", err, rep.Header)
 	}
-	if n := got.waitCount(20, 15*time.Second); n != 20 {
+	if n := got.WaitCount(20, 15*time.Second); n != 20 {
 		t.Fatalf("over maxmemory, %d of 20 due envelopes delivered", n)
 	}
 	code, body := httpGet(t, "http://"+c.HTTP.Addr+"/readyz")
 	if code != 200 {
 		t.Fatalf("readyz over maxmemory with shards owned: %d %s", code, body)
 	}
-	if got.get("refused") != nil {
+	if got.Get("refused") != nil {
 		t.Fatal("a refused schedule was delivered")
 	}
 }
@@ -258,8 +259,8 @@ func TestOverMaxmemoryStillDelivers(t *testing.T) {
 // finds one, unless redis.allow_eviction says otherwise.
 func TestEvictingRedisRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "--maxmemory-policy", "allkeys-lru")
-	c := e.cfg()
+	e := daemontest.NewEnv(t, "--maxmemory-policy", "allkeys-lru")
+	c := e.Config()
 	logs, done, _ := runDaemon(t, c)
 	select {
 	case err := <-done:
@@ -271,7 +272,7 @@ func TestEvictingRedisRefused(t *testing.T) {
 	}
 	c.Redis.AllowEviction = true
 	logs, done, cancel := runDaemon(t, c)
-	e.waitService(c.Subject)
+	e.WaitService(c.Subject)
 	if !strings.Contains(logs.String(), "REDIS MAY EVICT KEYS") {
 		t.Errorf("allowed eviction without a loud warning:\n%s", logs.String())
 	}
@@ -280,11 +281,11 @@ func TestEvictingRedisRefused(t *testing.T) {
 
 	// On a good Redis that turns bad with CONFIG SET (no new connection),
 	// the periodic re-check finds out.
-	e2 := newEnv(t)
-	c2 := e2.cfg()
+	e2 := daemontest.NewEnv(t)
+	c2 := e2.Config()
 	_, done, _ = runDaemon(t, c2)
-	e2.waitService(c2.Subject)
-	rc := e2.redis.Client()
+	e2.WaitService(c2.Subject)
+	rc := e2.Redis.Client()
 	_ = rc.ConfigSet(context.Background(), "maxmemory-policy", "volatile-lru").Err()
 	select {
 	case err := <-done:
@@ -300,26 +301,26 @@ func TestEvictingRedisRefused(t *testing.T) {
 // every delivery failed, because the delivery carries more headers.
 func TestDeliveryMustFitMaxPayload(t *testing.T) {
 	t.Parallel()
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.MaxPayload = 4096 })}
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) { o.MaxPayload = 4096 })}
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "big.>")
-	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "big.t", "Delayd-Delay", "10ms", "Delayd-Id", "too-big"), strings.Repeat("x", 4010)) // the request fits, the delivery (more headers) does not
+	got := e.Sink(nc, "big.>")
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "big.t", "Delayd-Delay", "10ms", "Delayd-Id", "too-big"), strings.Repeat("x", 4010)) // the request fits, the delivery (more headers) does not
 	if err != nil {
 		t.Fatal(err)
 	}
 	if code := rep.Header.Get(micro.ErrorCodeHeader); code != "413" || !strings.Contains(rep.Header.Get(micro.ErrorHeader), "max_payload") {
 		t.Fatalf("want 413 naming max_payload, got %q %q", code, rep.Header.Get(micro.ErrorHeader))
 	}
-	scheduleServed(t, nc, hdr("Delayd-Target", "big.t", "Delayd-Delay", "10ms", "Delayd-Id", "fits"))
-	if got.waitCount(1, 5*time.Second) != 1 || got.get("too-big") != nil {
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "big.t", "Delayd-Delay", "10ms", "Delayd-Id", "fits"))
+	if got.WaitCount(1, 5*time.Second) != 1 || got.Get("too-big") != nil {
 		t.Fatal("want the small one delivered and the big one never")
 	}
 	// The delivery can reach the sink a moment before its ack lands.
 	deadline := time.Now().Add(5 * time.Second)
-	for n := e.stored(c); n != 0; n = e.stored(c) {
+	for n := e.Stored(c); n != 0; n = e.Stored(c) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d envelopes stored; the refused one must not be", n)
 		}
@@ -331,18 +332,18 @@ func TestDeliveryMustFitMaxPayload(t *testing.T) {
 // backoff, and a replayed envelope for the next idle tick.
 func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.IdleInterval = time.Hour // only wake-ups can deliver in time
 	c.Scanner.Lease = time.Minute      // and no lease expiry either
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
 	c.Scanner.MaxAttempts = 3
 	c.Targets.JetStream = []string{"nostream.>"} // no stream: every publish fails
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	scheduleServed(t, nc, hdr("Delayd-Target", "nostream.t", "Delayd-Delay", "10ms", "Delayd-Id", "r"))
-	st := e.inspectStore(c)
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "nostream.t", "Delayd-Delay", "10ms", "Delayd-Id", "r"))
+	st := e.InspectStore(c)
 	first := waitState(t, st, "r", store.StateDead, 10*time.Second)
 	req := nats.NewMsg("delayd.admin.replay")
 	req.Data = []byte(`{"ids":["r"]}`)
@@ -369,16 +370,16 @@ func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
 // id replaces it, and it is delivered once.
 func TestSlowRedisReplyThroughProxy(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	proxy := testutil.StartProxy(t, e.redis.Addr)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	proxy := testutil.StartProxy(t, e.Redis.Addr)
+	c := e.Config()
 	c.Redis.Addrs = []string{proxy.Addr()}
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "slow.redis")
+	got := e.Sink(nc, "slow.Redis")
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 4 * time.Second})
-	m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "10s"), Data: []byte("x")}
+	m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "slow.Redis", "Delayd-Delay", "10s"), Data: []byte("x")}
 	rep, err := nc.RequestMsg(m, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -394,10 +395,10 @@ func TestSlowRedisReplyThroughProxy(t *testing.T) {
 	time.Sleep(4500 * time.Millisecond)
 	// The first write happened (the envelope is pending for 10 s): the
 	// retry with its id replaces it, so it is delivered once.
-	scheduleServed(t, nc, hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "100ms", "Delayd-Id", body.ID))
-	got.waitCount(1, 10*time.Second)
-	quiet(t, e, c, got)
-	if n := len(got.get(body.ID)); n != 1 {
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "slow.Redis", "Delayd-Delay", "100ms", "Delayd-Id", body.ID))
+	got.WaitCount(1, 10*time.Second)
+	daemontest.Quiet(t, e, c, got)
+	if n := len(got.Get(body.ID)); n != 1 {
 		t.Fatalf("delivered %d times, want once", n)
 	}
 }
@@ -407,13 +408,13 @@ func TestSlowRedisReplyThroughProxy(t *testing.T) {
 // "stored"; everything acknowledged is delivered; the data stays consistent.
 func TestRedisLinkCutMidPipeline(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	proxy := testutil.StartProxy(t, e.redis.Addr)
-	c := e.faultCfg()
+	e := daemontest.NewEnv(t)
+	proxy := testutil.StartProxy(t, e.Redis.Addr)
+	c := faultCfg(e)
 	c.Redis.Addrs = []string{proxy.Addr()}
-	f := e.faultRun("cut")
-	e.startDaemon(c)
-	nc := e.conn()
+	f := newFaultRun(e, "cut")
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	stopCuts := make(chan struct{})
 	cutsDone := make(chan int)
@@ -438,7 +439,7 @@ func TestRedisLinkCutMidPipeline(t *testing.T) {
 	t.Logf("%d cuts", <-cutsDone)
 	f.verify(t, 20*time.Second)
 	var out strings.Builder
-	if err := run(context.Background(), []string{"delayd", "doctor", "--redis-addrs", e.redis.Addr, "--set", "shards=8"},
+	if err := run(context.Background(), []string{"delayd", "doctor", "--redis-addrs", e.Redis.Addr, "--set", "shards=8"},
 		func(string) string { return "" }, &out, &out); err != nil {
 		t.Fatalf("inconsistent after cuts: %v\n%s", err, out.String())
 	}
@@ -457,32 +458,32 @@ func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
 	// Fire and forget: no stream list read before the batch, over the
 	// stalled path, so the publish is written before the cut.
 	c.Targets.FireAndForget = []string{"cut.flush"}
-	e.startDaemon(c)
+	e.StartDaemon(c)
 	// Ownership rounds are ttl/3 apart: wait for the shards, so the
 	// envelope is claimed at its due time, before the cut.
-	waitOwned(t, e.inspectStore(c))
-	nc := e.conn()
+	waitOwned(t, e.InspectStore(c))
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "cut.flush")
-	scheduleServed(t, nc, hdr("Delayd-Target", "cut.flush", "Delayd-Delay", "1s", "Delayd-Id", "cf"))
+	got := e.Sink(nc, "cut.flush")
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "cut.flush", "Delayd-Delay", "1s", "Delayd-Id", "cf"))
 	// Hold everything delayd sends (the publish and the flush's PING),
 	// then cut the connection with it all still held.
 	proxy.Set(testutil.Up, testutil.Fault{Stall: true})
 	time.Sleep(1800 * time.Millisecond)
 	proxy.Cut()
 	proxy.Clear()
-	if got.waitCount(1, 15*time.Second) < 1 {
+	if got.WaitCount(1, 15*time.Second) < 1 {
 		t.Fatal("never delivered after the cut")
 	}
-	quiet(t, e, c, got)
+	daemontest.Quiet(t, e, c, got)
 	seen := map[int]bool{}
-	for _, d := range got.get("cf") {
-		if seen[d.attempt] {
-			t.Fatalf("attempt %d delivered twice", d.attempt)
+	for _, d := range got.Get("cf") {
+		if seen[d.Attempt] {
+			t.Fatalf("attempt %d delivered twice", d.Attempt)
 		}
-		seen[d.attempt] = true
-		if d.attempt < 2 {
-			t.Errorf("the publish held at the cut counted no attempt: delivered as attempt %d", d.attempt)
+		seen[d.Attempt] = true
+		if d.Attempt < 2 {
+			t.Errorf("the publish held at the cut counted no attempt: delivered as attempt %d", d.Attempt)
 		}
 	}
 }
@@ -506,8 +507,8 @@ func waitOwned(t *testing.T, st *store.Store) {
 
 // refusingNATS is a server where delayd's user may publish only to orders.>
 // (and what the service itself needs); app may do anything.
-func refusingNATS(t *testing.T) (*env, config.Config) {
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+func refusingNATS(t *testing.T) (*daemontest.Env, config.Config) {
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) {
 		o.Users = []*server.User{
 			{Username: "delayd", Password: "d", Permissions: &server.Permissions{
 				Publish: &server.SubjectPermission{Allow: []string{"orders.>", "$SRV.>", "delayd.>", "_INBOX.>"}},
@@ -515,7 +516,7 @@ func refusingNATS(t *testing.T) (*env, config.Config) {
 			{Username: "app", Password: "a"},
 		}
 	})}
-	c := e.cfg()
+	c := e.Config()
 	c.NATS.User, c.NATS.Password = "delayd", "d"
 	c.Scanner.MaxAttempts = 2
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
@@ -529,16 +530,16 @@ func TestRefusedTargetNeedingQuotes(t *testing.T) {
 	t.Parallel()
 	e, c := refusingNATS(t)
 	runDaemon(t, c)
-	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
+	app, err := nats.Connect(e.NATS.URL(), nats.UserInfo("app", "a"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer app.Close()
 	targets := []string{`payments.a"b`, `payments.a\b`, "payments.caf\xe9"}
 	for i, tg := range targets {
-		scheduleServed(t, app, hdr("Delayd-Target", tg, "Delayd-Delay", "200ms", "Delayd-Id", fmt.Sprintf("q-%d", i)))
+		daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", tg, "Delayd-Delay", "200ms", "Delayd-Id", fmt.Sprintf("q-%d", i)))
 	}
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 	for i := range targets {
 		waitState(t, st, fmt.Sprintf("q-%d", i), store.StateDead, 10*time.Second)
 	}
@@ -557,12 +558,12 @@ func TestCancelAfterUnconfirmedAttemptSaysInFlight(t *testing.T) {
 	// forget: no stream list read before the batch, over the same path.
 	c.Scanner.Lease, c.Ownership.TTL = 3600*time.Millisecond, 10*time.Second
 	c.Targets.FireAndForget = []string{"slow.cancel"}
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	scheduleServed(t, nc, hdr("Delayd-Target", "slow.cancel", "Delayd-Delay", "1s", "Delayd-Id", "sc"))
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "slow.cancel", "Delayd-Delay", "1s", "Delayd-Id", "sc"))
 	proxy.Set(testutil.Up, testutil.Fault{Latency: 2 * time.Second})
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		en, err := st.Get(context.Background(), "sc")
@@ -598,13 +599,13 @@ func TestRefusedJetStreamTargetFailsWithTheRefusal(t *testing.T) {
 	e, c := refusingNATS(t)
 	c.Targets.JetStream = []string{"payments.>"}
 	runDaemon(t, c)
-	app, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "a"))
+	app, err := nats.Connect(e.NATS.URL(), nats.UserInfo("app", "a"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer app.Close()
-	scheduleServed(t, app, hdr("Delayd-Target", "payments.js", "Delayd-Delay", "100ms", "Delayd-Id", "rj"))
-	d := waitState(t, e.inspectStore(c), "rj", store.StateDead, 15*time.Second)
+	daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", "payments.js", "Delayd-Delay", "100ms", "Delayd-Id", "rj"))
+	d := waitState(t, e.InspectStore(c), "rj", store.StateDead, 15*time.Second)
 	if !strings.Contains(d.Error, "ermissions") {
 		t.Fatalf("dead with %q, want the permissions violation (not a PubAck timeout)", d.Error)
 	}

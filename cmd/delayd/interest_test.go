@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,33 +20,33 @@ import (
 // counted delivered and deleted. Before the interest check, all were lost.
 func TestLateConsumerGetsEveryTimer(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
 	c.Scanner.RetryBackoffMax = time.Second
 	c.Scanner.MaxAttempts = 3 // 0.3 s of tries: not enough alone
 	c.Scanner.NoInterestRetryFor = 30 * time.Second
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	const n = 200
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = "late-" + strconv.Itoa(i)
-		scheduleServed(t, nc, hdr("Delayd-Target", "late.consumer", "Delayd-Delay", "500ms", "Delayd-Id", ids[i]))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "late.consumer", "Delayd-Delay", "500ms", "Delayd-Id", ids[i]))
 	}
 	due := time.Now().Add(500 * time.Millisecond)
 	time.Sleep(time.Until(due.Add(5 * time.Second)))
-	consumer := e.conn()
+	consumer := e.Conn()
 	defer consumer.Close()
-	got := e.sink(consumer, "late.consumer")
-	if have := got.waitCount(n, 15*time.Second); have < n {
+	got := e.Sink(consumer, "late.consumer")
+	if have := got.WaitCount(n, 15*time.Second); have < n {
 		t.Errorf("%d of %d delivered once the consumer subscribed", have, n)
 	}
-	got.check(t, ids)
+	got.Check(t, ids)
 	for _, id := range ids[:1] {
-		if ds := got.get(id); len(ds) > 0 && ds[0].attempt < 2 {
-			t.Errorf("%s arrived as attempt %d: its tries while nobody listened were not counted", id, ds[0].attempt)
+		if ds := got.Get(id); len(ds) > 0 && ds[0].Attempt < 2 {
+			t.Errorf("%s arrived as attempt %d: its tries while nobody listened were not counted", id, ds[0].Attempt)
 		}
 	}
 	waitGone(t, e, c)
@@ -57,38 +58,38 @@ func TestLateConsumerGetsEveryTimer(t *testing.T) {
 // 0 lost (the issue measured 18 of 18 lost for a 20 s restart).
 func TestNATSRestartConsumerReconnectsLater(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.RetryBackoff = 100 * time.Millisecond
 	c.Scanner.RetryBackoffMax = time.Second
 	c.Scanner.MaxAttempts = 3
 	c.Scanner.NoInterestRetryFor = 30 * time.Second
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	consumer, err := nats.Connect(e.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(5*time.Second),
+	consumer, err := nats.Connect(e.NATS.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(5*time.Second),
 		nats.ReconnectJitter(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer consumer.Close()
-	got := e.sink(consumer, "restart.consumer")
+	got := e.Sink(consumer, "restart.consumer")
 	const n = 100
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = "restart-" + strconv.Itoa(i)
-		scheduleServed(t, nc, hdr("Delayd-Target", "restart.consumer", "Delayd-Delay", "1s", "Delayd-Id", ids[i]))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "restart.consumer", "Delayd-Delay", "1s", "Delayd-Id", ids[i]))
 	}
-	e.nats.Stop()
+	e.NATS.Stop()
 	time.Sleep(1500 * time.Millisecond) // every timer falls due while NATS is down
-	e.nats.Start()
-	if have := got.waitCount(n, 20*time.Second); have < n {
+	e.NATS.Start()
+	if have := got.WaitCount(n, 20*time.Second); have < n {
 		t.Errorf("%d of %d delivered after the restart", have, n)
 	}
-	got.check(t, ids)
+	got.Check(t, ids)
 	retried := 0
 	for _, id := range ids {
-		if ds := got.get(id); len(ds) > 0 && ds[0].attempt > 1 {
+		if ds := got.Get(id); len(ds) > 0 && ds[0].Attempt > 1 {
 			retried++
 		}
 	}
@@ -104,8 +105,8 @@ func TestNATSRestartConsumerReconnectsLater(t *testing.T) {
 // deleted) whoever listens.
 func TestNoSubscriberReachesDeadSet(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
 	c.Scanner.RetryBackoffMax = 200 * time.Millisecond
 	c.Scanner.MaxAttempts = 3
@@ -115,13 +116,13 @@ func TestNoSubscriberReachesDeadSet(t *testing.T) {
 	const tries = 8
 	c.Targets.FireAndForget = []string{"signal.>"}
 	c.HTTP.SampleInterval = 100 * time.Millisecond
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	scheduleServed(t, nc, hdr("Delayd-Target", "nobody.listens", "Delayd-Delay", "100ms", "Delayd-Id", "nobody"))
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "nobody.listens", "Delayd-Delay", "100ms", "Delayd-Id", "nobody"))
 	due := time.Now().Add(100 * time.Millisecond)
-	scheduleServed(t, nc, hdr("Delayd-Target", "signal.nobody", "Delayd-Delay", "100ms", "Delayd-Id", "signal"))
-	st := e.inspectStore(c)
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "signal.nobody", "Delayd-Delay", "100ms", "Delayd-Id", "signal"))
+	st := e.InspectStore(c)
 	dead := waitState(t, st, "nobody", store.StateDead, 20*time.Second)
 	took := time.Since(due)
 	if dead.Attempts != tries {
@@ -150,12 +151,12 @@ func TestNoSubscriberReachesDeadSet(t *testing.T) {
 
 // waitGone waits until nothing is stored under the config's namespace:
 // every envelope delivered and acknowledged.
-func waitGone(t *testing.T, e *env, c config.Config) {
+func waitGone(t *testing.T, e *daemontest.Env, c config.Config) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for e.stored(c) > 0 {
+	for e.Stored(c) > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d envelopes still stored", e.stored(c))
+			t.Fatalf("%d envelopes still stored", e.Stored(c))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -165,16 +166,16 @@ func waitGone(t *testing.T, e *env, c config.Config) {
 // timers fall due, with the default backoff and budget: it gets every one
 // once it is back, at most one backoff step (here 16 s) later.
 func TestConsumerAway30s(t *testing.T) {
-	soak(t, "a consumer away for 30 s")
+	daemontest.Soak(t, "a consumer away for 30 s")
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.RetryBackoff, c.Scanner.RetryBackoffMax = time.Second, time.Minute // the defaults
 	c.HTTP.Addr = ""
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	consumer := e.conn()
+	consumer := e.Conn()
 	defer consumer.Close()
 	sub, err := consumer.SubscribeSync("away.consumer")
 	if err != nil {
@@ -186,12 +187,12 @@ func TestConsumerAway30s(t *testing.T) {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = "away-" + strconv.Itoa(i)
-		scheduleServed(t, nc, hdr("Delayd-Target", "away.consumer", "Delayd-Delay", "1s", "Delayd-Id", ids[i]))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "away.consumer", "Delayd-Delay", "1s", "Delayd-Id", ids[i]))
 	}
 	time.Sleep(31 * time.Second)
-	got := e.sink(consumer, "away.consumer")
-	if have := got.waitCount(n, 40*time.Second); have < n {
+	got := e.Sink(consumer, "away.consumer")
+	if have := got.WaitCount(n, 40*time.Second); have < n {
 		t.Fatalf("%d of %d delivered after the consumer came back", have, n)
 	}
-	got.check(t, ids)
+	got.Check(t, ids)
 }

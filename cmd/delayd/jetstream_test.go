@@ -13,21 +13,22 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-func (e *env) stream(name string, subjects ...string) jetstream.Stream {
-	e.t.Helper()
-	nc := e.conn()
-	e.t.Cleanup(nc.Close)
+func stream(e *daemontest.Env, name string, subjects ...string) jetstream.Stream {
+	e.T.Helper()
+	nc := e.Conn()
+	e.T.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: subjects, Duplicates: time.Minute})
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return s
 }
@@ -43,12 +44,12 @@ func streamMsgs(t *testing.T, s jetstream.Stream) uint64 {
 
 func TestJetStreamTarget(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Targets.JetStream = []string{"js.>"}
-	st := e.stream("ORDERS", "js.orders.>")
-	e.startDaemon(c)
-	nc := e.conn()
+	st := stream(e, "ORDERS", "js.orders.>")
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	ids := scheduleMany(t, nc, 200, 8, "j", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "js.orders.cancel")
@@ -68,7 +69,7 @@ func TestJetStreamTarget(t *testing.T) {
 	if id := m.Header.Get("Nats-Msg-Id"); !strings.HasPrefix(id, m.Header.Get("Delayd-Id")+"@") {
 		t.Errorf("Nats-Msg-Id %q is not <id>@<due>", id)
 	}
-	if e.stored(c) != 0 {
+	if e.Stored(c) != 0 {
 		t.Error("envelopes left after PubAck")
 	}
 }
@@ -78,30 +79,30 @@ func TestJetStreamTarget(t *testing.T) {
 // carries the same Nats-Msg-Id, so the stream keeps one copy.
 func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.Lease = time.Second
-	st := e.stream("CRASH", "jsc.>")
+	st := stream(e, "CRASH", "jsc.>")
 	bin := delaydBinary(t)
 	// Replies from NATS (the PubAcks) reach the daemon 300 ms late, so the
 	// kill lands between publish and ack however fast the machine is.
-	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
 	slow := c
 	slow.NATS.URL = "nats://" + proxy.Addr()
-	p := e.startProcEnv(bin, slow, "DELAYD_TARGETS_JETSTREAM=jsc.>")
+	p := startProcEnv(e, bin, slow, "DELAYD_TARGETS_JETSTREAM=jsc.>")
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
 	_, seen := killOnFirst(t, nc, "jsc.>", p)
 	const n = 300
 	at := time.Now().Add(400 * time.Millisecond).UTC().Format(time.RFC3339Nano)
 	for i := range n {
-		m := &nats.Msg{Subject: "delayd.schedule", Header: hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k"+strconv.Itoa(i))}
+		m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k"+strconv.Itoa(i))}
 		if err := nc.PublishMsg(m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k-last"), ""); err != nil {
+	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k-last"), ""); err != nil {
 		t.Fatal(err)
 	}
 	_ = p.cmd.Wait()
@@ -115,12 +116,12 @@ func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 	if inflight == 0 {
 		t.Fatal("kill did not land between publish and ack")
 	}
-	e.startProcEnv(bin, c, "DELAYD_TARGETS_JETSTREAM=jsc.>")
+	startProcEnv(e, bin, c, "DELAYD_TARGETS_JETSTREAM=jsc.>")
 	deadline := time.Now().Add(10 * time.Second)
-	for e.stored(c) > 0 && time.Now().Before(deadline) {
+	for e.Stored(c) > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if left := e.stored(c); left != 0 {
+	if left := e.Stored(c); left != 0 {
 		t.Fatalf("%d envelopes not delivered after restart", left)
 	}
 	if got := streamMsgs(t, st); got != n+1 {
@@ -135,21 +136,21 @@ func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 // delayd.dead.<target>, and can be listed, replayed and purged.
 func TestDeadLetters(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Targets.JetStream = []string{"nostream.>"}
 	c.Scanner.MaxAttempts = 3
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
 	c.Dead.Publish = true
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	var headers []nats.Header
 	deadHdrs := make(chan nats.Header, 4)
 	_, _ = nc.Subscribe("delayd.dead.>", func(m *nats.Msg) { deadHdrs <- m.Header })
 	_ = nc.Flush()
 
-	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "nostream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "d-js"), "x"); err != nil {
+	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "nostream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "d-js"), "x"); err != nil {
 		t.Fatal(err)
 	}
 	// The dead letter is published once, best effort: wait for it before
@@ -169,19 +170,19 @@ func TestDeadLetters(t *testing.T) {
 	// due the server was restarted with a 4 KiB limit (if it falls due
 	// during the restart, it is put back without an attempt).
 	big := strings.Repeat("b", 5000)
-	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "big.target", "Delayd-Delay", "1500ms", "Delayd-Id", "d-big"), big); err != nil {
+	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "big.target", "Delayd-Delay", "1500ms", "Delayd-Id", "d-big"), big); err != nil {
 		t.Fatal(err)
 	}
-	e.nats.Stop()
-	e.nats.Opts.MaxPayload = 4096
-	e.nats.Start()
+	e.NATS.Stop()
+	e.NATS.Opts.MaxPayload = 4096
+	e.NATS.Start()
 	if headers[0].Get("Delayd-Error") == "" || headers[0].Get("Delayd-Id") != "d-js" {
 		t.Errorf("dead letter headers: %v", headers[0])
 	}
 
 	getenv := func(k string) string {
 		if k == "DELAYD_NATS_URL" {
-			return e.nats.URL()
+			return e.NATS.URL()
 		}
 		return ""
 	}
@@ -220,7 +221,7 @@ func TestDeadLetters(t *testing.T) {
 	}
 
 	// Fix the cause, replay, and it is delivered.
-	st := e.stream("NOSTREAM", "nostream.>")
+	st := stream(e, "NOSTREAM", "nostream.>")
 	if out := cli("dead", "replay", "d-js"); !strings.Contains(out, "replayed 1") {
 		t.Fatalf("replay: %s", out)
 	}
@@ -234,7 +235,7 @@ func TestDeadLetters(t *testing.T) {
 	if out := cli("dead", "purge", "--all"); !strings.Contains(out, "purged 1") {
 		t.Fatalf("purge: %s", out)
 	}
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Fatalf("%d envelopes left", n)
 	}
 }
@@ -247,12 +248,12 @@ func TestDeadLetters(t *testing.T) {
 // review: they ended in the dead set). Each must go out once, attempt 1.
 func TestSlowJetStreamTargetDoesNotStall(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.Lease = 4 * time.Second
 	c.Targets.JetStream = []string{"slowjs.>"}
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	var mu sync.Mutex
 	got := map[string][]string{} // id → attempts received
@@ -274,10 +275,10 @@ func TestSlowJetStreamTargetDoesNotStall(t *testing.T) {
 	const n = 6
 	for i := range n {
 		at := start.Add(time.Duration(i) * 300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
-		scheduleOK(t, nc, hdr("Delayd-Target", "slowjs.x", "Delayd-At", at, "Delayd-Id", "slow-"+strconv.Itoa(i)), "x")
+		scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "slowjs.x", "Delayd-At", at, "Delayd-Id", "slow-"+strconv.Itoa(i)), "x")
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for e.stored(c) != 0 && time.Now().Before(deadline) {
+	for e.Stored(c) != 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	mu.Lock()
@@ -288,7 +289,7 @@ func TestSlowJetStreamTargetDoesNotStall(t *testing.T) {
 			t.Errorf("%s delivered with attempts %v, want once, attempt 1", id, a)
 		}
 	}
-	if left := e.stored(c); left != 0 {
+	if left := e.Stored(c); left != 0 {
 		t.Errorf("%d envelopes still stored (dead or retrying)", left)
 	}
 }

@@ -60,17 +60,6 @@ func delaydBinary(t testing.TB) string {
 	return shared.path
 }
 
-// soak skips an endurance run (a chaos soak, a long outage, a measurement)
-// unless DELAYD_SOAK=1, so the README's test command stays within minutes;
-// .ci/run runs these in a second step. It is about time, not dependencies:
-// a missing redis-server still fails under CI=true.
-func soak(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("DELAYD_SOAK") != "1" {
-		t.Skipf("%s: a soak, run with DELAYD_SOAK=1", what)
-	}
-}
-
 // knownFailingSoaks are soaks .ci/run leaves out, each with the reason and
 // the issue that owns it; TestSoaksRunInCI fails on any other omission, and
 // on one listed here that .ci/run runs again (then drop it here).
@@ -79,7 +68,7 @@ var knownFailingSoaks = map[string]string{
 		"session, at its starting commit (a451f2b) too, Redis calls timing out; issue 29 item 8",
 }
 
-// TestSoaksRunInCI: every test of this package that soak gates is named in
+// TestSoaksRunInCI: every test of this package that daemontest.Soak gates is named in
 // .ci/run's soak step, so a new soak does not silently drop out of CI.
 func TestSoaksRunInCI(t *testing.T) {
 	t.Parallel()
@@ -92,7 +81,7 @@ func TestSoaksRunInCI(t *testing.T) {
 		t.Fatal(".ci/run has no soaks='...' line")
 	}
 	listed := regexp.MustCompile(string(m[1]))
-	gated := regexp.MustCompile(`func (Test\w+)\(t \*testing\.T\) \{\n\tsoak\(t, `)
+	gated := regexp.MustCompile(`func (Test\w+)\(t \*testing\.T\) \{\n\tdaemontest\.Soak\(t, `)
 	files, _ := filepath.Glob("*_test.go")
 	n := 0
 	for _, f := range files {
@@ -114,7 +103,7 @@ func TestSoaksRunInCI(t *testing.T) {
 		}
 	}
 	if n == 0 {
-		t.Fatal("found no test gated by soak(): the pattern went stale")
+		t.Fatal("found no test gated by daemontest.Soak(): the pattern went stale")
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"os"
 	"strconv"
 	"strings"
@@ -25,12 +26,12 @@ import (
 // delivered. (Before, one claim pulled all 200, about 180 MB, and the
 // sidecar was OOM-killed in a loop.)
 func TestLargePayloadsUnderMemoryLimit(t *testing.T) {
-	soak(t, "measures peak RSS over 180 MB of payloads")
+	daemontest.Soak(t, "measures peak RSS over 180 MB of payloads")
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	bin := delaydBinary(t)
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 	const n, size = 200, 900 << 10
 	payload := envelope.Encode(envelope.Envelope{Target: "big.t", Payload: make([]byte, size)})
 	due := time.Now().Add(3 * time.Second).UnixMicro()
@@ -43,7 +44,7 @@ func TestLargePayloadsUnderMemoryLimit(t *testing.T) {
 			t.Fatal(errs[0])
 		}
 	}
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
 	var got atomic.Int64
 	if _, err := nc.Subscribe("big.t", func(m *nats.Msg) {
@@ -54,7 +55,7 @@ func TestLargePayloadsUnderMemoryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = nc.Flush()
-	p := e.startProcEnv(bin, c, "GOMEMLIMIT=96MiB")
+	p := startProcEnv(e, bin, c, "GOMEMLIMIT=96MiB")
 	deadline := time.Now().Add(60 * time.Second)
 	for got.Load() < n && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
@@ -92,13 +93,13 @@ func peakRSS(t *testing.T, pid int) int64 {
 // drops the rest, whose publishers retry), so the peak RSS stays under the
 // limit and every one is stored.
 func TestLargeRequestsUnderMemoryLimit(t *testing.T) {
-	soak(t, "measures peak RSS over 180 MB of requests")
+	daemontest.Soak(t, "measures peak RSS over 180 MB of requests")
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	bin := delaydBinary(t)
-	p := e.startProcEnv(bin, c, "GOMEMLIMIT=96MiB")
-	nc := e.conn()
+	p := startProcEnv(e, bin, c, "GOMEMLIMIT=96MiB")
+	nc := e.Conn()
 	defer nc.Close()
 	cl := client.New(nc, client.RetryTimeout(5*time.Second))
 	payload := make([]byte, 900<<10)
@@ -118,7 +119,7 @@ func TestLargeRequestsUnderMemoryLimit(t *testing.T) {
 	}
 	wg.Wait()
 	peak := peakRSS(t, p.cmd.Process.Pid)
-	stored := e.stored(c)
+	stored := e.Stored(c)
 	t.Logf("%d stored, %d failed; peak RSS %d MiB", stored, failed.Load(), peak>>20)
 	if failed.Load() > 0 || stored != 200 {
 		t.Fatalf("%d of 200 stored, %d requests failed", stored, failed.Load())

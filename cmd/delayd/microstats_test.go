@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"testing"
 	"time"
 
@@ -15,14 +16,14 @@ import (
 // the endpoint's data as late_errors.
 func TestMicroStatsCountErrors(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.HTTP.Addr = ""
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	for range 5 {
-		rep, err := schedule(nc, "delayd", hdr("Delayd-Delay", "1s"), "no target")
+		rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Delay", "1s"), "no target")
 		if err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "400" {
 			t.Fatalf("want 400, got %v %v", rep, err)
 		}
@@ -30,8 +31,8 @@ func TestMicroStatsCountErrors(t *testing.T) {
 	if _, err := nc.RequestMsg(&nats.Msg{Subject: "delayd.cancel", Header: nats.Header{}}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	e.redis.Kill()
-	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "a.b", "Delayd-Delay", "1s"), "x")
+	e.Redis.Kill()
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "a.b", "Delayd-Delay", "1s"), "x")
 	if err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "503" {
 		t.Fatalf("with Redis down want 503, got %v %v", rep, err)
 	}

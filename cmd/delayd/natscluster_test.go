@@ -14,30 +14,31 @@ import (
 
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
 // clusterEnv is a 3-node NATS cluster with JetStream and one redis-server.
 type clusterEnv struct {
-	*env
+	*daemontest.Env
 	nodes []*testutil.NATS
 }
 
 func newClusterEnv(t *testing.T) *clusterEnv {
 	t.Helper()
 	nodes := testutil.StartNATSCluster(t, 3)
-	return &clusterEnv{env: &env{t: t, redis: testutil.StartRedis(t), nats: nodes[0]}, nodes: nodes}
+	return &clusterEnv{Env: &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: nodes[0]}, nodes: nodes}
 }
 
 // connTo connects to node i first, with the others to fail over to.
 func (e *clusterEnv) connTo(i int) *nats.Conn {
-	e.t.Helper()
+	e.T.Helper()
 	nc, err := nats.Connect(e.urlsFrom(i), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	e.t.Cleanup(nc.Close)
+	e.T.Cleanup(nc.Close)
 	return nc
 }
 
@@ -48,7 +49,7 @@ func (e *clusterEnv) node(name string) *testutil.NATS {
 			return n
 		}
 	}
-	e.t.Fatalf("no node %q", name)
+	e.T.Fatalf("no node %q", name)
 	return nil
 }
 
@@ -79,17 +80,17 @@ func waitConsumerLeader(t *testing.T, js jetstream.JetStream, stream, consumer s
 // attempt 1.)
 func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 	t.Parallel()
-	skipShort(t, "a 3-node NATS cluster and a leader kill")
+	daemontest.SkipShort(t, "a 3-node NATS cluster and a leader kill")
 	e := newClusterEnv(t)
-	c := e.cfg()
+	c := e.Config()
 	c.NATS.URL = e.nodes[1].URL() + "," + e.nodes[2].URL() + "," + e.nodes[0].URL()
 	c.Intake.Stream.Enabled = "true"
 	c.Intake.Stream.Replicas = 3
 	c.Intake.Stream.AckWait = 2 * time.Second
 	c.HTTP.Addr = ""
-	e.startDaemon(c)
+	e.StartDaemon(c)
 	consumer := e.connTo(2)
-	got := e.sink(consumer, "cl.t")
+	got := e.Sink(consumer, "cl.t")
 	pub := e.connTo(0)
 	js, err := jetstream.New(pub)
 	if err != nil {
@@ -111,7 +112,7 @@ func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			m := &nats.Msg{Subject: c.Subject + ".intake", Data: []byte("x"), Header: hdr(envelope.HeaderTarget, "cl.t",
+			m := &nats.Msg{Subject: c.Subject + ".intake", Data: []byte("x"), Header: daemontest.Hdr(envelope.HeaderTarget, "cl.t",
 				envelope.HeaderDelay, "1ms", envelope.HeaderID, id)}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -136,7 +137,7 @@ func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 	if len(acked) < n/2 {
 		t.Fatalf("only %d of %d publishes acknowledged", len(acked), n)
 	}
-	if k := got.waitCount(len(acked), 60*time.Second); k < len(acked) {
+	if k := got.WaitCount(len(acked), 60*time.Second); k < len(acked) {
 		t.Logf("%d deliveries for %d acknowledged", k, len(acked))
 	}
 	// Room for redeliveries of lost acks to come (after ack_wait) and
@@ -149,20 +150,20 @@ func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 			}
 		}
 	}
-	quiet(t, e.env, c, got)
+	daemontest.Quiet(t, e.Env, c, got)
 	lost, sameAttempt := 0, 0
 	for _, id := range acked {
-		ds := got.get(id)
+		ds := got.Get(id)
 		if len(ds) == 0 {
 			lost++
 		}
 		for k := 1; k < len(ds); k++ {
-			if ds[k].attempt <= ds[k-1].attempt {
+			if ds[k].Attempt <= ds[k-1].Attempt {
 				sameAttempt++
 			}
 		}
 	}
-	t.Logf("%d acknowledged, %d deliveries, %d lost, %d delivered again without a higher attempt", len(acked), got.count(), lost, sameAttempt)
+	t.Logf("%d acknowledged, %d deliveries, %d lost, %d delivered again without a higher attempt", len(acked), got.Count(), lost, sameAttempt)
 	if lost != 0 || sameAttempt != 0 {
 		t.Fatalf("%d acknowledged envelopes lost, %d delivered twice as the same attempt", lost, sameAttempt)
 	}
@@ -175,14 +176,14 @@ func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 // redelivery).
 func TestNATSClusterDelaydNodeKilled(t *testing.T) {
 	t.Parallel()
-	skipShort(t, "a 3-node NATS cluster and a node kill")
+	daemontest.SkipShort(t, "a 3-node NATS cluster and a node kill")
 	e := newClusterEnv(t)
-	c := e.cfg()
+	c := e.Config()
 	c.NATS.URL = e.nodes[1].URL() + "," + e.nodes[2].URL() + "," + e.nodes[0].URL()
 	c.Intake.Stream.Replicas = 3
 	c.Targets.JetStream = []string{"jt.>"}
 	c.HTTP.Addr = ""
-	e.startDaemon(c)
+	e.StartDaemon(c)
 	js, err := jetstream.New(e.connTo(2))
 	if err != nil {
 		t.Fatal(err)
@@ -222,8 +223,8 @@ func TestNATSClusterDelaydNodeKilled(t *testing.T) {
 	}
 	// The last PubAcks may have arrived and their acks not yet reached
 	// Redis: wait for those (quiet), then nothing may be left.
-	quiet(t, e.env, c)
-	if left := e.stored(c); left != 0 {
+	daemontest.Quiet(t, e.Env, c)
+	if left := e.Stored(c); left != 0 {
 		t.Fatalf("%d envelopes still in Redis", left)
 	}
 }
@@ -235,10 +236,10 @@ func TestNATSClusterDelaydNodeKilled(t *testing.T) {
 // shards, whose timers stalled until it stopped.)
 func TestDaemonWithoutNATSGivesUpItsShards(t *testing.T) {
 	t.Parallel()
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) {
 		o.Users = []*server.User{{Username: "delayd", Password: "right"}, {Username: "app", Password: "app"}}
 	})}
-	c := e.cfg()
+	c := e.Config()
 	c.HTTP.Addr = ""
 	c.NATS.User, c.NATS.Password = "delayd", "right"
 	bad := c
@@ -249,19 +250,19 @@ func TestDaemonWithoutNATSGivesUpItsShards(t *testing.T) {
 		go func() { done <- daemon.New(cfg, hclog.NewNullLogger()).Run(ctx) }()
 		t.Cleanup(func() { cancel(); <-done })
 	}
-	nc, err := nats.Connect(e.nats.URL(), nats.UserInfo("app", "app"))
+	nc, err := nats.Connect(e.NATS.URL(), nats.UserInfo("app", "app"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
 	time.Sleep(2 * c.Ownership.TTL) // both joined; with the fix the bad one left again
-	got := e.sink(nc, "np.t")
+	got := e.Sink(nc, "np.t")
 	due := time.Now().Add(2 * time.Second)
 	ids := scheduleMany(t, nc, 200, 16, "np", func(i int, h nats.Header) {
 		h.Set(envelope.HeaderTarget, "np.t")
 		h.Set(envelope.HeaderAt, due.UTC().Format(time.RFC3339Nano))
 	})
-	if n := got.waitCount(len(ids), time.Until(due.Add(c.Ownership.TTL+2*time.Second))); n < len(ids) {
+	if n := got.WaitCount(len(ids), time.Until(due.Add(c.Ownership.TTL+2*time.Second))); n < len(ids) {
 		t.Fatalf("%d of %d delivered within ownership.ttl + 2s of their due time", n, len(ids))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"io"
 	"net/http"
 	"regexp"
@@ -43,14 +44,14 @@ func metric(body, name string) (float64, bool) {
 
 func TestMetricsMove(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.HTTP.SampleInterval = 100 * time.Millisecond
-	e.startDaemon(c)
+	e.StartDaemon(c)
 	base := "http://" + c.HTTP.Addr
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "metrics.target")
+	s := e.Sink(nc, "metrics.target")
 	_, before := httpGet(t, base+"/metrics")
 	names := []string{"delayd_envelopes_received_total", "delayd_envelopes_delivered_total",
 		"delayd_delivery_lateness_seconds_bucket", "delayd_pending_envelopes", "delayd_inflight_envelopes",
@@ -68,19 +69,19 @@ func TestMetricsMove(t *testing.T) {
 		if i >= 10 {
 			delay = "1h"
 		}
-		if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "metrics.target", "Delayd-Delay", delay), "x"); err != nil {
+		if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "metrics.target", "Delayd-Delay", delay), "x"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, _ = schedule(nc, "delayd", hdr("Delayd-Target", "$SYS.X", "Delayd-Delay", "1s"), "x")
+	_, _ = daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "$SYS.X", "Delayd-Delay", "1s"), "x")
 	// Cancel and get are not schedule requests: they must not be counted
 	// as received (they once minted a result="404" series).
 	for _, ep := range []string{"cancel", "admin.get"} {
-		if _, err := nc.RequestMsg(&nats.Msg{Subject: "delayd." + ep, Header: hdr("Delayd-Id", "no-such-id")}, 5*time.Second); err != nil {
+		if _, err := nc.RequestMsg(&nats.Msg{Subject: "delayd." + ep, Header: daemontest.Hdr("Delayd-Id", "no-such-id")}, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s.waitCount(10, 5*time.Second)
+	s.WaitCount(10, 5*time.Second)
 	time.Sleep(300 * time.Millisecond) // a sample interval
 	_, after := httpGet(t, base+"/metrics")
 	for _, tc := range []struct {
@@ -125,9 +126,9 @@ func TestMetricsMove(t *testing.T) {
 
 func TestReadyzFollowsRedis(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
 	base := "http://" + c.HTTP.Addr
 	waitStatus := func(path string, want int) string {
 		t.Helper()
@@ -151,7 +152,7 @@ func TestReadyzFollowsRedis(t *testing.T) {
 	if err := healthcheck(); err != nil {
 		t.Errorf("healthcheck of a ready daemon: %v", err)
 	}
-	e.redis.Kill()
+	e.Redis.Kill()
 	body := waitStatus("/readyz", 503)
 	if !strings.Contains(body, "redis") {
 		t.Errorf("readyz body gives no reason: %q", body)
@@ -162,7 +163,7 @@ func TestReadyzFollowsRedis(t *testing.T) {
 	if code, _ := httpGet(t, base+"/livez"); code != 200 {
 		t.Errorf("livez %d while Redis is down", code)
 	}
-	e.redis.Start()
+	e.Redis.Start()
 	waitStatus("/readyz", 200)
 	if code, _ := httpGet(t, base+"/livez"); code != 200 {
 		t.Errorf("livez %d", code)
@@ -171,12 +172,12 @@ func TestReadyzFollowsRedis(t *testing.T) {
 
 func TestInspectCLI(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
 	getenv := func(k string) string {
 		if k == "DELAYD_NATS_URL" {
-			return e.nats.URL()
+			return e.NATS.URL()
 		}
 		return ""
 	}

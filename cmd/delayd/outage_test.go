@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"strings"
 	"testing"
 	"time"
@@ -16,21 +17,21 @@ import (
 // stores nothing, then works once Redis is up, without a restart.
 func TestRedisDownAtStart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.redis.Kill()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.Redis.Kill()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "outage.target")
-	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "outage.target", "Delayd-Delay", "100ms", "Delayd-Id", "o1"), "x")
+	s := e.Sink(nc, "outage.target")
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "outage.target", "Delayd-Delay", "100ms", "Delayd-Id", "o1"), "x")
 	if err != nil || rep.Header.Get(micro.ErrorCodeHeader) != "503" {
 		t.Fatalf("want 503 while Redis is down, got %v %v", err, rep.Header)
 	}
-	e.redis.Start()
+	e.Redis.Start()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		rep, err = schedule(nc, "delayd", hdr("Delayd-Target", "outage.target", "Delayd-Delay", "100ms", "Delayd-Id", "o2"), "x")
+		rep, err = daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "outage.target", "Delayd-Delay", "100ms", "Delayd-Id", "o2"), "x")
 		if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
 			break
 		}
@@ -39,8 +40,8 @@ func TestRedisDownAtStart(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if s.waitCount(1, 10*time.Second) != 1 || len(s.get("o2")) != 1 || len(s.get("o1")) != 0 {
-		t.Fatalf("after recovery: o1=%d o2=%d", len(s.get("o1")), len(s.get("o2")))
+	if s.WaitCount(1, 10*time.Second) != 1 || len(s.Get("o2")) != 1 || len(s.Get("o1")) != 0 {
+		t.Fatalf("after recovery: o1=%d o2=%d", len(s.Get("o1")), len(s.Get("o2")))
 	}
 }
 
@@ -48,9 +49,9 @@ func TestRedisDownAtStart(t *testing.T) {
 // comes up.
 func TestNATSDownAtStart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.nats.Stop()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.NATS.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var logs syncBuffer
@@ -62,15 +63,15 @@ func TestNATSDownAtStart(t *testing.T) {
 	if l := logs.String(); strings.Contains(l, "intake serving") || !strings.Contains(l, "not serving until NATS is connected") {
 		t.Errorf("with NATS down the log says:\n%s", l)
 	}
-	e.nats.Start()
-	e.waitService(c.Subject)
-	nc := e.conn()
+	e.NATS.Start()
+	e.WaitService(c.Subject)
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "late.target")
-	if _, err := schedule(nc, "delayd", hdr("Delayd-Target", "late.target", "Delayd-Delay", "100ms", "Delayd-Id", "n1"), "x"); err != nil {
+	s := e.Sink(nc, "late.target")
+	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "late.target", "Delayd-Delay", "100ms", "Delayd-Id", "n1"), "x"); err != nil {
 		t.Fatal(err)
 	}
-	if s.waitCount(1, 10*time.Second) != 1 {
+	if s.WaitCount(1, 10*time.Second) != 1 {
 		t.Fatal("not delivered after NATS came up")
 	}
 	cancel()

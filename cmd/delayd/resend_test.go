@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -17,12 +18,12 @@ import (
 // each resend was stored again and delivered as attempt 1.
 func TestResendOfADeliveredEnvelope(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	defer e.startDaemon(c)()
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	defer e.StartDaemon(c)()
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "resend.t")
+	s := e.Sink(nc, "resend.t")
 
 	at := time.Now().Add(50 * time.Millisecond).UTC().Format(time.RFC3339Nano)
 	// Further in the past than the window: due at once, and remembered
@@ -36,7 +37,7 @@ func TestResendOfADeliveredEnvelope(t *testing.T) {
 	deliverAt := map[string]string{}
 	send := func(name, payload string) string {
 		t.Helper()
-		m, err := schedule(nc, c.Subject, hdr(requests[name]...), payload)
+		m, err := daemontest.Schedule(nc, c.Subject, daemontest.Hdr(requests[name]...), payload)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -54,9 +55,9 @@ func TestResendOfADeliveredEnvelope(t *testing.T) {
 	for name := range requests {
 		deliverAt[name] = send(name, "p")
 	}
-	s.waitIDs([]string{"r-at", "r-delay", "r-past"}, 10*time.Second)
-	quiet(t, e, c, s)
-	if got := s.get("r-at"); len(got) != 1 || got[0].header.Get("Delayd-Request") != "" {
+	s.WaitIDs([]string{"r-at", "r-delay", "r-past"}, 10*time.Second)
+	daemontest.Quiet(t, e, c, s)
+	if got := s.Get("r-at"); len(got) != 1 || got[0].Header.Get("Delayd-Request") != "" {
 		t.Fatalf("r-at delivered %d times, headers %v; want once, without delayd's own", len(got), got)
 	}
 
@@ -65,18 +66,18 @@ func TestResendOfADeliveredEnvelope(t *testing.T) {
 			t.Errorf("%s resent after delivery: deliver_at %s, want the first one's %s", name, again, deliverAt[name])
 		}
 	}
-	quiet(t, e, c, s)
+	daemontest.Quiet(t, e, c, s)
 	for _, id := range []string{"r-at", "r-delay", "r-past"} {
-		if n := len(s.get(id)); n != 1 {
+		if n := len(s.Get(id)); n != 1 {
 			t.Errorf("%s delivered %d times after a resend of the same request, want 1", id, n)
 		}
 	}
 
 	// Another payload under the id is a new version.
 	send("delay", "q")
-	s.waitIDs([]string{"r-delay"}, 10*time.Second)
-	quiet(t, e, c, s)
-	if got := s.get("r-delay"); len(got) != 2 || got[1].data != "q" {
+	s.WaitIDs([]string{"r-delay"}, 10*time.Second)
+	daemontest.Quiet(t, e, c, s)
+	if got := s.Get("r-delay"); len(got) != 2 || got[1].Data != "q" {
 		t.Fatalf("r-delay with another payload: %d deliveries, want a second one with q", len(got))
 	}
 }
@@ -92,13 +93,13 @@ func TestResendAfter504(t *testing.T) {
 	t.Parallel()
 	m := testutil.StartRedis(t)
 	r := testutil.StartReplica(t, m)
-	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: m, NATS: testutil.StartNATS(t)}
+	c := e.Config()
 	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "resend.f")
+	got := e.Sink(nc, "resend.f")
 
 	at := time.Now().Add(500 * time.Millisecond)
 	r.Pause()
@@ -106,15 +107,15 @@ func TestResendAfter504(t *testing.T) {
 		r.Resume()
 		t.Fatalf("schedule with the replica stopped: code %q id %q, want 504 with the id", code, id)
 	}
-	got.waitIDs([]string{"f1"}, 10*time.Second)
+	got.WaitIDs([]string{"f1"}, 10*time.Second)
 	r.Resume()
 	testutil.WaitReplicas(t, m, 1, 10*time.Second)
-	quiet(t, e, c, got)
+	daemontest.Quiet(t, e, c, got)
 	if code, _ := waitSchedule(t, nc, "f1", "resend.f", at); code != "" {
 		t.Fatalf("the resend: %q, want 200", code)
 	}
-	quiet(t, e, c, got)
-	if d := got.get("f1"); len(d) != 1 {
+	daemontest.Quiet(t, e, c, got)
+	if d := got.Get("f1"); len(d) != 1 {
 		t.Fatalf("f1 delivered %d times after a 504 and a resend of the same request, want once", len(d))
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -57,11 +58,11 @@ func TestPermissionBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatalf("docs/security.md permissions do not load: %v\n%s", err, conf)
 	}
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) {
 		opts.NoLog, opts.NoSigs = o.NoLog, true
 		*o = *opts
 	})}
-	c := e.cfg()
+	c := e.Config()
 	c.NATS.User, c.NATS.Password, c.NATS.InboxPrefix = "delayd", "delayd-pw", "_INBOX_delayd"
 	c.Targets.Allow = []string{"orders.>", "notifications.>"}
 	var logs syncBuffer
@@ -79,7 +80,7 @@ func TestPermissionBlocks(t *testing.T) {
 	}
 
 	connect := func(user, pw string) *nats.Conn {
-		nc, err := nats.Connect(e.nats.URL(), nats.UserInfo(user, pw), nats.CustomInboxPrefix("_INBOX_"+user))
+		nc, err := nats.Connect(e.NATS.URL(), nats.UserInfo(user, pw), nats.CustomInboxPrefix("_INBOX_"+user))
 		if err != nil {
 			t.Fatalf("%s: %v", user, err)
 		}
@@ -102,14 +103,14 @@ func TestPermissionBlocks(t *testing.T) {
 	}
 
 	// Publisher: schedule and cancel.
-	scheduleServed(t, pub, hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "r-1"))
+	daemontest.ScheduleServed(t, pub, daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "r-1"))
 	m := nats.NewMsg("delayd.cancel")
 	m.Header.Set("Delayd-Id", "r-1")
 	rep, err := pub.RequestMsg(m, 5*time.Second)
 	if err != nil || !strings.Contains(string(rep.Data), `"cancelled":true`) {
 		t.Fatalf("publisher cancel: %v %v", err, rep)
 	}
-	scheduleServed(t, pub, hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "r-2", "Authorization", "Bearer tok-xyz"))
+	daemontest.ScheduleServed(t, pub, daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "r-2", "Authorization", "Bearer tok-xyz"))
 	// ... but nothing of the operator's or the daemons'.
 	for _, subject := range []string{"delayd.admin.get", "delayd.admin.list", "delayd.admin.stats", "delayd.admin.replay",
 		"delayd.admin.purge", "delayd.internal.wake.1", "delayd.get", "$SRV.PING"} {
@@ -134,7 +135,7 @@ func TestPermissionBlocks(t *testing.T) {
 
 	// Operator: the CLI's inspection and dead-set commands.
 	getenv := func(k string) string {
-		return map[string]string{"DELAYD_NATS_URL": e.nats.URL(), "DELAYD_NATS_USER": "operator", "DELAYD_NATS_PASSWORD": "op-pw",
+		return map[string]string{"DELAYD_NATS_URL": e.NATS.URL(), "DELAYD_NATS_USER": "operator", "DELAYD_NATS_PASSWORD": "op-pw",
 			"DELAYD_NATS_INBOX_PREFIX": "_INBOX_operator"}[k]
 	}
 	cli := func(args ...string) (string, error) {
@@ -182,7 +183,7 @@ func TestPermissionBlocks(t *testing.T) {
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		_, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: "delayd.intake", Data: []byte("x"),
-			Header: hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "s-1")})
+			Header: daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "s-1")})
 		if err == nil {
 			break
 		}
@@ -207,8 +208,8 @@ func TestPermissionBlocks(t *testing.T) {
 	// and send wake-ups (a refused one is logged as a permissions
 	// violation).
 	consumer := connect("consumer", "con-pw")
-	got := e.sink(consumer, "orders.cancel")
-	scheduleServed(t, pub, hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "10ms", "Delayd-Id", "r-3"))
+	got := e.Sink(consumer, "orders.cancel")
+	daemontest.ScheduleServed(t, pub, daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "10ms", "Delayd-Id", "r-3"))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		out, err := cli("get", "r-3")
@@ -220,8 +221,8 @@ func TestPermissionBlocks(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if got.waitCount(1, 5*time.Second) != 1 || len(got.get("r-3")) != 1 {
-		t.Errorf("the consumer block got %d deliveries, want r-3 once", got.count())
+	if got.WaitCount(1, 5*time.Second) != 1 || len(got.Get("r-3")) != 1 {
+		t.Errorf("the consumer block got %d deliveries, want r-3 once", got.Count())
 	}
 	if !refused(consumer, "orders.cancel") {
 		t.Error("the consumer block may publish; it should not need to")

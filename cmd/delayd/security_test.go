@@ -17,6 +17,7 @@ import (
 
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -46,9 +47,9 @@ func secureNATS(t *testing.T, certs testutil.Certs) *testutil.NATS {
 func TestNATSAuthTLSAndPermissions(t *testing.T) {
 	t.Parallel()
 	certs := testutil.MakeCerts(t)
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: secureNATS(t, certs)}
-	url := strings.Replace(e.nats.URL(), "nats://", "tls://", 1)
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: secureNATS(t, certs)}
+	url := strings.Replace(e.NATS.URL(), "nats://", "tls://", 1)
+	c := e.Config()
 	c.NATS.URL = url
 	c.NATS.User, c.NATS.Password = "delayd", "delayd-secret"
 	c.NATS.TLS = config.TLS{CAFile: certs.CA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}
@@ -67,11 +68,11 @@ func TestNATSAuthTLSAndPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer app.Close()
-	s := e.sink(app, "orders.>")
-	paid := e.sink(app, "payments.>")
+	s := e.Sink(app, "orders.>")
+	paid := e.Sink(app, "payments.>")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		rep, err := schedule(app, "delayd", hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "100ms", "Delayd-Id", "ok-1"), "x")
+		rep, err := daemontest.Schedule(app, "delayd", daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "100ms", "Delayd-Id", "ok-1"), "x")
 		if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
 			break
 		}
@@ -80,12 +81,12 @@ func TestNATSAuthTLSAndPermissions(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if s.waitCount(1, 5*time.Second) != 1 {
+	if s.WaitCount(1, 5*time.Second) != 1 {
 		t.Fatalf("not delivered over TLS with auth:\n%s", logs.String())
 	}
 	// delayd's own policy allows payments.>, its NATS user may not publish
 	// there: the refusal must not count as a delivery.
-	if _, err := schedule(app, "delayd", hdr("Delayd-Target", "payments.charge", "Delayd-Delay", "10ms", "Delayd-Id", "denied-1"), "x"); err != nil {
+	if _, err := daemontest.Schedule(app, "delayd", daemontest.Hdr("Delayd-Target", "payments.charge", "Delayd-Delay", "10ms", "Delayd-Id", "denied-1"), "x"); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(10 * time.Second)
@@ -95,7 +96,7 @@ func TestNATSAuthTLSAndPermissions(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if paid.count() != 0 {
+	if paid.Count() != 0 {
 		t.Fatal("a publish the server refused was delivered")
 	}
 	if strings.Contains(logs.String(), "delayd-secret") {
@@ -136,20 +137,20 @@ func TestNATSTokenAndNKey(t *testing.T) {
 			func(c *config.Config) { c.NATS.NKeySeedFile = seedFile }, mustNkey(t, seedFile)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, tc.server)}
-			c := e.cfg()
+			e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, tc.server)}
+			c := e.Config()
 			tc.set(&c)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- daemon.New(c, hclog.NewNullLogger()).Run(ctx) }()
-			app, err := nats.Connect(e.nats.URL(), tc.client)
+			app, err := nats.Connect(e.NATS.URL(), tc.client)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer app.Close()
-			s := e.sink(app, "t.>")
-			scheduleServed(t, app, hdr("Delayd-Target", "t.x", "Delayd-Delay", "10ms", "Delayd-Id", "a"))
-			if s.waitCount(1, 5*time.Second) != 1 {
+			s := e.Sink(app, "t.>")
+			daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", "t.x", "Delayd-Delay", "10ms", "Delayd-Id", "a"))
+			if s.WaitCount(1, 5*time.Second) != 1 {
 				t.Fatal("not delivered")
 			}
 			cancel()
@@ -181,8 +182,8 @@ func TestRedisACLAndTLS(t *testing.T) {
 	if err := admin.Do(ctx, docsACL(t, "redis-secret")...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, redis: r, nats: testutil.StartNATS(t)}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: r, NATS: testutil.StartNATS(t)}
+	c := e.Config()
 	c.Redis.Addrs = []string{"rediss://" + r.Addr}
 	c.Redis.Username, c.Redis.Password = "delayd", "redis-secret"
 	c.Redis.TLS = config.TLS{CAFile: certs.CA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}
@@ -193,15 +194,15 @@ func TestRedisACLAndTLS(t *testing.T) {
 	go func() {
 		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})).Run(dctx)
 	}()
-	e.waitService(c.Subject)
-	nc := e.conn()
+	e.WaitService(c.Subject)
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "acl.>")
-	rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "acl.x", "Delayd-Delay", "50ms", "Delayd-Id", "r1"), "x")
+	s := e.Sink(nc, "acl.>")
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "acl.x", "Delayd-Delay", "50ms", "Delayd-Id", "r1"), "x")
 	if err != nil || rep.Header.Get("Nats-Service-Error") != "" {
 		t.Fatalf("schedule: %v %v\n%s", err, rep.Header, logs.String())
 	}
-	if s.waitCount(1, 5*time.Second) != 1 {
+	if s.WaitCount(1, 5*time.Second) != 1 {
 		t.Fatalf("not delivered through TLS Redis with an ACL user:\n%s", logs.String())
 	}
 	// The ACL really restricts: the same user cannot touch other keys.
@@ -283,24 +284,24 @@ func TestNATSCredsFile(t *testing.T) {
 	if err := resolver.Store(apub, ajwt); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) {
 		o.TrustedOperators = []*jwt.OperatorClaims{oc}
 		o.AccountResolver = resolver
 		o.JetStream = false
 	})}
-	c := e.cfg()
+	c := e.Config()
 	c.NATS.CredsFile = creds("delayd")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- daemon.New(c, hclog.NewNullLogger()).Run(ctx) }()
-	app, err := nats.Connect(e.nats.URL(), nats.UserCredentials(creds("app")))
+	app, err := nats.Connect(e.NATS.URL(), nats.UserCredentials(creds("app")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer app.Close()
-	s := e.sink(app, "creds.>")
-	scheduleServed(t, app, hdr("Delayd-Target", "creds.x", "Delayd-Delay", "10ms"))
-	if s.waitCount(1, 5*time.Second) != 1 {
+	s := e.Sink(app, "creds.>")
+	daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", "creds.x", "Delayd-Delay", "10ms"))
+	if s.WaitCount(1, 5*time.Second) != 1 {
 		t.Fatal("not delivered")
 	}
 	cancel()

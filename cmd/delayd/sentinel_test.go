@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -13,13 +14,13 @@ import (
 func TestRedisSentinelFailover(t *testing.T) {
 	t.Parallel()
 	sn := testutil.StartSentinel(t)
-	e := &env{t: t, redis: sn.Replica, nats: testutil.StartNATS(t)}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: sn.Replica, NATS: testutil.StartNATS(t)}
+	c := e.Config()
 	c.Redis.Addrs = []string{sn.Addr}
 	c.Redis.MasterName = "mymaster"
-	f := &faultRun{e: e, target: "sen.x", stream: e.captureStream("SEN", "sen.>"), acked: map[string]time.Time{}}
-	e.startDaemon(c)
-	nc := e.conn()
+	f := &faultRun{e: e, target: "sen.x", stream: captureStream(e, "SEN", "sen.>"), acked: map[string]time.Time{}}
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	start := time.Now().Add(1500 * time.Millisecond)
 	old := sn.MasterAddr(t)

@@ -23,49 +23,34 @@ import (
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
 // occ is a delivery's Delayd-Occurrence, 0 when it has none.
-func occ(d delivery) int64 {
-	n, _ := strconv.ParseInt(d.header.Get(envelope.HeaderOccurrence), 10, 64)
+func occ(d daemontest.Delivery) int64 {
+	n, _ := strconv.ParseInt(d.Header.Get(envelope.HeaderOccurrence), 10, 64)
 	return n
 }
 
-// waitFor waits until ok holds for the deliveries of id, or d passes; it
-// returns those deliveries either way.
-func (s *sink) waitFor(id string, d time.Duration, ok func([]delivery) bool) []delivery {
-	deadline := time.After(d)
-	for {
-		if ds := s.get(id); ok(ds) {
-			return ds
-		}
-		select {
-		case <-s.cond:
-		case <-deadline:
-			return s.get(id)
-		}
-	}
-}
-
 // atLeast is a waitFor condition: n deliveries or more.
-func atLeast(n int) func([]delivery) bool {
-	return func(ds []delivery) bool { return len(ds) >= n }
+func atLeast(n int) func([]daemontest.Delivery) bool {
+	return func(ds []daemontest.Delivery) bool { return len(ds) >= n }
 }
 
 // hasOcc is a waitFor condition: occurrence n arrived.
-func hasOcc(n int64) func([]delivery) bool {
-	return func(ds []delivery) bool {
-		return slices.ContainsFunc(ds, func(d delivery) bool { return occ(d) == n })
+func hasOcc(n int64) func([]daemontest.Delivery) bool {
+	return func(ds []daemontest.Delivery) bool {
+		return slices.ContainsFunc(ds, func(d daemontest.Delivery) bool { return occ(d) == n })
 	}
 }
 
 // scheduleOK sends a schedule request that must be accepted.
 func scheduleOK(t *testing.T, nc *nats.Conn, h nats.Header, payload string) client.Scheduled {
 	t.Helper()
-	rep, err := schedule(nc, "delayd", h, payload)
+	rep, err := daemontest.Schedule(nc, "delayd", h, payload)
 	if err != nil {
 		t.Fatalf("schedule: %v", err)
 	}
@@ -82,7 +67,7 @@ func scheduleOK(t *testing.T, nc *nats.Conn, h nats.Header, payload string) clie
 // checkSeries checks deliveries that should be occurrences from..from+n-1 of
 // one series, each delivered once and on time: numbered in order, due every
 // period, never early, first attempts.
-func checkSeries(t *testing.T, ds []delivery, from int64, n int, period time.Duration) {
+func checkSeries(t *testing.T, ds []daemontest.Delivery, from int64, n int, period time.Duration) {
 	t.Helper()
 	if len(ds) != n {
 		t.Fatalf("%d deliveries, want %d: %s", len(ds), n, describe(ds))
@@ -91,24 +76,24 @@ func checkSeries(t *testing.T, ds []delivery, from int64, n int, period time.Dur
 		if got := occ(d); got != from+int64(i) {
 			t.Errorf("delivery %d is occurrence %d, want %d", i, got, from+int64(i))
 		}
-		if d.attempt != 1 {
-			t.Errorf("occurrence %d: attempt %d, want 1", occ(d), d.attempt)
+		if d.Attempt != 1 {
+			t.Errorf("occurrence %d: attempt %d, want 1", occ(d), d.Attempt)
 		}
-		if d.received.Before(d.due) {
-			t.Errorf("occurrence %d received %s before its due time", occ(d), d.due.Sub(d.received))
+		if d.Received.Before(d.Due) {
+			t.Errorf("occurrence %d received %s before its due time", occ(d), d.Due.Sub(d.Received))
 		}
-		if i > 0 && d.due.Sub(ds[i-1].due) != period {
-			t.Errorf("occurrence %d due %s after the previous one, want %s", occ(d), d.due.Sub(ds[i-1].due), period)
+		if i > 0 && d.Due.Sub(ds[i-1].Due) != period {
+			t.Errorf("occurrence %d due %s after the previous one, want %s", occ(d), d.Due.Sub(ds[i-1].Due), period)
 		}
 	}
 }
 
 // describe renders deliveries for failure messages.
-func describe(ds []delivery) string {
+func describe(ds []daemontest.Delivery) string {
 	var b strings.Builder
 	for _, d := range ds {
-		b.WriteString("\n  occurrence " + strconv.FormatInt(occ(d), 10) + " attempt " + strconv.Itoa(d.attempt) +
-			" due " + d.due.Format("15:04:05.000") + " received " + d.received.Format("15:04:05.000") + " data " + strconv.Quote(d.data))
+		b.WriteString("\n  occurrence " + strconv.FormatInt(occ(d), 10) + " attempt " + strconv.Itoa(d.Attempt) +
+			" due " + d.Due.Format("15:04:05.000") + " received " + d.Received.Format("15:04:05.000") + " data " + strconv.Quote(d.Data))
 	}
 	return b.String()
 }
@@ -124,22 +109,22 @@ func notFound(t *testing.T, cl *client.Client, id string) {
 func TestSeriesEvery(t *testing.T) {
 	e, nc, s := seriesDaemon(t, "series.every")
 	payload := "tick \x00\xff"
-	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.every", "Delayd-Every", "1s", "Delayd-Count", "3",
+	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.every", "Delayd-Every", "1s", "Delayd-Count", "3",
 		"Delayd-Id", "ev", "traceparent", "00-abc-def-01", "X-Multi", "a", "X-Multi", "b"), payload)
 
-	s.waitFor("ev", 6*time.Second, atLeast(3))
-	quiet(t, e, e.cfg(), s) // the series ended: no fourth can come
-	ds := s.get("ev")
+	s.WaitFor("ev", 6*time.Second, atLeast(3))
+	daemontest.Quiet(t, e, e.Config(), s) // the series ended: no fourth can come
+	ds := s.Get("ev")
 	checkSeries(t, ds, 1, 3, time.Second)
-	if !ds[0].due.Equal(sr.DeliverAt) {
-		t.Errorf("first due %s, reply said %s", ds[0].due, sr.DeliverAt)
+	if !ds[0].Due.Equal(sr.DeliverAt) {
+		t.Errorf("first due %s, reply said %s", ds[0].Due, sr.DeliverAt)
 	}
 	for _, d := range ds {
-		if d.data != payload || d.header.Get("traceparent") != "00-abc-def-01" || !slices.Equal(d.header.Values("X-Multi"), []string{"a", "b"}) {
-			t.Errorf("occurrence %d: payload %q or headers %v changed", occ(d), d.data, d.header)
+		if d.Data != payload || d.Header.Get("traceparent") != "00-abc-def-01" || !slices.Equal(d.Header.Values("X-Multi"), []string{"a", "b"}) {
+			t.Errorf("occurrence %d: payload %q or headers %v changed", occ(d), d.Data, d.Header)
 		}
-		if d.header.Get("Delayd-Every") != "" || d.header.Get("Delayd-Count") != "" || d.header.Get("Delayd-Target") != "" {
-			t.Errorf("occurrence %d: control headers leaked: %v", occ(d), d.header)
+		if d.Header.Get("Delayd-Every") != "" || d.Header.Get("Delayd-Count") != "" || d.Header.Get("Delayd-Target") != "" {
+			t.Errorf("occurrence %d: control headers leaked: %v", occ(d), d.Header)
 		}
 	}
 	notFound(t, client.New(nc), "ev")
@@ -147,20 +132,20 @@ func TestSeriesEvery(t *testing.T) {
 
 func TestSeriesCronTimeZone(t *testing.T) {
 	e, nc, s := seriesDaemon(t, "series.cron")
-	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.cron", "Delayd-Cron", "*/1 * * * * *",
+	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cron", "Delayd-Cron", "*/1 * * * * *",
 		"Delayd-Time-Zone", "America/New_York", "Delayd-Count", "2", "Delayd-Id", "cr"), "c")
 
-	s.waitFor("cr", 5*time.Second, atLeast(2))
-	quiet(t, e, e.cfg(), s)
-	ds := s.get("cr")
+	s.WaitFor("cr", 5*time.Second, atLeast(2))
+	daemontest.Quiet(t, e, e.Config(), s)
+	ds := s.Get("cr")
 	checkSeries(t, ds, 1, 2, time.Second)
 	for _, d := range ds {
-		if d.due.Nanosecond() != 0 {
-			t.Errorf("occurrence %d due %s: not on a whole second", occ(d), d.due.Format(time.RFC3339Nano))
+		if d.Due.Nanosecond() != 0 {
+			t.Errorf("occurrence %d due %s: not on a whole second", occ(d), d.Due.Format(time.RFC3339Nano))
 		}
 	}
-	if !ds[0].due.Equal(sr.DeliverAt) {
-		t.Errorf("first due %s, reply said %s", ds[0].due, sr.DeliverAt)
+	if !ds[0].Due.Equal(sr.DeliverAt) {
+		t.Errorf("first due %s, reply said %s", ds[0].Due, sr.DeliverAt)
 	}
 	notFound(t, client.New(nc), "cr")
 }
@@ -168,7 +153,7 @@ func TestSeriesCronTimeZone(t *testing.T) {
 func TestSeriesUntil(t *testing.T) {
 	e, nc, s := seriesDaemon(t, "series.until")
 	until := time.Now().Add(2500 * time.Millisecond).UTC()
-	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.until", "Delayd-Every", "1s",
+	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.until", "Delayd-Every", "1s",
 		"Delayd-Until", until.Format(time.RFC3339Nano), "Delayd-Id", "un"), "u")
 	// Until is inclusive: every first + k·1s not after it.
 	want := 0
@@ -179,13 +164,13 @@ func TestSeriesUntil(t *testing.T) {
 		t.Logf("first due %s, until %s: expecting %d occurrences", sr.DeliverAt.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano), want)
 	}
 
-	s.waitFor("un", time.Until(until)+2*time.Second, atLeast(want))
-	quiet(t, e, e.cfg(), s)
-	ds := s.get("un")
+	s.WaitFor("un", time.Until(until)+2*time.Second, atLeast(want))
+	daemontest.Quiet(t, e, e.Config(), s)
+	ds := s.Get("un")
 	checkSeries(t, ds, 1, want, time.Second)
 	for _, d := range ds {
-		if d.due.After(until) {
-			t.Errorf("occurrence %d due %s, after until %s", occ(d), d.due.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano))
+		if d.Due.After(until) {
+			t.Errorf("occurrence %d due %s, after until %s", occ(d), d.Due.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano))
 		}
 	}
 	notFound(t, client.New(nc), "un")
@@ -194,9 +179,9 @@ func TestSeriesUntil(t *testing.T) {
 func TestSeriesCancel(t *testing.T) {
 	_, nc, s := seriesDaemon(t, "series.cancel")
 	cl := client.New(nc)
-	scheduleOK(t, nc, hdr("Delayd-Target", "series.cancel", "Delayd-Every", "1s", "Delayd-Id", "ca"), "c")
+	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cancel", "Delayd-Every", "1s", "Delayd-Id", "ca"), "c")
 
-	if ds := s.waitFor("ca", 4*time.Second, atLeast(1)); len(ds) == 0 {
+	if ds := s.WaitFor("ca", 4*time.Second, atLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	// Usually after the ack of occurrence 1; TestSeriesCancelWhileInFlight
@@ -211,8 +196,8 @@ func TestSeriesCancel(t *testing.T) {
 		// shows: give it the time it had.
 		time.Sleep(2500 * time.Millisecond)
 	}
-	s.settle(t) // not in flight: the cancel removed all there was
-	if ds := s.get("ca"); len(ds) != 1 {
+	s.Settle(t) // not in flight: the cancel removed all there was
+	if ds := s.Get("ca"); len(ds) != 1 {
 		t.Errorf("cancelled series delivered after the cancel: %s", describe(ds))
 	}
 	notFound(t, cl, "ca")
@@ -220,18 +205,18 @@ func TestSeriesCancel(t *testing.T) {
 
 func TestSeriesReplace(t *testing.T) {
 	e, nc, s := seriesDaemon(t, "series.replace")
-	scheduleOK(t, nc, hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Id", "re"), "old")
+	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Id", "re"), "old")
 
-	if ds := s.waitFor("re", 4*time.Second, atLeast(1)); len(ds) == 0 {
+	if ds := s.WaitFor("re", 4*time.Second, atLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	// Usually after the ack; TestSeriesReplaceWhileInFlight races it.
-	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "re"), "new")
-	s.waitFor("re", 5*time.Second, atLeast(3))
-	quiet(t, e, e.cfg(), s)
-	var old, renewed []delivery
-	for _, d := range s.get("re") {
-		if d.data == "old" {
+	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "re"), "new")
+	s.WaitFor("re", 5*time.Second, atLeast(3))
+	daemontest.Quiet(t, e, e.Config(), s)
+	var old, renewed []daemontest.Delivery
+	for _, d := range s.Get("re") {
+		if d.Data == "old" {
 			old = append(old, d)
 		} else {
 			renewed = append(renewed, d)
@@ -241,8 +226,8 @@ func TestSeriesReplace(t *testing.T) {
 		t.Errorf("old series: want only occurrence 1, got %s", describe(old))
 	}
 	checkSeries(t, renewed, 1, 2, time.Second)
-	if !renewed[0].due.Equal(sr.DeliverAt) {
-		t.Errorf("new series first due %s, reply said %s", renewed[0].due, sr.DeliverAt)
+	if !renewed[0].Due.Equal(sr.DeliverAt) {
+		t.Errorf("new series first due %s, reply said %s", renewed[0].Due, sr.DeliverAt)
 	}
 	notFound(t, client.New(nc), "re")
 }
@@ -250,7 +235,7 @@ func TestSeriesReplace(t *testing.T) {
 func TestSeriesGetPending(t *testing.T) {
 	_, nc, s := seriesDaemon(t, "series.get")
 	cl := client.New(nc)
-	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.get", "Delayd-Every", "1s", "Delayd-Count", "3", "Delayd-Id", "ge"), "g")
+	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.get", "Delayd-Every", "1s", "Delayd-Count", "3", "Delayd-Id", "ge"), "g")
 
 	check := func(en client.Entry, n int64, due time.Time) {
 		t.Helper()
@@ -265,7 +250,7 @@ func TestSeriesGetPending(t *testing.T) {
 	}
 	check(en, 1, sr.DeliverAt)
 
-	ds := s.waitFor("ge", 4*time.Second, atLeast(1))
+	ds := s.WaitFor("ge", 4*time.Second, atLeast(1))
 	if len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
@@ -278,7 +263,7 @@ func TestSeriesGetPending(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	check(en, 2, ds[0].due.Add(time.Second))
+	check(en, 2, ds[0].Due.Add(time.Second))
 	if _, err := cl.Cancel(context.Background(), "ge"); err != nil {
 		t.Fatal(err)
 	}
@@ -289,18 +274,18 @@ func TestSeriesGetPending(t *testing.T) {
 // so each flush, and with it the ack of each delivery, lags the delivery by
 // 400 ms: a cancel or replace sent when an occurrence arrives reaches Redis
 // while that occurrence is still in flight.
-func slowAckFleet(t *testing.T) (*env, config.Config) {
-	e := newEnv(t)
-	c := e.cfg()
+func slowAckFleet(t *testing.T) (*daemontest.Env, config.Config) {
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	ci := c
 	ci.Mode = "intake"
-	e.startDaemon(ci)
-	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	e.StartDaemon(ci)
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
 	cs := c
 	cs.Mode = "scanner"
 	cs.NATS.URL = "nats://" + proxy.Addr()
 	cs.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	e.startDaemon(cs)
+	e.StartDaemon(cs)
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 400 * time.Millisecond})
 	return e, c
 }
@@ -310,12 +295,12 @@ func slowAckFleet(t *testing.T) (*env, config.Config) {
 func TestSeriesCancelWhileInFlight(t *testing.T) {
 	t.Parallel()
 	e, c := slowAckFleet(t)
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
 	cl := client.New(nc)
-	s := e.sink(nc, "series.cif")
-	scheduleOK(t, nc, hdr("Delayd-Target", "series.cif", "Delayd-Every", "1s", "Delayd-Id", "cif"), "c")
-	if ds := s.waitFor("cif", 6*time.Second, atLeast(1)); len(ds) == 0 {
+	s := e.Sink(nc, "series.cif")
+	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cif", "Delayd-Every", "1s", "Delayd-Id", "cif"), "c")
+	if ds := s.WaitFor("cif", 6*time.Second, atLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	r, err := cl.Cancel(context.Background(), "cif")
@@ -323,11 +308,11 @@ func TestSeriesCancelWhileInFlight(t *testing.T) {
 		t.Fatalf("cancel: %+v, %v; want cancelled and in flight", r, err)
 	}
 	time.Sleep(2500 * time.Millisecond)
-	if ds := s.get("cif"); len(ds) != 1 {
+	if ds := s.Get("cif"); len(ds) != 1 {
 		t.Errorf("series cancelled in flight delivered again: %s", describe(ds))
 	}
 	notFound(t, cl, "cif")
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Errorf("%d envelopes left after the cancel", n)
 	}
 }
@@ -338,28 +323,28 @@ func TestSeriesCancelWhileInFlight(t *testing.T) {
 func TestSeriesReplaceWhileInFlight(t *testing.T) {
 	t.Parallel()
 	e, c := slowAckFleet(t)
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	st := e.inspectStore(c)
-	s := e.sink(nc, "series.rif")
-	scheduleOK(t, nc, hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Id", "rif"), "old")
-	if ds := s.waitFor("rif", 6*time.Second, atLeast(1)); len(ds) == 0 {
+	st := e.InspectStore(c)
+	s := e.Sink(nc, "series.rif")
+	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Id", "rif"), "old")
+	if ds := s.WaitFor("rif", 6*time.Second, atLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	if en, err := st.Get(context.Background(), "rif"); err != nil || en.State != store.StateInflight {
 		t.Fatalf("occurrence 1 no longer in flight when replaced (%+v, %v): the test missed the race", en, err)
 	}
-	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "rif"), "new")
+	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "rif"), "new")
 	time.Sleep(500 * time.Millisecond) // the old occurrence's ack has come and gone
 	en, err := client.New(nc).Get(context.Background(), "rif")
 	if got, _ := time.Parse(time.RFC3339Nano, en.Due); err != nil || en.Occurrence != 1 || !got.Equal(sr.DeliverAt) || en.Series != "every 1s, count 2" {
 		t.Errorf("after the old ack: %+v, %v; want the new series, occurrence 1, due %s", en, err, sr.DeliverAt.Format(time.RFC3339Nano))
 	}
-	s.waitFor("rif", 6*time.Second, atLeast(3))
-	quiet(t, e, c, s)
-	var old, renewed []delivery
-	for _, d := range s.get("rif") {
-		if d.data == "old" {
+	s.WaitFor("rif", 6*time.Second, atLeast(3))
+	daemontest.Quiet(t, e, c, s)
+	var old, renewed []daemontest.Delivery
+	for _, d := range s.Get("rif") {
+		if d.Data == "old" {
 			old = append(old, d)
 		} else {
 			renewed = append(renewed, d)
@@ -369,7 +354,7 @@ func TestSeriesReplaceWhileInFlight(t *testing.T) {
 		t.Errorf("old series delivered after the replace: %s", describe(old))
 	}
 	checkSeries(t, renewed, 1, 2, time.Second)
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Errorf("%d envelopes left after the series ended", n)
 	}
 }
@@ -405,23 +390,23 @@ func killOnOccurrence(t *testing.T, nc *nats.Conn, subject string, p *proc, k in
 // under the same attempt, and the series must go on.
 func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.Scanner.Lease = time.Second
 	bin := delaydBinary(t)
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 
-	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
 	slow := c
 	slow.NATS.URL = "nats://" + proxy.Addr()
-	p := e.startProc(bin, slow)
+	p := startProc(e, bin, slow)
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
-	sub1 := e.conn()
-	first := e.sink(sub1, "series.crash")
+	sub1 := e.Conn()
+	first := e.Sink(sub1, "series.crash")
 	killed := killOnOccurrence(t, sub1, "series.crash", p, 2)
-	scheduleOK(t, nc, hdr("Delayd-Target", "series.crash", "Delayd-Every", "1s", "Delayd-Count", "4", "Delayd-Id", "kc"), "k")
+	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.crash", "Delayd-Every", "1s", "Delayd-Count", "4", "Delayd-Id", "kc"), "k")
 	select {
 	case <-killed:
 	case <-time.After(6 * time.Second):
@@ -434,20 +419,20 @@ func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
 	// A subscription made after the kill watches the new daemon: see
 	// TestKill9BetweenClaimAndAck for the broker delay this avoids.
 	sub1.Close()
-	sub2 := e.conn()
+	sub2 := e.Conn()
 	defer sub2.Close()
-	second := e.sink(sub2, "series.crash")
-	e.startProc(bin, c)
-	second.waitFor("kc", 10*time.Second, hasOcc(4))
-	quiet(t, e, c, second)
+	second := e.Sink(sub2, "series.crash")
+	startProc(e, bin, c)
+	second.WaitFor("kc", 10*time.Second, hasOcc(4))
+	daemontest.Quiet(t, e, c, second)
 
-	a, b := first.get("kc"), second.get("kc")
-	all := append(append([]delivery(nil), a...), b...)
-	byOcc := map[int64][]delivery{}
+	a, b := first.Get("kc"), second.Get("kc")
+	all := append(append([]daemontest.Delivery(nil), a...), b...)
+	byOcc := map[int64][]daemontest.Delivery{}
 	for _, d := range all {
 		byOcc[occ(d)] = append(byOcc[occ(d)], d)
-		if d.received.Before(d.due) {
-			t.Errorf("occurrence %d attempt %d early", occ(d), d.attempt)
+		if d.Received.Before(d.Due) {
+			t.Errorf("occurrence %d attempt %d early", occ(d), d.Attempt)
 		}
 	}
 	for n := int64(1); n <= 4; n++ {
@@ -457,7 +442,7 @@ func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
 			continue
 		}
 		for i, d := range ds {
-			if d.attempt != i+1 || !d.due.Equal(ds[0].due) {
+			if d.Attempt != i+1 || !d.Due.Equal(ds[0].Due) {
 				t.Errorf("occurrence %d delivered again without a higher attempt or with another due time: %s", n, describe(ds))
 				break
 			}
@@ -469,11 +454,11 @@ func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
 	if len(byOcc) != 4 {
 		t.Errorf("occurrences beyond 1..4: %s", describe(all))
 	}
-	if !slices.ContainsFunc(b, func(d delivery) bool { return occ(d) == 3 }) || !slices.ContainsFunc(b, func(d delivery) bool { return occ(d) == 4 }) {
+	if !slices.ContainsFunc(b, func(d daemontest.Delivery) bool { return occ(d) == 3 }) || !slices.ContainsFunc(b, func(d daemontest.Delivery) bool { return occ(d) == 4 }) {
 		t.Errorf("the series did not go on after the restart: %s", describe(b))
 	}
 	t.Logf("before the kill:%s\nafter the restart:%s", describe(a), describe(b))
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Errorf("%d envelopes left after the series ended", n)
 	}
 }
@@ -481,30 +466,30 @@ func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
 // catchUp runs an Every 1s series, stops its only daemon gracefully after
 // occurrence 1 for down, starts another and returns the deliveries until
 // occurrence last arrived and the series ended, and when the restart began.
-func catchUp(t *testing.T, id string, down time.Duration, last int64, extra ...string) ([]delivery, time.Time) {
-	e := newEnv(t)
-	c := e.cfg()
+func catchUp(t *testing.T, id string, down time.Duration, last int64, extra ...string) ([]daemontest.Delivery, time.Time) {
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	bin := delaydBinary(t)
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "series."+id)
-	p := e.startProc(bin, c)
-	scheduleOK(t, nc, hdr(append([]string{"Delayd-Target", "series." + id, "Delayd-Every", "1s",
+	s := e.Sink(nc, "series."+id)
+	p := startProc(e, bin, c)
+	scheduleOK(t, nc, daemontest.Hdr(append([]string{"Delayd-Target", "series." + id, "Delayd-Every", "1s",
 		"Delayd-Count", strconv.FormatInt(last, 10), "Delayd-Id", id}, extra...)...), id)
-	if ds := s.waitFor(id, 4*time.Second, atLeast(1)); len(ds) == 0 {
+	if ds := s.WaitFor(id, 4*time.Second, atLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	_ = p.cmd.Wait()
 	time.Sleep(down)
-	if ds := s.get(id); len(ds) != 1 {
+	if ds := s.Get(id); len(ds) != 1 {
 		t.Fatalf("deliveries while no daemon ran: %s", describe(ds))
 	}
 	restart := time.Now()
-	e.startProc(bin, c)
-	s.waitFor(id, 10*time.Second, hasOcc(last))
-	quiet(t, e, c, s)
-	ds := s.get(id)
+	startProc(e, bin, c)
+	s.WaitFor(id, 10*time.Second, hasOcc(last))
+	daemontest.Quiet(t, e, c, s)
+	ds := s.Get(id)
 	if en, err := client.New(nc).Get(context.Background(), id); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("get after the series ended: %+v, %v", en, err)
 	}
@@ -522,19 +507,19 @@ func TestSeriesCatchUpOne(t *testing.T) {
 		t.Fatalf("%d deliveries, want 3 (1, one late, one after the restart)", len(ds))
 	}
 	for i, d := range ds {
-		if occ(d) != int64(i+1) || d.attempt != 1 || d.received.Before(d.due) {
-			t.Errorf("delivery %d: occurrence %d attempt %d, due %s received %s", i, occ(d), d.attempt, d.due, d.received)
+		if occ(d) != int64(i+1) || d.Attempt != 1 || d.Received.Before(d.Due) {
+			t.Errorf("delivery %d: occurrence %d attempt %d, due %s received %s", i, occ(d), d.Attempt, d.Due, d.Received)
 		}
 	}
 	late, next := ds[1], ds[2]
-	if late.due.Sub(ds[0].due) != time.Second || !late.due.Before(restart) {
-		t.Errorf("late occurrence due %s after occurrence 1 (want 1s), restart %s", late.due.Sub(ds[0].due), restart)
+	if late.Due.Sub(ds[0].Due) != time.Second || !late.Due.Before(restart) {
+		t.Errorf("late occurrence due %s after occurrence 1 (want 1s), restart %s", late.Due.Sub(ds[0].Due), restart)
 	}
-	if late.received.Sub(restart) > 3*time.Second {
-		t.Errorf("late occurrence arrived %s after the restart began", late.received.Sub(restart))
+	if late.Received.Sub(restart) > 3*time.Second {
+		t.Errorf("late occurrence arrived %s after the restart began", late.Received.Sub(restart))
 	}
-	if !next.due.After(restart) || next.due.Sub(ds[0].due)%time.Second != 0 {
-		t.Errorf("occurrence after the late one due %s, restart %s: want after the restart, in phase", next.due, restart)
+	if !next.Due.After(restart) || next.Due.Sub(ds[0].Due)%time.Second != 0 {
+		t.Errorf("occurrence after the late one due %s, restart %s: want after the restart, in phase", next.Due, restart)
 	}
 }
 
@@ -547,27 +532,27 @@ func TestSeriesCatchUpAll(t *testing.T) {
 	checkSeries(t, ds, 1, 5, time.Second)
 	missed := ds[1:]
 	for _, d := range missed {
-		if !d.due.Before(restart) {
-			t.Errorf("occurrence %d due %s, not missed (restart %s)", occ(d), d.due, restart)
+		if !d.Due.Before(restart) {
+			t.Errorf("occurrence %d due %s, not missed (restart %s)", occ(d), d.Due, restart)
 		}
 	}
-	if spread := missed[len(missed)-1].received.Sub(missed[0].received); spread > time.Second {
+	if spread := missed[len(missed)-1].Received.Sub(missed[0].Received); spread > time.Second {
 		t.Errorf("missed occurrences took %s to deliver, want a burst", spread)
 	}
 }
 
 func TestAliasNATSSchedule(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "alias.>")
+	s := e.Sink(nc, "alias.>")
 
-	scheduleOK(t, nc, hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Delayd-Count", "2", "Delayd-Id", "al-every"), "e")
+	scheduleOK(t, nc, daemontest.Hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Delayd-Count", "2", "Delayd-Id", "al-every"), "e")
 	at := time.Now().Add(500 * time.Millisecond).UTC()
-	sr := scheduleOK(t, nc, hdr("Nats-Schedule", "@at "+at.Format(time.RFC3339Nano), "Nats-Schedule-Target", "alias.at", "Delayd-Id", "al-at"), "a")
+	sr := scheduleOK(t, nc, daemontest.Hdr("Nats-Schedule", "@at "+at.Format(time.RFC3339Nano), "Nats-Schedule-Target", "alias.at", "Delayd-Id", "al-at"), "a")
 	if want := time.UnixMilli(at.UnixMilli() + 1); !sr.DeliverAt.Equal(time.UnixMilli(at.UnixMilli())) && !sr.DeliverAt.Equal(want) {
 		t.Errorf("@at deliver_at %s, asked %s", sr.DeliverAt.Format(time.RFC3339Nano), at.Format(time.RFC3339Nano))
 	}
@@ -577,11 +562,11 @@ func TestAliasNATSSchedule(t *testing.T) {
 		h    nats.Header
 		says string
 	}{
-		{"source", hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Nats-Schedule-Source", "foo"), "Nats-Schedule-Source"},
-		{"with delay", hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Delayd-Delay", "1s"), "Nats-Schedule"},
+		{"source", daemontest.Hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Nats-Schedule-Source", "foo"), "Nats-Schedule-Source"},
+		{"with delay", daemontest.Hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Delayd-Delay", "1s"), "Nats-Schedule"},
 	}
 	for _, tc := range refused {
-		rep, err := schedule(nc, "delayd", tc.h, "x")
+		rep, err := daemontest.Schedule(nc, "delayd", tc.h, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -590,31 +575,31 @@ func TestAliasNATSSchedule(t *testing.T) {
 		}
 	}
 
-	s.waitFor("al-every", 5*time.Second, atLeast(2))
-	quiet(t, e, c, s)
-	checkSeries(t, s.get("al-every"), 1, 2, time.Second)
-	ats := s.get("al-at")
-	if len(ats) != 1 || ats[0].received.Before(at) || ats[0].header.Get(envelope.HeaderOccurrence) != "" || ats[0].data != "a" {
+	s.WaitFor("al-every", 5*time.Second, atLeast(2))
+	daemontest.Quiet(t, e, c, s)
+	checkSeries(t, s.Get("al-every"), 1, 2, time.Second)
+	ats := s.Get("al-at")
+	if len(ats) != 1 || ats[0].Received.Before(at) || ats[0].Header.Get(envelope.HeaderOccurrence) != "" || ats[0].Data != "a" {
 		t.Errorf("@at: %s, want one delivery, not early, without Delayd-Occurrence", describe(ats))
 	}
-	for _, d := range append(s.get("al-every"), ats...) {
-		for k := range d.header {
+	for _, d := range append(s.Get("al-every"), ats...) {
+		for k := range d.Header {
 			if strings.HasPrefix(strings.ToLower(k), "nats-schedule") {
-				t.Errorf("%s delivered with %s: %v", d.id, k, d.header)
+				t.Errorf("%s delivered with %s: %v", d.ID, k, d.Header)
 			}
 		}
 	}
-	if n := e.stored(c); n != 0 {
+	if n := e.Stored(c); n != 0 {
 		t.Errorf("%d envelopes left: the refused ones were stored, or a series did not end", n)
 	}
 }
 
 func TestSeriesBadInput(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	e.startDaemon(c)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	cl := client.New(nc)
 	before, err := cl.Stats(context.Background())
@@ -625,18 +610,18 @@ func TestSeriesBadInput(t *testing.T) {
 		name string
 		h    nats.Header
 	}{
-		{"every under 1s", hdr("Delayd-Every", "500ms")},
-		{"bad cron", hdr("Delayd-Cron", "* * * *")},
-		{"cron out of range", hdr("Delayd-Cron", "61 * * * * *")},
-		{"bad zone", hdr("Delayd-Cron", "0 * * * * *", "Delayd-Time-Zone", "Mars/Olympus")},
-		{"zone with every", hdr("Delayd-Every", "1s", "Delayd-Time-Zone", "UTC")},
-		{"count without series", hdr("Delayd-Delay", "1s", "Delayd-Count", "2")},
-		{"until past", hdr("Delayd-Every", "1s", "Delayd-Until", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))},
+		{"every under 1s", daemontest.Hdr("Delayd-Every", "500ms")},
+		{"bad cron", daemontest.Hdr("Delayd-Cron", "* * * *")},
+		{"cron out of range", daemontest.Hdr("Delayd-Cron", "61 * * * * *")},
+		{"bad zone", daemontest.Hdr("Delayd-Cron", "0 * * * * *", "Delayd-Time-Zone", "Mars/Olympus")},
+		{"zone with every", daemontest.Hdr("Delayd-Every", "1s", "Delayd-Time-Zone", "UTC")},
+		{"count without series", daemontest.Hdr("Delayd-Delay", "1s", "Delayd-Count", "2")},
+		{"until past", daemontest.Hdr("Delayd-Every", "1s", "Delayd-Until", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))},
 	}
 	for i, tc := range cases {
 		tc.h.Set("Delayd-Target", "bad.series")
 		tc.h.Set("Delayd-Id", "bad-"+strconv.Itoa(i))
-		rep, err := schedule(nc, "delayd", tc.h, "x")
+		rep, err := daemontest.Schedule(nc, "delayd", tc.h, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -648,21 +633,21 @@ func TestSeriesBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.Pending != before.Pending || e.stored(c) != 0 {
-		t.Errorf("pending %d before, %d after bad requests (%d stored)", before.Pending, after.Pending, e.stored(c))
+	if after.Pending != before.Pending || e.Stored(c) != 0 {
+		t.Errorf("pending %d before, %d after bad requests (%d stored)", before.Pending, after.Pending, e.Stored(c))
 	}
 }
 
 // seriesDaemon starts a parallel test's servers and daemon, a connection,
 // and a sink on target.
-func seriesDaemon(t *testing.T, target string) (*env, *nats.Conn, *sink) {
+func seriesDaemon(t *testing.T, target string) (*daemontest.Env, *nats.Conn, *daemontest.Sink) {
 	t.Helper()
 	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg())
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	e.StartDaemon(e.Config())
+	nc := e.Conn()
 	t.Cleanup(nc.Close)
-	return e, nc, e.sink(nc, target)
+	return e, nc, e.Sink(nc, target)
 }
 
 // TestSeriesEveryWithSkewedClock: the first occurrence of an Every series
@@ -670,18 +655,18 @@ func seriesDaemon(t *testing.T, target string) (*env, *nats.Conn, *sink) {
 // daemon whose clock is 30 s behind cannot deliver it 10 s early.
 func TestSeriesEveryWithSkewedClock(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.startDaemon(e.cfg(), daemon.WithClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	e.StartDaemon(e.Config(), daemon.WithClock(func() time.Time { return time.Now().Add(-30 * time.Second) }))
+	nc := e.Conn()
 	defer nc.Close()
-	s := e.sink(nc, "series.skew")
+	s := e.Sink(nc, "series.skew")
 	sent := time.Now()
-	sr := scheduleOK(t, nc, hdr("Delayd-Target", "series.skew", "Delayd-Every", "2s", "Delayd-Count", "1", "Delayd-Id", "sk"), "x")
+	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.skew", "Delayd-Every", "2s", "Delayd-Count", "1", "Delayd-Id", "sk"), "x")
 	if d := sr.DeliverAt.Sub(sent); d < 2*time.Second-50*time.Millisecond || d > 3*time.Second {
 		t.Fatalf("first occurrence due %s after the request, want 2s", d)
 	}
-	s.waitFor("sk", 5*time.Second, atLeast(1))
-	if d := s.get("sk")[0]; d.received.Before(d.due) || d.received.Sub(sent) < 2*time.Second-50*time.Millisecond {
-		t.Fatalf("delivered %s after the request (due %s)", d.received.Sub(sent), d.due.Sub(sent))
+	s.WaitFor("sk", 5*time.Second, atLeast(1))
+	if d := s.Get("sk")[0]; d.Received.Before(d.Due) || d.Received.Sub(sent) < 2*time.Second-50*time.Millisecond {
+		t.Fatalf("delivered %s after the request (due %s)", d.Received.Sub(sent), d.Due.Sub(sent))
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -25,12 +26,12 @@ import (
 // drops B's subscriptions too, and every request is answered by A.
 func TestSilentPathIsAnOutage(t *testing.T) {
 	t.Parallel()
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) {
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) {
 		o.PingInterval = 500 * time.Millisecond
 		o.MaxPingsOut = 2
 	})}
-	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
-	a := e.cfg()
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
+	a := e.Config()
 	a.Shards = 16
 	a.Scanner.MaxAttempts = 3
 	a.NATS.Name = "silent-a"
@@ -38,14 +39,14 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 	b.NATS.Name = "silent-b"
 	b.NATS.URL = "nats://" + proxy.Addr()
 	b.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	e.startDaemon(a)
-	e.startDaemon(b)
-	st := e.inspectStore(a)
+	e.StartDaemon(a)
+	e.StartDaemon(b)
+	st := e.InspectStore(a)
 	bShards := waitSplit(t, st, b.NATS.Name+"@")
 
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "silent.t")
+	got := e.Sink(nc, "silent.t")
 	const n = 160
 	ids := make([]string, n)
 	due := map[string]time.Time{}
@@ -58,7 +59,7 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 		if bShards[st.Shard(ids[i])] {
 			inB++
 		}
-		scheduleServed(t, nc, hdr("Delayd-Target", "silent.t", "Delayd-Id", ids[i], "Delayd-At", at.UTC().Format(time.RFC3339Nano)))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "silent.t", "Delayd-Id", ids[i], "Delayd-At", at.UTC().Format(time.RFC3339Nano)))
 	}
 	if inB == 0 {
 		t.Fatal("no envelope in B's shards")
@@ -67,15 +68,15 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 	t.Logf("blackholed B's path; %d of %d envelopes in B's %d shards", inB, n, len(bShards))
 
 	last := start.Add(3 * time.Second)
-	got.waitIDs(ids, time.Until(last.Add(a.Ownership.TTL+10*time.Second)))
+	got.WaitIDs(ids, time.Until(last.Add(a.Ownership.TTL+10*time.Second)))
 	var worst time.Duration // the latest of B's shards
 	for _, id := range ids {
-		ds := got.get(id)
+		ds := got.Get(id)
 		if len(ds) == 0 {
 			t.Errorf("%s (shard %d, B's: %v) not delivered", id, st.Shard(id), bShards[st.Shard(id)])
 			continue
 		}
-		late := ds[0].received.Sub(due[id])
+		late := ds[0].Received.Sub(due[id])
 		if late > a.Ownership.TTL+10*time.Second {
 			t.Errorf("%s delivered %s after its due time", id, late)
 		}
@@ -83,8 +84,8 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 			worst = max(worst, late)
 		}
 		for _, d := range ds {
-			if d.attempt != 1 {
-				t.Errorf("%s delivered with attempt %d: the outage was counted", id, d.attempt)
+			if d.Attempt != 1 {
+				t.Errorf("%s delivered with attempt %d: the outage was counted", id, d.Attempt)
 			}
 		}
 	}
@@ -113,7 +114,7 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 
 	// Once the server dropped B's silent connections (its own PINGs
 	// unanswered), no request is routed to B: all are answered.
-	for deadline := time.Now().Add(20 * time.Second); serverHas(t, e.nats, b.NATS.Name); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); serverHas(t, e.NATS, b.NATS.Name); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the server kept B's connections 20 s into the blackhole")
 		}
@@ -123,7 +124,7 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rep, err := schedule(nc, "delayd", hdr("Delayd-Target", "silent.later", "Delayd-Delay", "1h", "Delayd-Id", fmt.Sprintf("later-%d", i)), "x")
+			rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "silent.later", "Delayd-Delay", "1h", "Delayd-Id", fmt.Sprintf("later-%d", i)), "x")
 			if err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
 				t.Errorf("request %d after the server dropped B: %v", i, err)
 			}

@@ -28,12 +28,12 @@ import (
 // never early, after a delayd starts.
 func TestStreamIntakeWhileDaemonAway(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	c := e.cfg()
-	_ = e.startDaemon(c)() // creates the stream; then no delayd runs
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	_ = e.StartDaemon(c)() // creates the stream; then no delayd runs
+	nc := e.Conn()
 	defer nc.Close()
-	sink := e.sink(nc, "orders.due")
+	sink := e.Sink(nc, "orders.due")
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -43,18 +43,18 @@ func TestStreamIntakeWhileDaemonAway(t *testing.T) {
 	ids := make([]string, n)
 	for i := range n {
 		ids[i] = fmt.Sprint("away-", i)
-		m := &nats.Msg{Subject: "delayd.intake", Data: []byte("x"), Header: hdr(envelope.HeaderTarget, "orders.due",
+		m := &nats.Msg{Subject: "delayd.intake", Data: []byte("x"), Header: daemontest.Hdr(envelope.HeaderTarget, "orders.due",
 			envelope.HeaderAt, at, envelope.HeaderID, ids[i])}
 		if _, err := js.PublishMsg(context.Background(), m); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}
 	}
-	e.startDaemon(c)
-	if got := sink.waitCount(n, 30*time.Second); got < n {
+	e.StartDaemon(c)
+	if got := sink.WaitCount(n, 30*time.Second); got < n {
 		t.Fatalf("%d of %d delivered", got, n)
 	}
-	quiet(t, e, c, sink) // room for a duplicate to show
-	if _, dups := sink.check(t, ids); dups != 0 {
+	daemontest.Quiet(t, e, c, sink) // room for a duplicate to show
+	if _, dups := sink.Check(t, ids); dups != 0 {
 		t.Errorf("%d duplicates", dups)
 	}
 }
@@ -63,17 +63,17 @@ func TestStreamIntakeWhileDaemonAway(t *testing.T) {
 // works; with intake.stream.enabled: true it refuses to run.
 func TestStreamIntakeWithoutJetStream(t *testing.T) {
 	t.Parallel()
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })}
+	c := e.Config()
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})).Run(ctx)
 	}()
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	scheduleServed(t, nc, hdr(envelope.HeaderTarget, "orders.x", envelope.HeaderDelay, "1h"))
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr(envelope.HeaderTarget, "orders.x", envelope.HeaderDelay, "1h"))
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(logs.String(), "has no JetStream") {
 		if time.Now().After(deadline) {
@@ -130,7 +130,7 @@ func TestStreamIntakeEmbedded(t *testing.T) {
 	}
 	js, _ := jetstream.New(nc)
 	if _, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: "delayd.intake", Data: []byte("hi"),
-		Header: hdr(envelope.HeaderTarget, "embedded.stream", envelope.HeaderDelay, "100ms")}); err != nil {
+		Header: daemontest.Hdr(envelope.HeaderTarget, "embedded.stream", envelope.HeaderDelay, "100ms")}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -158,8 +158,8 @@ func TestStreamIntakeEmbedded(t *testing.T) {
 // request intake is still refused.
 func TestStreamIntakeSourcedAndRepublished(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	nc := e.Conn()
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -177,7 +177,7 @@ func TestStreamIntakeSourcedAndRepublished(t *testing.T) {
 		Retention: jetstream.WorkQueuePolicy, Sources: []*jetstream.StreamSource{{Name: "ORIGIN"}}}); err != nil {
 		t.Fatal(err)
 	}
-	c := e.cfg()
+	c := e.Config()
 	// The source runs before anything is published to ORIGIN: a message
 	// published while nats-server was still setting the source up was not
 	// sourced in three runs of this test (the intake stream's source said
@@ -200,44 +200,42 @@ func TestStreamIntakeSourcedAndRepublished(t *testing.T) {
 	if err := intake.DeleteMsg(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	e.startDaemon(c)
-	sink := e.sink(nc, "orders.due")
-	rejected := e.sink(nc, "delayd.rejected")
+	e.StartDaemon(c)
+	sink := e.Sink(nc, "orders.due")
+	rejected := e.Sink(nc, "delayd.rejected")
 	for _, subj := range []string{"orders.delayed.x", "rp.src.x"} {
-		m := &nats.Msg{Subject: subj, Data: []byte("x"), Header: hdr(envelope.HeaderTarget, "orders.due",
+		m := &nats.Msg{Subject: subj, Data: []byte("x"), Header: daemontest.Hdr(envelope.HeaderTarget, "orders.due",
 			envelope.HeaderDelay, "50ms", envelope.HeaderID, subj, "X-Trace", "t-"+subj)}
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatalf("publish to %s: %v", subj, err)
 		}
 	}
-	if got := sink.waitCount(2, 20*time.Second); got != 2 {
+	if got := sink.WaitCount(2, 20*time.Second); got != 2 {
 		var why []string
-		rejected.mu.Lock()
-		for _, r := range rejected.got {
-			why = append(why, r[0].header.Get(envelope.HeaderError))
+		for _, r := range rejected.All() {
+			why = append(why, r[0].Header.Get(envelope.HeaderError))
 		}
-		rejected.mu.Unlock()
 		info, _ := intake.Info(ctx)
 		b, _ := json.Marshal(info)
-		t.Fatalf("%d of 2 delivered (sourced %d, republished %d); rejected: %v; intake stream: %s", got, len(sink.get("orders.delayed.x")), len(sink.get("rp.src.x")), why, b)
+		t.Fatalf("%d of 2 delivered (sourced %d, republished %d); rejected: %v; intake stream: %s", got, len(sink.Get("orders.delayed.x")), len(sink.Get("rp.src.x")), why, b)
 	}
 	for _, id := range []string{"orders.delayed.x", "rp.src.x"} {
-		d := sink.get(id)
+		d := sink.Get(id)
 		if len(d) != 1 {
 			t.Fatalf("%s delivered %d times", id, len(d))
 		}
-		for k := range d[0].header {
+		for k := range d[0].Header {
 			if envelope.IsNATSHeader(k) {
-				t.Errorf("%s delivered with the stamped header %s: %v", id, k, d[0].header)
+				t.Errorf("%s delivered with the stamped header %s: %v", id, k, d[0].Header)
 			}
 		}
-		if d[0].header.Get("X-Trace") != "t-"+id {
-			t.Errorf("%s lost the publisher's header: %v", id, d[0].header)
+		if d[0].Header.Get("X-Trace") != "t-"+id {
+			t.Errorf("%s lost the publisher's header: %v", id, d[0].Header)
 		}
 	}
 	// The request intake still refuses a publisher's Nats-* header, a
 	// stamped name included.
-	rep, err := schedule(nc, "delayd", hdr(envelope.HeaderTarget, "orders.due", envelope.HeaderDelay, "1s",
+	rep, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr(envelope.HeaderTarget, "orders.due", envelope.HeaderDelay, "1s",
 		"Nats-Stream-Source", "ORIGIN 1 > > orders.delayed.x"), "x")
 	if err != nil || rep.Header.Get("Nats-Service-Error-Code") != "400" {
 		t.Errorf("a publisher's Nats-Stream-Source on delayd.schedule: want 400, got %v %v", err, rep.Header)
@@ -264,8 +262,8 @@ func TestScheduleThroughServiceImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := testutil.StartNATS(t, func(o *server.Options) { o.Accounts, o.Users = fo.Accounts, fo.Users })
-	e := &env{t: t, redis: testutil.StartRedis(t), nats: n}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: n}
+	c := e.Config()
 	c.NATS.User, c.NATS.Password = "d", "d"
 	runDaemon(t, c)
 	dc, err := nats.Connect(n.URL(), nats.UserInfo("d", "d"))
@@ -274,20 +272,20 @@ func TestScheduleThroughServiceImport(t *testing.T) {
 	}
 	defer dc.Close()
 	daemontest.WaitService(t, strings.Replace(n.URL(), "nats://", "nats://d:d@", 1), c.Subject)
-	sink := e.sink(dc, "imp.due")
+	sink := e.Sink(dc, "imp.due")
 	pc, err := nats.Connect(n.URL(), nats.UserInfo("p", "p"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	rep, err := schedule(pc, "delayd", hdr(envelope.HeaderTarget, "imp.due", envelope.HeaderDelay, "50ms", envelope.HeaderID, "imp-1"), "x")
+	rep, err := daemontest.Schedule(pc, "delayd", daemontest.Hdr(envelope.HeaderTarget, "imp.due", envelope.HeaderDelay, "50ms", envelope.HeaderID, "imp-1"), "x")
 	if err != nil || rep.Header.Get("Nats-Service-Error") != "" {
 		t.Fatalf("schedule through the import: %v %v", err, rep.Header)
 	}
-	if sink.waitCount(1, 10*time.Second) != 1 {
+	if sink.WaitCount(1, 10*time.Second) != 1 {
 		t.Fatal("not delivered")
 	}
-	if h := sink.get("imp-1")[0].header; h.Get("Nats-Request-Info") != "" {
+	if h := sink.Get("imp-1")[0].Header; h.Get("Nats-Request-Info") != "" {
 		t.Errorf("the import's stamp was delivered: %v", h)
 	}
 }
@@ -300,8 +298,8 @@ func TestScheduleThroughServiceImport(t *testing.T) {
 // envelope stored earlier was stored and delivered again as attempt 1.
 func TestStreamIntakeRecreatedConsumerNoReplay(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	nc := e.conn()
+	e := daemontest.NewEnv(t)
+	nc := e.Conn()
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -312,28 +310,28 @@ func TestStreamIntakeRecreatedConsumerNoReplay(t *testing.T) {
 		Retention: jetstream.LimitsPolicy}); err != nil {
 		t.Fatal(err)
 	}
-	c := e.cfg()
+	c := e.Config()
 	c.Intake.Stream.AckWait = time.Second
 	c.Intake.Stream.DedupeWindow = 2 * time.Second // the shortest allowed: the test waits it out
 	c.Intake.DedupeWindow = 0                      // no resend tombstones either: the consumer alone must not replay
-	e.startDaemon(c)
-	sink := e.sink(nc, "orders.due")
+	e.StartDaemon(c)
+	sink := e.Sink(nc, "orders.due")
 	ids := []string{"lim-1", "lim-2", "lim-3"}
 	for _, id := range ids {
-		m := &nats.Msg{Subject: "delayd.intake", Data: []byte("x"), Header: hdr(envelope.HeaderTarget, "orders.due",
+		m := &nats.Msg{Subject: "delayd.intake", Data: []byte("x"), Header: daemontest.Hdr(envelope.HeaderTarget, "orders.due",
 			envelope.HeaderDelay, "10ms", envelope.HeaderID, id)}
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := sink.waitCount(3, 20*time.Second); got != 3 {
+	if got := sink.WaitCount(3, 20*time.Second); got != 3 {
 		t.Fatalf("%d of 3 delivered", got)
 	}
 	// Every delivery acked, and the stream dedupe window over (by Redis's
 	// clock): a message offered again now would be stored again.
-	rc := e.redis.Client()
+	rc := e.Redis.Client()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if e.stored(c) == 0 && seenExpired(t, rc) {
+		if e.Stored(c) == 0 && seenExpired(t, rc) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -366,12 +364,12 @@ func TestStreamIntakeRecreatedConsumerNoReplay(t *testing.T) {
 			t.Fatal("the consumer was not created again")
 		}
 	}
-	m := &nats.Msg{Subject: "delayd.intake", Data: []byte("x"), Header: hdr(envelope.HeaderTarget, "orders.due",
+	m := &nats.Msg{Subject: "delayd.intake", Data: []byte("x"), Header: daemontest.Hdr(envelope.HeaderTarget, "orders.due",
 		envelope.HeaderDelay, "10ms", envelope.HeaderID, "lim-4")}
 	if _, err := js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	if sink.waitIDs([]string{"lim-4"}, 20*time.Second); len(sink.get("lim-4")) != 1 {
+	if sink.WaitIDs([]string{"lim-4"}, 20*time.Second); len(sink.Get("lim-4")) != 1 {
 		t.Fatal("the envelope published after the consumer came back was not delivered")
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -382,9 +380,9 @@ func TestStreamIntakeRecreatedConsumerNoReplay(t *testing.T) {
 			t.Fatal("the new consumer never settled what it was given")
 		}
 	}
-	quiet(t, e, c, sink)
+	daemontest.Quiet(t, e, c, sink)
 	for _, id := range ids {
-		if n := len(sink.get(id)); n != 1 {
+		if n := len(sink.Get(id)); n != 1 {
 			t.Errorf("%s delivered %d times: the new consumer replayed the stream", id, n)
 		}
 	}

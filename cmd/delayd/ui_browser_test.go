@@ -13,6 +13,7 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -63,31 +64,31 @@ func chromium(t *testing.T) string {
 func TestConsoleInBrowser(t *testing.T) {
 	t.Parallel()
 	bin := chromium(t)
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.UI.AllowActions = true
 	c.UI.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	c.Targets.JetStream = []string{"uistream.>"}
 	c.Scanner.MaxAttempts = 2
 	c.Scanner.RetryBackoff = 50 * time.Millisecond
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
 	defer st.Close()
 
 	// Data for every view: a spread of pending envelopes, some delivered,
 	// one to cancel, one dead (a JetStream target without a stream yet).
-	s := e.sink(nc, "ui.delivered")
+	s := e.Sink(nc, "ui.delivered")
 	for i := range 12 {
-		scheduleServed(t, nc, hdr("Delayd-Target", "ui.delivered", "Delayd-Delay", "50ms", "Delayd-Id", "ui-d"+strconv.Itoa(i)))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "ui.delivered", "Delayd-Delay", "50ms", "Delayd-Id", "ui-d"+strconv.Itoa(i)))
 	}
 	for i, d := range []string{"30s", "3m", "10m", "30m", "2h", "12h", "30h", "100h", "300h"} {
-		scheduleServed(t, nc, hdr("Delayd-Target", "ui.later", "Delayd-Delay", d, "Delayd-Id", "ui-p"+strconv.Itoa(i)))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "ui.later", "Delayd-Delay", d, "Delayd-Id", "ui-p"+strconv.Itoa(i)))
 	}
-	scheduleServed(t, nc, hdr("Delayd-Target", "ui.later", "Delayd-Delay", "1h", "Delayd-Id", "ui-cancel-me", "X-Order", "42"))
-	scheduleServed(t, nc, hdr("Delayd-Target", "uistream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "ui-dead"))
-	s.waitCount(12, 5*time.Second)
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "ui.later", "Delayd-Delay", "1h", "Delayd-Id", "ui-cancel-me", "X-Order", "42"))
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "uistream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "ui-dead"))
+	s.WaitCount(12, 5*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if en, err := st.Get(context.Background(), "ui-dead"); err == nil && en.State == store.StateDead {
@@ -182,7 +183,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	// 3. Dead letters: replay once the stream exists; it is delivered.
-	js := e.stream("UISTREAM", "uistream.>")
+	js := stream(e, "UISTREAM", "uistream.>")
 	step("dead", chromedp.Navigate(base+"#dead"), chromedp.WaitVisible(`tr[data-id="ui-dead"]`))
 	shot("dead")
 	step("replay", chromedp.Click(`button.replay-one[data-id="ui-dead"]`))

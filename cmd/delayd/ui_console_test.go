@@ -12,6 +12,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -44,19 +45,19 @@ const chartLayout = `(() => {
 func TestConsoleReadOnlyInBrowser(t *testing.T) {
 	t.Parallel()
 	bin := chromium(t)
-	e := newEnv(t)
-	c := e.cfg()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
 	c.UI.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	c.Targets.JetStream = []string{"uistream.>"}
 	c.Scanner.MaxAttempts = 1
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
 	// Delays out of order of ids, so id or shard order would show.
 	for i, d := range []string{"30m", "3m", "2h", "10m", "30s", "12h", "1h", "100h", "5m", "300h"} {
-		scheduleServed(t, nc, hdr("Delayd-Target", "ui.later", "Delayd-Delay", d, "Delayd-Id", "ro-"+strconv.Itoa(i)))
+		daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "ui.later", "Delayd-Delay", d, "Delayd-Id", "ro-"+strconv.Itoa(i)))
 	}
-	scheduleServed(t, nc, hdr("Delayd-Target", "uistream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "ro-dead"))
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "uistream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "ro-dead"))
 
 	ctx, shots := browser(t, bin)
 	base := "http://" + c.UI.Addr + "/ui/"

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -41,7 +42,7 @@ func TestReplayBesideThePreviousRelease(t *testing.T) {
 	defer nc.Close()
 	// No stream captures up.> yet: every JetStream publish fails, and the
 	// old scanner counts three attempts, then buries the envelope.
-	m, err := schedule(nc, "delayd", hdr("Delayd-Target", "up.x", "Delayd-Delay", "0s", "Delayd-Id", "u1"), "p")
+	m, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "up.x", "Delayd-Delay", "0s", "Delayd-Id", "u1"), "p")
 	if err != nil {
 		t.Fatalf("schedule: %v", err)
 	}

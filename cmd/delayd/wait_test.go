@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -25,7 +26,7 @@ import (
 func waitSchedule(t *testing.T, nc *nats.Conn, id, target string, at time.Time) (code, bodyID string) {
 	t.Helper()
 	m := &nats.Msg{Subject: "delayd.schedule", Data: []byte(id),
-		Header: hdr("Delayd-Target", target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
+		Header: daemontest.Hdr("Delayd-Target", target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
 	rep, err := nc.RequestMsg(m, 5*time.Second)
 	if err != nil {
 		return "timeout", ""
@@ -87,13 +88,13 @@ func TestWaitReplicasStoppedReplica(t *testing.T) {
 	t.Parallel()
 	m := testutil.StartRedis(t)
 	r := testutil.StartReplica(t, m)
-	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: m, NATS: testutil.StartNATS(t)}
+	c := e.Config()
 	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "wait.a")
+	got := e.Sink(nc, "wait.a")
 
 	if code, _ := waitSchedule(t, nc, "early", "wait.a", time.Now().Add(1500*time.Millisecond)); code != "" {
 		t.Fatalf("schedule with the replica up: %q, want 200", code)
@@ -110,9 +111,9 @@ func TestWaitReplicasStoppedReplica(t *testing.T) {
 	}
 	// Acknowledged before the stop and due during it: delivered; and so
 	// is the one that got 504 (it is on the master, which did not fail).
-	got.waitCount(2, 5*time.Second)
-	if len(got.get("early")) == 0 || len(got.get("during")) == 0 {
-		t.Fatalf("envelopes due while the replica is stopped were not delivered (got %d)", got.count())
+	got.WaitCount(2, 5*time.Second)
+	if len(got.Get("early")) == 0 || len(got.Get("during")) == 0 {
+		t.Fatalf("envelopes due while the replica is stopped were not delivered (got %d)", got.Count())
 	}
 	t.Logf("delivered %s after the replica stopped", time.Since(paused).Round(time.Millisecond))
 	r.Resume()
@@ -120,8 +121,8 @@ func TestWaitReplicasStoppedReplica(t *testing.T) {
 	if code, _ := waitSchedule(t, nc, "during", "wait.a", time.Now().Add(500*time.Millisecond)); code != "" {
 		t.Fatalf("schedule after SIGCONT: %q, want 200", code)
 	}
-	got.waitCount(3, 5*time.Second)
-	if len(got.get("during")) != 2 {
+	got.WaitCount(3, 5*time.Second)
+	if len(got.Get("during")) != 2 {
 		t.Error("the envelope acknowledged after SIGCONT was not delivered")
 	}
 	mm := scrape(t, c.HTTP.Addr)
@@ -136,12 +137,12 @@ func TestWaitReplicasStoppedReplica(t *testing.T) {
 // daemon refuses to start, saying so.
 func TestWaitLocalFsyncRefusedWithoutWAITAOF(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "--appendonly", "yes")
-	if v := e.redis.Client().Info(context.Background(), "server").Val(); !strings.Contains(v, "redis_version:7.0") &&
+	e := daemontest.NewEnv(t, "--appendonly", "yes")
+	if v := e.Redis.Client().Info(context.Background(), "server").Val(); !strings.Contains(v, "redis_version:7.0") &&
 		!strings.Contains(v, "redis_version:6.") && !strings.Contains(v, "redis_version:7.1") {
 		t.Skip("this redis-server has WAITAOF")
 	}
-	c := e.cfg()
+	c := e.Config()
 	c.Redis.WaitLocalFsync = true
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -155,16 +156,16 @@ func TestWaitLocalFsyncRefusedWithoutWAITAOF(t *testing.T) {
 
 // sentinelWithWait is a Sentinel set-up whose replica acknowledges within
 // a second, and a daemon on it with wait_replicas 1.
-func sentinelWithWait(t *testing.T) (*testutil.Sentinel, *env, string) {
+func sentinelWithWait(t *testing.T) (*testutil.Sentinel, *daemontest.Env, string) {
 	sn := testutil.StartSentinel(t)
 	testutil.FastReplication(t, sn.Master)
 	testutil.WaitReplicas(t, sn.Master, 1, 15*time.Second)
-	e := &env{t: t, redis: sn.Replica, nats: testutil.StartNATS(t)}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: sn.Replica, NATS: testutil.StartNATS(t)}
+	c := e.Config()
 	c.Redis.Addrs = []string{sn.Addr}
 	c.Redis.MasterName = "mymaster"
 	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
-	e.startDaemon(c)
+	e.StartDaemon(c)
 	return sn, e, c.HTTP.Addr
 }
 
@@ -188,9 +189,9 @@ func waitFailover(t *testing.T, sn *testutil.Sentinel, to string) {
 func TestWaitSentinelFailoverStoppedReplica(t *testing.T) {
 	t.Parallel()
 	sn, e, _ := sentinelWithWait(t)
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "wf.x")
+	got := e.Sink(nc, "wf.x")
 	due := time.Now().Add(15 * time.Second)
 	at := func(int) time.Time { return due }
 
@@ -227,17 +228,17 @@ func TestWaitSentinelFailoverStoppedReplica(t *testing.T) {
 	if unknown == 0 {
 		t.Error("no schedule got 504 while the replica was stopped: the test proves nothing")
 	}
-	got.waitCount(len(acked), time.Until(due)+20*time.Second)
-	quiet(t, e, e.cfg(), got)
+	got.WaitCount(len(acked), time.Until(due)+20*time.Second)
+	daemontest.Quiet(t, e, e.Config(), got)
 	lost := 0
 	for _, id := range acked {
-		if len(got.get(id)) == 0 {
+		if len(got.Get(id)) == 0 {
 			lost++
 		}
 	}
 	lateDelivered := 0
 	for id, code := range during {
-		if code == "504" && len(got.get(id)) > 0 {
+		if code == "504" && len(got.Get(id)) > 0 {
 			lateDelivered++
 		}
 	}
@@ -254,9 +255,9 @@ func TestWaitSentinelFailoverStoppedReplica(t *testing.T) {
 func TestWaitCleanFailoverNoReplicaLeft(t *testing.T) {
 	t.Parallel()
 	sn, e, httpAddr := sentinelWithWait(t)
-	nc := e.conn()
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "wc.x")
+	got := e.Sink(nc, "wc.x")
 	start := time.Now().Add(time.Second)
 	ids := idsOf("c", 100)
 	due := func(i int) time.Time { return start.Add(time.Duration(i) * 80 * time.Millisecond) }
@@ -303,9 +304,9 @@ func TestWaitCleanFailoverNoReplicaLeft(t *testing.T) {
 	// the wait before the last one arrived. A loaded CI machine fails over
 	// slowly.
 	all := append(ids, idsOf("after", 20)...)
-	got.waitIDs(all, 45*time.Second)
+	got.WaitIDs(all, 45*time.Second)
 	for _, id := range all {
-		if len(got.get(id)) == 0 {
+		if len(got.Get(id)) == 0 {
 			t.Errorf("%s not delivered", id)
 		}
 	}
@@ -321,14 +322,14 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 	t.Parallel()
 	m := testutil.StartRedis(t)
 	r := testutil.StartReplica(t, m)
-	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: m, NATS: testutil.StartNATS(t)}
+	c := e.Config()
 	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
 	c.Intake.Stream.RetryDelay = 200 * time.Millisecond
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "ws.x")
+	got := e.Sink(nc, "ws.x")
 	js, _ := jetstream.New(nc)
 	intake, err := js.Stream(context.Background(), "DELAYD_INTAKE")
 	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -346,7 +347,7 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 	}
 	r.Pause()
 	if _, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: "delayd.intake", Data: []byte("s1"),
-		Header: hdr("Delayd-Target", "ws.x", "Delayd-Delay", "3s", "Delayd-Id", "s1")}); err != nil {
+		Header: daemontest.Hdr("Delayd-Target", "ws.x", "Delayd-Delay", "3s", "Delayd-Id", "s1")}); err != nil {
 		t.Fatal(err)
 	}
 	// Several offers, each stored and not confirmed.
@@ -365,9 +366,9 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 			t.Fatal("the message was not acked after SIGCONT")
 		}
 	}
-	got.waitCount(1, 10*time.Second)
-	quiet(t, e, c, got)
-	if n := len(got.get("s1")); n != 1 {
+	got.WaitCount(1, 10*time.Second)
+	daemontest.Quiet(t, e, c, got)
+	if n := len(got.Get("s1")); n != 1 {
 		t.Errorf("s1 delivered %d times, want once", n)
 	}
 }
@@ -393,13 +394,13 @@ func offers(t *testing.T, js jetstream.JetStream, name string) uint64 {
 // without WAITAOF, not start with a warning that it could not check.
 func TestWaitLocalFsyncRefusedUnderTheREADMEACL(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, "--appendonly", "yes")
-	if v := e.redis.Client().Info(context.Background(), "server").Val(); !strings.Contains(v, "redis_version:7.0") &&
+	e := daemontest.NewEnv(t, "--appendonly", "yes")
+	if v := e.Redis.Client().Info(context.Background(), "server").Val(); !strings.Contains(v, "redis_version:7.0") &&
 		!strings.Contains(v, "redis_version:6.") && !strings.Contains(v, "redis_version:7.1") {
 		t.Skip("this redis-server has WAITAOF")
 	}
-	applyDocsACL(t, e.redis, "pw")
-	c := e.cfg()
+	applyDocsACL(t, e.Redis, "pw")
+	c := e.Config()
 	c.Redis.Username, c.Redis.Password = "delayd", "pw"
 	c.Redis.WaitLocalFsync = true
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -419,14 +420,14 @@ func TestWaitClaimsStrict(t *testing.T) {
 	t.Parallel()
 	m := testutil.StartRedis(t)
 	r := testutil.StartReplica(t, m)
-	e := &env{t: t, redis: m, nats: testutil.StartNATS(t)}
-	c := e.cfg()
+	e := &daemontest.Env{T: t, Redis: m, NATS: testutil.StartNATS(t)}
+	c := e.Config()
 	c.Redis.WaitReplicas, c.Redis.WaitTimeout = 1, 300*time.Millisecond
 	c.Redis.WaitClaims = "strict"
-	e.startDaemon(c)
-	nc := e.conn()
+	e.StartDaemon(c)
+	nc := e.Conn()
 	defer nc.Close()
-	got := e.sink(nc, "strict.a")
+	got := e.Sink(nc, "strict.a")
 	testutil.WaitReplicas(t, m, 1, 10*time.Second)
 	due := time.Now().Add(1500 * time.Millisecond)
 	if code, _ := waitSchedule(t, nc, "strict", "strict.a", due); code != "" {
@@ -435,12 +436,12 @@ func TestWaitClaimsStrict(t *testing.T) {
 	r.Pause()
 	// Claimed, its wait short, given back: twice, so the scanner had its
 	// chance to publish more than once.
-	st := e.inspectStore(c)
+	st := e.InspectStore(c)
 	backs := 0
 	for deadline, lastDue := time.Now().Add(20*time.Second), int64(0); backs < 2; time.Sleep(10 * time.Millisecond) {
 		en, err := st.Get(context.Background(), "strict")
-		if n := got.count(); n > 0 {
-			t.Fatalf("published while no replica confirmed its claim: %d deliveries, attempt %d", n, got.get("strict")[0].attempt)
+		if n := got.Count(); n > 0 {
+			t.Fatalf("published while no replica confirmed its claim: %d deliveries, attempt %d", n, got.Get("strict")[0].Attempt)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -462,18 +463,18 @@ func TestWaitClaimsStrict(t *testing.T) {
 			t.Fatalf("not given back uncounted while the replica is stopped: %+v", en)
 		}
 	}
-	got.settle(t)
-	if n := got.count(); n != 0 {
+	got.Settle(t)
+	if n := got.Count(); n != 0 {
 		t.Fatalf("%d deliveries while no replica confirmed a claim", n)
 	}
 	r.Resume()
 	resumed := time.Now()
-	got.waitIDs([]string{"strict"}, 20*time.Second)
-	quiet(t, e, c, got)
-	ds := got.get("strict")
-	if len(ds) != 1 || ds[0].attempt != 1 {
+	got.WaitIDs([]string{"strict"}, 20*time.Second)
+	daemontest.Quiet(t, e, c, got)
+	ds := got.Get("strict")
+	if len(ds) != 1 || ds[0].Attempt != 1 {
 		t.Fatalf("after the replica came back: %+v; want one delivery, attempt 1", ds)
 	}
-	t.Logf("delivered %s after the replica came back (%s after due)", ds[0].received.Sub(resumed).Round(time.Millisecond),
-		ds[0].received.Sub(due).Round(time.Millisecond))
+	t.Logf("delivered %s after the replica came back (%s after due)", ds[0].Received.Sub(resumed).Round(time.Millisecond),
+		ds[0].Received.Sub(due).Round(time.Millisecond))
 }

@@ -3,6 +3,12 @@
 // or footprint to observe (those use testutil.StartDaemon and the binary).
 // It lives apart from testutil because the store's, scanner's and bridge's
 // own tests import testutil, and a daemon imports those packages.
+//
+// Env is the harness of the daemon-level suite (internal/daemon/systest)
+// and of cmd/delayd's tests of the binary: a test's servers, a Sink that
+// records deliveries, waits on events (WaitIDs, WaitCount, WaitFor,
+// WaitReady, Quiet) instead of fixed sleeps, and the Soak and SkipShort
+// gates.
 package daemontest
 
 import (
