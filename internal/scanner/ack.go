@@ -1,7 +1,8 @@
 package scanner
 
 // The ack stage: settles of published batches are written in one pipeline,
-// and shards with envelopes due again are planned for them.
+// and shards with envelopes pending again (retry, postpone, next) are
+// planned for them.
 
 import (
 	"context"
@@ -41,12 +42,14 @@ func drain[T any](first T, in <-chan T, merge func(T, T) T) T {
 }
 
 // ack writes one merged batch of settles, trying twice; then it plans the
-// shards of released envelopes and next occurrences for when they are due.
+// shards of retried and postponed envelopes and of next occurrences for
+// when they are due.
 func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease)
 	defer cancel()
-	// Released envelopes are due again after their retry delay: plan their
-	// shards' next claim for the earliest, as for a new envelope.
+	// Retried and postponed envelopes are pending again after their retry
+	// delay: plan their shards' next claim for the earliest, as for a new
+	// envelope.
 	again := map[int]time.Duration{} // shard → earliest retry delay
 	nexts := map[int]int64{}         // shard → earliest next occurrence
 	for sh, v := range settles {

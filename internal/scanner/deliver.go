@@ -36,8 +36,8 @@ var errStale = fmt.Errorf("claimed too long ago to publish within its lease: %w"
 var errLeaseExpired = errors.New("lease expired without an ack on every attempt (daemon crashed or stalled)")
 
 // publishStage publishes claimed batches, merging those that queued up into
-// one flush, and passes the outcome to the ack stage: ack when published,
-// release for a retry when not. Up to publishWorkers batches publish at
+// one flush, and passes the outcome to the ack stage: delivered when
+// published, retry, postpone or bury when not (outcome). Up to publishWorkers batches publish at
 // once. On shutdown it finishes what was claimed.
 func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out chan<- map[int][]store.Settle) {
 	var wg sync.WaitGroup
