@@ -56,8 +56,11 @@ type IntakeOptions struct {
 	Version string
 	Batch   int
 	Linger  time.Duration
-	Limits  envelope.Limits
-	Policy  envelope.Policy
+	// MaxBatch bounds the envelopes of one batch request (intake.max_batch;
+	// 0: DefaultMaxBatch). A larger batch is refused whole.
+	MaxBatch int
+	Limits   envelope.Limits
+	Policy   envelope.Policy
 	// RedactHeaders are headers whose values the get endpoint never returns.
 	RedactHeaders []string
 	// storeTimeout bounds one Redis pipeline; past it callers get 504.
@@ -124,6 +127,10 @@ type pending struct {
 	reply answer
 	start time.Time // when the request was received
 	bytes int64     // held until answered
+	// group is the batch request the envelope came in (nil for a single
+	// request), idx its place there: the batch answers, not the envelope.
+	group *batchGroup
+	idx   int
 }
 
 // traceBatch tells opt.trace that every request of batch reached stage.
@@ -157,6 +164,9 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
+	}
+	if opt.MaxBatch < 1 {
+		opt.MaxBatch = DefaultMaxBatch
 	}
 	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes), shortLog: ratelog.New(shortLogEvery, opt.Now),
@@ -249,8 +259,13 @@ func (in *Intake) flush(batch []pending) {
 	fresh := batch[:0]
 	for _, p := range batch {
 		if in.opt.Now().Sub(p.start) > in.opt.storeTimeout {
+			const msg = "store unavailable: waited too long for Redis, nothing stored"
 			in.count(envelope.CodeUnavailable)
-			in.fail(p.reply, envelope.CodeUnavailable, "store unavailable: waited too long for Redis, nothing stored")
+			if p.group != nil {
+				in.settleBatched(p, failureResult("", envelope.CodeUnavailable, msg))
+				continue
+			}
+			in.fail(p.reply, envelope.CodeUnavailable, msg)
 			in.replied(p.start)
 			in.held.release(p.bytes)
 			continue
@@ -292,7 +307,7 @@ func (in *Intake) flush(batch []pending) {
 				in.waker.Wake(in.store.Shard(p.item.ID), at)
 			}
 			in.count(0)
-			if p.reply.subject != "" {
+			if p.reply.subject != "" || p.group != nil {
 				replies[i] = appendScheduled(make([]byte, 0, 56+len(p.item.ID)), p.item.ID, at)
 			}
 			continue
@@ -308,9 +323,22 @@ func (in *Intake) flush(batch []pending) {
 			logged = true
 		}
 		in.count(failedCode(err))
+		if p.group != nil {
+			code, msg, _ := storeFailure(p.item.ID, err)
+			id := ""
+			if code == codeOutcomeUnknown {
+				id = p.item.ID
+			}
+			replies[i] = failureResult(id, code, msg)
+			continue
+		}
 		in.storeFailed(p.reply, p.item.ID, err)
 	}
 	for i, p := range batch {
+		if p.group != nil {
+			in.settleBatched(p, replies[i])
+			continue
+		}
 		if replies[i] != nil {
 			if err := in.nc.Publish(p.reply.subject, replies[i]); err != nil {
 				in.log.Warn("reply failed", "error", err)
@@ -318,6 +346,9 @@ func (in *Intake) flush(batch []pending) {
 		}
 	}
 	for i, p := range batch {
+		if p.group != nil {
+			continue
+		}
 		if in.opt.trace != nil && errs[i] == nil {
 			in.opt.trace(p.item.ID, "replied", time.Now())
 		}
@@ -339,16 +370,22 @@ func failedCode(err error) int {
 // storeFailed answers a request whose write failed with failedCode: 504
 // with the id, so a retry with that id replaces what may be stored.
 func (in *Intake) storeFailed(reply answer, id string, err error) {
+	code, msg, body := storeFailure(id, err)
+	in.failWith(reply, code, msg, body)
+}
+
+// storeFailure is the answer to a write of id that failed with err: its
+// code, message and body (the id, for a 504).
+func storeFailure(id string, err error) (int, string, []byte) {
 	if failedCode(err) == envelope.CodeUnavailable {
-		in.fail(reply, envelope.CodeUnavailable, "store unavailable, nothing stored")
-		return
+		return envelope.CodeUnavailable, "store unavailable, nothing stored", nil
 	}
 	b, _ := json.Marshal(unknownReply{ID: id})
 	msg := "store timed out: the envelope may or may not be stored; retry with Delayd-Id " + id
 	if errors.Is(err, store.ErrNotReplicated) {
 		msg = "not confirmed by the Redis replicas redis.wait_replicas asks for: written on the master, but a failover may lose it; retry with Delayd-Id " + id
 	}
-	in.failWith(reply, codeOutcomeUnknown, msg, b)
+	return codeOutcomeUnknown, msg, b
 }
 
 // shortLogEvery is the least time between two warnings that requests get
@@ -366,8 +403,13 @@ func (in *Intake) notReplicated(err error) {
 }
 
 func (in *Intake) handleSchedule(req micro.Request) {
+	h := requestHeaders(req.Headers())
+	if _, ok := envelope.IsBatch(h); ok {
+		in.handleBatch(req, h)
+		return
+	}
 	start := in.opt.Now()
-	it, err := in.check.item(requestHeaders(req.Headers()), req.Data(), func() (string, error) { return nuid.Next(), nil })
+	it, err := in.check.item(h, req.Data(), func() (string, error) { return nuid.Next(), nil })
 	if err != nil {
 		in.count(envelope.CodeOf(err))
 		in.reject(now(req), err)

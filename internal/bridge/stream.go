@@ -60,7 +60,10 @@ type StreamOptions struct {
 	// RetryDelay is the Nak delay of a message Redis did not store.
 	RetryDelay time.Duration
 	// Batch bounds one Redis pipeline.
-	Batch        int
+	Batch int
+	// MaxBatch bounds the envelopes of one batch message (0:
+	// DefaultMaxBatch); a larger one is rejected whole.
+	MaxBatch     int
 	storeTimeout time.Duration
 	Limits       envelope.Limits
 	Policy       envelope.Policy
@@ -127,6 +130,9 @@ type streamItem struct {
 	msg   jetstream.Msg
 	item  store.Item
 	bytes int64 // held until the message is settled
+	// group is the batch message the envelope came in (nil for a message
+	// of one envelope): the message is settled once, for all of them.
+	group *streamGroup
 }
 
 // nopStreamObserver is the observer of a stream intake built without one.
@@ -152,6 +158,9 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 	}
 	if opt.Pull < 1 {
 		opt.Pull = 1024
+	}
+	if opt.MaxBatch < 1 {
+		opt.MaxBatch = DefaultMaxBatch
 	}
 	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan streamItem, 2*opt.Pull), held: newHeldBytes(opt.PullBytes),

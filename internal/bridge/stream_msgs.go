@@ -26,7 +26,12 @@ func (s *StreamIntake) handle(m jetstream.Msg) {
 	if metaErr == nil && !meta.Timestamp.IsZero() {
 		accepted = meta.Timestamp
 	}
-	it, err := s.check.itemAt(intakeHeaders(m.Headers()), m.Data(), func() (string, error) {
+	h := intakeHeaders(m.Headers())
+	if _, ok := envelope.IsBatch(h); ok {
+		s.handleBatch(m, h, meta, metaErr, accepted)
+		return
+	}
+	it, err := s.check.itemAt(h, m.Data(), func() (string, error) {
 		if metaErr != nil {
 			return "", metaErr
 		}
@@ -151,6 +156,14 @@ func (s *StreamIntake) flush(batch []streamItem) {
 	var firstErr error
 	for i, b := range batch {
 		s.held.release(b.bytes)
+		if b.group != nil {
+			// A batch message is settled once, by its last envelope.
+			stored, failed, again = s.settleGrouped(b, due[i], errs[i], stored, failed, again)
+			if errs[i] != nil && firstErr == nil {
+				firstErr = errs[i]
+			}
+			continue
+		}
 		if errs[i] != nil {
 			if errors.Is(errs[i], store.ErrNotReplicated) && due[i] > 0 {
 				// On the master and due there; the message comes again and

@@ -189,6 +189,9 @@ type Scanner struct {
 type Intake struct {
 	Batch  int           `koanf:"batch"`
 	Linger time.Duration `koanf:"linger"`
+	// MaxBatch bounds the envelopes of one batch request (Delayd-Batch),
+	// on both intakes: a larger batch is refused whole (413).
+	MaxBatch int `koanf:"max_batch"`
 	// PendingBytes bounds the bytes of schedule requests taken and not yet
 	// answered, and again those the NATS client buffers for the handler
 	// (beyond which it drops requests: their publishers time out and
@@ -315,7 +318,7 @@ func Default() Config {
 			// A shard every minute: 16 shards are all checked in 16 min.
 			CheckInterval: time.Minute,
 		},
-		Intake: Intake{Batch: 256, DedupeWindow: time.Minute, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Replicas: 1,
+		Intake: Intake{Batch: 256, MaxBatch: 1000, DedupeWindow: time.Minute, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Replicas: 1,
 			Pull: 1024, AckWait: 30 * time.Second, RetryDelay: time.Second}},
 		Limits: Limits{
 			MaxPayload:     0, // the NATS server's max_payload

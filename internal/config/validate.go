@@ -106,6 +106,9 @@ func (c Config) Validate() error {
 		bad("scanner.check_interval", "must be 0 (off) or at least 1s, got %s", c.Scanner.CheckInterval)
 	}
 	positive("intake.batch", int64(c.Intake.Batch))
+	if c.Intake.MaxBatch < 1 || c.Intake.MaxBatch > 100000 {
+		bad("intake.max_batch", "must be 1..100000, got %d", c.Intake.MaxBatch)
+	}
 	if w := c.Intake.DedupeWindow; w != 0 && (w < time.Second || w > 24*time.Hour) {
 		bad("intake.dedupe_window", "must be 0 (off) or from 1s to 24h, got %s", w)
 	}

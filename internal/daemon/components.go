@@ -85,7 +85,7 @@ func (p *parts) intakes() ([]component, error) {
 	}
 	c := p.c
 	in := bridge.NewIntake(p.in, p.st, p.insp, p.sc, p.metrics, bridge.IntakeOptions{
-		Subject: c.Subject, Version: p.opt.version, Batch: c.Intake.Batch, Linger: c.Intake.Linger,
+		Subject: c.Subject, Version: p.opt.version, Batch: c.Intake.Batch, Linger: c.Intake.Linger, MaxBatch: c.Intake.MaxBatch,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: p.opt.now,
 		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c), Resends: c.Intake.DedupeWindow > 0,
 	}, p.log.Named("intake"))
@@ -109,7 +109,7 @@ func (p *parts) newStreamIntake() (*bridge.StreamIntake, error) {
 	return bridge.NewStreamIntake(nc, p.st, p.sc, p.metrics, bridge.StreamOptions{
 		Subject: c.Subject, Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas,
 		MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
-		Batch: c.Intake.Batch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now, Resends: c.Intake.DedupeWindow > 0,
+		Batch: c.Intake.Batch, MaxBatch: c.Intake.MaxBatch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now, Resends: c.Intake.DedupeWindow > 0,
 	}, p.log.Named("stream")), nil
 }
 

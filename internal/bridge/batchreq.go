@@ -1,0 +1,150 @@
+package bridge
+
+// Batch requests: many envelopes in one message (Delayd-Batch, see
+// envelope.ParseBatch and docs/protocol.md). Each envelope is checked and
+// answered on its own; the valid ones join the same queue as single
+// requests, so the flushers write them in the same pipelines (one Redis
+// call for a whole batch on a single Redis), and the last one stored
+// sends the batch's one reply.
+
+import (
+	"encoding/json"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
+
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/store"
+)
+
+// DefaultMaxBatch is intake.max_batch's default: envelopes per batch.
+const DefaultMaxBatch = 1000
+
+// batchGroup is one batch request's envelopes on their way through the
+// pipeline: every flush fills in the results of its envelopes, and the
+// one that fills the last answers the batch.
+type batchGroup struct {
+	reply   string
+	results [][]byte // each envelope's result, JSON
+	left    atomic.Int64
+	start   time.Time
+	bytes   int64 // held until answered
+}
+
+// settle records envelope i's result and reports whether it was the last.
+// Each index is set by one flusher; the counter orders the writes before
+// the read of the last.
+func (g *batchGroup) settle(i int, result []byte) bool {
+	g.results[i] = result
+	return g.left.Add(-1) == 0
+}
+
+// body is the batch's reply: {"results":[...]} in the envelopes' order.
+func (g *batchGroup) body() []byte {
+	n := len(`{"results":[]}`)
+	for _, r := range g.results {
+		n += len(r) + 1
+	}
+	b := append(make([]byte, 0, n), `{"results":[`...)
+	for i, r := range g.results {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, r...)
+	}
+	return append(b, `]}`...)
+}
+
+// batchFailure is the result of an envelope that was not stored.
+type batchFailure struct {
+	// ID is the id to resend with after a 504; "" otherwise.
+	ID    string `json:"id,omitempty"`
+	Code  int    `json:"code"`
+	Error string `json:"error"`
+}
+
+func failureResult(id string, code int, msg string) []byte {
+	b, _ := json.Marshal(batchFailure{ID: id, Code: code, Error: msg})
+	return b
+}
+
+// handleBatch takes a batch request: refused as a whole (nothing stored)
+// when the batch itself is malformed or over intake.max_batch, else each
+// envelope is refused or queued on its own.
+func (in *Intake) handleBatch(req micro.Request, h map[string][]string) {
+	start := in.opt.Now()
+	entries, err := envelope.ParseBatch(h, req.Data(), in.opt.MaxBatch)
+	if err != nil {
+		in.count(envelope.CodeOf(err))
+		in.reject(now(req), err)
+		return
+	}
+	g := &batchGroup{reply: req.Reply(), results: make([][]byte, len(entries)), start: start}
+	queued := make([]pending, 0, len(entries))
+	ids := make(map[string]struct{}, len(entries))
+	for i, e := range entries {
+		err := e.Err
+		var it store.Item
+		if err == nil {
+			it, err = in.check.item(e.Header, e.Payload, func() (string, error) { return nuid.Next(), nil })
+		}
+		if err == nil {
+			// Two envelopes of one id in one batch could reach Redis in
+			// either order (two flushers): the second is refused.
+			if _, dup := ids[it.ID]; dup {
+				err = &envelope.Error{Code: envelope.CodeBadRequest, Msg: "Delayd-Id " + it.ID + " appears earlier in this batch"}
+			}
+			ids[it.ID] = struct{}{}
+		}
+		if err != nil {
+			code := envelope.CodeOf(err)
+			in.count(code)
+			g.results[i] = failureResult("", code, err.Error())
+			continue
+		}
+		queued = append(queued, pending{item: it, group: g, idx: i, start: start})
+	}
+	if len(queued) > 0 && !in.gate.enter() {
+		for _, p := range queued {
+			in.count(envelope.CodeUnavailable)
+			g.results[p.idx] = failureResult("", envelope.CodeUnavailable, "delayd is stopping: nothing stored, retry")
+		}
+		queued = nil
+	} else if len(queued) > 0 {
+		defer in.gate.leave()
+	}
+	if len(queued) == 0 {
+		// Nothing for Redis: answered at once.
+		if g.reply != "" {
+			if err := req.Respond(g.body()); err != nil {
+				in.log.Warn("reply failed", "error", err)
+			}
+		}
+		return
+	}
+	g.bytes = requestBytes(req.Data(), req.Headers())
+	in.held.acquire(g.bytes)
+	// Counted before the first is queued: a flusher may settle it at once.
+	g.left.Store(int64(len(queued)))
+	for _, p := range queued {
+		in.queue <- p
+	}
+}
+
+// settleBatched records a batched envelope's result; the last one of its
+// batch sends the reply and lets go of what the batch held.
+func (in *Intake) settleBatched(p pending, result []byte) {
+	g := p.group
+	if !g.settle(p.idx, result) {
+		return
+	}
+	if g.reply != "" {
+		if err := in.nc.Publish(g.reply, g.body()); err != nil {
+			in.log.Warn("reply failed", "error", err)
+		}
+	}
+	in.replied(g.start)
+	in.held.release(g.bytes)
+}

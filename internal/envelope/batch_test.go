@@ -1,0 +1,135 @@
+package envelope
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// batchOf is a JSON batch of n envelopes with payloads of size bytes.
+func batchOf(n, size int) []byte {
+	type entry struct {
+		Headers map[string]string `json:"headers"`
+		Payload string            `json:"payload"`
+	}
+	es := make([]entry, n)
+	p := base64.StdEncoding.EncodeToString([]byte(strings.Repeat("x", size)))
+	for i := range es {
+		es[i] = entry{Headers: map[string]string{HeaderTarget: "orders.cancel", HeaderDelay: "30m", HeaderID: fmt.Sprintf("order-%d", i)}, Payload: p}
+	}
+	b, _ := json.Marshal(es)
+	return b
+}
+
+func TestParseBatch(t *testing.T) {
+	h := map[string][]string{HeaderBatch: {BatchJSON}}
+	body := []byte(`[{"headers":{"Delayd-Target":"a.b","X-Multi":["1","2"]},"payload":"aGk="},{"headers":{}},{"headers":{},"extra":1},{"headers":{"X":1}},"no",{"payload":"%%"}]`)
+	es, err := ParseBatch(h, body, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 6 {
+		t.Fatalf("%d entries", len(es))
+	}
+	if es[0].Err != nil || string(es[0].Payload) != "hi" || !slices.Equal(es[0].Header["X-Multi"], []string{"1", "2"}) || es[0].Header[HeaderTarget][0] != "a.b" {
+		t.Errorf("entry 0: %+v", es[0])
+	}
+	if es[1].Err != nil || es[1].Payload != nil {
+		t.Errorf("entry 1 (empty, its checks are ParseSchedule's): %+v", es[1])
+	}
+	for i := 2; i < 6; i++ {
+		if CodeOf(es[i].Err) != CodeBadRequest {
+			t.Errorf("entry %d: %v, want 400", i, es[i].Err)
+		}
+	}
+	for _, tc := range []struct {
+		h    map[string][]string
+		body string
+		code int
+	}{
+		{h, `{}`, CodeBadRequest},
+		{h, `[1,2,3,4,5,6,7,8,9,10,11]`, CodeTooLarge},
+		{map[string][]string{HeaderBatch: {"cbor"}}, `[]`, CodeBadRequest},
+		{map[string][]string{HeaderBatch: {BatchJSON}, "X": {"1"}}, `[]`, CodeBadRequest},
+	} {
+		if _, err := ParseBatch(tc.h, []byte(tc.body), 10); CodeOf(err) != tc.code {
+			t.Errorf("%v %s: %v, want %d", tc.h, tc.body, err, tc.code)
+		}
+	}
+	// A line break in a header would forge headers of the delivered message.
+	forged, err := ParseBatch(h, []byte(`[{"headers":{"X":"a\r\nNats-Msg-Id: 1"}},{"headers":{"X: Y":"a"}},{"headers":{"X":"\u00e9t\u00e9"}}]`), 10)
+	if err != nil || CodeOf(forged[0].Err) != CodeBadRequest || CodeOf(forged[1].Err) != CodeBadRequest || forged[2].Err != nil || forged[2].Header["X"][0] != "été" {
+		t.Errorf("forged headers: %v %+v", err, forged)
+	}
+	if f, ok := IsBatch(map[string][]string{"delayd-batch": {" json "}}); !ok || f != BatchJSON {
+		t.Errorf("IsBatch in lower case: %q %v", f, ok)
+	}
+	if _, ok := IsBatch(map[string][]string{HeaderTarget: {"x"}}); ok {
+		t.Error("a single request is a batch")
+	}
+}
+
+// BenchmarkParseBatch: what the JSON format costs per envelope (100
+// envelopes of 128 B, as the bench sends them).
+func BenchmarkParseBatch(b *testing.B) {
+	h := map[string][]string{HeaderBatch: {BatchJSON}}
+	body := batchOf(100, 128)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseBatch(h, body, 1000); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/100/1000, "µs/envelope")
+}
+
+// The hand-written reader accepts only JSON, never panics, and reads what
+// encoding/json reads from a body of the documented shape.
+func FuzzParseBatch(f *testing.F) {
+	f.Add(batchOf(2, 3))
+	f.Add([]byte(`[{"headers":{"A":["1","2"],"B":"\u00e9\ud83d\ude00\n"},"payload":"aGk="},{"payload":null},[],"x",1.5e3,true]`))
+	f.Add([]byte(`[{"headers":{"A":"\ud800"}}]`))
+	h := map[string][]string{HeaderBatch: {BatchJSON}}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		es, err := ParseBatch(h, body, 1000)
+		if err != nil {
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		var want []struct {
+			Headers map[string]any `json:"headers"`
+			Payload []byte         `json:"payload"`
+		}
+		if json.Unmarshal(body, &want) != nil {
+			return // some entry is of another shape: refused alone
+		}
+		for i, e := range es {
+			if e.Err != nil {
+				continue
+			}
+			if !slices.Equal(e.Payload, want[i].Payload) && (len(e.Payload) != 0 || len(want[i].Payload) != 0) {
+				t.Fatalf("entry %d: payload %q, encoding/json %q", i, e.Payload, want[i].Payload)
+			}
+			for k, v := range want[i].Headers {
+				var vs []string
+				switch v := v.(type) {
+				case string:
+					vs = []string{v}
+				case []any:
+					for _, x := range v {
+						vs = append(vs, x.(string))
+					}
+				}
+				if len(vs) > 0 && !slices.Equal(e.Header[k], vs) {
+					t.Fatalf("entry %d header %q: %q, encoding/json %q", i, k, e.Header[k], vs)
+				}
+			}
+		}
+	})
+}
