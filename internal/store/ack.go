@@ -68,22 +68,21 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 		}
 		calls = append(calls, chunk{sh, items})
 	}
-	encoded := make([]call, len(calls))
+	args := make([]ackArgs, len(calls))
 	for i, c := range calls {
-		args := ackArgs{shard: &s.keys[c.shard], retryMs: retry.Milliseconds(), resendsMs: s.resends.Milliseconds(),
+		args[i] = ackArgs{shard: &s.keys[c.shard], retryMs: retry.Milliseconds(), resendsMs: s.resends.Milliseconds(),
 			settles: make([]ackSettle, len(c.items))}
 		for j, st := range c.items {
-			args.settles[j] = ackOp(st, s.resends > 0)
+			args[i].settles[j] = ackOp(st, s.resends > 0)
 		}
-		encoded[i] = args.encode()
 	}
-	cmds, err := s.pipelined(ctx, ackScript, encoded)
+	res, err := exec(ctx, s, OpAck, args)
 	var a Acked
-	for _, c := range cmds {
-		if r, err := decodeAck(c); err == nil {
-			a.NowMs = max(a.NowMs, r.nowMs)
-			a.Settled += r.settled
-			a.Buried += r.buried
+	for _, r := range res {
+		if r.ran {
+			a.NowMs = max(a.NowMs, r.reply.nowMs)
+			a.Settled += r.reply.settled
+			a.Buried += r.reply.buried
 		}
 	}
 	if err != nil {
@@ -91,8 +90,8 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 		for sh := range byShard {
 			delete(byShard, sh)
 		}
-		for i, c := range cmds {
-			if c.Err() != nil {
+		for i, r := range res {
+			if !r.ran {
 				byShard[calls[i].shard] = append(byShard[calls[i].shard], calls[i].items...)
 			}
 		}

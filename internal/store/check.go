@@ -47,8 +47,9 @@ func (s *Store) Check(ctx context.Context, shard int, o CheckOptions) (map[strin
 	for _, phase := range checkPhases {
 		cursor := "0"
 		for {
-			reply, err := decodeCheck(s.run(ctx, checkScript, checkArgs{shard: &s.keys[shard], phase: phase, cursor: cursor,
-				page: o.Page, repair: o.Repair}.encode()))
+			r := exec1(ctx, s, checkOp, checkArgs{shard: &s.keys[shard], phase: phase, cursor: cursor, page: o.Page,
+				repair: o.Repair})
+			reply, err := r.reply, r.err
 			if err != nil {
 				return found, fmt.Errorf("store: check shard %d: %w", shard, err)
 			}

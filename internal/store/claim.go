@@ -79,7 +79,6 @@ type ClaimOptions struct {
 // results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
 	hint, known := s.hint(), int(markOf(s.newest))+1
-	ctx, req := s.waitCtx(ctx, OpClaim)
 	var share int64
 	first, over := 0, 0 // shards first.. (wrapping) may hand out one envelope beyond their share
 	if o.Bytes > 0 && len(shards) > 0 {
@@ -95,28 +94,24 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		over = min(over, len(shards))
 	}
 	oversize := func(i int) bool { return over > 0 && (i-first+len(shards))%len(shards) < over }
-	calls := make([]call, len(shards))
+	calls := make([]claimArgs, len(shards))
 	for i, sh := range shards {
 		calls[i] = claimArgs{shard: &s.keys[sh], batch: o.Batch, leaseMs: o.Lease.Milliseconds(), hint: hint, knownMark: known,
-			share: share, oversize: oversize(i)}.encode()
+			share: share, oversize: oversize(i)}
 	}
-	cmds, perr := s.pipelined(ctx, claimScript, calls)
+	res, perr := exec(ctx, s, OpClaim, calls)
 	if perr != nil {
 		perr = fmt.Errorf("store: claim: %w", perr)
 	}
 	out := make([]ClaimResult, 0, len(shards))
-	short := false
 	var largest int64
-	for i, cmd := range cmds {
-		if cmd.Err() != nil {
-			continue // this shard's node failed: perr says so
+	for i, c := range res {
+		if !c.ran {
+			continue // this shard's node failed, or its reply: perr says so
 		}
-		reply, err := decodeClaim(cmd)
-		if err != nil {
-			return nil, fmt.Errorf("store: claim shard %d: %w", shards[i], err)
-		}
-		why := req.confirmed(cmd)
-		short = short || why != nil
+		// Its writes are confirmed, or why not: the items are handed out
+		// all the same (ops.go, the claim's policy).
+		reply, why := c.reply, c.err
 		r := ClaimResult{
 			Shard: shards[i], Oversize: oversize(i), NowMicros: reply.nowMicros, NextDueMs: reply.nextDueMs,
 			NextLeaseMs: reply.nextLeaseMs, Missing: reply.missing, Expired: reply.expired, Unknown: reply.unknown,
@@ -134,9 +129,6 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 				Data: data, Token: reply.token})
 		}
 		out = append(out, r)
-	}
-	if len(out) > 0 {
-		s.claimWaited(req, short)
 	}
 	if largest > 0 {
 		s.claimMax.Store(largest)

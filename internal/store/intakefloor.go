@@ -23,8 +23,8 @@ func (s *Store) SaveIntakeFloor(ctx context.Context, name string, createdNs int6
 	if floor == 0 {
 		return nil
 	}
-	_, err := decodeIntakeFloor(s.run(ctx, intakeFloorScript, intakeFloorArgs{key: intakeKey(s.ns), stream: name,
-		createdNs: createdNs, floor: floor}.encode()))
+	err := exec1(ctx, s, intakeFloorOp, intakeFloorArgs{key: intakeKey(s.ns), stream: name, createdNs: createdNs,
+		floor: floor}).err
 	if err != nil {
 		return fmt.Errorf("store: save intake floor of %s: %w", name, err)
 	}

@@ -21,8 +21,8 @@ import (
 // Heartbeat marks id alive for ttl and returns the live members (sorted)
 // and Redis' time. A ttl of 0 removes id: a graceful leave.
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) ([]string, int64, error) {
-	reply, err := decodeHeartbeat(s.run(ctx, heartbeatScript, heartbeatArgs{set: membersKey(s.ns), member: id,
-		ttlMs: ttl.Milliseconds()}.encode()))
+	r := exec1(ctx, s, heartbeatOp, heartbeatArgs{set: membersKey(s.ns), member: id, ttlMs: ttl.Milliseconds()})
+	reply, err := r.reply, r.err
 	if err != nil {
 		s.failed(err)
 		return nil, 0, fmt.Errorf("store: heartbeat: %w", err)
@@ -37,21 +37,20 @@ func (s *Store) Own(ctx context.Context, id string, ttl time.Duration, hold, rel
 	if n == 0 {
 		return nil, nil
 	}
-	calls := make([]call, 0, n)
+	calls := make([]ownArgs, 0, n)
 	for _, sh := range hold {
-		calls = append(calls, ownArgs{owner: s.keys[sh].owner, id: id, ttlMs: ttl.Milliseconds()}.encode())
+		calls = append(calls, ownArgs{owner: s.keys[sh].owner, id: id, ttlMs: ttl.Milliseconds()})
 	}
 	for _, sh := range release {
-		calls = append(calls, ownArgs{owner: s.keys[sh].owner, id: id, ttlMs: ttl.Milliseconds(), release: true}.encode())
+		calls = append(calls, ownArgs{owner: s.keys[sh].owner, id: id, ttlMs: ttl.Milliseconds(), release: true})
 	}
-	cmds, err := s.pipelined(ctx, ownScript, calls)
+	res, err := exec(ctx, s, ownOp, calls)
 	if err != nil {
 		return nil, fmt.Errorf("store: own: %w", err)
 	}
 	owned := make([]bool, len(hold))
 	for i := range hold {
-		reply, _ := decodeOwn(cmds[i])
-		owned[i] = reply.owned
+		owned[i] = res[i].reply.owned
 	}
 	return owned, nil
 }
@@ -92,8 +91,8 @@ func formatsKey(ns string) string { return membersKey(ns) + ":formats" }
 func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) (int, error) {
 	me := strconv.Itoa(s.newest) + ":" + id
 	// The heartbeat's script: a ZSET of announcements with their expiry.
-	reply, err := decodeHeartbeat(s.run(ctx, heartbeatScript, heartbeatArgs{set: formatsKey(s.ns), member: me,
-		ttlMs: ttl.Milliseconds()}.encode()))
+	r := exec1(ctx, s, formatsOp, heartbeatArgs{set: formatsKey(s.ns), member: me, ttlMs: ttl.Milliseconds()})
+	reply, err := r.reply, r.err
 	if err != nil {
 		s.failed(err)
 		return int(s.write.Load()), fmt.Errorf("store: announce formats: %w", err)

@@ -83,25 +83,24 @@ func isCompileError(err error) bool {
 	return strings.Contains(msg, "compil") || strings.Contains(msg, "shebang") || strings.Contains(msg, "syntax")
 }
 
-// call is one script call, encoded (script_<name>.go): its KEYS and ARGV.
+// call is one script call, encoded (script_<name>.go): its KEYS and ARGV,
+// and for a call that may write nothing, the fence key of its shard
+// (wait.go; exec sends the fence when its operation's policy asks).
 type call struct {
-	keys []string
-	argv []any
+	keys  []string
+	argv  []any
+	fence string
 }
 
-// pipelined runs calls of one script in a pipeline with EVALSHA. If Redis
-// lost its script cache (restart, failover, SCRIPT FLUSH) it loads the script
-// and resends only the calls that failed with NOSCRIPT: those did not run,
-// while the others did and must not run twice. On error the commands are
-// returned too, each with its own result: under Cluster one node can fail
-// while the others answer.
-func (s *Store) pipelined(ctx context.Context, sc *script, calls []call) ([]*redis.Cmd, error) {
-	return s.pipelinedOnce(ctx, sc, calls, nil, true)
-}
-
-// pipelinedOnce is pipelined, reloading the script once if reload is set;
-// the pipeline ends with the fences of the shards in fences (wait.go).
-func (s *Store) pipelinedOnce(ctx context.Context, sc *script, calls []call, fences []int, reload bool) ([]*redis.Cmd, error) {
+// send runs calls of one script in a pipeline with EVALSHA, followed by a
+// fence for each key in fences, whose errors it records in fenceErrs. If
+// Redis lost its script cache (restart, failover, SCRIPT FLUSH) it loads
+// the script and resends only the calls that failed with NOSCRIPT (with
+// the fences again): those did not run, while the others did and must
+// not run twice. Each command keeps its own result: under Cluster one node
+// can fail while the others answer. Only exec calls it.
+func (s *Store) send(ctx context.Context, sc *script, calls []call, fences []string, fenceErrs map[string]error,
+	reload bool) []*redis.Cmd {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	rs := s.pick(sc)
@@ -109,17 +108,17 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *script, calls []call, fen
 		cmds[i] = rs.EvalSha(ctx, pipe, c.keys, c.argv...)
 	}
 	fenced := make([]*redis.Cmd, len(fences))
-	for i, sh := range fences {
-		fenced[i] = s.fence(ctx, pipe, sh)
+	for i, key := range fences {
+		fenced[i] = s.pick(fenceScript).Eval(ctx, pipe, []string{key})
 	}
 	_, err := pipe.Exec(ctx)
-	for _, f := range fenced {
+	for i, f := range fenced {
 		if f.Err() != nil {
-			waitFrom(ctx).fenced(f.Err())
+			fenceErrs[fences[i]] = f.Err()
 		}
 	}
 	if err == nil {
-		return cmds, nil
+		return cmds
 	}
 	var redo []call
 	var at []int
@@ -130,7 +129,7 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *script, calls []call, fen
 		}
 	}
 	if len(redo) > 0 && s.load(ctx, sc) == nil {
-		again, _ := s.pipelinedOnce(ctx, sc, redo, fences, false)
+		again := s.send(ctx, sc, redo, fences, fenceErrs, false)
 		for j, i := range at {
 			cmds[i] = again[j]
 		}
@@ -138,14 +137,8 @@ func (s *Store) pipelinedOnce(ctx context.Context, sc *script, calls []call, fen
 	for _, c := range cmds {
 		if err := c.Err(); err != nil {
 			s.failed(err)
-			return cmds, err
+			break
 		}
 	}
-	return cmds, nil
-}
-
-// run is one call of sc.
-func (s *Store) run(ctx context.Context, sc *script, c call) *redis.Cmd {
-	cmds, _ := s.pipelined(ctx, sc, []call{c})
-	return cmds[0]
+	return cmds
 }

@@ -62,6 +62,8 @@ func ackOp(st Settle, tombstones bool) ackSettle {
 	return ackSettle{id: st.ID, token: st.Token, op: op, errOrFP: errOrFP, delay: delay}
 }
 
+func (ackArgs) script() *script { return ackScript }
+
 func (a ackArgs) encode() call {
 	argv := make([]any, 0, 2+5*len(a.settles))
 	argv = append(argv, a.retryMs, a.resendsMs)
@@ -79,7 +81,7 @@ type ackReply struct {
 	settled, buried int
 }
 
-func decodeAck(cmd *redis.Cmd) (ackReply, error) {
+func (ackArgs) decode(cmd *redis.Cmd) (ackReply, error) {
 	v, err := cmd.Int64Slice()
 	if err == nil && len(v) != 3 {
 		err = fmt.Errorf("bad reply %v", v)

@@ -26,6 +26,8 @@ type cancelArgs struct {
 	ids      []string
 }
 
+func (cancelArgs) script() *script { return cancelScript }
+
 func (a cancelArgs) encode() call {
 	argv := make([]any, 0, 1+len(a.ids))
 	if a.deadOnly {
@@ -34,7 +36,8 @@ func (a cancelArgs) encode() call {
 	for _, id := range a.ids {
 		argv = append(argv, id)
 	}
-	return call{keys: a.shard.list(), argv: argv}
+	// A cancel of an id not stored writes nothing.
+	return call{keys: a.shard.list(), argv: argv, fence: a.shard.fence}
 }
 
 // What cancel.lua answers for one id.
@@ -51,10 +54,9 @@ type cancelReply struct {
 	codes []int64
 }
 
-// decodeCancel reads the reply of a call of n ids.
-func decodeCancel(cmd *redis.Cmd, n int) (cancelReply, error) {
+func (a cancelArgs) decode(cmd *redis.Cmd) (cancelReply, error) {
 	codes, err := cmd.Int64Slice()
-	if err == nil && len(codes) != n {
+	if err == nil && len(codes) != len(a.ids) {
 		err = fmt.Errorf("bad reply %v", codes)
 	}
 	return cancelReply{codes: codes}, err

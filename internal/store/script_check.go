@@ -25,6 +25,8 @@ type checkArgs struct {
 	repair bool
 }
 
+func (checkArgs) script() *script { return checkScript }
+
 func (a checkArgs) encode() call {
 	repair := "0"
 	if a.repair {
@@ -40,7 +42,7 @@ type checkReply struct {
 	found  map[string]int
 }
 
-func decodeCheck(cmd *redis.Cmd) (checkReply, error) {
+func (checkArgs) decode(cmd *redis.Cmd) (checkReply, error) {
 	raw, err := cmd.Slice()
 	if err != nil {
 		return checkReply{}, err

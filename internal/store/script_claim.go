@@ -31,6 +31,8 @@ type claimArgs struct {
 	oversize bool
 }
 
+func (claimArgs) script() *script { return claimScript }
+
 func (a claimArgs) encode() call {
 	over := "0"
 	if a.oversize {
@@ -64,7 +66,7 @@ type claimItem struct {
 // claimHead is the number of reply values before the items.
 const claimHead = 8
 
-func decodeClaim(cmd *redis.Cmd) (claimReply, error) {
+func (claimArgs) decode(cmd *redis.Cmd) (claimReply, error) {
 	raw, err := cmd.Slice()
 	if err != nil {
 		return claimReply{}, err

@@ -24,6 +24,8 @@ type heartbeatArgs struct {
 	ttlMs  int64 // 0 removes member
 }
 
+func (heartbeatArgs) script() *script { return heartbeatScript }
+
 func (a heartbeatArgs) encode() call {
 	return call{keys: []string{a.set}, argv: []any{a.member, a.ttlMs}}
 }
@@ -35,7 +37,7 @@ type heartbeatReply struct {
 	members []string
 }
 
-func decodeHeartbeat(cmd *redis.Cmd) (heartbeatReply, error) {
+func (heartbeatArgs) decode(cmd *redis.Cmd) (heartbeatReply, error) {
 	raw, err := cmd.Slice()
 	if err != nil {
 		return heartbeatReply{}, err

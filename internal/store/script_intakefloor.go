@@ -24,6 +24,8 @@ type intakeFloorArgs struct {
 	floor     uint64
 }
 
+func (intakeFloorArgs) script() *script { return intakeFloorScript }
+
 func (a intakeFloorArgs) encode() call {
 	return call{keys: []string{a.key}, argv: []any{a.stream, strconv.FormatInt(a.createdNs, 10), strconv.FormatUint(a.floor, 10)}}
 }
@@ -33,7 +35,7 @@ type intakeFloorReply struct {
 	saved bool
 }
 
-func decodeIntakeFloor(cmd *redis.Cmd) (intakeFloorReply, error) {
+func (intakeFloorArgs) decode(cmd *redis.Cmd) (intakeFloorReply, error) {
 	v, err := cmd.Int()
 	return intakeFloorReply{saved: v == 1}, err
 }

@@ -23,6 +23,8 @@ type ownArgs struct {
 	release bool
 }
 
+func (ownArgs) script() *script { return ownScript }
+
 func (a ownArgs) encode() call {
 	op := "h"
 	if a.release {
@@ -36,7 +38,7 @@ type ownReply struct {
 	owned bool
 }
 
-func decodeOwn(cmd *redis.Cmd) (ownReply, error) {
+func (ownArgs) decode(cmd *redis.Cmd) (ownReply, error) {
 	v, err := cmd.Int()
 	return ownReply{owned: v == 1}, err
 }

@@ -21,6 +21,8 @@ type replayArgs struct {
 	ids   []string
 }
 
+func (replayArgs) script() *script { return replayScript }
+
 func (a replayArgs) encode() call {
 	argv := make([]any, len(a.ids))
 	for i, id := range a.ids {
@@ -36,7 +38,7 @@ type replayReply struct {
 	dead  int
 }
 
-func decodeReplay(cmd *redis.Cmd) (replayReply, error) {
+func (replayArgs) decode(cmd *redis.Cmd) (replayReply, error) {
 	v, err := cmd.Int64Slice()
 	if err == nil && len(v) != 2 {
 		err = fmt.Errorf("bad reply %v", v)

@@ -27,6 +27,10 @@ type scheduleArgs struct {
 	seenForMs int64
 	resendsMs int64
 	items     []scheduleItem
+	// fence is the fence key of the shard of the first item that may
+	// write nothing (a stream message, a fingerprint), "" for none
+	// (wait.go).
+	fence string
 }
 
 // scheduleItem is one envelope of a schedule call: 7 values of ARGV.
@@ -49,14 +53,15 @@ type scheduleItem struct {
 // scheduleLead is the number of ARGV before the items.
 const scheduleLead = 3
 
-// encode is the call's KEYS and ARGV.
-func (a *scheduleArgs) encode() call {
+func (scheduleArgs) script() *script { return scheduleScript }
+
+func (a scheduleArgs) encode() call {
 	argv := make([]any, 0, scheduleLead+7*len(a.items))
 	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs)
 	for _, it := range a.items {
 		argv = append(argv, it.k, it.id, it.mode, it.us, it.value, it.streamMsg, it.fingerprint)
 	}
-	return call{keys: a.keys, argv: argv}
+	return call{keys: a.keys, argv: argv, fence: a.fence}
 }
 
 // scheduleReply is schedule.lua's answer: per item, in order, its due
@@ -66,10 +71,9 @@ type scheduleReply struct {
 	due []int64
 }
 
-// decodeSchedule reads the reply of a call of n items.
-func decodeSchedule(cmd *redis.Cmd, n int) (scheduleReply, error) {
+func (a scheduleArgs) decode(cmd *redis.Cmd) (scheduleReply, error) {
 	due, err := cmd.Int64Slice()
-	if err == nil && len(due) != n {
+	if err == nil && len(due) != len(a.items) {
 		err = fmt.Errorf("bad reply %v", due)
 	}
 	return scheduleReply{due: due}, err

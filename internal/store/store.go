@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -47,9 +46,10 @@ type Store struct {
 	// value the last claim handed out.
 	claimTurn atomic.Uint64
 	claimMax  atomic.Int64
-	// wait: writes are confirmed by replicas (wait.go).
+	// wait: writes are confirmed by replicas (wait.go); probing holds the
+	// wait state of each operation that probes (ops.go).
 	wait    WaitOptions
-	waiting waiting
+	probing map[string]*probing
 }
 
 // Option configures a Store.
@@ -91,6 +91,12 @@ func New(rdb redis.UniversalClient, ns string, shards int, opts ...Option) *Stor
 	for _, o := range opts {
 		o(s)
 	}
+	s.probing = map[string]*probing{}
+	for op, p := range policies {
+		if p.wait == probes {
+			s.probing[op] = &probing{}
+		}
+	}
 	s.installWait()
 	// Until the fleet's formats are known, the oldest this rule knows:
 	// every daemon since it reads it.
@@ -124,16 +130,6 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// The operations the store's callers name in their metrics and logs
-// (delayd_redis_errors_total{op}) and that WaitObserver reports: one name
-// each, so a metric's label list cannot drift from its call sites.
-const (
-	OpSchedule = "schedule"
-	OpCancel   = "cancel"
-	OpClaim    = "claim"
-	OpAck      = "ack"
-)
-
 // Item is one envelope to schedule.
 type Item struct {
 	ID string
@@ -166,39 +162,33 @@ type Item struct {
 // script call; under Cluster it is one call per shard (a script must stay
 // in one slot), all in one pipeline, and a failed node fails only its shards.
 func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
-	type batch struct {
-		idx   []int
-		args  scheduleArgs
-		slots map[int]int // shard → KEYS offset
-	}
-	var calls []*batch
-	byShard := map[int]*batch{}
-	ctx, req := s.waitCtx(ctx, OpSchedule)
-	var fences []int // shards whose calls may write nothing (wait.go)
+	var calls []scheduleArgs
+	var idx [][]int          // per call, the items it carries
+	byShard := map[int]int{} // shard → call
+	slots := map[int]int{}   // shard → KEYS offset in its call
 	mark := markOf(int(s.write.Load()))
 	for i, it := range items {
 		sh := s.Shard(it.ID)
-		c := byShard[sh]
-		if c == nil {
+		ci, ok := byShard[sh]
+		if !ok {
 			if s.cluster || len(calls) == 0 {
-				c = &batch{slots: map[int]int{}, args: scheduleArgs{mark: mark, seenForMs: s.seenFor.Milliseconds(),
-					resendsMs: s.resends.Milliseconds()}}
+				c := scheduleArgs{mark: mark, seenForMs: s.seenFor.Milliseconds(), resendsMs: s.resends.Milliseconds()}
 				if !s.cluster {
 					// Sized for the whole batch when one call takes it all (a
 					// single Redis); a Cluster's call per shard grows as needed.
-					c.args.items = make([]scheduleItem, 0, len(items))
+					c.items = make([]scheduleItem, 0, len(items))
 				}
-				calls = append(calls, c)
-			} else {
-				c = calls[0]
+				calls, idx = append(calls, c), append(idx, nil)
 			}
-			byShard[sh] = c
+			ci = len(calls) - 1
+			byShard[sh] = ci
 		}
-		off, ok := c.slots[sh]
+		c := &calls[ci]
+		off, ok := slots[sh]
 		if !ok {
-			off = len(c.args.keys)
-			c.slots[sh] = off
-			c.args.keys = append(c.args.keys, s.keys[sh].list()...)
+			off = len(c.keys)
+			slots[sh] = off
+			c.keys = append(c.keys, s.keys[sh].list()...)
 		}
 		mode, us, v := "d", it.DelayMicros, it.Data
 		if it.Series && !it.Absolute {
@@ -211,46 +201,33 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 			}
 			mode, us, v = "v", it.AtMicros, stampValue(mark, ceilMs(it.AtMicros), occurrence, it.Data)
 		}
-		c.idx = append(c.idx, i)
+		idx[ci] = append(idx[ci], i)
 		fp := it.Request
 		if s.resends <= 0 {
 			fp = ""
 		}
-		c.args.items = append(c.args.items, scheduleItem{k: off, id: it.ID, mode: mode, us: us, value: v,
+		c.items = append(c.items, scheduleItem{k: off, id: it.ID, mode: mode, us: us, value: v,
 			streamMsg: it.StreamMsg, fingerprint: fp})
-		if req != nil && (it.StreamMsg != "" || fp != "") && (s.cluster || len(fences) == 0) && !slices.Contains(fences, sh) {
+		if (it.StreamMsg != "" || fp != "") && c.fence == "" {
 			// A stream message stored already, or a resend, is answered
 			// without a write.
-			fences = append(fences, sh)
+			c.fence = s.keys[sh].fence
 		}
 	}
-	encoded := make([]call, len(calls))
-	for i, c := range calls {
-		encoded[i] = c.args.encode()
-	}
-	cmds, _ := s.pipelinedOnce(ctx, scheduleScript, encoded, fences, true)
+	res, _ := exec(ctx, s, OpSchedule, calls)
 	due := make([]int64, len(items))
 	errs := make([]error, len(items))
-	for ci, cmd := range cmds {
-		reply, err := decodeSchedule(cmd, len(calls[ci].idx))
-		if err != nil {
-			err = fmt.Errorf("store: schedule: %w", classify(err, s.cluster))
-		}
-		// Written but not confirmed: the due time is still returned, the
-		// envelope is on the master and falls due there.
-		short := req.confirmed(cmd)
-		for j, i := range calls[ci].idx {
-			due[i], errs[i] = -1, err
-			if err != nil {
-				continue
+	for ci, r := range res {
+		for j, i := range idx[ci] {
+			due[i] = -1
+			if r.ran {
+				// Written but not confirmed: the due time is still
+				// returned, the envelope is on the master and falls due
+				// there.
+				due[i] = r.reply.due[j]
 			}
-			due[i] = reply.due[j]
-			why := short
-			if why == nil && reply.due[j] <= 0 {
-				why = req.fenceFailed()
-			}
-			if why != nil {
-				errs[i] = fmt.Errorf("store: schedule: %w", why)
+			if err := r.errFor(due[i] > 0); err != nil {
+				errs[i] = fmt.Errorf("store: schedule: %w", err)
 			}
 		}
 	}
@@ -270,25 +247,13 @@ type Cancelled struct {
 // Cancel removes the envelope with id, wherever it is. An error wraps
 // ErrNotWritten or ErrOutcomeUnknown.
 func (s *Store) Cancel(ctx context.Context, id string) (Cancelled, error) {
-	sh := s.Shard(id)
-	ctx, req := s.waitCtx(ctx, OpCancel)
-	var fences []int
-	if req != nil {
-		fences = []int{sh} // a cancel of an id not stored writes nothing
+	r := exec1(ctx, s, OpCancel, cancelArgs{shard: &s.keys[s.Shard(id)], ids: []string{id}})
+	var code int64 = cancelNotStored
+	if r.ran {
+		code = r.reply.codes[0]
 	}
-	cmds, _ := s.pipelinedOnce(ctx, cancelScript, []call{cancelArgs{shard: &s.keys[sh], ids: []string{id}}.encode()}, fences, true)
-	reply, err := decodeCancel(cmds[0], 1)
-	if err != nil {
-		return Cancelled{}, fmt.Errorf("store: cancel: %w", classify(err, s.cluster))
-	}
-	if err := req.confirmed(cmds[0]); err != nil {
+	if err := r.errFor(code != cancelNotStored); err != nil {
 		return Cancelled{}, fmt.Errorf("store: cancel: %w", err)
-	}
-	code := reply.codes[0]
-	if code == cancelNotStored {
-		if err := req.fenceFailed(); err != nil {
-			return Cancelled{}, fmt.Errorf("store: cancel: %w", err)
-		}
 	}
 	return Cancelled{Existed: code != cancelNotStored, InFlight: code == cancelInFlight}, nil
 }
@@ -297,18 +262,17 @@ func (s *Store) Cancel(ctx context.Context, id string) (Cancelled, error) {
 // many were.
 func (s *Store) Purge(ctx context.Context, ids []string) (int, error) {
 	byShard := s.byShard(ids)
-	calls := make([]call, len(byShard))
+	calls := make([]cancelArgs, len(byShard))
 	for i, sh := range byShard {
-		calls[i] = cancelArgs{shard: &s.keys[sh.shard], deadOnly: true, ids: sh.ids}.encode()
+		calls[i] = cancelArgs{shard: &s.keys[sh.shard], deadOnly: true, ids: sh.ids}
 	}
-	cmds, err := s.pipelined(ctx, cancelScript, calls)
+	res, err := exec(ctx, s, purgeOp, calls)
 	if err != nil {
-		return 0, fmt.Errorf("store: %w", err)
+		return 0, fmt.Errorf("store: purge: %w", err)
 	}
 	n := 0
-	for i, c := range cmds {
-		reply, _ := decodeCancel(c, len(byShard[i].ids))
-		for _, v := range reply.codes {
+	for _, r := range res {
+		for _, v := range r.reply.codes {
 			if v != cancelNotStored {
 				n++
 			}
@@ -335,19 +299,17 @@ func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
 		return 0, fmt.Errorf("store: replay: %w", ErrOlderDaemon)
 	}
 	byShard := s.byShard(ids)
-	calls := make([]call, len(byShard))
+	calls := make([]replayArgs, len(byShard))
 	for i, sh := range byShard {
-		calls[i] = replayArgs{shard: &s.keys[sh.shard], ids: sh.ids}.encode()
+		calls[i] = replayArgs{shard: &s.keys[sh.shard], ids: sh.ids}
 	}
-	cmds, err := s.pipelined(ctx, replayScript, calls)
+	res, err := exec(ctx, s, replayOp, calls)
 	if err != nil {
-		return 0, fmt.Errorf("store: %w", err)
+		return 0, fmt.Errorf("store: replay: %w", err)
 	}
 	n := 0
-	for _, c := range cmds {
-		if reply, err := decodeReplay(c); err == nil {
-			n += reply.dead
-		}
+	for _, r := range res {
+		n += r.reply.dead
 	}
 	return n, nil
 }

@@ -8,9 +8,10 @@ package store
 // how many did; WAITAOF 1 0 t does the same for the master's own AOF fsync.
 // So the WAIT must run on the connection of the writes, right after them.
 //
-// The store asks for that by marking a pipeline's context (waitCtx); a
-// go-redis pipeline hook then appends TIME, WAIT, [WAITAOF,] TIME to the
-// commands of each connection the pipeline writes on. On a single Redis
+// Which operations wait, and how, is their policy (ops.go). exec asks for
+// a wait by marking a pipeline's context (waitCtx); a go-redis pipeline
+// hook then appends TIME, WAIT, [WAITAOF,] TIME to the commands of each
+// connection the pipeline writes on. On a single Redis
 // and under Sentinel that is the client's one pipeline connection. Under
 // Cluster the hook sits on every node's client (OnNewNode), where go-redis
 // hands it the commands it sends to that node on one connection: one WAIT
@@ -48,9 +49,9 @@ import (
 // wraps ErrOutcomeUnknown, so a request gets 504 with its id.
 var ErrNotReplicated = fmt.Errorf("%w: the write is on the master but was not confirmed by the replicas redis.wait_replicas asks for", ErrOutcomeUnknown)
 
-// WaitObserver is told of every WAIT the store sent: the operation
-// (schedule, cancel, claim), how long it blocked in Redis, and whether it
-// fell short. It must be cheap.
+// WaitObserver is told of every WAIT the store sent: the operation (those
+// that wait in ops.go: schedule, cancel, claim), how long it blocked in
+// Redis, and whether it fell short. It must be cheap.
 type WaitObserver interface {
 	Waited(op string, took time.Duration, short bool)
 }
@@ -68,7 +69,8 @@ type WaitOptions struct {
 
 func (o WaitOptions) on() bool { return o.Replicas > 0 || o.LocalFsync }
 
-// WithWait makes schedules, cancels and claims wait for o (see wait.go).
+// WithWait makes the operations whose policy waits (ops.go: schedules,
+// cancels, claims) wait for o (see wait.go).
 func WithWait(o WaitOptions) Option {
 	return func(s *Store) {
 		s.wait = o
@@ -78,10 +80,10 @@ func WithWait(o WaitOptions) Option {
 	}
 }
 
-// While claims fall short, one missing replica must not add the whole
-// timeout to every delivery: the first short claim waits the full
-// timeout; after it, claims do not wait (they are unconfirmed anyway),
-// except one probe every claimProbeEvery that waits up to claimProbe, until
+// An operation that probes (ops.go: claims) must not add the whole
+// timeout to every delivery while one replica is missing: the first short
+// claim waits the full timeout; after it, claims do not wait (they are
+// unconfirmed anyway), except one probe every claimProbeEvery that waits up to claimProbe, until
 // a probe is confirmed. The probe must outlast a healthy replica's round
 // trip: a busy Redis checks WAIT timeouts on every pass of its event loop,
 // so a short probe would time out before a replica in another zone acks,
@@ -93,15 +95,16 @@ const (
 	claimProbeEvery = time.Second
 )
 
-// waiting is the store's wait state.
-type waiting struct {
-	// claimShort: the last claim that waited fell short; lastProbe is
-	// when a claim last waited (unix nanos).
-	claimShort atomic.Bool
-	lastProbe  atomic.Int64
+// probing is the wait state of one operation that probes.
+type probing struct {
+	// short: the last call that waited fell short; lastProbe is when one
+	// last waited (unix nanos).
+	short     atomic.Bool
+	lastProbe atomic.Int64
 }
 
-// errNotWaited marks a claim sent without a wait while claims fall short.
+// errNotWaited marks a call sent without a wait while its operation's
+// waits fall short (probes).
 var errNotWaited = fmt.Errorf("%w: not waited for, as the last claims' waits fell short (probed every %s)", ErrNotReplicated, claimProbeEvery)
 
 type waitKey struct{}
@@ -117,23 +120,21 @@ type waitReq struct {
 	mu       sync.Mutex
 	ours     map[redis.Cmder]bool  // commands the hook added: never resent
 	result   map[redis.Cmder]error // per call: nil once its wait confirmed it
-	// fenceErr: a fence failed, so a call that wrote nothing is not
-	// confirmed by its wait.
-	fenceErr error
 	// skipped: no wait was sent (errNotWaited).
 	skipped bool
 }
 
-// waitCtx marks ctx so that the pipelines of op wait, or returns it as it
-// is (and a nil request) when the store does not wait.
-func (s *Store) waitCtx(ctx context.Context, op string) (context.Context, *waitReq) {
-	if !s.wait.on() {
+// waitCtx marks ctx so that the pipeline of op waits as w says (op's
+// policy), or returns it as it is (and a nil request) when it does not
+// wait. Only exec calls it.
+func (s *Store) waitCtx(ctx context.Context, op string, w waitMode) (context.Context, *waitReq) {
+	if !s.wait.on() || w == neverWaits {
 		return ctx, nil
 	}
 	timeout := s.wait.Timeout
-	if op == OpClaim && s.waiting.claimShort.Load() {
-		now, last := time.Now().UnixNano(), s.waiting.lastProbe.Load()
-		if now-last < int64(claimProbeEvery) || !s.waiting.lastProbe.CompareAndSwap(last, now) {
+	if p := s.probing[op]; w == probes && p.short.Load() {
+		now, last := time.Now().UnixNano(), p.lastProbe.Load()
+		if now-last < int64(claimProbeEvery) || !p.lastProbe.CompareAndSwap(last, now) {
 			return ctx, &waitReq{op: op, skipped: true}
 		}
 		timeout = min(timeout, claimProbe)
@@ -168,29 +169,6 @@ func waitFrom(ctx context.Context) *waitReq {
 	return r
 }
 
-// fenced records that a fence failed.
-func (r *waitReq) fenced(err error) {
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.fenceErr = err
-}
-
-// fenceFailed is the error of a failed fence, wrapping ErrNotReplicated.
-func (r *waitReq) fenceFailed() error {
-	if r == nil {
-		return nil
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.fenceErr == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: the fence before the wait failed: %v", ErrNotReplicated, r.fenceErr)
-}
-
 // installWait puts the hook on the client, or under Cluster on every node
 // client go-redis creates. A node client made before New (a cluster client
 // used before it was given to the store) lacks it, and its calls then
@@ -216,15 +194,15 @@ func (waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return n
 func (waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if r := waitFrom(ctx); r != nil {
-			return r.send(ctx, cmds, next)
+			return r.process(ctx, cmds, next)
 		}
 		return next(ctx, cmds)
 	}
 }
 
-// send runs cmds followed by the wait, on one connection, and records the
+// process runs cmds followed by the wait, on one connection, and records the
 // outcome for each of them.
-func (r *waitReq) send(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+func (r *waitReq) process(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 	calls := make([]redis.Cmder, 0, len(cmds))
 	scripts := false
 	r.mu.Lock()
@@ -295,21 +273,17 @@ func (r *waitReq) send(ctx context.Context, cmds []redis.Cmder, next redis.Proce
 	return err
 }
 
-// fence adds the fence of shard to pipe (see wait.go).
-func (s *Store) fence(ctx context.Context, pipe redis.Pipeliner, shard int) *redis.Cmd {
-	return s.pick(fenceScript).Eval(ctx, pipe, []string{s.keys[shard].fence})
-}
-
-// claimWaited notes whether the wait of a claim that waited fell short,
-// which sets the next claims' (claimProbe).
-func (s *Store) claimWaited(r *waitReq, short bool) {
-	if r == nil || r.skipped {
+// probed notes whether the wait of a pipeline of op (which probes) fell
+// short, which sets its next pipelines' (claimProbe).
+func (s *Store) probed(op string, r *waitReq, short bool) {
+	p := s.probing[op]
+	if r == nil || r.skipped || p == nil {
 		return
 	}
-	if short && !s.waiting.claimShort.Load() {
-		s.waiting.lastProbe.Store(time.Now().UnixNano())
+	if short && !p.short.Load() {
+		p.lastProbe.Store(time.Now().UnixNano())
 	}
-	s.waiting.claimShort.Store(short)
+	p.short.Store(short)
 }
 
 // CheckWait checks, at start, that Redis can do what the wait options ask:

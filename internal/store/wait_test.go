@@ -133,7 +133,7 @@ func TestWaitReplicas(t *testing.T) {
 	if got != 1 {
 		t.Errorf("claimed %d with the replica stopped, want the 1 due", got)
 	}
-	if !s.waiting.claimShort.Load() {
+	if !s.probing[OpClaim].short.Load() {
 		t.Fatal("a short claim was not noted")
 	}
 	// While claims fall short, the next ones do not wait (one probe a
@@ -147,7 +147,7 @@ func TestWaitReplicas(t *testing.T) {
 	if n := commandCalls(t, mc, "wait") - waitsBefore; n != 0 || !res[0].Unconfirmed || !errors.Is(res[0].Why, errNotWaited) {
 		t.Errorf("claim right after a short one: %d WAITs, unconfirmed %v (%v); want none, unconfirmed", n, res[0].Unconfirmed, res[0].Why)
 	}
-	s.waiting.lastProbe.Store(0) // the probe is due
+	s.probing[OpClaim].lastProbe.Store(0) // the probe is due
 	if res, _ = s.Claim(ctx, all, ClaimOptions{Batch: 10, Lease: time.Minute}); commandCalls(t, mc, "wait")-waitsBefore != 1 ||
 		!errors.Is(res[0].Why, ErrNotReplicated) || errors.Is(res[0].Why, errNotWaited) {
 		t.Errorf("the probe did not wait, or was confirmed with the replica stopped: %v", res[0].Why)
@@ -162,7 +162,7 @@ func TestWaitReplicas(t *testing.T) {
 	if c, err := s.Cancel(ctx, "a1"); err != nil || c.Existed {
 		t.Errorf("cancel after the replica is back: %+v, %v; want not found", c, err)
 	}
-	s.waiting.lastProbe.Store(0) // the probe is due
+	s.probing[OpClaim].lastProbe.Store(0) // the probe is due
 	res, err = s.Claim(ctx, all, ClaimOptions{Batch: 10, Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func TestWaitReplicas(t *testing.T) {
 			t.Errorf("shard %d: claim unconfirmed with the replica back: %v", cr.Shard, cr.Why)
 		}
 	}
-	if s.waiting.claimShort.Load() {
+	if s.probing[OpClaim].short.Load() {
 		t.Error("a confirmed claim did not restore the full wait")
 	}
 	for _, op := range []string{"schedule", "cancel", "claim"} {
