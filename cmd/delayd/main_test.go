@@ -63,10 +63,7 @@ func delaydBinary(t testing.TB) string {
 // knownFailingSoaks are soaks .ci/run leaves out, each with the reason and
 // the issue that owns it; TestSoaksRunInCI fails on any other omission, and
 // on one listed here that .ci/run runs again (then drop it here).
-var knownFailingSoaks = map[string]string{
-	"TestLargePayloadsUnderMemoryLimit": "delivers 19-67 of 200 x 900 kB in 60 s on the machines of the seventh " +
-		"session, at its starting commit (a451f2b) too, Redis calls timing out; issue 29 item 8",
-}
+var knownFailingSoaks = map[string]string{}
 
 // TestSoaksRunInCI: every test of this package that daemontest.Soak gates is named in
 // .ci/run's soak step, so a new soak does not silently drop out of CI.

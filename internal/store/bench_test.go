@@ -146,7 +146,7 @@ func benchClaim(b *testing.B, pending, per int) {
 		schedule(b, s, items...)
 		before := readWork(rc.Info(ctx, "commandstats", "cpu").Val())
 		b.StartTimer()
-		res, err := s.Claim(ctx, shards, ClaimOptions{Batch: 1024, Lease: time.Minute})
+		res, err := s.Claim(ctx, shards, ClaimOptions{Batch: 1024, Lease: time.Minute, Bytes: 8 << 20})
 		if err != nil {
 			b.Fatal(err)
 		}

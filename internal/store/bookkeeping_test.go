@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -279,9 +280,11 @@ func TestClaimBytes(t *testing.T) {
 		}
 		return res[0].Items
 	}
-	// Values are 1000 bytes (a 7-byte header): two fit in 2500.
-	if got := claim(2500); len(got) != 2 || got[0].ID != ids[0] || got[1].ID != ids[1] {
-		t.Fatalf("claim of 2500 bytes: %d envelopes %v", len(got), claimedIDs(got))
+	// Values are 1000 bytes (a 7-byte header), over a sixteenth of the
+	// budget, so large: two fit in the three quarters of 2700 large
+	// values may take.
+	if got := claim(2700); len(got) != 2 || got[0].ID != ids[0] || got[1].ID != ids[1] {
+		t.Fatalf("claim of 2700 bytes: %d envelopes %v", len(got), claimedIDs(got))
 	}
 	if got := claim(1); len(got) != 1 || got[0].ID != ids[2] {
 		t.Fatalf("a budget below one envelope must still hand out one: %v", claimedIDs(got))
@@ -376,4 +379,81 @@ func TestReplayWaitsForThePreviousRelease(t *testing.T) {
 	if n, err := s.Replay(ctx, []string{"x"}); err != nil || n != 1 {
 		t.Fatalf("replay once the older daemon left: %d, %v", n, err)
 	}
+}
+
+// TestClaimTakesSmallPastLarge: envelopes that do not fit in a shard's
+// share are skipped, not a wall: small ones due after them go out in the
+// same claim, from a quarter of the share kept for small values even in a
+// shard that handed out an envelope larger than its share. What was
+// skipped stays due, first in line for the next claim.
+func TestClaimTakesSmallPastLarge(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	idIn := func(prefix string, shard int) string {
+		for i := 0; ; i++ {
+			if id := prefix + strconv.Itoa(i); s.Shard(id) == shard {
+				return id
+			}
+		}
+	}
+	// Per shard: two values of 30,000 bytes due first, then three of 100.
+	const share = 50000
+	var large, small [2][]string
+	for sh := range 2 {
+		for i := range 2 {
+			id := idIn("L"+strconv.Itoa(i)+"-", sh)
+			large[sh] = append(large[sh], id)
+			schedule(t, s, Item{ID: id, Absolute: true, AtMicros: int64(1000 + i), Data: make([]byte, 30000-7)})
+		}
+		for i := range 3 {
+			id := idIn("s"+strconv.Itoa(i)+"-", sh)
+			small[sh] = append(small[sh], id)
+			schedule(t, s, Item{ID: id, Absolute: true, AtMicros: int64(2000 + i), Data: make([]byte, 100-7)})
+		}
+	}
+	res, err := s.Claim(ctx, []int{0, 1}, ClaimOptions{Batch: 100, Lease: time.Minute, Bytes: 2 * share})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		got := claimedIDs(r.Items)
+		// One large fits in the share, the second does not (60,000 >
+		// the three quarters of 50,000 large ones may take): skipped, and
+		// the three small ones still go out.
+		want := []string{large[r.Shard][0], small[r.Shard][0], small[r.Shard][1], small[r.Shard][2]}
+		if !slices.Equal(got, want) {
+			t.Fatalf("shard %d claim: %v, want %v (small ones past the large one that did not fit)", r.Shard, got, want)
+		}
+	}
+	// The skipped ones are still due, and are next.
+	res, err = s.Claim(ctx, []int{0, 1}, ClaimOptions{Batch: 100, Lease: time.Minute, Bytes: 2 * share})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if got := claimedIDs(r.Items); !slices.Equal(got, []string{large[r.Shard][1]}) {
+			t.Fatalf("shard %d second claim: %v, want the skipped %s", r.Shard, got, large[r.Shard][1])
+		}
+	}
+	mustBeConsistent(t, s)
+
+	// A shard whose turn hands out a value larger than its share still
+	// hands out the small ones behind it, from the quarter kept for them.
+	big := idIn("B", 2)
+	schedule(t, s, Item{ID: big, Absolute: true, AtMicros: 3000, Data: make([]byte, 200000)})
+	var tiny []string
+	for i := range 3 {
+		id := idIn("t"+strconv.Itoa(i)+"-", 2)
+		tiny = append(tiny, id)
+		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: int64(3001 + i), Data: make([]byte, 100-7)})
+	}
+	res, err = s.Claim(ctx, []int{2}, ClaimOptions{Batch: 100, Lease: time.Minute, Bytes: share})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := claimedIDs(res[0].Items), append([]string{big}, tiny...); !slices.Equal(got, want) {
+		t.Fatalf("oversize turn: %v, want %v", got, want)
+	}
+	mustBeConsistent(t, s)
 }

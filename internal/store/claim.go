@@ -67,7 +67,11 @@ type ClaimOptions struct {
 	// of the largest value the last claim handed out (one when unknown, at
 	// most maxOversize). So large envelopes still go out several per claim,
 	// no envelope is too large to ever go out, and a claim holds about
-	// Bytes plus one payload, at most Bytes plus maxOversize payloads.
+	// Bytes plus one payload, at most Bytes plus maxOversize payloads (and
+	// a quarter share each). Within a share, values over a sixteenth of it
+	// take at most three quarters, the rest is kept for smaller ones, and
+	// a value that does not fit is skipped, not waited behind (take in
+	// lua/claim.lua).
 	Bytes int64
 }
 

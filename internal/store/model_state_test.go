@@ -141,22 +141,37 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 	return append(exp, due[:min(len(due), batch-len(exp))]...), nil
 }
 
-// withinBytes cuts ids as a claim with a byte budget does: it takes what
-// fits, and with oversize the first value even when it alone is larger.
+// withinBytes keeps of ids what a claim with a byte budget hands out
+// (take in lua/claim.lua): values of at most budget/16 bytes while the
+// kept bytes stay within budget or their own within a quarter of it,
+// larger ones while those stay within three quarters or, with oversize,
+// the first of them whatever its size; one that does not fit is skipped
+// and the rest still offered.
 func (m *mModel) withinBytes(ids []string, budget int64, oversize bool) []string {
-	var bytes int64
-	for i, id := range ids {
+	var bytes, small, large int64
+	tookLarge := false
+	var keep []string
+	for _, id := range ids {
 		e := m.ids[id]
 		size := int64(valueHeader) + int64(len(e.data))
 		if e.occurrence > 0 {
 			size = seriesValueHeader + int64(len(e.data))
 		}
-		if bytes+size > budget && (i > 0 || !oversize) {
-			return ids[:i]
+		if 16*size <= budget {
+			if bytes+size > budget && 4*(small+size) > budget {
+				continue
+			}
+			small += size
+		} else {
+			if 4*(large+size) > 3*budget && (tookLarge || !oversize) {
+				continue
+			}
+			large, tookLarge = large+size, true
 		}
 		bytes += size
+		keep = append(keep, id)
 	}
-	return ids
+	return keep
 }
 
 // next returns the lowest score at p in shard, or -1; for leases, the
