@@ -22,7 +22,8 @@ type Client struct {
 	nc           *nats.Conn
 	prefix       string
 	retryTimeout time.Duration
-	owned        bool // Close closes nc
+	owned        bool     // Close closes nc
+	batch        *batcher // the Batching option's, or nil
 }
 
 // Option configures a Client.
@@ -59,9 +60,13 @@ func Connect(url string, natsOpts []nats.Option, opts ...Option) (*Client, error
 	return c, nil
 }
 
-// Close closes the connection if Connect opened it; a connection given
-// to New is left open.
+// Close stops the Batching option's batches (waiting for those in
+// flight) and closes the connection if Connect opened it; a connection
+// given to New is left open.
 func (c *Client) Close() {
+	if c.batch != nil {
+		c.batch.shutdown()
+	}
 	if c.owned {
 		c.nc.Close()
 	}
@@ -92,24 +97,38 @@ func (c *Client) Cancel(ctx context.Context, id string) (Cancelled, error) {
 // request sends m to <prefix>.<verb> and decodes the JSON reply into out.
 // id, if known, goes into the error of an unknown outcome.
 func (c *Client) request(ctx context.Context, verb, id string, m *nats.Msg, out any) error {
-	m.Subject = c.prefix + "." + verb
+	resp, err := c.roundTrip(ctx, verb, verb, id, m)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(resp.Data, out); err != nil {
+		return fmt.Errorf("delayd %s: bad reply %q: %w", verb, resp.Data, err)
+	}
+	return nil
+}
+
+// roundTrip sends m to <prefix>.<subject> and returns the reply, or the
+// error it or the sending gave; verb names the call in errors, id (if
+// known) goes into the error of an unknown outcome.
+func (c *Client) roundTrip(ctx context.Context, verb, subject, id string, m *nats.Msg) (*nats.Msg, error) {
+	m.Subject = c.prefix + "." + subject
 	if err := ctx.Err(); err != nil {
 		// Nothing reached delayd: as with any request that could not be
 		// sent, nothing was written.
-		return fmt.Errorf("delayd %s: not sent: %w: %w", verb, ErrUnavailable, err)
+		return nil, fmt.Errorf("delayd %s: not sent: %w: %w", verb, ErrUnavailable, err)
 	}
 	resp, err := c.nc.RequestMsgWithContext(ctx, m)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
-		return fmt.Errorf("delayd %s: no delayd service answers on %s: is the daemon running? (%w: %w)", verb, m.Subject, ErrUnavailable, err)
+		return nil, fmt.Errorf("delayd %s: no delayd service answers on %s: is the daemon running? (%w: %w)", verb, m.Subject, ErrUnavailable, err)
 	case notSent(err) != nil:
-		return fmt.Errorf("delayd %s: not sent: %w", verb, notSent(err))
+		return nil, fmt.Errorf("delayd %s: not sent: %w", verb, notSent(err))
 	case err != nil && ctx.Err() != nil:
 		// The request went out: a daemon may have stored it and its reply
 		// come too late. Retrying with the same id is safe.
-		return &unknownOutcome{verb: verb, id: id, err: err}
+		return nil, &unknownOutcome{verb: verb, id: id, err: err}
 	case err != nil:
-		return fmt.Errorf("delayd %s: %w", verb, err)
+		return nil, fmt.Errorf("delayd %s: %w", verb, err)
 	}
 	if msg := resp.Header.Get(micro.ErrorHeader); msg != "" {
 		se := &ServiceError{Message: msg}
@@ -122,12 +141,9 @@ func (c *Client) request(ctx context.Context, verb, id string, m *nats.Msg, out 
 				se.ID = body.ID
 			}
 		}
-		return se
+		return nil, se
 	}
-	if err := json.Unmarshal(resp.Data, out); err != nil {
-		return fmt.Errorf("delayd %s: bad reply %q: %w", verb, resp.Data, err)
-	}
-	return nil
+	return resp, nil
 }
 
 // notSent maps the errors with which nats.go refuses to send a message

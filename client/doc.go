@@ -16,6 +16,11 @@
 // this package turns into a *ServiceError that matches the sentinel errors
 // (ErrBadRequest, ErrForbidden, ...) with errors.Is.
 //
+// ScheduleBatch sends many envelopes in one request (header Delayd-Batch,
+// a JSON array of envelopes) and returns a result per envelope; with the
+// Batching option, Schedule itself gathers concurrent calls into such
+// batches.
+//
 // Publish is the other way in: a JetStream publish to <prefix>.intake,
 // acknowledged by the stream as soon as it is durable, even while every
 // delayd is down. Get, List, Stats, Replay and Purge are the operator

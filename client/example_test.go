@@ -123,3 +123,31 @@ func ExampleClient_Publish() {
 	// acknowledged by DELAYD_INTAKE as welcome-1
 	// got "welcome", Delayd-Id welcome-1
 }
+
+// Schedule three reminders in one request: each envelope stands alone, so
+// the one with a wildcard target is refused and the others are stored.
+func ExampleClient_ScheduleBatch() {
+	nc, _ := nats.Connect(daemonURL())
+	defer nc.Close()
+	c := client.New(nc)
+	ctx := context.Background()
+
+	res, err := c.ScheduleBatch(ctx, []client.Envelope{
+		{Target: "reminders.send", Payload: []byte("call Ada"), Options: []client.ScheduleOption{client.Delay(time.Hour), client.ID("rem-1")}},
+		{Target: "reminders.*", Payload: []byte("call everyone"), Options: []client.ScheduleOption{client.Delay(time.Hour)}},
+		{Target: "reminders.send", Payload: []byte("call Bob"), Options: []client.ScheduleOption{client.Delay(time.Hour), client.ID("rem-3")}},
+	})
+	if err != nil {
+		fmt.Println(err) // the batch as a whole: nothing, or anything, may be stored
+		return
+	}
+	for _, r := range res {
+		fmt.Println(r.ID, errors.Is(r.Err, client.ErrBadRequest))
+	}
+	_, _ = c.Cancel(ctx, "rem-1")
+	_, _ = c.Cancel(ctx, "rem-3")
+	// Output:
+	// rem-1 false
+	//  true
+	// rem-3 false
+}

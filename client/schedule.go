@@ -204,8 +204,17 @@ func (c *Client) Schedule(ctx context.Context, target string, payload []byte, op
 	if err != nil {
 		return Scheduled{}, err
 	}
+	return c.schedule(ctx, m.Header.Get(headerID), m)
+}
+
+// schedule sends one schedule request, in a batch with the Batching
+// option.
+func (c *Client) schedule(ctx context.Context, id string, m *nats.Msg) (Scheduled, error) {
+	if c.batch != nil {
+		return c.batch.schedule(ctx, id, m)
+	}
 	var out Scheduled
-	err = c.request(ctx, "schedule", m.Header.Get(headerID), m, &out)
+	err := c.request(ctx, "schedule", id, m, &out)
 	return out, err
 }
 
@@ -252,10 +261,9 @@ func (c *Client) ScheduleRetrying(ctx context.Context, target string, payload []
 			return Scheduled{}, last
 		}
 		actx, cancel := context.WithTimeout(ctx, c.retryTimeout)
-		var out Scheduled
 		// A fresh message per attempt: the request sets its reply subject.
 		start := time.Now()
-		err := c.request(actx, "schedule", id, &nats.Msg{Header: m.Header, Data: m.Data}, &out)
+		out, err := c.schedule(actx, id, &nats.Msg{Header: m.Header, Data: m.Data})
 		if actx.Err() == nil {
 			answered = max(answered, time.Since(start))
 		}
