@@ -86,6 +86,8 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 			return
 		}
 		s.obs.RedisError(store.OpAck)
+		// The next try sends only what the store did not settle.
+		settles = a.Unsettled
 		if try == 1 || actx.Err() != nil {
 			// The leases expire and the envelopes are delivered again:
 			// a duplicate, never a loss.

@@ -34,16 +34,24 @@ func (o *recObserver) RedisError(op string) {
 	o.mu.Unlock()
 }
 
-// ackStore answers acks with what the test sets, counting the calls.
+// ackStore answers acks with what the test sets, counting the calls and
+// keeping what each was asked to settle.
 type ackStore struct {
 	claimStore
 	acked store.Acked
 	err   error
 	calls int
+	asked []map[int][]store.Settle
+	// then, if set, answers the calls after the first.
+	then *store.Acked
 }
 
-func (a *ackStore) Ack(context.Context, map[int][]store.Settle, time.Duration) (store.Acked, error) {
+func (a *ackStore) Ack(_ context.Context, byShard map[int][]store.Settle, _ time.Duration) (store.Acked, error) {
 	a.calls++
+	a.asked = append(a.asked, byShard)
+	if a.calls > 1 && a.then != nil {
+		return *a.then, nil
+	}
 	return a.acked, a.err
 }
 
@@ -78,16 +86,49 @@ func TestAckPlansNextOccurrencesAndCountsDead(t *testing.T) {
 // a failed ack.
 func TestAckFailureTriedTwice(t *testing.T) {
 	t.Parallel()
-	st := &ackStore{claimStore: claimStore{shards: 1}, err: errors.New("store: ack: i/o timeout")}
+	settles := map[int][]store.Settle{0: {{ID: "a", Outcome: store.Retry, RetryDelay: time.Second}}}
+	st := &ackStore{claimStore: claimStore{shards: 1}, err: errors.New("store: ack: i/o timeout"),
+		acked: store.Acked{Unsettled: settles}}
 	obs := &recObserver{}
 	s := New(st, newSwitchPub(), obs, defaultOpts, hclog.NewNullLogger())
 	s.next[0].Store(math.MaxInt64)
-	s.ack(context.Background(), map[int][]store.Settle{0: {{ID: "a", Outcome: store.Retry, RetryDelay: time.Second}}})
+	s.ack(context.Background(), settles)
 	if st.calls != 2 || obs.redisErrors["ack"] != 2 {
 		t.Errorf("%d ack calls, %d errors counted; want 2 and 2", st.calls, obs.redisErrors["ack"])
 	}
 	if got := s.next[0].Load(); got != math.MaxInt64 {
 		t.Errorf("planned at %d after a failed ack", got)
+	}
+}
+
+// A failed ack's retry sends only what the store says it did not settle;
+// the shards of every release are planned once it succeeds.
+func TestAckRetrySendsOnlyWhatWasNotSettled(t *testing.T) {
+	t.Parallel()
+	left := map[int][]store.Settle{1: {{ID: "b", Outcome: store.Retry, RetryDelay: time.Second}}}
+	st := &ackStore{claimStore: claimStore{shards: 2}, err: errors.New("store: ack: shard 1 failed"),
+		acked: store.Acked{Settled: 1, NowMs: 1_000_000, Unsettled: left}, then: &store.Acked{Settled: 1, NowMs: 1_000_000}}
+	obs := &recObserver{}
+	s := New(st, newSwitchPub(), obs, defaultOpts, hclog.NewNullLogger())
+	for sh := range s.next {
+		s.next[sh].Store(math.MaxInt64)
+	}
+	all := map[int][]store.Settle{
+		0: {{ID: "a", Outcome: store.Retry, RetryDelay: 2 * time.Second}},
+		1: {{ID: "b", Outcome: store.Retry, RetryDelay: time.Second}},
+	}
+	s.ack(context.Background(), all)
+	if st.calls != 2 || obs.redisErrors["ack"] != 1 {
+		t.Fatalf("%d ack calls, %d errors counted; want 2 and 1", st.calls, obs.redisErrors["ack"])
+	}
+	if len(st.asked[1]) != 1 || len(st.asked[1][1]) != 1 || st.asked[1][1][0].ID != "b" {
+		t.Errorf("the retry sent %+v, want only shard 1's b", st.asked[1])
+	}
+	if got := s.next[0].Load(); got != 1_002_000 {
+		t.Errorf("shard 0 planned at %d, want its release's 1002000", got)
+	}
+	if got := s.next[1].Load(); got != 1_001_000 {
+		t.Errorf("shard 1 planned at %d, want its release's 1001000", got)
 	}
 }
 

@@ -46,11 +46,16 @@ type Acked struct {
 	// those of them that moved an envelope to the dead set.
 	Settled, Buried int
 	NowMs           int64 // Redis time
+	// Unsettled holds, by shard, the settles of the script calls that
+	// failed (nil when none did): a retry sends just these. A call that
+	// failed with its outcome unknown may have run; sent again, its
+	// settles change nothing, as each one ended its claim.
+	Unsettled map[int][]Settle
 }
 
 // Ack settles deliveries, one script call per shard, all in one pipeline.
-// On error, byShard is left holding only the shards that were not settled,
-// and the result counts those that were.
+// On error, the result counts those that were settled, and holds in
+// Unsettled those of the calls that failed; byShard is left as it is.
 // Released envelopes are due again after retry. A settle whose token is no
 // longer the envelope's claim (replaced, cancelled or re-claimed meanwhile)
 // is ignored.
@@ -86,13 +91,10 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 		}
 	}
 	if err != nil {
-		// Keep only what was not settled, so a retry resends just that.
-		for sh := range byShard {
-			delete(byShard, sh)
-		}
+		a.Unsettled = map[int][]Settle{}
 		for i, r := range res {
 			if !r.ran {
-				byShard[calls[i].shard] = append(byShard[calls[i].shard], calls[i].items...)
+				a.Unsettled[calls[i].shard] = append(a.Unsettled[calls[i].shard], calls[i].items...)
 			}
 		}
 		return a, fmt.Errorf("store: ack: %w", err)
