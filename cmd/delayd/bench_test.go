@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"os"
 	"os/exec"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayd/delayd/internal/bench"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 )
 
 // TestBenchCommand runs `delayd bench` against a running daemon and checks

@@ -43,8 +43,8 @@ func TestChaosSoakTopology(t *testing.T) {
 	}
 	testutil.WaitReplicas(t, sn.Master, 1, 15*time.Second)
 	nodes := testutil.StartNATSCluster(t, 3)
-	e := &clusterEnv{Env: &daemontest.Env{T: t, Redis: sn.Master, NATS: nodes[0]}, nodes: nodes}
-	stream := chaosStream(t, e.connTo(0), 3)
+	e := &daemontest.ClusterEnv{Env: &daemontest.Env{T: t, Redis: sn.Master, NATS: nodes[0]}, Nodes: nodes}
+	stream := chaosStream(t, e.ConnTo(0), 3)
 	bin := delaydBinary(t)
 
 	const daemons = 3
@@ -57,14 +57,14 @@ func TestChaosSoakTopology(t *testing.T) {
 	procs := make([]*proc, daemons)
 	start := func(i int) {
 		ci := c
-		ci.NATS.URL = e.urlsFrom(i)
+		ci.NATS.URL = e.URLsFrom(i)
 		procs[i] = startProcEnv(e.Env, bin, ci, extra...)
 	}
 	for i := range daemons {
 		start(i)
 	}
-	consumer := startChaosConsumer(t, e.urlsFrom(2))
-	nc := e.connTo(1)
+	consumer := startChaosConsumer(t, e.URLsFrom(2))
+	nc := e.ConnTo(1)
 	ctx, stop := context.WithTimeout(context.Background(), dur)
 	defer stop()
 	w, wg := startChaosWorkload(ctx, nc, seed)
@@ -173,17 +173,6 @@ func TestChaosSoakTopology(t *testing.T) {
 	wg.Wait()
 	w.settle(stream, consumer)
 	w.check(t, stream, consumer.received(), faults)
-}
-
-// urlsFrom lists the cluster's URLs starting with node i.
-func (e *clusterEnv) urlsFrom(i int) string {
-	urls := []string{e.nodes[i].URL()}
-	for j, n := range e.nodes {
-		if j != i {
-			urls = append(urls, n.URL())
-		}
-	}
-	return strings.Join(urls, ",")
 }
 
 // waitCaughtUp waits up to d for master to count a replica that has

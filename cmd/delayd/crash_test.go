@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -193,4 +196,268 @@ func killOnFirst(t *testing.T, nc *nats.Conn, subject string, p *proc) (killed *
 		t.Fatal(err)
 	}
 	return killed, seen
+}
+
+// TestFaultKill9ThreeTimes kills the daemon process with SIGKILL three
+// times at random points of a run and restarts it each time.
+func TestFaultKill9ThreeTimes(t *testing.T) {
+	t.Parallel()
+	e := daemontest.NewEnv(t)
+	c := daemontest.JetStreamConfig(e)
+	f := daemontest.NewWorkload(e, "kill")
+	bin := delaydBinary(t)
+	nc := e.Conn()
+	defer nc.Close()
+	p := startProcEnv(e, bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
+	start := time.Now().Add(time.Second)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.Schedule(nc, 3000, start, 6*time.Second, time.Now().Add(30*time.Second))
+	}()
+	for k := range 3 {
+		// One kill in each third of the 6 s delivery window.
+		time.Sleep(time.Until(start.Add(time.Duration(k)*2*time.Second + time.Duration(rand.IntN(1500))*time.Millisecond)))
+		p.kill()
+		t.Logf("kill %d at +%s", k+1, time.Since(start).Round(time.Millisecond))
+		p = startProcEnv(e, bin, c, "DELAYD_TARGETS_JETSTREAM=fault.>")
+	}
+	<-done
+	f.Verify(t, 20*time.Second)
+}
+
+// TestTenDaemonsThreeKilled: ten daemon processes share one Redis; three
+// are killed with SIGKILL mid-run. Everything is delivered, none early,
+// duplicates only as redeliveries of leases in flight, and the orphaned
+// shards are taken over within the ownership lease.
+func TestTenDaemonsThreeKilled(t *testing.T) {
+	daemontest.Soak(t, "ten daemon processes, 30,000 envelopes")
+	t.Parallel()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	c.Shards = 16
+	c.Scanner.Lease = time.Second
+	f := daemontest.NewWorkloadOn(e, "ten.x", e.CaptureStream("TEN", "ten.>"))
+	bin := delaydBinary(t)
+	procs := make([]*proc, 10)
+	for i := range procs {
+		procs[i] = startProcEnv(e, bin, c, "DELAYD_NATS_NAME=d"+strconv.Itoa(i), "DELAYD_SHARDS=16")
+	}
+	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
+	defer st.Close()
+	// Every shard owned, spread over the daemons.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		owners, err := st.Owners(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		distinct := map[string]bool{}
+		for _, o := range owners {
+			if o != "" {
+				distinct[o] = true
+			}
+		}
+		if !slices.Contains(owners, "") && len(distinct) >= 6 {
+			t.Logf("16 shards over %d daemons", len(distinct))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shards not spread: %v", owners)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	nc := e.Conn()
+	defer nc.Close()
+	start := time.Now().Add(2 * time.Second)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.Schedule(nc, 30000, start, 8*time.Second, time.Now().Add(60*time.Second))
+	}()
+	time.Sleep(time.Until(start.Add(3 * time.Second)))
+	for _, i := range []int{1, 4, 7} {
+		procs[i].kill()
+	}
+	killedAt := time.Now()
+	for {
+		owners, _ := st.Owners(context.Background())
+		orphan := false
+		for _, o := range owners {
+			if o == "" || strings.HasPrefix(o, "d1-") || strings.HasPrefix(o, "d4-") || strings.HasPrefix(o, "d7-") {
+				orphan = true
+			}
+		}
+		if !orphan {
+			t.Logf("orphaned shards taken over %s after the kills (lease TTL %s)", time.Since(killedAt).Round(time.Millisecond), c.Ownership.TTL)
+			break
+		}
+		if time.Since(killedAt) > 2*c.Ownership.TTL+time.Second {
+			t.Fatalf("orphaned shards not taken over within the lease: %v", owners)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	<-done
+	dups := f.Verify(t, 30*time.Second)
+	t.Logf("duplicates (redeliveries of leases in flight at the kills): %d", dups)
+}
+
+// TestSeriesKill9BetweenPublishAndAck kills the daemon the moment an
+// occurrence reaches the target, before it could acknowledge it (its NATS
+// traffic from the server comes 300 ms late, so the flush that precedes the
+// ack does too): the ack that moves the series to its next occurrence never
+// happens. A new daemon must neither skip an occurrence nor deliver one twice
+// under the same attempt, and the series must go on.
+func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
+	t.Parallel()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	c.Scanner.Lease = time.Second
+	bin := delaydBinary(t)
+	nc := e.Conn()
+	defer nc.Close()
+	st := e.InspectStore(c)
+
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
+	slow := c
+	slow.NATS.URL = "nats://" + proxy.Addr()
+	p := startProc(e, bin, slow)
+	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
+	sub1 := e.Conn()
+	first := e.Sink(sub1, "series.crash")
+	killed := killOnOccurrence(t, sub1, "series.crash", p, 2)
+	daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.crash", "Delayd-Every", "1s", "Delayd-Count", "4", "Delayd-Id", "kc"), "k")
+	select {
+	case <-killed:
+	case <-time.After(6 * time.Second):
+		t.Fatal("occurrence 2 never arrived")
+	}
+	_ = p.cmd.Wait()
+	if en, err := st.Get(context.Background(), "kc"); err != nil || en.State != store.StateInflight || en.Occurrence != 2 {
+		t.Fatalf("after the kill: %+v, %v; want occurrence 2 in flight (the kill missed the window before the ack)", en, err)
+	}
+	// A subscription made after the kill watches the new daemon: see
+	// TestKill9BetweenClaimAndAck for the broker delay this avoids.
+	sub1.Close()
+	sub2 := e.Conn()
+	defer sub2.Close()
+	second := e.Sink(sub2, "series.crash")
+	startProc(e, bin, c)
+	second.WaitFor("kc", 10*time.Second, daemontest.HasOccurrence(4))
+	daemontest.Quiet(t, e, c, second)
+
+	a, b := first.Get("kc"), second.Get("kc")
+	all := append(append([]daemontest.Delivery(nil), a...), b...)
+	byOcc := map[int64][]daemontest.Delivery{}
+	for _, d := range all {
+		byOcc[d.Occurrence()] = append(byOcc[d.Occurrence()], d)
+		if d.Received.Before(d.Due) {
+			t.Errorf("occurrence %d attempt %d early", d.Occurrence(), d.Attempt)
+		}
+	}
+	for n := int64(1); n <= 4; n++ {
+		ds := byOcc[n]
+		if len(ds) == 0 {
+			t.Errorf("occurrence %d skipped", n)
+			continue
+		}
+		for i, d := range ds {
+			if d.Attempt != i+1 || !d.Due.Equal(ds[0].Due) {
+				t.Errorf("occurrence %d delivered again without a higher attempt or with another due time: %s", n, daemontest.Describe(ds))
+				break
+			}
+		}
+	}
+	if ds := byOcc[2]; len(ds) != 2 {
+		t.Errorf("occurrence 2, in flight at the kill: want it delivered again once, as attempt 2: %s", daemontest.Describe(ds))
+	}
+	if len(byOcc) != 4 {
+		t.Errorf("occurrences beyond 1..4: %s", daemontest.Describe(all))
+	}
+	if !slices.ContainsFunc(b, func(d daemontest.Delivery) bool { return d.Occurrence() == 3 }) || !slices.ContainsFunc(b, func(d daemontest.Delivery) bool { return d.Occurrence() == 4 }) {
+		t.Errorf("the series did not go on after the restart: %s", daemontest.Describe(b))
+	}
+	t.Logf("before the kill:%s\nafter the restart:%s", daemontest.Describe(a), daemontest.Describe(b))
+	if n := e.Stored(c); n != 0 {
+		t.Errorf("%d envelopes left after the series ended", n)
+	}
+}
+
+// TestJetStreamCrashBetweenPublishAndAck: the daemon is killed after the
+// stream has a message and before the ack reaches Redis; the redelivery
+// carries the same Nats-Msg-Id, so the stream keeps one copy.
+func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
+	t.Parallel()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	c.Scanner.Lease = time.Second
+	st := e.Stream("CRASH", "jsc.>")
+	bin := delaydBinary(t)
+	// Replies from NATS (the PubAcks) reach the daemon 300 ms late, so the
+	// kill lands between publish and ack however fast the machine is.
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
+	slow := c
+	slow.NATS.URL = "nats://" + proxy.Addr()
+	p := startProcEnv(e, bin, slow, "DELAYD_TARGETS_JETSTREAM=jsc.>")
+	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
+	nc := e.Conn()
+	defer nc.Close()
+	_, seen := killOnFirst(t, nc, "jsc.>", p)
+	const n = 300
+	at := time.Now().Add(400 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	for i := range n {
+		m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k"+strconv.Itoa(i))}
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k-last"), ""); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.cmd.Wait()
+	s := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
+	defer s.Close()
+	var inflight int64
+	shards, _, _ := s.Stats(context.Background())
+	for _, sh := range shards {
+		inflight += sh.Counts.Inflight
+	}
+	if inflight == 0 {
+		t.Fatal("kill did not land between publish and ack")
+	}
+	startProcEnv(e, bin, c, "DELAYD_TARGETS_JETSTREAM=jsc.>")
+	deadline := time.Now().Add(10 * time.Second)
+	for e.Stored(c) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if left := e.Stored(c); left != 0 {
+		t.Fatalf("%d envelopes not delivered after restart", left)
+	}
+	if got := daemontest.StreamMsgs(t, st); got != n+1 {
+		t.Fatalf("stream holds %d messages, want exactly %d (one per envelope)", got, n+1)
+	}
+	t.Logf("%d claimed at the kill; %d core copies seen, stream kept %d", inflight, seen.Load(), n+1)
+}
+
+// killOnOccurrence subscribes to subject and kills p with SIGKILL when
+// occurrence k arrives, before the daemon can acknowledge it, most times.
+func killOnOccurrence(t *testing.T, nc *nats.Conn, subject string, p *proc, k int64) <-chan struct{} {
+	t.Helper()
+	killed := make(chan struct{})
+	if _, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		if m.Header.Get(envelope.HeaderOccurrence) == strconv.FormatInt(k, 10) {
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+			select {
+			case <-killed:
+			default:
+				close(killed)
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return killed
 }

@@ -94,7 +94,7 @@ func TestDoctorWhileDelivering(t *testing.T) {
 	nc := e.Conn()
 	defer nc.Close()
 	got := e.Sink(nc, "busy.>")
-	ids := scheduleMany(t, nc, 3000, 16, "busy", func(i int, h nats.Header) {
+	ids := daemontest.ScheduleMany(t, nc, 3000, 16, "busy", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "busy.t")
 		h.Set("Delayd-Delay", fmt.Sprintf("%dms", 200+i%1500))
 	})

@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -117,5 +121,103 @@ func TestCLIErrors(t *testing.T) {
 	}
 	if !strings.Contains(errOut.String(), "shards: must be") {
 		t.Errorf("config error must name the key:\n%s", errOut.String())
+	}
+}
+
+// TestConsoleOnNetworkNeedsAuth: delayd refuses to start (exit 1) with the
+// console on a non-loopback address and no authentication; ui.insecure
+// starts it anyway, with a warning.
+func TestConsoleOnNetworkNeedsAuth(t *testing.T) {
+	t.Parallel()
+	port := testutil.FreePort(t)
+	addr := fmt.Sprintf("0.0.0.0:%d", port)
+	var out syncBuffer
+	err := run(context.Background(), []string{"delayd", "run", "--embedded", "--set", "ui.addr=" + addr}, func(string) string { return "" }, &out, &out)
+	if code := exitCode(err, &out); code != 1 || !strings.Contains(out.String(), "ui.addr:") {
+		t.Fatalf("exit %d, want 1 naming ui.addr:\n%s", code, out.String())
+	}
+	if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+		conn.Close()
+		t.Fatal("something listens on the refused console address")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var logs syncBuffer
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
+	go func() {
+		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", natsURL, "--set", "http.addr=127.0.0.1:0",
+			"--set", "ui.addr=" + addr, "--set", "ui.insecure=true"}, func(string) string { return "" }, &logs, &logs)
+	}()
+	for !strings.Contains(logs.String(), "delayd: ready") {
+		select {
+		case err := <-done:
+			t.Fatalf("insecure console did not start: %v\n%s", err, logs.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if !strings.Contains(logs.String(), "console is reachable from the network") ||
+		!strings.Contains(logs.String(), fmt.Sprintf("console at http://localhost:%d/ui/", port)) {
+		t.Errorf("no warning or console URL in the log:\n%s", logs.String())
+	}
+	if code, _ := daemontest.HTTPGet(t, fmt.Sprintf("http://127.0.0.1:%d/ui/", port)); code != 200 {
+		t.Errorf("insecure console: %d", code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The quick start's embedded server has JetStream: the stream intake works
+// with --embedded.
+func TestStreamIntakeEmbedded(t *testing.T) {
+	t.Parallel()
+	url := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
+	admin := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", url, "--set", "http.addr=" + admin,
+			"--set", "ui.addr=127.0.0.1:0"}, func(string) string { return "" }, &logs, &logs)
+	}()
+	// The wait for the delivery below starts once the daemon is ready
+	// (stream intake serving, a shard owned): under CI's load the Redis
+	// emulation (Lua in Go, with -race) made the start take 9 s of the
+	// delivery's 10, and the test failed "not delivered" half a second
+	// after "ready". This bound is only against a hang.
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(logs.String(), "stream intake serving") || !daemontest.Readyz(admin) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stream intake not serving, or not ready:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got := make(chan *nats.Msg, 1)
+	if _, err := nc.ChanSubscribe("embedded.stream", got); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	if _, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: "delayd.intake", Data: []byte("hi"),
+		Header: daemontest.Hdr(envelope.HeaderTarget, "embedded.stream", envelope.HeaderDelay, "100ms")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if string(m.Data) != "hi" || !strings.HasPrefix(m.Header.Get(envelope.HeaderID), "s-") {
+			t.Fatalf("delivered %q %v", m.Data, m.Header)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not delivered:\n%s", logs.String())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 )
 
 // natscliVersion is the nats CLI examples/shell is written and checked

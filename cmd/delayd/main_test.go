@@ -65,8 +65,9 @@ func delaydBinary(t testing.TB) string {
 // on one listed here that .ci/run runs again (then drop it here).
 var knownFailingSoaks = map[string]string{}
 
-// TestSoaksRunInCI: every test of this package that daemontest.Soak gates is named in
-// .ci/run's soak step, so a new soak does not silently drop out of CI.
+// TestSoaksRunInCI: every test that daemontest.Soak gates, in this package
+// or in the daemon suite (internal/daemon/systest), is named in .ci/run's
+// soak step, so a new soak does not silently drop out of CI.
 func TestSoaksRunInCI(t *testing.T) {
 	t.Parallel()
 	ci, err := os.ReadFile(filepath.Join("..", "..", ".ci", "run"))
@@ -80,6 +81,8 @@ func TestSoaksRunInCI(t *testing.T) {
 	listed := regexp.MustCompile(string(m[1]))
 	gated := regexp.MustCompile(`func (Test\w+)\(t \*testing\.T\) \{\n\tdaemontest\.Soak\(t, `)
 	files, _ := filepath.Glob("*_test.go")
+	suite, _ := filepath.Glob(filepath.Join("..", "..", "internal", "daemon", "systest", "*_test.go"))
+	files = append(files, suite...)
 	n := 0
 	for _, f := range files {
 		b, err := os.ReadFile(f)

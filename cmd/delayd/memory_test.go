@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"os"
 	"strconv"
 	"strings"
@@ -14,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/client"
-
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 )

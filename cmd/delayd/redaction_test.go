@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -189,5 +190,26 @@ func TestNoSecretInConfigErrors(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestConfigDumpRedactsSecrets(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"DELAYD_REDIS_PASSWORD": "redis-pw-123",
+		"DELAYD_NATS_TOKEN":     "nats-token-456",
+		"DELAYD_NATS_URL":       "nats://user:url-pw-789@nats:4222",
+	}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"delayd", "config"}, func(k string) string { return env[k] }, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"redis-pw-123", "nats-token-456", "url-pw-789"} {
+		if strings.Contains(out.String(), secret) {
+			t.Errorf("config dump shows %q:\n%s", secret, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "REDACTED") {
+		t.Errorf("config dump does not mark redactions:\n%s", out.String())
 	}
 }

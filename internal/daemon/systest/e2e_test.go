@@ -1,12 +1,10 @@
-package main
+package systest
 
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 )
 
 func TestOrderScenario(t *testing.T) {
@@ -105,7 +104,7 @@ func TestNeverEarly(t *testing.T) {
 	defer nc.Close()
 	s := e.Sink(nc, "early.check")
 	const n = 2000
-	ids := scheduleMany(t, nc, n, 16, "e", func(i int, h nats.Header) {
+	ids := daemontest.ScheduleMany(t, nc, n, 16, "e", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "early.check")
 		if i%2 == 0 {
 			h.Set("Delayd-Delay", fmt.Sprintf("%dms", 200+i%1000))
@@ -119,30 +118,6 @@ func TestNeverEarly(t *testing.T) {
 		t.Errorf("%d duplicates without any fault", dups)
 	}
 	logLateness(t, lateness)
-}
-
-// scheduleMany sends n schedule requests from the given number of workers.
-// Envelope i gets the id prefix+i and the headers set(i, h) adds.
-func scheduleMany(t testing.TB, nc *nats.Conn, n, workers int, prefix string, set func(i int, h nats.Header)) []string {
-	t.Helper()
-	ids := make([]string, n)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n; i += workers {
-				ids[i] = prefix + strconv.Itoa(i)
-				h := daemontest.Hdr("Delayd-Id", ids[i])
-				set(i, h)
-				if rep, err := daemontest.Schedule(nc, "delayd", h, "x"); err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
-					t.Errorf("schedule %s: %v %v", ids[i], err, rep.Header)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return ids
 }
 
 func logLateness(t *testing.T, l []time.Duration) {
@@ -198,7 +173,7 @@ func TestTwoDaemonsDeliverOnce(t *testing.T) {
 	defer nc.Close()
 	s := e.Sink(nc, "two.target")
 	const n = 2000
-	ids := scheduleMany(t, nc, n, 8, "t", func(i int, h nats.Header) {
+	ids := daemontest.ScheduleMany(t, nc, n, 8, "t", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "two.target")
 		h.Set("Delayd-Delay", fmt.Sprintf("%dms", 100+i%700))
 	})

@@ -1,10 +1,9 @@
-package main
+package systest
 
 import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -42,7 +42,7 @@ func TestReplayCarriesTheNextAttempt(t *testing.T) {
 			t.Fatalf("%s dead after %d attempts, want 2", id, en.Attempts)
 		}
 	}
-	s := stream(e, "LATER", "later.>")
+	s := e.Stream("LATER", "later.>")
 	for verb, ids := range map[string]string{"replay": `["once","every"]`, "purge": `["gone"]`} {
 		req := nats.NewMsg("delayd.admin." + verb)
 		req.Data = []byte(`{"ids":` + ids + `}`)
@@ -51,7 +51,7 @@ func TestReplayCarriesTheNextAttempt(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for streamMsgs(t, s) < 2 && time.Now().Before(deadline) {
+	for daemontest.StreamMsgs(t, s) < 2 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	for _, subject := range []string{"later.once", "later.every"} {

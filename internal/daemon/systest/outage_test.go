@@ -1,8 +1,7 @@
-package main
+package systest
 
 import (
 	"context"
-	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/daemon"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // TestRedisDownAtStart: the daemon starts without Redis, answers 503 and
@@ -54,7 +55,7 @@ func TestNATSDownAtStart(t *testing.T) {
 	e.NATS.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var logs syncBuffer
+	var logs testutil.Buffer
 	go func() {
 		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})).Run(ctx)
 	}()

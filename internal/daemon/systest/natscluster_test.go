@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -18,40 +18,6 @@ import (
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/testutil"
 )
-
-// clusterEnv is a 3-node NATS cluster with JetStream and one redis-server.
-type clusterEnv struct {
-	*daemontest.Env
-	nodes []*testutil.NATS
-}
-
-func newClusterEnv(t *testing.T) *clusterEnv {
-	t.Helper()
-	nodes := testutil.StartNATSCluster(t, 3)
-	return &clusterEnv{Env: &daemontest.Env{T: t, Redis: testutil.StartRedis(t), NATS: nodes[0]}, nodes: nodes}
-}
-
-// connTo connects to node i first, with the others to fail over to.
-func (e *clusterEnv) connTo(i int) *nats.Conn {
-	e.T.Helper()
-	nc, err := nats.Connect(e.urlsFrom(i), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		e.T.Fatal(err)
-	}
-	e.T.Cleanup(nc.Close)
-	return nc
-}
-
-// node returns the node named name ("n0".."n2").
-func (e *clusterEnv) node(name string) *testutil.NATS {
-	for _, n := range e.nodes {
-		if n.Opts.ServerName == name {
-			return n
-		}
-	}
-	e.T.Fatalf("no node %q", name)
-	return nil
-}
 
 // waitConsumerLeader returns the name of the node that leads the stream's
 // consumer (where acks are kept) once it has one.
@@ -81,17 +47,17 @@ func waitConsumerLeader(t *testing.T, js jetstream.JetStream, stream, consumer s
 func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 	t.Parallel()
 	daemontest.SkipShort(t, "a 3-node NATS cluster and a leader kill")
-	e := newClusterEnv(t)
+	e := daemontest.NewClusterEnv(t)
 	c := e.Config()
-	c.NATS.URL = e.nodes[1].URL() + "," + e.nodes[2].URL() + "," + e.nodes[0].URL()
+	c.NATS.URL = e.Nodes[1].URL() + "," + e.Nodes[2].URL() + "," + e.Nodes[0].URL()
 	c.Intake.Stream.Enabled = "true"
 	c.Intake.Stream.Replicas = 3
 	c.Intake.Stream.AckWait = 2 * time.Second
 	c.HTTP.Addr = ""
 	e.StartDaemon(c)
-	consumer := e.connTo(2)
+	consumer := e.ConnTo(2)
 	got := e.Sink(consumer, "cl.t")
-	pub := e.connTo(0)
+	pub := e.ConnTo(0)
 	js, err := jetstream.New(pub)
 	if err != nil {
 		t.Fatal(err)
@@ -128,12 +94,12 @@ func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 		}()
 		if i == n/3 {
 			<-killed
-			e.node(leader).Stop() // the consumer's leader, mid-intake: acks in flight are lost
+			e.Node(leader).Stop() // the consumer's leader, mid-intake: acks in flight are lost
 			t.Logf("stopped the intake consumer's leader %s after %d acknowledged", leader, n/3)
 		}
 	}
 	wg.Wait()
-	e.node(leader).Start()
+	e.Node(leader).Start()
 	if len(acked) < n/2 {
 		t.Fatalf("only %d of %d publishes acknowledged", len(acked), n)
 	}
@@ -177,14 +143,14 @@ func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 func TestNATSClusterDelaydNodeKilled(t *testing.T) {
 	t.Parallel()
 	daemontest.SkipShort(t, "a 3-node NATS cluster and a node kill")
-	e := newClusterEnv(t)
+	e := daemontest.NewClusterEnv(t)
 	c := e.Config()
-	c.NATS.URL = e.nodes[1].URL() + "," + e.nodes[2].URL() + "," + e.nodes[0].URL()
+	c.NATS.URL = e.Nodes[1].URL() + "," + e.Nodes[2].URL() + "," + e.Nodes[0].URL()
 	c.Intake.Stream.Replicas = 3
 	c.Targets.JetStream = []string{"jt.>"}
 	c.HTTP.Addr = ""
 	e.StartDaemon(c)
-	js, err := jetstream.New(e.connTo(2))
+	js, err := jetstream.New(e.ConnTo(2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,19 +159,19 @@ func TestNATSClusterDelaydNodeKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := e.connTo(0)
+	pub := e.ConnTo(0)
 	const n = 2000
 	at := time.Now().Add(3 * time.Second)
-	ids := scheduleMany(t, pub, n, 32, "k", func(i int, h nats.Header) {
+	ids := daemontest.ScheduleMany(t, pub, n, 32, "k", func(i int, h nats.Header) {
 		h.Set(envelope.HeaderTarget, "jt.t")
 		// Spread over 2 s from +3 s: the kill lands mid-delivery.
 		h.Set(envelope.HeaderAt, at.Add(time.Duration(i)*time.Millisecond).UTC().Format(time.RFC3339Nano))
 	})
 	time.Sleep(time.Until(at.Add(time.Second)))
-	e.nodes[1].Stop() // delayd's node
+	e.Nodes[1].Stop() // delayd's node
 	t.Log("stopped delayd's node n1 mid-delivery")
 	time.Sleep(time.Second)
-	e.nodes[1].Start()
+	e.Nodes[1].Start()
 	deadline := time.Now().Add(60 * time.Second)
 	var msgs uint64
 	for {
@@ -258,7 +224,7 @@ func TestDaemonWithoutNATSGivesUpItsShards(t *testing.T) {
 	time.Sleep(2 * c.Ownership.TTL) // both joined; with the fix the bad one left again
 	got := e.Sink(nc, "np.t")
 	due := time.Now().Add(2 * time.Second)
-	ids := scheduleMany(t, nc, 200, 16, "np", func(i int, h nats.Header) {
+	ids := daemontest.ScheduleMany(t, nc, 200, 16, "np", func(i int, h nats.Header) {
 		h.Set(envelope.HeaderTarget, "np.t")
 		h.Set(envelope.HeaderAt, due.UTC().Format(time.RFC3339Nano))
 	})

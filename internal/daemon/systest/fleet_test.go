@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -10,102 +10,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
-	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
-
-// captureStream makes a stream that records every core publish on subjects
-// without deduplication, so duplicates stay visible and countable.
-func captureStream(e *daemontest.Env, name, subject string) jetstream.Stream {
-	e.T.Helper()
-	nc := e.Conn()
-	e.T.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
-	if err != nil {
-		e.T.Fatal(err)
-	}
-	return s
-}
-
-// TestTenDaemonsThreeKilled: ten daemon processes share one Redis; three
-// are killed with SIGKILL mid-run. Everything is delivered, none early,
-// duplicates only as redeliveries of leases in flight, and the orphaned
-// shards are taken over within the ownership lease.
-func TestTenDaemonsThreeKilled(t *testing.T) {
-	daemontest.Soak(t, "ten daemon processes, 30,000 envelopes")
-	t.Parallel()
-	e := daemontest.NewEnv(t)
-	c := e.Config()
-	c.Shards = 16
-	c.Scanner.Lease = time.Second
-	f := &faultRun{e: e, target: "ten.x", stream: captureStream(e, "TEN", "ten.>"), acked: map[string]time.Time{}}
-	bin := delaydBinary(t)
-	procs := make([]*proc, 10)
-	for i := range procs {
-		procs[i] = startProcEnv(e, bin, c, "DELAYD_NATS_NAME=d"+strconv.Itoa(i), "DELAYD_SHARDS=16")
-	}
-	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
-	defer st.Close()
-	// Every shard owned, spread over the daemons.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		owners, err := st.Owners(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		distinct := map[string]bool{}
-		for _, o := range owners {
-			if o != "" {
-				distinct[o] = true
-			}
-		}
-		if !slices.Contains(owners, "") && len(distinct) >= 6 {
-			t.Logf("16 shards over %d daemons", len(distinct))
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("shards not spread: %v", owners)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	nc := e.Conn()
-	defer nc.Close()
-	start := time.Now().Add(2 * time.Second)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f.schedule(nc, 30000, start, 8*time.Second, time.Now().Add(60*time.Second))
-	}()
-	time.Sleep(time.Until(start.Add(3 * time.Second)))
-	for _, i := range []int{1, 4, 7} {
-		procs[i].kill()
-	}
-	killedAt := time.Now()
-	for {
-		owners, _ := st.Owners(context.Background())
-		orphan := false
-		for _, o := range owners {
-			if o == "" || strings.HasPrefix(o, "d1-") || strings.HasPrefix(o, "d4-") || strings.HasPrefix(o, "d7-") {
-				orphan = true
-			}
-		}
-		if !orphan {
-			t.Logf("orphaned shards taken over %s after the kills (lease TTL %s)", time.Since(killedAt).Round(time.Millisecond), c.Ownership.TTL)
-			break
-		}
-		if time.Since(killedAt) > 2*c.Ownership.TTL+time.Second {
-			t.Fatalf("orphaned shards not taken over within the lease: %v", owners)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	<-done
-	dups := f.verify(t, 30*time.Second)
-	t.Logf("duplicates (redeliveries of leases in flight at the kills): %d", dups)
-}
 
 // commandCalls sums Redis' per-command call counters.
 func commandCalls(t *testing.T, r *testutil.Redis) int64 {
@@ -189,7 +97,7 @@ func crossDaemonRun(t testing.TB, n int) []time.Duration {
 			t.Fatalf("shards not all owned: %v %v", owners, err)
 		}
 	}
-	ids := scheduleMany(t, nc, n, 16, "x", func(i int, h nats.Header) {
+	ids := daemontest.ScheduleMany(t, nc, n, 16, "x", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "cross.target")
 		h.Set("Delayd-Delay", strconv.Itoa(50+i%900)+"ms")
 	})

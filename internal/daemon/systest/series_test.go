@@ -1,4 +1,4 @@
-package main
+package systest
 
 // Whole-daemon tests of recurring series (Delayd-Every, Delayd-Cron and the
 // ADR-51 Nats-Schedule alias) against a real redis-server and nats-server:
@@ -7,13 +7,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,73 +27,28 @@ import (
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-// occ is a delivery's Delayd-Occurrence, 0 when it has none.
-func occ(d daemontest.Delivery) int64 {
-	n, _ := strconv.ParseInt(d.Header.Get(envelope.HeaderOccurrence), 10, 64)
-	return n
-}
-
-// atLeast is a waitFor condition: n deliveries or more.
-func atLeast(n int) func([]daemontest.Delivery) bool {
-	return func(ds []daemontest.Delivery) bool { return len(ds) >= n }
-}
-
-// hasOcc is a waitFor condition: occurrence n arrived.
-func hasOcc(n int64) func([]daemontest.Delivery) bool {
-	return func(ds []daemontest.Delivery) bool {
-		return slices.ContainsFunc(ds, func(d daemontest.Delivery) bool { return occ(d) == n })
-	}
-}
-
-// scheduleOK sends a schedule request that must be accepted.
-func scheduleOK(t *testing.T, nc *nats.Conn, h nats.Header, payload string) client.Scheduled {
-	t.Helper()
-	rep, err := daemontest.Schedule(nc, "delayd", h, payload)
-	if err != nil {
-		t.Fatalf("schedule: %v", err)
-	}
-	if e := rep.Header.Get(micro.ErrorHeader); e != "" {
-		t.Fatalf("schedule refused: %s %s", rep.Header.Get(micro.ErrorCodeHeader), e)
-	}
-	var s client.Scheduled
-	if err := json.Unmarshal(rep.Data, &s); err != nil {
-		t.Fatalf("reply %q: %v", rep.Data, err)
-	}
-	return s
-}
-
 // checkSeries checks deliveries that should be occurrences from..from+n-1 of
 // one series, each delivered once and on time: numbered in order, due every
 // period, never early, first attempts.
 func checkSeries(t *testing.T, ds []daemontest.Delivery, from int64, n int, period time.Duration) {
 	t.Helper()
 	if len(ds) != n {
-		t.Fatalf("%d deliveries, want %d: %s", len(ds), n, describe(ds))
+		t.Fatalf("%d deliveries, want %d: %s", len(ds), n, daemontest.Describe(ds))
 	}
 	for i, d := range ds {
-		if got := occ(d); got != from+int64(i) {
+		if got := d.Occurrence(); got != from+int64(i) {
 			t.Errorf("delivery %d is occurrence %d, want %d", i, got, from+int64(i))
 		}
 		if d.Attempt != 1 {
-			t.Errorf("occurrence %d: attempt %d, want 1", occ(d), d.Attempt)
+			t.Errorf("occurrence %d: attempt %d, want 1", d.Occurrence(), d.Attempt)
 		}
 		if d.Received.Before(d.Due) {
-			t.Errorf("occurrence %d received %s before its due time", occ(d), d.Due.Sub(d.Received))
+			t.Errorf("occurrence %d received %s before its due time", d.Occurrence(), d.Due.Sub(d.Received))
 		}
 		if i > 0 && d.Due.Sub(ds[i-1].Due) != period {
-			t.Errorf("occurrence %d due %s after the previous one, want %s", occ(d), d.Due.Sub(ds[i-1].Due), period)
+			t.Errorf("occurrence %d due %s after the previous one, want %s", d.Occurrence(), d.Due.Sub(ds[i-1].Due), period)
 		}
 	}
-}
-
-// describe renders deliveries for failure messages.
-func describe(ds []daemontest.Delivery) string {
-	var b strings.Builder
-	for _, d := range ds {
-		b.WriteString("\n  occurrence " + strconv.FormatInt(occ(d), 10) + " attempt " + strconv.Itoa(d.Attempt) +
-			" due " + d.Due.Format("15:04:05.000") + " received " + d.Received.Format("15:04:05.000") + " data " + strconv.Quote(d.Data))
-	}
-	return b.String()
 }
 
 // notFound checks that delayd no longer keeps id.
@@ -109,10 +62,10 @@ func notFound(t *testing.T, cl *client.Client, id string) {
 func TestSeriesEvery(t *testing.T) {
 	e, nc, s := seriesDaemon(t, "series.every")
 	payload := "tick \x00\xff"
-	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.every", "Delayd-Every", "1s", "Delayd-Count", "3",
+	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.every", "Delayd-Every", "1s", "Delayd-Count", "3",
 		"Delayd-Id", "ev", "traceparent", "00-abc-def-01", "X-Multi", "a", "X-Multi", "b"), payload)
 
-	s.WaitFor("ev", 6*time.Second, atLeast(3))
+	s.WaitFor("ev", 6*time.Second, daemontest.AtLeast(3))
 	daemontest.Quiet(t, e, e.Config(), s) // the series ended: no fourth can come
 	ds := s.Get("ev")
 	checkSeries(t, ds, 1, 3, time.Second)
@@ -121,10 +74,10 @@ func TestSeriesEvery(t *testing.T) {
 	}
 	for _, d := range ds {
 		if d.Data != payload || d.Header.Get("traceparent") != "00-abc-def-01" || !slices.Equal(d.Header.Values("X-Multi"), []string{"a", "b"}) {
-			t.Errorf("occurrence %d: payload %q or headers %v changed", occ(d), d.Data, d.Header)
+			t.Errorf("occurrence %d: payload %q or headers %v changed", d.Occurrence(), d.Data, d.Header)
 		}
 		if d.Header.Get("Delayd-Every") != "" || d.Header.Get("Delayd-Count") != "" || d.Header.Get("Delayd-Target") != "" {
-			t.Errorf("occurrence %d: control headers leaked: %v", occ(d), d.Header)
+			t.Errorf("occurrence %d: control headers leaked: %v", d.Occurrence(), d.Header)
 		}
 	}
 	notFound(t, client.New(nc), "ev")
@@ -132,16 +85,16 @@ func TestSeriesEvery(t *testing.T) {
 
 func TestSeriesCronTimeZone(t *testing.T) {
 	e, nc, s := seriesDaemon(t, "series.cron")
-	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cron", "Delayd-Cron", "*/1 * * * * *",
+	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cron", "Delayd-Cron", "*/1 * * * * *",
 		"Delayd-Time-Zone", "America/New_York", "Delayd-Count", "2", "Delayd-Id", "cr"), "c")
 
-	s.WaitFor("cr", 5*time.Second, atLeast(2))
+	s.WaitFor("cr", 5*time.Second, daemontest.AtLeast(2))
 	daemontest.Quiet(t, e, e.Config(), s)
 	ds := s.Get("cr")
 	checkSeries(t, ds, 1, 2, time.Second)
 	for _, d := range ds {
 		if d.Due.Nanosecond() != 0 {
-			t.Errorf("occurrence %d due %s: not on a whole second", occ(d), d.Due.Format(time.RFC3339Nano))
+			t.Errorf("occurrence %d due %s: not on a whole second", d.Occurrence(), d.Due.Format(time.RFC3339Nano))
 		}
 	}
 	if !ds[0].Due.Equal(sr.DeliverAt) {
@@ -153,7 +106,7 @@ func TestSeriesCronTimeZone(t *testing.T) {
 func TestSeriesUntil(t *testing.T) {
 	e, nc, s := seriesDaemon(t, "series.until")
 	until := time.Now().Add(2500 * time.Millisecond).UTC()
-	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.until", "Delayd-Every", "1s",
+	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.until", "Delayd-Every", "1s",
 		"Delayd-Until", until.Format(time.RFC3339Nano), "Delayd-Id", "un"), "u")
 	// Until is inclusive: every first + k·1s not after it.
 	want := 0
@@ -164,13 +117,13 @@ func TestSeriesUntil(t *testing.T) {
 		t.Logf("first due %s, until %s: expecting %d occurrences", sr.DeliverAt.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano), want)
 	}
 
-	s.WaitFor("un", time.Until(until)+2*time.Second, atLeast(want))
+	s.WaitFor("un", time.Until(until)+2*time.Second, daemontest.AtLeast(want))
 	daemontest.Quiet(t, e, e.Config(), s)
 	ds := s.Get("un")
 	checkSeries(t, ds, 1, want, time.Second)
 	for _, d := range ds {
 		if d.Due.After(until) {
-			t.Errorf("occurrence %d due %s, after until %s", occ(d), d.Due.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano))
+			t.Errorf("occurrence %d due %s, after until %s", d.Occurrence(), d.Due.Format(time.RFC3339Nano), until.Format(time.RFC3339Nano))
 		}
 	}
 	notFound(t, client.New(nc), "un")
@@ -179,9 +132,9 @@ func TestSeriesUntil(t *testing.T) {
 func TestSeriesCancel(t *testing.T) {
 	_, nc, s := seriesDaemon(t, "series.cancel")
 	cl := client.New(nc)
-	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cancel", "Delayd-Every", "1s", "Delayd-Id", "ca"), "c")
+	daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cancel", "Delayd-Every", "1s", "Delayd-Id", "ca"), "c")
 
-	if ds := s.WaitFor("ca", 4*time.Second, atLeast(1)); len(ds) == 0 {
+	if ds := s.WaitFor("ca", 4*time.Second, daemontest.AtLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	// Usually after the ack of occurrence 1; TestSeriesCancelWhileInFlight
@@ -198,21 +151,21 @@ func TestSeriesCancel(t *testing.T) {
 	}
 	s.Settle(t) // not in flight: the cancel removed all there was
 	if ds := s.Get("ca"); len(ds) != 1 {
-		t.Errorf("cancelled series delivered after the cancel: %s", describe(ds))
+		t.Errorf("cancelled series delivered after the cancel: %s", daemontest.Describe(ds))
 	}
 	notFound(t, cl, "ca")
 }
 
 func TestSeriesReplace(t *testing.T) {
 	e, nc, s := seriesDaemon(t, "series.replace")
-	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Id", "re"), "old")
+	daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Id", "re"), "old")
 
-	if ds := s.WaitFor("re", 4*time.Second, atLeast(1)); len(ds) == 0 {
+	if ds := s.WaitFor("re", 4*time.Second, daemontest.AtLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	// Usually after the ack; TestSeriesReplaceWhileInFlight races it.
-	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "re"), "new")
-	s.WaitFor("re", 5*time.Second, atLeast(3))
+	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.replace", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "re"), "new")
+	s.WaitFor("re", 5*time.Second, daemontest.AtLeast(3))
 	daemontest.Quiet(t, e, e.Config(), s)
 	var old, renewed []daemontest.Delivery
 	for _, d := range s.Get("re") {
@@ -222,8 +175,8 @@ func TestSeriesReplace(t *testing.T) {
 			renewed = append(renewed, d)
 		}
 	}
-	if len(old) != 1 || occ(old[0]) != 1 {
-		t.Errorf("old series: want only occurrence 1, got %s", describe(old))
+	if len(old) != 1 || old[0].Occurrence() != 1 {
+		t.Errorf("old series: want only occurrence 1, got %s", daemontest.Describe(old))
 	}
 	checkSeries(t, renewed, 1, 2, time.Second)
 	if !renewed[0].Due.Equal(sr.DeliverAt) {
@@ -235,7 +188,7 @@ func TestSeriesReplace(t *testing.T) {
 func TestSeriesGetPending(t *testing.T) {
 	_, nc, s := seriesDaemon(t, "series.get")
 	cl := client.New(nc)
-	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.get", "Delayd-Every", "1s", "Delayd-Count", "3", "Delayd-Id", "ge"), "g")
+	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.get", "Delayd-Every", "1s", "Delayd-Count", "3", "Delayd-Id", "ge"), "g")
 
 	check := func(en client.Entry, n int64, due time.Time) {
 		t.Helper()
@@ -250,7 +203,7 @@ func TestSeriesGetPending(t *testing.T) {
 	}
 	check(en, 1, sr.DeliverAt)
 
-	ds := s.WaitFor("ge", 4*time.Second, atLeast(1))
+	ds := s.WaitFor("ge", 4*time.Second, daemontest.AtLeast(1))
 	if len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
@@ -299,8 +252,8 @@ func TestSeriesCancelWhileInFlight(t *testing.T) {
 	defer nc.Close()
 	cl := client.New(nc)
 	s := e.Sink(nc, "series.cif")
-	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cif", "Delayd-Every", "1s", "Delayd-Id", "cif"), "c")
-	if ds := s.WaitFor("cif", 6*time.Second, atLeast(1)); len(ds) == 0 {
+	daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cif", "Delayd-Every", "1s", "Delayd-Id", "cif"), "c")
+	if ds := s.WaitFor("cif", 6*time.Second, daemontest.AtLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	r, err := cl.Cancel(context.Background(), "cif")
@@ -309,7 +262,7 @@ func TestSeriesCancelWhileInFlight(t *testing.T) {
 	}
 	time.Sleep(2500 * time.Millisecond)
 	if ds := s.Get("cif"); len(ds) != 1 {
-		t.Errorf("series cancelled in flight delivered again: %s", describe(ds))
+		t.Errorf("series cancelled in flight delivered again: %s", daemontest.Describe(ds))
 	}
 	notFound(t, cl, "cif")
 	if n := e.Stored(c); n != 0 {
@@ -327,20 +280,20 @@ func TestSeriesReplaceWhileInFlight(t *testing.T) {
 	defer nc.Close()
 	st := e.InspectStore(c)
 	s := e.Sink(nc, "series.rif")
-	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Id", "rif"), "old")
-	if ds := s.WaitFor("rif", 6*time.Second, atLeast(1)); len(ds) == 0 {
+	daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Id", "rif"), "old")
+	if ds := s.WaitFor("rif", 6*time.Second, daemontest.AtLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	if en, err := st.Get(context.Background(), "rif"); err != nil || en.State != store.StateInflight {
 		t.Fatalf("occurrence 1 no longer in flight when replaced (%+v, %v): the test missed the race", en, err)
 	}
-	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "rif"), "new")
+	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "rif"), "new")
 	time.Sleep(500 * time.Millisecond) // the old occurrence's ack has come and gone
 	en, err := client.New(nc).Get(context.Background(), "rif")
 	if got, _ := time.Parse(time.RFC3339Nano, en.Due); err != nil || en.Occurrence != 1 || !got.Equal(sr.DeliverAt) || en.Series != "every 1s, count 2" {
 		t.Errorf("after the old ack: %+v, %v; want the new series, occurrence 1, due %s", en, err, sr.DeliverAt.Format(time.RFC3339Nano))
 	}
-	s.WaitFor("rif", 6*time.Second, atLeast(3))
+	s.WaitFor("rif", 6*time.Second, daemontest.AtLeast(3))
 	daemontest.Quiet(t, e, c, s)
 	var old, renewed []daemontest.Delivery
 	for _, d := range s.Get("rif") {
@@ -351,113 +304,9 @@ func TestSeriesReplaceWhileInFlight(t *testing.T) {
 		}
 	}
 	if len(old) != 1 {
-		t.Errorf("old series delivered after the replace: %s", describe(old))
+		t.Errorf("old series delivered after the replace: %s", daemontest.Describe(old))
 	}
 	checkSeries(t, renewed, 1, 2, time.Second)
-	if n := e.Stored(c); n != 0 {
-		t.Errorf("%d envelopes left after the series ended", n)
-	}
-}
-
-// killOnOccurrence subscribes to subject and kills p with SIGKILL when
-// occurrence k arrives, before the daemon can acknowledge it, most times.
-func killOnOccurrence(t *testing.T, nc *nats.Conn, subject string, p *proc, k int64) <-chan struct{} {
-	t.Helper()
-	killed := make(chan struct{})
-	if _, err := nc.Subscribe(subject, func(m *nats.Msg) {
-		if m.Header.Get(envelope.HeaderOccurrence) == strconv.FormatInt(k, 10) {
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			select {
-			case <-killed:
-			default:
-				close(killed)
-			}
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return killed
-}
-
-// TestSeriesKill9BetweenPublishAndAck kills the daemon the moment an
-// occurrence reaches the target, before it could acknowledge it (its NATS
-// traffic from the server comes 300 ms late, so the flush that precedes the
-// ack does too): the ack that moves the series to its next occurrence never
-// happens. A new daemon must neither skip an occurrence nor deliver one twice
-// under the same attempt, and the series must go on.
-func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
-	t.Parallel()
-	e := daemontest.NewEnv(t)
-	c := e.Config()
-	c.Scanner.Lease = time.Second
-	bin := delaydBinary(t)
-	nc := e.Conn()
-	defer nc.Close()
-	st := e.InspectStore(c)
-
-	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.NATS.Opts.Port))
-	slow := c
-	slow.NATS.URL = "nats://" + proxy.Addr()
-	p := startProc(e, bin, slow)
-	proxy.Set(testutil.Down, testutil.Fault{Latency: 300 * time.Millisecond})
-	sub1 := e.Conn()
-	first := e.Sink(sub1, "series.crash")
-	killed := killOnOccurrence(t, sub1, "series.crash", p, 2)
-	scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.crash", "Delayd-Every", "1s", "Delayd-Count", "4", "Delayd-Id", "kc"), "k")
-	select {
-	case <-killed:
-	case <-time.After(6 * time.Second):
-		t.Fatal("occurrence 2 never arrived")
-	}
-	_ = p.cmd.Wait()
-	if en, err := st.Get(context.Background(), "kc"); err != nil || en.State != store.StateInflight || en.Occurrence != 2 {
-		t.Fatalf("after the kill: %+v, %v; want occurrence 2 in flight (the kill missed the window before the ack)", en, err)
-	}
-	// A subscription made after the kill watches the new daemon: see
-	// TestKill9BetweenClaimAndAck for the broker delay this avoids.
-	sub1.Close()
-	sub2 := e.Conn()
-	defer sub2.Close()
-	second := e.Sink(sub2, "series.crash")
-	startProc(e, bin, c)
-	second.WaitFor("kc", 10*time.Second, hasOcc(4))
-	daemontest.Quiet(t, e, c, second)
-
-	a, b := first.Get("kc"), second.Get("kc")
-	all := append(append([]daemontest.Delivery(nil), a...), b...)
-	byOcc := map[int64][]daemontest.Delivery{}
-	for _, d := range all {
-		byOcc[occ(d)] = append(byOcc[occ(d)], d)
-		if d.Received.Before(d.Due) {
-			t.Errorf("occurrence %d attempt %d early", occ(d), d.Attempt)
-		}
-	}
-	for n := int64(1); n <= 4; n++ {
-		ds := byOcc[n]
-		if len(ds) == 0 {
-			t.Errorf("occurrence %d skipped", n)
-			continue
-		}
-		for i, d := range ds {
-			if d.Attempt != i+1 || !d.Due.Equal(ds[0].Due) {
-				t.Errorf("occurrence %d delivered again without a higher attempt or with another due time: %s", n, describe(ds))
-				break
-			}
-		}
-	}
-	if ds := byOcc[2]; len(ds) != 2 {
-		t.Errorf("occurrence 2, in flight at the kill: want it delivered again once, as attempt 2: %s", describe(ds))
-	}
-	if len(byOcc) != 4 {
-		t.Errorf("occurrences beyond 1..4: %s", describe(all))
-	}
-	if !slices.ContainsFunc(b, func(d daemontest.Delivery) bool { return occ(d) == 3 }) || !slices.ContainsFunc(b, func(d daemontest.Delivery) bool { return occ(d) == 4 }) {
-		t.Errorf("the series did not go on after the restart: %s", describe(b))
-	}
-	t.Logf("before the kill:%s\nafter the restart:%s", describe(a), describe(b))
 	if n := e.Stored(c); n != 0 {
 		t.Errorf("%d envelopes left after the series ended", n)
 	}
@@ -469,25 +318,25 @@ func TestSeriesKill9BetweenPublishAndAck(t *testing.T) {
 func catchUp(t *testing.T, id string, down time.Duration, last int64, extra ...string) ([]daemontest.Delivery, time.Time) {
 	e := daemontest.NewEnv(t)
 	c := e.Config()
-	bin := delaydBinary(t)
 	nc := e.Conn()
 	defer nc.Close()
 	s := e.Sink(nc, "series."+id)
-	p := startProc(e, bin, c)
-	scheduleOK(t, nc, daemontest.Hdr(append([]string{"Delayd-Target", "series." + id, "Delayd-Every", "1s",
+	stop := e.StartDaemon(c)
+	daemontest.ScheduleOK(t, nc, daemontest.Hdr(append([]string{"Delayd-Target", "series." + id, "Delayd-Every", "1s",
 		"Delayd-Count", strconv.FormatInt(last, 10), "Delayd-Id", id}, extra...)...), id)
-	if ds := s.WaitFor(id, 4*time.Second, atLeast(1)); len(ds) == 0 {
+	if ds := s.WaitFor(id, 4*time.Second, daemontest.AtLeast(1)); len(ds) == 0 {
 		t.Fatal("occurrence 1 not delivered")
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	_ = p.cmd.Wait()
-	time.Sleep(down)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(down) // no daemon runs for down: the point of the test
 	if ds := s.Get(id); len(ds) != 1 {
-		t.Fatalf("deliveries while no daemon ran: %s", describe(ds))
+		t.Fatalf("deliveries while no daemon ran: %s", daemontest.Describe(ds))
 	}
 	restart := time.Now()
-	startProc(e, bin, c)
-	s.WaitFor(id, 10*time.Second, hasOcc(last))
+	e.StartDaemon(c)
+	s.WaitFor(id, 10*time.Second, daemontest.HasOccurrence(last))
 	daemontest.Quiet(t, e, c, s)
 	ds := s.Get(id)
 	if en, err := client.New(nc).Get(context.Background(), id); !errors.Is(err, client.ErrNotFound) {
@@ -502,13 +351,13 @@ func catchUp(t *testing.T, id string, down time.Duration, last int64, extra ...s
 func TestSeriesCatchUpOne(t *testing.T) {
 	t.Parallel()
 	ds, restart := catchUp(t, "cu1", 4*time.Second, 3)
-	t.Logf("restart at %s:%s", restart.Format("15:04:05.000"), describe(ds))
+	t.Logf("restart at %s:%s", restart.Format("15:04:05.000"), daemontest.Describe(ds))
 	if len(ds) != 3 {
 		t.Fatalf("%d deliveries, want 3 (1, one late, one after the restart)", len(ds))
 	}
 	for i, d := range ds {
-		if occ(d) != int64(i+1) || d.Attempt != 1 || d.Received.Before(d.Due) {
-			t.Errorf("delivery %d: occurrence %d attempt %d, due %s received %s", i, occ(d), d.Attempt, d.Due, d.Received)
+		if d.Occurrence() != int64(i+1) || d.Attempt != 1 || d.Received.Before(d.Due) {
+			t.Errorf("delivery %d: occurrence %d attempt %d, due %s received %s", i, d.Occurrence(), d.Attempt, d.Due, d.Received)
 		}
 	}
 	late, next := ds[1], ds[2]
@@ -528,12 +377,12 @@ func TestSeriesCatchUpOne(t *testing.T) {
 func TestSeriesCatchUpAll(t *testing.T) {
 	t.Parallel()
 	ds, restart := catchUp(t, "cua", 4500*time.Millisecond, 5, "Delayd-Catch-Up", "all")
-	t.Logf("restart at %s:%s", restart.Format("15:04:05.000"), describe(ds))
+	t.Logf("restart at %s:%s", restart.Format("15:04:05.000"), daemontest.Describe(ds))
 	checkSeries(t, ds, 1, 5, time.Second)
 	missed := ds[1:]
 	for _, d := range missed {
 		if !d.Due.Before(restart) {
-			t.Errorf("occurrence %d due %s, not missed (restart %s)", occ(d), d.Due, restart)
+			t.Errorf("occurrence %d due %s, not missed (restart %s)", d.Occurrence(), d.Due, restart)
 		}
 	}
 	if spread := missed[len(missed)-1].Received.Sub(missed[0].Received); spread > time.Second {
@@ -550,9 +399,9 @@ func TestAliasNATSSchedule(t *testing.T) {
 	defer nc.Close()
 	s := e.Sink(nc, "alias.>")
 
-	scheduleOK(t, nc, daemontest.Hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Delayd-Count", "2", "Delayd-Id", "al-every"), "e")
+	daemontest.ScheduleOK(t, nc, daemontest.Hdr("Nats-Schedule", "@every 1s", "Nats-Schedule-Target", "alias.every", "Delayd-Count", "2", "Delayd-Id", "al-every"), "e")
 	at := time.Now().Add(500 * time.Millisecond).UTC()
-	sr := scheduleOK(t, nc, daemontest.Hdr("Nats-Schedule", "@at "+at.Format(time.RFC3339Nano), "Nats-Schedule-Target", "alias.at", "Delayd-Id", "al-at"), "a")
+	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Nats-Schedule", "@at "+at.Format(time.RFC3339Nano), "Nats-Schedule-Target", "alias.at", "Delayd-Id", "al-at"), "a")
 	if want := time.UnixMilli(at.UnixMilli() + 1); !sr.DeliverAt.Equal(time.UnixMilli(at.UnixMilli())) && !sr.DeliverAt.Equal(want) {
 		t.Errorf("@at deliver_at %s, asked %s", sr.DeliverAt.Format(time.RFC3339Nano), at.Format(time.RFC3339Nano))
 	}
@@ -575,12 +424,12 @@ func TestAliasNATSSchedule(t *testing.T) {
 		}
 	}
 
-	s.WaitFor("al-every", 5*time.Second, atLeast(2))
+	s.WaitFor("al-every", 5*time.Second, daemontest.AtLeast(2))
 	daemontest.Quiet(t, e, c, s)
 	checkSeries(t, s.Get("al-every"), 1, 2, time.Second)
 	ats := s.Get("al-at")
 	if len(ats) != 1 || ats[0].Received.Before(at) || ats[0].Header.Get(envelope.HeaderOccurrence) != "" || ats[0].Data != "a" {
-		t.Errorf("@at: %s, want one delivery, not early, without Delayd-Occurrence", describe(ats))
+		t.Errorf("@at: %s, want one delivery, not early, without Delayd-Occurrence", daemontest.Describe(ats))
 	}
 	for _, d := range append(s.Get("al-every"), ats...) {
 		for k := range d.Header {
@@ -661,11 +510,11 @@ func TestSeriesEveryWithSkewedClock(t *testing.T) {
 	defer nc.Close()
 	s := e.Sink(nc, "series.skew")
 	sent := time.Now()
-	sr := scheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.skew", "Delayd-Every", "2s", "Delayd-Count", "1", "Delayd-Id", "sk"), "x")
+	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.skew", "Delayd-Every", "2s", "Delayd-Count", "1", "Delayd-Id", "sk"), "x")
 	if d := sr.DeliverAt.Sub(sent); d < 2*time.Second-50*time.Millisecond || d > 3*time.Second {
 		t.Fatalf("first occurrence due %s after the request, want 2s", d)
 	}
-	s.WaitFor("sk", 5*time.Second, atLeast(1))
+	s.WaitFor("sk", 5*time.Second, daemontest.AtLeast(1))
 	if d := s.Get("sk")[0]; d.Received.Before(d.Due) || d.Received.Sub(sent) < 2*time.Second-50*time.Millisecond {
 		t.Fatalf("delivered %s after the request (due %s)", d.Received.Sub(sent), d.Due.Sub(sent))
 	}

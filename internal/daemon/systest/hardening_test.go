@@ -1,4 +1,4 @@
-package main
+package systest
 
 // Regression tests for the defects the hardening review confirmed: each
 // failed on the code before the fix.
@@ -26,9 +26,9 @@ import (
 
 // runDaemon runs a daemon in-process with its log captured; it returns
 // the log, a channel with its result, and a stop function.
-func runDaemon(t *testing.T, c config.Config) (*syncBuffer, <-chan error, context.CancelFunc) {
+func runDaemon(t *testing.T, c config.Config) (*testutil.Buffer, <-chan error, context.CancelFunc) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	// exited, not done, tells the cleanup the daemon is gone: a test that
@@ -150,7 +150,7 @@ func TestSlowPathIsDownNotAttempts(t *testing.T) {
 			t.Fatalf("still owns shards behind a 2 s path: %v", owners)
 		}
 	}
-	if code, body := httpGet(t, "http://"+c.HTTP.Addr+"/readyz"); code != 503 || !strings.Contains(body, "NATS") {
+	if code, body := daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/readyz"); code != 503 || !strings.Contains(body, "NATS") {
 		t.Fatalf("readyz behind a 2 s path: %d %s", code, body)
 	}
 	got.Settle(t)
@@ -245,7 +245,7 @@ func TestOverMaxmemoryStillDelivers(t *testing.T) {
 	if n := got.WaitCount(20, 15*time.Second); n != 20 {
 		t.Fatalf("over maxmemory, %d of 20 due envelopes delivered", n)
 	}
-	code, body := httpGet(t, "http://"+c.HTTP.Addr+"/readyz")
+	code, body := daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/readyz")
 	if code != 200 {
 		t.Fatalf("readyz over maxmemory with shards owned: %d %s", code, body)
 	}
@@ -377,9 +377,9 @@ func TestSlowRedisReplyThroughProxy(t *testing.T) {
 	e.StartDaemon(c)
 	nc := e.Conn()
 	defer nc.Close()
-	got := e.Sink(nc, "slow.Redis")
+	got := e.Sink(nc, "slow.redis")
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 4 * time.Second})
-	m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "slow.Redis", "Delayd-Delay", "10s"), Data: []byte("x")}
+	m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "10s"), Data: []byte("x")}
 	rep, err := nc.RequestMsg(m, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -395,7 +395,7 @@ func TestSlowRedisReplyThroughProxy(t *testing.T) {
 	time.Sleep(4500 * time.Millisecond)
 	// The first write happened (the envelope is pending for 10 s): the
 	// retry with its id replaces it, so it is delivered once.
-	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "slow.Redis", "Delayd-Delay", "100ms", "Delayd-Id", body.ID))
+	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "slow.redis", "Delayd-Delay", "100ms", "Delayd-Id", body.ID))
 	got.WaitCount(1, 10*time.Second)
 	daemontest.Quiet(t, e, c, got)
 	if n := len(got.Get(body.ID)); n != 1 {
@@ -410,9 +410,9 @@ func TestRedisLinkCutMidPipeline(t *testing.T) {
 	t.Parallel()
 	e := daemontest.NewEnv(t)
 	proxy := testutil.StartProxy(t, e.Redis.Addr)
-	c := faultCfg(e)
+	c := daemontest.JetStreamConfig(e)
 	c.Redis.Addrs = []string{proxy.Addr()}
-	f := newFaultRun(e, "cut")
+	f := daemontest.NewWorkload(e, "cut")
 	e.StartDaemon(c)
 	nc := e.Conn()
 	defer nc.Close()
@@ -433,15 +433,17 @@ func TestRedisLinkCutMidPipeline(t *testing.T) {
 		}
 	}()
 	start := time.Now().Add(time.Second)
-	f.schedule(nc, 1500, start, 3*time.Second, time.Now().Add(20*time.Second))
+	f.Schedule(nc, 1500, start, 3*time.Second, time.Now().Add(20*time.Second))
 	time.Sleep(time.Until(start.Add(3 * time.Second)))
 	close(stopCuts)
 	t.Logf("%d cuts", <-cutsDone)
-	f.verify(t, 20*time.Second)
-	var out strings.Builder
-	if err := run(context.Background(), []string{"delayd", "doctor", "--redis-addrs", e.Redis.Addr, "--set", "shards=8"},
-		func(string) string { return "" }, &out, &out); err != nil {
-		t.Fatalf("inconsistent after cuts: %v\n%s", err, out.String())
+	f.Verify(t, 20*time.Second)
+	st := e.InspectStore(c)
+	for sh := range c.Shards { // what delayd doctor checks
+		found, err := st.Check(context.Background(), sh, store.CheckOptions{})
+		if err != nil || len(found) > 0 {
+			t.Errorf("shard %d inconsistent after cuts: %v %v", sh, found, err)
+		}
 	}
 }
 

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"testing"
@@ -18,7 +18,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	c := e.Config()
 	c.Redis.Addrs = []string{sn.Addr}
 	c.Redis.MasterName = "mymaster"
-	f := &faultRun{e: e, target: "sen.x", stream: captureStream(e, "SEN", "sen.>"), acked: map[string]time.Time{}}
+	f := daemontest.NewWorkloadOn(e, "sen.x", e.CaptureStream("SEN", "sen.>"))
 	e.StartDaemon(c)
 	nc := e.Conn()
 	defer nc.Close()
@@ -31,11 +31,11 @@ func TestRedisSentinelFailover(t *testing.T) {
 		sn.Master.Kill()
 		t.Logf("killed master %s mid-run", old)
 	}()
-	f.schedule(nc, 3000, start, 3*time.Second, time.Now().Add(40*time.Second))
+	f.Schedule(nc, 3000, start, 3*time.Second, time.Now().Add(40*time.Second))
 	<-killed // before the cleanup's Kill reads the process
-	dups, lost := f.verifyLoss(t, 30*time.Second, true)
+	dups, lost := f.VerifyLoss(t, 30*time.Second, true)
 	if now := sn.MasterAddr(t); now == old {
 		t.Errorf("no failover happened (master still %s)", now)
 	}
-	t.Logf("sentinel failover: %d of %d acknowledged envelopes lost, %d duplicates", lost, len(f.acked), dups)
+	t.Logf("sentinel failover: %d of %d acknowledged envelopes lost, %d duplicates", lost, f.Acked(), dups)
 }

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -102,7 +102,7 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 
 	// B says why it is not ready.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		code, body := httpGet(t, "http://"+b.HTTP.Addr+"/readyz")
+		code, body := daemontest.HTTPGet(t, "http://"+b.HTTP.Addr+"/readyz")
 		if code == 503 && strings.Contains(body, "NATS") {
 			t.Logf("B: %s", strings.TrimSpace(body))
 			break

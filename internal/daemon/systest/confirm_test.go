@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -251,7 +251,7 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 	c.Scanner.RetryBackoffMax = 100 * time.Millisecond
 	c.Scanner.MaxAttempts = 2
 	c.Scanner.NoInterestRetryFor = 300 * time.Millisecond
-	var logs syncBuffer
+	var logs testutil.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -268,7 +268,7 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 	readyz := "http://" + c.HTTP.Addr + "/readyz"
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		code, body := httpGet(t, readyz)
+		code, body := daemontest.HTTPGet(t, readyz)
 		if code == http.StatusServiceUnavailable && strings.Contains(body, "Permissions Violation for Subscription to") {
 			break
 		}
@@ -280,8 +280,8 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 	if !strings.Contains(logs.String(), "cannot receive on the delivery inbox") {
 		t.Errorf("the log does not say it cannot receive on its inbox:\n%s", logs.String())
 	}
-	_, body := httpGet(t, "http://"+c.HTTP.Addr+"/metrics")
-	if v, ok := metric(body, "delayd_shards_owned"); !ok || v != 0 {
+	_, body := daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/metrics")
+	if v, ok := daemontest.Metric(body, "delayd_shards_owned"); !ok || v != 0 {
 		t.Errorf("delayd_shards_owned = %v (present %v), want 0", v, ok)
 	}
 	st := e.InspectStore(c)
@@ -298,7 +298,7 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 	e.NATS.Opts = opts
 	deadline = time.Now().Add(15 * time.Second)
 	for {
-		code, body := httpGet(t, readyz)
+		code, body := daemontest.HTTPGet(t, readyz)
 		if code == http.StatusOK {
 			break
 		}
@@ -350,11 +350,11 @@ func TestDeliversBesideAWildcardSubscriber(t *testing.T) {
 	}
 	got.WaitIDs([]string{"w1"}, 15*time.Second)
 	if len(got.Get("w1")) == 0 {
-		_, body := httpGet(t, "http://"+c.HTTP.Addr+"/readyz")
+		_, body := daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/readyz")
 		t.Fatalf("not delivered beside a '>' subscriber; /readyz: %q", body)
 	}
 	readyz := "http://" + c.HTTP.Addr + "/readyz"
-	if code, body := httpGet(t, readyz); code != http.StatusOK {
+	if code, body := daemontest.HTTPGet(t, readyz); code != http.StatusOK {
 		t.Fatalf("/readyz beside a '>' subscriber: %d %q", code, body)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // an operator copies it, with its password placeholder replaced.
 func docsACL(t *testing.T, password string) []any {
 	t.Helper()
-	b, err := os.ReadFile("../../docs/security.md")
+	b, err := os.ReadFile("../../../docs/security.md")
 	if err != nil {
 		t.Fatal(err)
 	}

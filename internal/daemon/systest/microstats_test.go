@@ -1,10 +1,11 @@
-package main
+package systest
 
 import (
 	"encoding/json"
-	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"

@@ -1,8 +1,7 @@
-package main
+package systest
 
 import (
 	"errors"
-	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -137,13 +137,13 @@ func TestNoSubscriberReachesDeadSet(t *testing.T) {
 	if en, err := st.Get(t.Context(), "signal"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("the fire-and-forget envelope is still stored: %+v (%v)", en, err)
 	}
-	_, body := httpGet(t, "http://"+c.HTTP.Addr+"/metrics")
+	_, body := daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/metrics")
 	for name, want := range map[string]float64{
 		`delayd_envelopes_delivered_total{result="no_interest"}`: tries,
 		`delayd_envelopes_delivered_total{result="ok"}`:          1,
 		`delayd_envelopes_delivered_total{result="failed"}`:      0,
 	} {
-		if v, ok := metric(body, name); !ok || v != want {
+		if v, ok := daemontest.Metric(body, name); !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -20,7 +20,7 @@ func TestRedisCluster(t *testing.T) {
 	c := e.Config()
 	c.Redis.Addrs = cl.Addrs()
 	c.Shards = 12
-	f := &faultRun{e: e, target: "cl.x", stream: captureStream(e, "CL", "cl.>"), acked: map[string]time.Time{}}
+	f := daemontest.NewWorkloadOn(e, "cl.x", e.CaptureStream("CL", "cl.>"))
 	e.StartDaemon(c)
 	nc := e.Conn()
 	defer nc.Close()
@@ -48,9 +48,9 @@ func TestRedisCluster(t *testing.T) {
 		cl.MigrateSlot(t, int(slot), dst)
 		t.Logf("slot %d (shard 0) migrated %s -> %s mid-run", slot, src.Addr, dst.Addr)
 	}()
-	f.schedule(nc, 3000, start, 3*time.Second, time.Now().Add(30*time.Second))
+	f.Schedule(nc, 3000, start, 3*time.Second, time.Now().Add(30*time.Second))
 	<-migrated
-	if dups := f.verify(t, 20*time.Second); dups != 0 {
+	if dups := f.Verify(t, 20*time.Second); dups != 0 {
 		t.Errorf("%d duplicates across a slot migration", dups)
 	}
 	if cl.MasterOf(t, int(slot)) != dst {
@@ -58,7 +58,7 @@ func TestRedisCluster(t *testing.T) {
 	}
 
 	// Part 2: a master dies and its replica is promoted mid-run.
-	f2 := &faultRun{e: e, target: "cl2.y", stream: captureStream(e, "CL2", "cl2.>"), acked: map[string]time.Time{}}
+	f2 := daemontest.NewWorkloadOn(e, "cl2.y", e.CaptureStream("CL2", "cl2.>"))
 	start = time.Now().Add(1500 * time.Millisecond)
 	slot3, _ := cc.ClusterKeySlot(ctx, "{delayd:3}:due").Result()
 	victim := cl.MasterOf(t, int(slot3))
@@ -69,10 +69,10 @@ func TestRedisCluster(t *testing.T) {
 		victim.Kill()
 		t.Logf("killed master %s (shard 3) mid-run", victim.Addr)
 	}()
-	f2.schedule(nc, 3000, start, 3*time.Second, time.Now().Add(40*time.Second))
+	f2.Schedule(nc, 3000, start, 3*time.Second, time.Now().Add(40*time.Second))
 	<-killed // the kill's writes happen before WaitOK reads the nodes
 	cl.WaitOK(t, 30*time.Second)
-	dups, lost := f2.verifyLoss(t, 30*time.Second, true)
+	dups, lost := f2.VerifyLoss(t, 30*time.Second, true)
 	t.Logf("master failover: %d of %d acknowledged envelopes lost, %d duplicates. Redis replication is asynchronous: "+
-		"writes a master acknowledged in its last moments may not have reached the replica that replaces it", lost, len(f2.acked), dups)
+		"writes a master acknowledged in its last moments may not have reached the replica that replaces it", lost, f2.Acked(), dups)
 }

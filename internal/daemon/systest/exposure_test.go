@@ -1,10 +1,8 @@
-package main
+package systest
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +39,7 @@ func TestProbeListenerServesNoConsole(t *testing.T) {
 	}
 	base := "http://" + c.HTTP.Addr
 	for _, path := range []string{"/ui/api/envelope?id=secret-1", "/ui/", "/ui/api/list", "/ui/api/overview"} {
-		code, body := httpGet(t, base+path)
+		code, body := daemontest.HTTPGet(t, base+path)
 		if code != 404 {
 			t.Errorf("GET %s on http.addr: %d, want 404", path, code)
 		}
@@ -50,60 +48,15 @@ func TestProbeListenerServesNoConsole(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/livez", "/readyz", "/metrics"} {
-		if code, _ := httpGet(t, base+path); code != 200 {
+		if code, _ := daemontest.HTTPGet(t, base+path); code != 200 {
 			t.Errorf("GET %s on http.addr: %d, want 200", path, code)
 		}
 	}
 	// The console is on ui.addr, loopback, and even there shows neither
 	// the payload nor the credentials by default.
-	code, body := httpGet(t, "http://"+c.UI.Addr+"/ui/api/envelope?id=secret-1")
+	code, body := daemontest.HTTPGet(t, "http://"+c.UI.Addr+"/ui/api/envelope?id=secret-1")
 	if code != 200 || !strings.Contains(body, "Authorization") || strings.Contains(body, "s3cret") || strings.Contains(body, "4111") {
 		t.Errorf("GET /ui/api/envelope on ui.addr: %d %s", code, body)
-	}
-}
-
-// TestConsoleOnNetworkNeedsAuth: delayd refuses to start (exit 1) with the
-// console on a non-loopback address and no authentication; ui.insecure
-// starts it anyway, with a warning.
-func TestConsoleOnNetworkNeedsAuth(t *testing.T) {
-	t.Parallel()
-	port := testutil.FreePort(t)
-	addr := fmt.Sprintf("0.0.0.0:%d", port)
-	var out syncBuffer
-	err := run(context.Background(), []string{"delayd", "run", "--embedded", "--set", "ui.addr=" + addr}, func(string) string { return "" }, &out, &out)
-	if code := exitCode(err, &out); code != 1 || !strings.Contains(out.String(), "ui.addr:") {
-		t.Fatalf("exit %d, want 1 naming ui.addr:\n%s", code, out.String())
-	}
-	if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-		conn.Close()
-		t.Fatal("something listens on the refused console address")
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	var logs syncBuffer
-	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t))
-	go func() {
-		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", natsURL, "--set", "http.addr=127.0.0.1:0",
-			"--set", "ui.addr=" + addr, "--set", "ui.insecure=true"}, func(string) string { return "" }, &logs, &logs)
-	}()
-	for !strings.Contains(logs.String(), "delayd: ready") {
-		select {
-		case err := <-done:
-			t.Fatalf("insecure console did not start: %v\n%s", err, logs.String())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	if !strings.Contains(logs.String(), "console is reachable from the network") ||
-		!strings.Contains(logs.String(), fmt.Sprintf("console at http://localhost:%d/ui/", port)) {
-		t.Errorf("no warning or console URL in the log:\n%s", logs.String())
-	}
-	if code, _ := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/ui/", port)); code != 200 {
-		t.Errorf("insecure console: %d", code)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package main
+package systest
 
 import (
 	"context"
@@ -183,7 +183,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	// 3. Dead letters: replay once the stream exists; it is delivered.
-	js := stream(e, "UISTREAM", "uistream.>")
+	js := e.Stream("UISTREAM", "uistream.>")
 	step("dead", chromedp.Navigate(base+"#dead"), chromedp.WaitVisible(`tr[data-id="ui-dead"]`))
 	shot("dead")
 	step("replay", chromedp.Click(`button.replay-one[data-id="ui-dead"]`))
@@ -191,7 +191,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("replay status: %v", err)
 	}
 	deadline = time.Now().Add(10 * time.Second)
-	for streamMsgs(t, js) != 1 {
+	for daemontest.StreamMsgs(t, js) != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("replayed dead letter not delivered")
 		}

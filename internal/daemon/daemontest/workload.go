@@ -1,0 +1,184 @@
+package daemontest
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/delayd/delayd/internal/config"
+)
+
+// Workload is the fault suite's load: envelopes due over a window, each
+// scheduled until delayd acknowledged it, delivered into a JetStream stream
+// rather than to a core subscriber. The stream keeps every delivery across
+// the faults, and its server-side receive time proves "never early"
+// without trusting a test client that was itself disconnected.
+type Workload struct {
+	e      *Env
+	target string
+	stream jetstream.Stream
+	mu     sync.Mutex
+	acked  map[string]time.Time // id → requested due time
+	// resent holds ids whose request was sent again after a failure: if the
+	// first one was stored after all and delivered before the second
+	// arrived, the second is a new schedule (an upsert) and delivers again.
+	resent map[string]bool
+}
+
+// NewWorkload creates the stream F<name> for the target fault.<name>
+// (give the daemon JetStreamConfig).
+func NewWorkload(e *Env, name string) *Workload {
+	return &Workload{e: e, target: "fault." + name, stream: e.Stream("F"+name, "fault."+name), acked: map[string]time.Time{}}
+}
+
+// JetStreamConfig is e.Config() delivering the workloads' streams with
+// JetStream, with a 1 s lease.
+func JetStreamConfig(e *Env) config.Config {
+	c := e.Config()
+	c.Targets.JetStream = []string{"fault.>"}
+	c.Scanner.Lease = time.Second
+	return c
+}
+
+// Schedule sends n envelopes due evenly over window from start, from 8
+// workers, retrying each until it is acknowledged or the deadline passes.
+// Requests that fail while a fault is on are retried with the same id, so
+// a retry after a lost reply is an upsert, not a duplicate.
+func (f *Workload) Schedule(nc *nats.Conn, n int, start time.Time, window time.Duration, deadline time.Time) {
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				id := f.target + "-" + strconv.Itoa(i)
+				at := start.Add(time.Duration(int64(window) * int64(i) / int64(n)))
+				for try := 0; time.Now().Before(deadline); try++ {
+					if try == 1 {
+						f.mu.Lock()
+						if f.resent == nil {
+							f.resent = map[string]bool{}
+						}
+						f.resent[id] = true
+						f.mu.Unlock()
+					}
+					m := &nats.Msg{Subject: "delayd.schedule", Data: []byte(id),
+						Header: Hdr("Delayd-Target", f.target, "Delayd-Id", id, "Delayd-At", at.UTC().Format(time.RFC3339Nano))}
+					rep, err := nc.RequestMsg(m, 2*time.Second)
+					if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
+						f.mu.Lock()
+						f.acked[id] = at
+						f.mu.Unlock()
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// Verify waits until every acknowledged envelope is in the stream, then
+// checks: none lost, none early; it returns the duplicates, each of which
+// must be a redelivery (attempt > 1).
+func (f *Workload) Verify(t *testing.T, wait time.Duration) (dups int) {
+	t.Helper()
+	dups, _ = f.VerifyLoss(t, wait, false)
+	return dups
+}
+
+// VerifyLoss is Verify that, with allowLoss, reports lost envelopes
+// instead of failing on them (for faults that can lose writes by design,
+// like a Redis failover with asynchronous replication).
+func (f *Workload) VerifyLoss(t *testing.T, wait time.Duration, allowLoss bool) (dups, lost int) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		info, err := f.stream.Info(context.Background())
+		if err == nil && info.State.Msgs >= uint64(len(f.acked)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	info, err := f.stream.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	var lateness []time.Duration
+	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+		m, err := f.stream.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatalf("get msg %d: %v", seq, err)
+		}
+		id := m.Header.Get("Delayd-Id")
+		due, _ := time.Parse(time.RFC3339Nano, m.Header.Get("Delayd-Due"))
+		if m.Time.Before(due) {
+			t.Errorf("%s stored in the stream %s before its due time", id, due.Sub(m.Time))
+		}
+		if want, ok := f.acked[id]; ok && due.Before(want.Truncate(time.Millisecond)) {
+			t.Errorf("%s: Delayd-Due %s before the requested %s", id, due, want)
+		}
+		seen[id]++
+		if seen[id] > 1 {
+			dups++
+			if m.Header.Get("Delayd-Attempt") == "1" && !f.resent[id] {
+				t.Errorf("%s: duplicate that is not a redelivery", id)
+			}
+		} else {
+			lateness = append(lateness, m.Time.Sub(due))
+		}
+	}
+	for id := range f.acked {
+		if seen[id] == 0 {
+			lost++
+		}
+	}
+	if lost > 0 && !allowLoss {
+		t.Errorf("%d of %d acknowledged envelopes lost", lost, len(f.acked))
+	}
+	slices.Sort(lateness)
+	if len(lateness) > 0 {
+		t.Logf("%d acknowledged, %d delivered, %d duplicates, lateness p50 %s max %s",
+			len(f.acked), len(seen), dups, lateness[len(lateness)/2], lateness[len(lateness)-1])
+	}
+	return dups, lost
+}
+
+// Acked is how many envelopes delayd acknowledged.
+func (f *Workload) Acked() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.acked)
+}
+
+// NewWorkloadOn is a Workload for target delivered into stream, which the
+// caller made (CaptureStream, for a target not delivered with JetStream).
+func NewWorkloadOn(e *Env, target string, stream jetstream.Stream) *Workload {
+	return &Workload{e: e, target: target, stream: stream, acked: map[string]time.Time{}}
+}
+
+// Target is the subject the workload's envelopes are delivered to.
+func (f *Workload) Target() string { return f.target }
+
+// Expect adds ids scheduled outside Schedule (with any due time) to what
+// Verify expects.
+func (f *Workload) Expect(ids ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range ids {
+		f.acked[id] = time.Time{}
+	}
+}
