@@ -56,6 +56,10 @@ const (
 	probes
 )
 
+func (w waitMode) String() string {
+	return [...]string{"never waits", "waits fully", "probes"}[w]
+}
+
 // policy is one operation's write contract.
 type policy struct {
 	// scripts are the scripts it runs.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -312,5 +313,102 @@ func TestWaitCluster(t *testing.T) {
 	}
 	if claimed != len(items) {
 		t.Errorf("claimed %d of %d with one replica stopped", claimed, len(items))
+	}
+}
+
+// A fence that fails (here the ACL refuses SET, which only the fence
+// uses) leaves unconfirmed only what wrote nothing, which its wait was to
+// cover: a stream redelivery stored already, a cancel of an id not
+// stored. What the same call wrote is confirmed by the wait as before.
+func TestWaitFailedFenceLeavesOnlyWhatWroteNothingUnconfirmed(t *testing.T) {
+	t.Parallel()
+	m := testutil.StartRedis(t)
+	testutil.StartReplica(t, m)
+	ctx := context.Background()
+	if err := m.Client().Do(ctx, "ACL", "SETUSER", "nofence", "on", ">pw", "~*", "&*", "+@all", "-set").Err(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitReplicas(t, m, 1, 5*time.Second)
+	s := New(NewClient(Options{Addrs: []string{m.Addr}, Username: "nofence", Password: "pw", WaitTimeout: time.Second}), "f", 4,
+		WithWait(WaitOptions{Replicas: 1, Timeout: time.Second}))
+	defer s.Close()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	msg := Item{ID: "s1", DelayMicros: 3600e6, Data: enc("x"), StreamMsg: "7@1"}
+	if _, errs := s.Schedule(ctx, []Item{msg}); errs[0] != nil {
+		t.Fatalf("first delivery of the stream message (written, its fence refused): %v", errs[0])
+	}
+	due, errs := s.Schedule(ctx, []Item{msg, {ID: "n1", DelayMicros: 3600e6, Data: enc("x")}})
+	if due[0] != 0 || !errors.Is(errs[0], ErrNotReplicated) || !strings.Contains(errs[0].Error(), "fence") {
+		t.Errorf("redelivery with its fence refused: due %d, %v; want 0 and the fence's ErrNotReplicated", due[0], errs[0])
+	}
+	if due[1] <= 0 || errs[1] != nil {
+		t.Errorf("a new envelope in the same call: due %d, %v; want stored and confirmed", due[1], errs[1])
+	}
+	if _, err := s.Cancel(ctx, "nosuch"); !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("cancel of an id not stored, its fence refused: %v, want ErrNotReplicated", err)
+	}
+	if c, err := s.Cancel(ctx, "n1"); err != nil || !c.Existed {
+		t.Errorf("cancel of a stored id: %+v, %v; want removed and confirmed", c, err)
+	}
+}
+
+// Each operation waits for the replicas exactly as its policy in ops.go
+// says: one WAIT per pipeline for those that wait, none for the others.
+// An operation added to the table must be added here too.
+func TestWaitOnlyWhereThePolicySays(t *testing.T) {
+	t.Parallel()
+	s, m, _, obs := replicated(t, time.Second)
+	testutil.WaitReplicas(t, m, 1, 5*time.Second)
+	ctx := context.Background()
+	schedule(t, s, Item{ID: "d", Absolute: true, AtMicros: 1000, Data: enc("x")})
+	var claimed Claimed
+	run := map[string]func() error{
+		OpSchedule: func() error {
+			_, errs := s.Schedule(ctx, []Item{{ID: "a", Absolute: true, AtMicros: 1000, Data: enc("x")}})
+			return errs[0]
+		},
+		OpCancel: func() error { _, err := s.Cancel(ctx, "a"); return err },
+		OpClaim: func() error {
+			res, err := s.Claim(ctx, []int{s.Shard("d")}, ClaimOptions{Batch: 1, Lease: time.Minute})
+			if err == nil && len(res) == 1 && len(res[0].Items) == 1 {
+				claimed = res[0].Items[0]
+			}
+			return err
+		},
+		OpAck: func() error {
+			_, err := s.Ack(ctx, map[int][]Settle{s.Shard("d"): {{ID: "d", Token: claimed.Token, Outcome: Bury}}}, 0)
+			return err
+		},
+		replayOp:      func() error { _, err := s.Replay(ctx, []string{"d"}); return err },
+		purgeOp:       func() error { _, err := s.Purge(ctx, []string{"d"}); return err },
+		checkOp:       func() error { _, err := s.Check(ctx, 0, CheckOptions{Repair: true}); return err },
+		heartbeatOp:   func() error { _, _, err := s.Heartbeat(ctx, "me", time.Minute); return err },
+		formatsOp:     func() error { _, err := s.AgreeFormats(ctx, "me", time.Minute); return err },
+		ownOp:         func() error { _, err := s.Own(ctx, "me", time.Minute, []int{0}, nil); return err },
+		intakeFloorOp: func() error { return s.SaveIntakeFloor(ctx, "stream", 1, 5) },
+	}
+	order := []string{OpSchedule, OpCancel, OpClaim, OpAck, replayOp, purgeOp, checkOp, heartbeatOp, formatsOp, ownOp, intakeFloorOp}
+	for op := range policies {
+		if run[op] == nil || !slices.Contains(order, op) {
+			t.Errorf("operation %s is not exercised here", op)
+		}
+	}
+	for _, op := range order {
+		before := commandCalls(t, m.Client(), "wait")
+		n0, _ := obs.get(op)
+		if err := run[op](); err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+		n, short := obs.get(op)
+		waited := commandCalls(t, m.Client(), "wait") - before
+		want := 0
+		if policies[op].wait != neverWaits {
+			want = 1
+		}
+		if waited != want || n-n0 != want || short != 0 {
+			t.Errorf("%s (%v): %d WAITs sent, %d observed (%d short); want %d", op, policies[op].wait, waited, n-n0, short, want)
+		}
 	}
 }
