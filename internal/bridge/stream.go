@@ -47,8 +47,12 @@ type StreamOptions struct {
 	// stream intake waits for JetStream with a warning.
 	Required bool
 	Replicas int
-	MaxAge   time.Duration
-	MaxBytes int64
+	// WorkQueue creates the stream with work-queue retention (each ack
+	// deletes its message) instead of limits retention purged below the
+	// ack floor (stream_floor.go). A stream that exists is bound as it is.
+	WorkQueue bool
+	MaxAge    time.Duration
+	MaxBytes  int64
 	// Pull is how many messages this daemon keeps requested.
 	Pull int
 	// PullBytes bounds the bytes of stream messages the NATS client
@@ -124,6 +128,7 @@ type StreamIntake struct {
 	bound       atomic.Pointer[boundConsumer]
 	settled     atomic.Bool
 	floorWarned atomic.Pointer[string] // the last floor error warned about
+	purgeWarned atomic.Pointer[string] // the last purge error warned about
 }
 
 type streamItem struct {
@@ -330,8 +335,9 @@ func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetst
 		return nil, fmt.Errorf("bridge: stream %s captures %v, not %s and %[3]s.>: %w (set intake.stream.name)",
 			s.opt.Name, info.Config.Subjects, intakeSubject(s.opt.Subject), errStreamClash)
 	}
-	if info.Config.Retention != jetstream.WorkQueuePolicy {
-		s.log.Warn("the intake stream does not use work-queue retention: stored envelopes stay in it after delayd acknowledged them",
+	purged := info.Config.Retention == jetstream.LimitsPolicy && info.Config.Metadata[layoutKey] == layoutPurged
+	if info.Config.Retention != jetstream.WorkQueuePolicy && !purged {
+		s.log.Warn("the intake stream was not created by delayd: stored envelopes stay in it after delayd acknowledged them, and delayd never purges it",
 			"stream", s.opt.Name, "retention", info.Config.Retention.String())
 	}
 	s.idPrefix.Store("s-" + strconv.FormatInt(info.Created.UnixNano(), 36) + "-")
@@ -350,7 +356,11 @@ func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetst
 	if err != nil {
 		return nil, fmt.Errorf("bridge: consumer %s: %w", s.opt.Name, err)
 	}
-	s.bound.Store(&boundConsumer{cons: cons, created: info.Created.UnixNano()})
+	b := &boundConsumer{cons: cons, created: info.Created.UnixNano()}
+	if purged {
+		b.stream = st
+	}
+	s.bound.Store(b)
 	return cons, nil
 }
 
@@ -359,11 +369,16 @@ func (s *StreamIntake) streamConfig() jetstream.StreamConfig {
 	if maxBytes == 0 {
 		maxBytes = -1
 	}
+	retention, meta := jetstream.LimitsPolicy, map[string]string{layoutKey: layoutPurged}
+	if s.opt.WorkQueue {
+		retention, meta = jetstream.WorkQueuePolicy, nil
+	}
 	return jetstream.StreamConfig{
 		Name:        s.opt.Name,
 		Description: "delayd intake: envelopes waiting to be stored in Redis",
 		Subjects:    []string{intakeSubject(s.opt.Subject), intakeSubject(s.opt.Subject) + ".>"},
-		Retention:   jetstream.WorkQueuePolicy,
+		Retention:   retention,
+		Metadata:    meta,
 		Storage:     jetstream.FileStorage,
 		Replicas:    s.opt.Replicas,
 		MaxAge:      s.opt.MaxAge,

@@ -15,13 +15,36 @@ package bridge
 // was acked after the last save is offered again to the new consumer and
 // caught by the stream dedupe window (intake.stream.dedupe_window).
 
+//
+// On the stream delayd creates (limits retention, marked with layoutKey),
+// the floor also says what may go: every message at or below it is
+// settled, by whichever daemon took it, so the daemons purge below it
+// (purgeEvery). An ack then deletes nothing. On a work-queue stream each
+// ack deletes its message, one tombstone write each in nats-server's file
+// store: most of nats-server's time on the intake went there. Purging a
+// range drops whole blocks. A stream delayd did not create is never
+// purged: it may have readers of its own.
+
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// layoutKey marks, in the stream's metadata, a stream delayd created to be
+// purged below its consumer's ack floor (layoutPurged).
+const (
+	layoutKey    = "delayd_layout"
+	layoutPurged = "limits-purged-below-ack-floor"
+)
+
+// purgeEvery bounds the purges: at most one JetStream API request per
+// interval and daemon.
+const purgeEvery = time.Second
 
 // floorEvery is how often, while messages are being settled, the floor is
 // read from the consumer and saved: at most one JetStream API request and
@@ -33,6 +56,11 @@ const floorEvery = 250 * time.Millisecond
 type boundConsumer struct {
 	cons    jetstream.Consumer
 	created int64 // ns
+	// stream is set when it is purged below the floor; purged is the
+	// floor purged to, and when.
+	stream   jetstream.Stream
+	purged   atomic.Uint64
+	purgedAt atomic.Int64 // ns
 }
 
 // startAfterFloor sets where the consumer cfg starts. An existing one
@@ -108,6 +136,7 @@ func (s *StreamIntake) saveFloor(ctx context.Context) bool {
 	if err == nil {
 		err = s.store.SaveIntakeFloor(ctx, s.opt.Name, b.created, info.AckFloor.Stream)
 	}
+
 	if err != nil {
 		// Said once per cause: a refusal (the NATS user may not read
 		// the consumer's info) would otherwise turn the floor off
@@ -120,5 +149,34 @@ func (s *StreamIntake) saveFloor(ctx context.Context) bool {
 		return false
 	}
 	s.floorWarned.Store(nil)
+	// After the save: a consumer made again starts above what goes.
+	if err := s.purge(ctx, b, info.AckFloor.Stream); err != nil {
+		msg := err.Error()
+		if prev := s.purgeWarned.Swap(&msg); prev == nil || *prev != msg {
+			s.log.Warn("cannot purge the settled messages from the intake stream; they stay until it can (retrying)",
+				"stream", s.opt.Name, "error", err)
+		}
+		return false
+	}
+	s.purgeWarned.Store(nil)
 	return true
+}
+
+// purge drops the messages of a stream delayd created at and below floor,
+// the consumer's ack floor: all settled. At most every purgeEvery; a floor
+// it did not purge to is purged at a later save.
+func (s *StreamIntake) purge(ctx context.Context, b *boundConsumer, floor uint64) error {
+	now := s.opt.Now().UnixNano()
+	if b.stream == nil || floor <= b.purged.Load() || now-b.purgedAt.Load() < int64(purgeEvery) {
+		if b.stream != nil && floor > b.purged.Load() {
+			s.settled.Store(true) // not purged yet: again at a later tick
+		}
+		return nil
+	}
+	if err := b.stream.Purge(ctx, jetstream.WithPurgeSequence(floor+1)); err != nil {
+		return fmt.Errorf("purge below the ack floor %d (needs $JS.API.STREAM.PURGE.%s): %w", floor, s.opt.Name, err)
+	}
+	b.purged.Store(floor)
+	b.purgedAt.Store(now)
+	return nil
 }

@@ -565,3 +565,87 @@ func TestStreamIntakeBatch(t *testing.T) {
 		t.Errorf("%d envelopes stored after a refused batch, want still 3", n)
 	}
 }
+
+// The stream delayd creates keeps messages by limits, not as a work
+// queue: an ack deletes nothing (nats-server spent most of its time on the
+// intake deleting acked messages one at a time), and the daemons purge
+// whole ranges below the consumer's ack floor instead. Two daemons share
+// the consumer; what both settled is purged, nothing else.
+func TestStreamIntakePurgesBelowTheAckFloor(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st)
+	e.start(e.st)
+	js := e.js()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, "DELAYD_INTAKE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.Retention != jetstream.LimitsPolicy || c.Metadata[layoutKey] != layoutPurged {
+		t.Fatalf("created stream: retention %v, metadata %v; want limits, %s=%s", c.Retention, c.Metadata, layoutKey, layoutPurged)
+	}
+	const n = 200
+	for i := range n {
+		publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h",
+			envelope.HeaderID, fmt.Sprint("p-", i)), "x")
+	}
+	e.eventually("every envelope is stored", func() bool { return e.pending() == n })
+	e.eventually("the settled messages are purged", func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs == 0 && info.State.FirstSeq == n+1
+	})
+	if got := e.obs.get("stored"); got != n {
+		t.Errorf("counted %d stored, want %d", got, n)
+	}
+}
+
+// A limits stream an operator made (without delayd's layout mark) may have
+// other readers: delayd never purges it, whatever it settled.
+func TestStreamIntakeNeverPurgesAnOperatorsStream(t *testing.T) {
+	e := newStreamEnv(t)
+	js := e.js()
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DELAYD_INTAKE", Subjects: []string{"delayd.intake", "delayd.intake.>"},
+		Retention: jetstream.LimitsPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.start(e.st)
+	const n = 50
+	for i := range n {
+		publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h",
+			envelope.HeaderID, fmt.Sprint("k-", i)), "x")
+	}
+	e.eventually("every envelope is stored", func() bool { return e.pending() == n })
+	// Once the floor of all n is saved, a purge would have followed it.
+	created := s.CachedInfo().Created.UnixNano()
+	e.eventually("the floor is saved", func() bool {
+		f, err := e.st.IntakeFloor(ctx, "DELAYD_INTAKE", created)
+		return err == nil && f == n
+	})
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != n {
+		t.Fatalf("the operator's stream holds %d of %d messages: delayd purged it", info.State.Msgs, n)
+	}
+}
+
+// intake.stream.retention: workqueue creates the layout before 0.2.0:
+// each ack deletes its message, nothing to purge.
+func TestStreamIntakeWorkQueueLayout(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st, func(o *StreamOptions) { o.WorkQueue = true })
+	js := e.js()
+	s, err := js.Stream(context.Background(), "DELAYD_INTAKE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || c.Metadata[layoutKey] != "" {
+		t.Fatalf("created stream: retention %v, metadata %v; want a work queue, unmarked", c.Retention, c.Metadata)
+	}
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h", envelope.HeaderID, "wq"), "x")
+	e.eventually("stored", func() bool { return e.pending() == 1 })
+	e.eventually("the stream is empty", func() bool { return e.streamLeft(js) == 0 })
+}

@@ -220,6 +220,12 @@ type Stream struct {
 	// Replicas of a created stream (1 on a single server, 3 or 5 in a
 	// cluster).
 	Replicas int `koanf:"replicas"`
+	// Retention of a created stream: "limits" (acks delete nothing; the
+	// daemons purge whole ranges below the consumer's ack floor) or
+	// "workqueue" (each ack deletes its message, the layout before 0.2.0:
+	// slower, but needs no purge permission). A stream that exists is
+	// bound as it is.
+	Retention string `koanf:"retention"`
 	// MaxAge and MaxBytes bound a created stream; 0 = unlimited. A limit
 	// discards envelopes no delayd has taken yet: leave them at 0 unless
 	// the stream must not grow without bound while delayd is away.
@@ -318,7 +324,7 @@ func Default() Config {
 			// A shard every minute: 16 shards are all checked in 16 min.
 			CheckInterval: time.Minute,
 		},
-		Intake: Intake{Batch: 256, MaxBatch: 1000, DedupeWindow: time.Minute, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Replicas: 1,
+		Intake: Intake{Batch: 256, MaxBatch: 1000, DedupeWindow: time.Minute, Stream: Stream{Enabled: "auto", Name: "DELAYD_INTAKE", Retention: "limits", Replicas: 1,
 			Pull: 1024, AckWait: 30 * time.Second, RetryDelay: time.Second}},
 		Limits: Limits{
 			MaxPayload:     0, // the NATS server's max_payload

@@ -144,20 +144,23 @@ func TestValidateBoundsTimeLimits(t *testing.T) {
 
 func TestValidateStream(t *testing.T) {
 	c := Default()
-	c.Intake.Stream = Stream{Enabled: "yes", Name: "DELAYD.INTAKE", Replicas: 7, MaxAge: -time.Second,
+	if c.Intake.Stream.Retention != "limits" {
+		t.Fatalf("intake.stream.retention defaults to %q, want limits", c.Intake.Stream.Retention)
+	}
+	c.Intake.Stream = Stream{Enabled: "yes", Name: "DELAYD.INTAKE", Retention: "interest", Replicas: 7, MaxAge: -time.Second,
 		MaxBytes: -1, Pull: 0, PullBytes: -1, AckWait: time.Millisecond, RetryDelay: 0}
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("want errors")
 	}
-	for _, key := range []string{"enabled", "name", "replicas", "max_age", "max_bytes", "pull", "pull_bytes", "ack_wait", "retry_delay"} {
+	for _, key := range []string{"enabled", "name", "retention", "replicas", "max_age", "max_bytes", "pull", "pull_bytes", "ack_wait", "retry_delay"} {
 		if !strings.Contains(err.Error(), "intake.stream."+key+":") {
 			t.Errorf("error does not name intake.stream.%s: %v", key, err)
 		}
 	}
-	vars := map[string]string{"DELAYD_INTAKE_STREAM_ENABLED": "false", "DELAYD_INTAKE_STREAM_MAX_AGE": "1h"}
-	c, err = Load(Sources{Getenv: env(vars), Environ: []string{"DELAYD_INTAKE_STREAM_ENABLED", "DELAYD_INTAKE_STREAM_MAX_AGE"}})
-	if err != nil || c.StreamEnabled() || c.Intake.Stream.MaxAge != time.Hour {
+	vars := map[string]string{"DELAYD_INTAKE_STREAM_ENABLED": "false", "DELAYD_INTAKE_STREAM_MAX_AGE": "1h", "DELAYD_INTAKE_STREAM_RETENTION": "workqueue"}
+	c, err = Load(Sources{Getenv: env(vars), Environ: []string{"DELAYD_INTAKE_STREAM_ENABLED", "DELAYD_INTAKE_STREAM_MAX_AGE", "DELAYD_INTAKE_STREAM_RETENTION"}})
+	if err != nil || c.StreamEnabled() || c.Intake.Stream.MaxAge != time.Hour || c.Intake.Stream.Retention != "workqueue" {
 		t.Fatalf("env: %v %+v", err, c.Intake.Stream)
 	}
 }

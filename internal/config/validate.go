@@ -212,6 +212,9 @@ func (c Config) validateStream(bad func(key, format string, args ...any)) {
 	if s.Name == "" || strings.ContainsAny(s.Name, ".*> \t/\\") {
 		bad("intake.stream.name", "must be a non-empty JetStream name without '.', '*', '>', '/', '\\' or spaces, got %q", s.Name)
 	}
+	if s.Retention != "limits" && s.Retention != "workqueue" {
+		bad("intake.stream.retention", "must be limits or workqueue, got %q", s.Retention)
+	}
 	if s.Replicas < 1 || s.Replicas > 5 {
 		bad("intake.stream.replicas", "must be 1..5, got %d", s.Replicas)
 	}

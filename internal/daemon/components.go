@@ -108,7 +108,7 @@ func (p *parts) newStreamIntake() (*bridge.StreamIntake, error) {
 	s := c.Intake.Stream
 	return bridge.NewStreamIntake(nc, p.st, p.sc, p.metrics, bridge.StreamOptions{
 		Subject: c.Subject, Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas,
-		MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
+		WorkQueue: s.Retention == "workqueue", MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
 		Batch: c.Intake.Batch, MaxBatch: c.Intake.MaxBatch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now, Resends: c.Intake.DedupeWindow > 0,
 	}, p.log.Named("stream")), nil
 }
