@@ -53,13 +53,17 @@ type Result struct {
 	Rejected     int     `json:"rejected"`
 	// FirstRejection is the first failed request or publish ("" for none).
 	FirstRejection string `json:"first_rejection,omitempty"`
-	Delivered      int    `json:"delivered"`
-	Lost           int    `json:"lost"`
-	Duplicates     int    `json:"duplicates"`
-	Early          int    `json:"early"`
-	LatenessMs     Quant  `json:"lateness_ms"`
-	Histogram      []Bar  `json:"histogram"`
-	Daemon         *Usage `json:"daemon,omitempty"`
+	// Batch is the envelopes per batch request (ModeBatch) or the
+	// batching client's most per batch (ModeClientBatching); IntakeRate
+	// counts envelopes, BaselineRate the echo's requests.
+	Batch      int    `json:"batch,omitempty"`
+	Delivered  int    `json:"delivered"`
+	Lost       int    `json:"lost"`
+	Duplicates int    `json:"duplicates"`
+	Early      int    `json:"early"`
+	LatenessMs Quant  `json:"lateness_ms"`
+	Histogram  []Bar  `json:"histogram"`
+	Daemon     *Usage `json:"daemon,omitempty"`
 	// OneRequester is one requester's cost per call, alone (--compare).
 	OneRequester *OneRequester `json:"one_requester,omitempty"`
 }
@@ -98,7 +102,7 @@ func baseline(ctx context.Context, clients []*conn, w Workload) (float64, error)
 	for i, c := range clients {
 		echoes[i] = c.withSubject("delayd-bench-echo")
 	}
-	d, rejected, _, err := schedule(ctx, echoes, w, "echo", time.Now(), nil)
+	d, rejected, _, err := schedule(ctx, echoes, w, sendMode{}, "echo", time.Now(), nil)
 	if err != nil {
 		return 0, err
 	}
@@ -107,7 +111,7 @@ func baseline(ctx context.Context, clients []*conn, w Workload) (float64, error)
 
 // runRequest schedules the workload through delayd and watches the target until
 // every envelope arrived or the grace period after the last due time ended.
-func runRequest(ctx context.Context, clients []*conn, w Workload, progress io.Writer) (Result, error) {
+func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, progress io.Writer) (Result, error) {
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "b" + runID + "-"
 	rec := newRecorder(w.Count)
@@ -120,7 +124,7 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, progress io.Wr
 	start := time.Now()
 	var scheduled atomic.Int64
 	done := startReport(progress, w.Count, &scheduled, rec)
-	took, rejected, first, err := schedule(ctx, clients, w, prefix, start, &scheduled)
+	took, rejected, first, err := schedule(ctx, clients, w, how, prefix, start, &scheduled)
 	if err != nil {
 		done()
 		return Result{}, err
@@ -133,7 +137,7 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, progress io.Wr
 	done()
 
 	r := rec.result()
-	r.Mode = ModeRequest
+	r.Mode, r.Batch = how.mode(), how.batch
 	r.Count, r.Concurrency, r.PayloadBytes, r.DueRate = w.Count, w.Concurrency, w.PayloadSize, w.DueRate()
 	r.IntakeSeconds = took.Seconds()
 	r.IntakeRate = float64(w.Count-rejected) / took.Seconds()
@@ -142,10 +146,41 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, progress io.Wr
 	return r, nil
 }
 
-// schedule sends Count requests over Concurrency workers. Envelope i is due
-// at start+Lead+i*Window/Count, given as Delayd-At so the due time does not
-// depend on how fast the intake was.
-func schedule(ctx context.Context, clients []*conn, w Workload, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, string, error) {
+// sendMode is how the requesters send: one request per envelope (the
+// zero value), batch requests of batch envelopes, or single Schedule calls
+// through a client that batches them (clientBatching, at most batch each).
+type sendMode struct {
+	batch          int
+	clientBatching bool
+}
+
+func (s sendMode) mode() string {
+	switch {
+	case s.clientBatching:
+		return ModeClientBatching
+	case s.batch > 0:
+		return ModeBatch
+	}
+	return ModeRequest
+}
+
+// schedule sends Count envelopes over Concurrency workers. Envelope i is
+// due at start+Lead+i*Window/Count, given as Delayd-At so the due time
+// does not depend on how fast the intake was.
+func schedule(ctx context.Context, clients []*conn, w Workload, how sendMode, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, string, error) {
+	if how.clientBatching {
+		// A batching client per connection, as an application would
+		// have one.
+		batching := make([]*conn, len(clients))
+		for i, c := range clients {
+			batching[i] = &conn{nc: c.nc, subject: c.subject,
+				delayd: client.New(c.nc, client.Prefix(c.subject), client.Batching(how.batch, client.MaxLinger))}
+			defer batching[i].delayd.Close()
+		}
+		clients = batching
+	} else if how.batch > 0 {
+		return scheduleBatches(ctx, clients, w, how.batch, prefix, start, counter)
+	}
 	payload := make([]byte, w.PayloadSize)
 	for i := range payload {
 		payload[i] = 'a' + byte(i%26)
@@ -189,6 +224,67 @@ func schedule(ctx context.Context, clients []*conn, w Workload, prefix string, s
 	}
 	if n := rejected.Load(); n == int64(w.Count) {
 		return took, int(n), first, fmt.Errorf("bench: every request failed, first: %s", first)
+	}
+	return took, int(rejected.Load()), first, nil
+}
+
+// scheduleBatches is schedule with batch requests: each worker takes the
+// next n envelopes and sends them with ScheduleBatch.
+func scheduleBatches(ctx context.Context, clients []*conn, w Workload, n int, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, string, error) {
+	payload := make([]byte, w.PayloadSize)
+	for i := range payload {
+		payload[i] = 'a' + byte(i%26)
+	}
+	var next, rejected atomic.Int64
+	var firstErr atomic.Pointer[error]
+	fail := func(k int, err error) {
+		rejected.Add(int64(k))
+		firstErr.CompareAndSwap(nil, &err)
+	}
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for k := range w.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clients[k%len(clients)]
+			envs := make([]client.Envelope, 0, n)
+			for ctx.Err() == nil {
+				i0 := int(next.Add(int64(n))) - n
+				if i0 >= w.Count {
+					return
+				}
+				envs = envs[:0]
+				for i := i0; i < min(i0+n, w.Count); i++ {
+					at := start.Add(w.Lead + time.Duration(int64(w.Window)*int64(i)/int64(w.Count)))
+					envs = append(envs, client.Envelope{Target: w.Target, Payload: payload,
+						Options: []client.ScheduleOption{client.At(at), client.ID(prefix + strconv.Itoa(i))}})
+				}
+				rctx, cancel := context.WithTimeout(ctx, w.Timeout)
+				res, err := c.delayd.ScheduleBatch(rctx, envs)
+				cancel()
+				if err != nil {
+					fail(len(envs), err)
+				}
+				for _, r := range res {
+					if r.Err != nil {
+						fail(1, r.Err)
+					}
+				}
+				if counter != nil {
+					counter.Add(int64(len(envs)))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(t0)
+	first := ""
+	if p := firstErr.Load(); p != nil {
+		first = (*p).Error()
+	}
+	if r := rejected.Load(); r == int64(w.Count) {
+		return took, int(r), first, fmt.Errorf("bench: every envelope failed, first: %s", first)
 	}
 	return took, int(rejected.Load()), first, nil
 }

@@ -72,7 +72,7 @@ func TestFirstRejectionOfTwoErrorTypes(t *testing.T) {
 	}
 	defer sub.Unsubscribe()
 	w := Workload{Count: 2, Concurrency: 1, Window: time.Second, Target: "t", Timeout: 300 * time.Millisecond}
-	_, rejected, first, err := schedule(context.Background(), []*conn{newConn(nc, "fake")}, w, "x", time.Now(), nil)
+	_, rejected, first, err := schedule(context.Background(), []*conn{newConn(nc, "fake")}, w, sendMode{}, "x", time.Now(), nil)
 	if err == nil || rejected != 2 {
 		t.Fatalf("rejected %d of 2, err %v", rejected, err)
 	}
@@ -271,5 +271,47 @@ func TestLocalChildLeavesNothingBehind(t *testing.T) {
 		if strings.HasPrefix(name, "BENCH_") {
 			t.Errorf("the child's stream %s stayed", name)
 		}
+	}
+}
+
+// --batch and --client-batching with --compare: batch requests and the
+// batching client each deliver every envelope once, none early, counted
+// in envelopes against the echo's requests, beside JetStream schedules in
+// the same run. Correctness only.
+func TestBatchModesBesideSchedules(t *testing.T) {
+	t.Parallel()
+	n, r := testutil.StartNATS(t), testutil.StartRedis(t)
+	c := daemontest.Config(n, r)
+	daemontest.Start(t, c)
+	w := Workload{Count: 450, Concurrency: 8, PayloadSize: 128, Lead: time.Second, Window: 500 * time.Millisecond,
+		Target: "bench.target", Timeout: 10 * time.Second, Grace: 5 * time.Second}
+	o := Options{NATSURL: n.URL(), Dial: func(url string) (*nats.Conn, error) { return nats.Connect(url) }, Conns: 2,
+		Subject: c.Subject, StreamName: c.Intake.Stream.Name, MaxPending: 64, Progress: &bytes.Buffer{},
+		Baseline: true, Compare: true, Batch: 100, ClientBatching: true}
+	first, others, err := Run(context.Background(), w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(others) != 2 {
+		t.Fatalf("%d results beside the first, want the batching client's and JetStream's", len(others))
+	}
+	all := append([]Result{first}, others...)
+	for i, want := range []struct {
+		mode  string
+		batch int
+	}{{ModeBatch, 100}, {ModeClientBatching, 100}, {ModeSchedules, 0}} {
+		got := all[i]
+		if got.Mode != want.mode || got.Batch != want.batch || got.Delivered != w.Count || got.Lost != 0 || got.Rejected != 0 || got.Early != 0 {
+			t.Errorf("result %d: %s batch %d, delivered %d lost %d rejected %d (%s) early %d; want %s batch %d, all delivered",
+				i, got.Mode, got.Batch, got.Delivered, got.Lost, got.Rejected, got.FirstRejection, got.Early, want.mode, want.batch)
+		}
+		if want.mode != ModeSchedules && (got.BaselineRate <= 0 || got.IntakeRatio <= 0) {
+			t.Errorf("%s: no ratio to the echo: %+v", got.Mode, got)
+		}
+	}
+	var out bytes.Buffer
+	PrintCompare(&out, all)
+	if !strings.Contains(out.String(), "batches of 100") || !strings.Contains(out.String(), "client batching ≤100") {
+		t.Errorf("compare table:\n%s", out.String())
 	}
 }

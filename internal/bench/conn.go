@@ -15,13 +15,14 @@ import (
 // (watching deliveries, an echo responder, JetStream publishing and
 // streams) through nats.go. Only the header names come from envelope.
 type conn struct {
-	nc     *nats.Conn
-	delayd *client.Client
+	nc      *nats.Conn
+	subject string
+	delayd  *client.Client
 }
 
 // newConn returns a conn over nc, for the delayd at the subject prefix.
 func newConn(nc *nats.Conn, subject string) *conn {
-	return &conn{nc: nc, delayd: client.New(nc, client.Prefix(subject))}
+	return &conn{nc: nc, subject: subject, delayd: client.New(nc, client.Prefix(subject))}
 }
 
 // withSubject returns a conn for the same connection and another service

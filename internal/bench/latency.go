@@ -46,7 +46,7 @@ func delaydOneRequester(ctx context.Context, p *conn, w Workload, n int) (OneReq
 	one := w
 	one.Count, one.Concurrency, one.Lead = n, 1, time.Hour
 	prefix := "l" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
-	took, rejected, first, err := schedule(ctx, []*conn{p}, one, prefix, time.Now(), nil)
+	took, rejected, first, err := schedule(ctx, []*conn{p}, one, sendMode{}, prefix, time.Now(), nil)
 	// Cancel every one, also after a failure or an interrupt (ctx done):
 	// none may fire in an hour, nor stay stored.
 	for i := range n {

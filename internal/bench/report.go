@@ -6,6 +6,17 @@ import (
 	"strings"
 )
 
+// label names a result's mode, with its batch size.
+func label(r Result) string {
+	switch r.Mode {
+	case ModeBatch:
+		return fmt.Sprintf("batches of %d", r.Batch)
+	case ModeClientBatching:
+		return fmt.Sprintf("client batching ≤%d", r.Batch)
+	}
+	return r.Mode
+}
+
 // Print writes the result as a table and a lateness histogram.
 func Print(w io.Writer, r Result) {
 	fmt.Fprintf(w, "\nworkload   %d envelopes, %d requesters, %d-byte payloads, %.0f due/s\n",
@@ -15,6 +26,11 @@ func Print(w io.Writer, r Result) {
 		fmt.Fprintf(w, "intake     %.0f envelopes/s publish to pending in Redis (%.2f s); PubAcks %.0f/s", r.IntakeRate, r.IntakeSeconds, r.PubAckRate)
 		if r.BaselineRate > 0 {
 			fmt.Fprintf(w, "; baseline (stream nobody consumes) %.0f/s; ratio %.0f%%", r.BaselineRate, 100*r.IntakeRatio)
+		}
+	case ModeBatch, ModeClientBatching:
+		fmt.Fprintf(w, "intake     %.0f envelopes/s acknowledged, %s (%.2f s)", r.IntakeRate, label(r), r.IntakeSeconds)
+		if r.BaselineRate > 0 {
+			fmt.Fprintf(w, "; baseline (echo, one message a request) %.0f req/s; ratio %.0f%%", r.BaselineRate, 100*r.IntakeRatio)
 		}
 	default:
 		fmt.Fprintf(w, "intake     %.0f schedules/s acknowledged (%.2f s)", r.IntakeRate, r.IntakeSeconds)

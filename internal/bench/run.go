@@ -38,6 +38,13 @@ type Options struct {
 	// MaxPending is the most unacknowledged async publishes per
 	// connection (Stream, Compare).
 	MaxPending int
+	// Batch, if positive, sends batch requests of Batch envelopes
+	// (ScheduleBatch) instead of one request per envelope.
+	Batch int
+	// ClientBatching also (or, without Batch, instead) runs Schedule calls
+	// through client.Batching (at most Batch envelopes a batch, 100
+	// without it; linger client.MaxLinger).
+	ClientBatching bool
 	// Child, if not nil, is a delayd the bench starts, talks to alone,
 	// measures and cleans up after; nil benches the delayd already there.
 	Child *ChildOptions
@@ -45,10 +52,11 @@ type Options struct {
 	Progress io.Writer
 }
 
-// Run runs the bench: delayd's result, and with Compare the JetStream
-// schedules' result beside it. A child, its stream and its Redis
+// Run runs the bench: delayd's result, and beside it (others) the result
+// of ClientBatching when Batch is measured too, and with Compare the
+// JetStream schedules' result last. A child, its stream and its Redis
 // namespace are gone when Run returns, whichever way it returns.
-func Run(ctx context.Context, w Workload, o Options) (Result, *Result, error) {
+func Run(ctx context.Context, w Workload, o Options) (Result, []Result, error) {
 	subject, streamName := o.Subject, o.StreamName
 	var ch *child
 	var conns []*conn
@@ -99,7 +107,7 @@ func Run(ctx context.Context, w Workload, o Options) (Result, *Result, error) {
 }
 
 // run is Run once the connections are up.
-func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, streamName string, ch *child) (Result, *Result, error) {
+func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, streamName string, ch *child) (Result, []Result, error) {
 	if w.Target == subject || len(w.Target) > len(subject) && w.Target[:len(subject)+1] == subject+"." {
 		// The service refuses its own subjects as targets.
 		w.Target = "bench.target"
@@ -121,6 +129,7 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 		}
 	}
 	var r Result
+	var others []Result
 	if o.Stream {
 		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		err = conns[0].waitStream(wctx, streamName)
@@ -129,7 +138,32 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 			r, err = runStream(ctx, conns, w, so, o.Progress)
 		}
 	} else {
-		r, err = runRequest(ctx, conns, w, o.Progress)
+		modes := []sendMode{{batch: o.Batch}}
+		if o.ClientBatching {
+			size := o.Batch
+			if size < 1 {
+				size = 100
+			}
+			if o.Batch > 0 {
+				modes = append(modes, sendMode{batch: size, clientBatching: true})
+			} else {
+				modes = []sendMode{{batch: size, clientBatching: true}}
+			}
+		}
+		for i, how := range modes {
+			var ri Result
+			if ri, err = runRequest(ctx, conns, w, how, o.Progress); err != nil {
+				break
+			}
+			if base > 0 {
+				ri.BaselineRate, ri.IntakeRatio = base, ri.IntakeRate/base
+			}
+			if i == 0 {
+				r = ri
+			} else {
+				others = append(others, ri)
+			}
+		}
 	}
 	if err != nil {
 		return Result{}, nil, err
@@ -152,14 +186,14 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 		}
 	}
 	if !o.Compare {
-		return r, nil, nil
+		return r, others, nil
 	}
 	embeddedChild := o.Child != nil && o.Child.Embedded
 	peer, err := compare(ctx, w, so, conns, embeddedChild, o.Progress)
 	if err != nil {
 		return Result{}, nil, fmt.Errorf("compare: %w", err)
 	}
-	return r, peer, nil
+	return r, append(others, *peer), nil
 }
 
 // deleteChildStream deletes the child's own intake stream, once the child

@@ -15,6 +15,10 @@ const (
 	ModeRequest   = "request/reply"
 	ModeStream    = "stream intake"
 	ModeSchedules = "JetStream schedules"
+	// ModeBatch: ScheduleBatch requests of Result.Batch envelopes.
+	ModeBatch = "batch requests"
+	// ModeClientBatching: Schedule calls through client.Batching.
+	ModeClientBatching = "client batching"
 )
 
 // streamOptions configure the runs that publish into JetStream.
@@ -229,7 +233,7 @@ func PrintCompare(w io.Writer, rs []Result) {
 		}
 		fmt.Fprintln(w)
 	}
-	row("", func(r Result) string { return r.Mode })
+	row("", label)
 	row("intake /s", func(r Result) string { return fmt.Sprintf("%.0f", r.IntakeRate) })
 	row("PubAck /s", func(r Result) string {
 		if r.PubAckRate == 0 {
