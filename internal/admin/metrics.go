@@ -65,7 +65,7 @@ var (
 	intakeBuckets    = []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 5}
 	latenessBucketsS = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 5, 30, 300}
 	claimBucketsS    = []float64{.0002, .0005, .001, .002, .005, .01, .05, .1, .5, 1}
-	waitOps          = []string{store.OpSchedule, store.OpCancel, store.OpClaim}
+	waitOps          = store.WaitOps()
 	waitBucketsS     = []float64{.0001, .0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2, 4}
 )
 

@@ -111,6 +111,20 @@ var policies = map[string]policy{
 			"they stored, and store none twice."},
 }
 
+// WaitOps are the operations whose policy waits for the replicas (fully
+// or probing), sorted: the ones WaitObserver can be told of, and the label
+// values of the wait metrics.
+func WaitOps() []string {
+	var out []string
+	for op, p := range policies {
+		if p.wait != neverWaits {
+			out = append(out, op)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // scriptCall is one call of a script as its script_<name>.go builds it:
 // the script, the call encoded, and its reply decoded.
 type scriptCall[R any] interface {

@@ -200,3 +200,13 @@ func TestExecRefusesUndeclared(t *testing.T) {
 		}()
 	}
 }
+
+// The operations that wait are those the docs (operations.md,
+// configuration.md) and the help of the wait metrics name: a policy
+// changed in ops.go must change them too.
+func TestWaitOps(t *testing.T) {
+	t.Parallel()
+	if got, want := WaitOps(), []string{OpCancel, OpClaim, OpSchedule}; !slices.Equal(got, want) {
+		t.Errorf("the operations that wait are %v; the docs and metric help name %v", got, want)
+	}
+}
