@@ -76,18 +76,6 @@ func TestMQTTRetainedMessageRefused(t *testing.T) {
 	refusedTargets(t, e, c, nc, `{"topic":"a","msg":"forged"}`, "$MQTT.rmsgs", "$MQTT.rmsgs.forged", "$MQTT.sess.abc", "$MQTT.JSA.x.RM.y")
 }
 
-// TestSystemNamespacesRefused: every $-prefixed subject space and the
-// request-reply spaces are refused, not only the ones a list named.
-func TestSystemNamespacesRefused(t *testing.T) {
-	t.Parallel()
-	e := daemontest.NewEnv(t)
-	c := e.Config()
-	e.StartDaemon(c)
-	nc := e.Conn()
-	defer nc.Close()
-	refusedTargets(t, e, c, nc, "x", "$JSC.CI.X.Y", "$NRG.AE.x", "$G.anything", "$FUTURE.api", "_R_.abc.def", "_R_.x")
-}
-
 // refusedTargets schedules payload to each target and wants 403 for each,
 // and nothing stored.
 func refusedTargets(t *testing.T, e *daemontest.Env, c config.Config, nc *nats.Conn, payload string, targets ...string) {
@@ -103,31 +91,6 @@ func refusedTargets(t *testing.T, e *daemontest.Env, c config.Config, nc *nats.C
 	}
 	if n := e.Stored(c); n != 0 {
 		t.Fatalf("%d envelopes stored", n)
-	}
-}
-
-// TestNATSHeadersFromPublishersRefused: Nats-* headers would be published
-// into a stream with delayd's rights (a purge by rollup, a forged dedup id).
-func TestNATSHeadersFromPublishersRefused(t *testing.T) {
-	t.Parallel()
-	e := daemontest.NewEnv(t)
-	c := e.Config()
-	e.StartDaemon(c)
-	nc := e.Conn()
-	defer nc.Close()
-	for _, k := range []string{"Nats-Rollup", "Nats-Expected-Last-Sequence", "Nats-Expected-Stream", "Nats-Msg-Id", "Nats-TTL", "nats-rollup", "NATS-MSG-ID"} {
-		h := daemontest.Hdr("Delayd-Target", "orders.x", "Delayd-Delay", "1h")
-		h[k] = []string{"all"} // as spelled: the wire keeps the case
-		rep, err := daemontest.Schedule(nc, "delayd", h, "x")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if code := rep.Header.Get(micro.ErrorCodeHeader); code != "400" {
-			t.Errorf("header %s: code %q, want 400", k, code)
-		}
-	}
-	if n := e.Stored(c); n != 0 {
-		t.Fatalf("%d envelopes with Nats-* headers stored", n)
 	}
 }
 

@@ -525,28 +525,6 @@ func refusingNATS(t *testing.T) (*daemontest.Env, config.Config) {
 	return e, c
 }
 
-// Found in review: the server quotes a refused subject Go-style, so one
-// with '"', '\' or bytes that are not UTF-8 did not match its target and
-// was acked as delivered.
-func TestRefusedTargetNeedingQuotes(t *testing.T) {
-	t.Parallel()
-	e, c := refusingNATS(t)
-	runDaemon(t, c)
-	app, err := nats.Connect(e.NATS.URL(), nats.UserInfo("app", "a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Close()
-	targets := []string{`payments.a"b`, `payments.a\b`, "payments.caf\xe9"}
-	for i, tg := range targets {
-		daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", tg, "Delayd-Delay", "200ms", "Delayd-Id", fmt.Sprintf("q-%d", i)))
-	}
-	st := e.InspectStore(c)
-	for i := range targets {
-		waitState(t, st, fmt.Sprintf("q-%d", i), store.StateDead, 10*time.Second)
-	}
-}
-
 // Found in review: after an attempt whose flush was not confirmed the
 // envelope waits for its retry in due, and a cancel then said nothing of
 // the attempt that may still arrive.
