@@ -72,8 +72,9 @@ func natscli(t *testing.T) string {
 // TestExamples runs examples/node and examples/shell, as a user would,
 // against a real daemon, Redis and NATS. Each schedules, receives and checks
 // a delivery, cancels a second message and waits 3 s for it not to come,
-// and reads an error reply; the node one also schedules through the durable
-// intake stream with @nats-io/jetstream. Both exit non-zero on any mismatch.
+// reads an error reply, and schedules a batch whose bad envelope alone is
+// refused; the node one also schedules through the durable intake stream
+// with @nats-io/jetstream. Both exit non-zero on any mismatch.
 func TestExamples(t *testing.T) {
 	t.Parallel()
 	e := daemontest.NewEnv(t)
@@ -85,11 +86,11 @@ func TestExamples(t *testing.T) {
 	}{
 		{"node", []string{"scheduled: ", "delivered order-", "scheduled: ", "cancelled: ",
 			"nothing delivered within 3 s of the cancel", "durable intake: stream DELAYD_INTAKE ",
-			"error reply: 400 ", "ok"}, func(t *testing.T) (string, []string, []string) {
+			"error reply: 400 ", "batch: order-", "delivered order-", "ok"}, func(t *testing.T) (string, []string, []string) {
 			return nodeExample(t), []string{"example.mjs"}, []string{"DELAYD_EXAMPLE_PREFIX=examples.node"}
 		}},
 		{"shell", []string{"scheduled: ", "delivered order-", "scheduled: ", "cancelled: ",
-			"nothing delivered within 3 s of the cancel", "error reply: 400 ", "ok"}, func(t *testing.T) (string, []string, []string) {
+			"nothing delivered within 3 s of the cancel", "error reply: 400 ", "batch: ", "delivered order-45 from the batch", "ok"}, func(t *testing.T) (string, []string, []string) {
 			return "bash", []string{"example.sh"}, []string{"PATH=" + natscli(t) + string(os.PathListSeparator) + os.Getenv("PATH")}
 		}},
 	} {

@@ -1,7 +1,7 @@
 // Schedule, receive and cancel a delayed message through delayd with the
 // official NATS clients for Node (@nats-io/transport-node 3.x and
-// @nats-io/jetstream), schedule one through the durable intake stream, and
-// show an error reply. Exits non-zero on the first thing that does not match
+// @nats-io/jetstream), schedule one through the durable intake stream, show
+// an error reply, and schedule a batch of envelopes in one request. Exits non-zero on the first thing that does not match
 // the protocol (docs/protocol.md).
 //
 //   NATS_URL        NATS server (default nats://127.0.0.1:4222)
@@ -138,6 +138,30 @@ const erep = await nc.request("delayd.schedule", "no target", { headers: h3, tim
 const code = hdr(erep, "Nats-Service-Error-Code");
 if (code !== "400") fail(`missing Delayd-Target answered ${JSON.stringify(code)}, want 400`);
 console.log(`error reply: ${code} ${hdr(erep, "Nats-Service-Error")}`);
+
+// 5. Many envelopes in one request (docs/protocol.md, "Batches"): header
+// Delayd-Batch: json and a JSON array of headers and base64 payloads. Each
+// envelope stands alone: the one with a forbidden target is refused with its
+// own code, the other is stored and delivered.
+const id5 = `order-${run}-batch`;
+const batch = [
+  { headers: { "Delayd-Target": target, "Delayd-Delay": "500ms", "Delayd-Id": id5 }, payload: Buffer.from("order 45").toString("base64") },
+  { headers: { "Delayd-Target": "$SYS.nope", "Delayd-Delay": "500ms" }, payload: Buffer.from("order 46").toString("base64") },
+];
+const bh = headers();
+bh.set("Delayd-Batch", "json");
+const brep = await nc.request("delayd.schedule", JSON.stringify(batch), { headers: bh, timeout: 5000 })
+  .catch((err) => fail(`batch: ${err.message}`));
+if (hdr(brep, "Nats-Service-Error-Code")) fail(`batch refused whole: ${hdr(brep, "Nats-Service-Error-Code")} ${hdr(brep, "Nats-Service-Error")}`);
+const { results } = brep.json();
+if (results?.length !== 2 || results[0].id !== id5 || !results[0].deliver_at || results[1].code !== 403) {
+  fail(`batch reply ${brep.string()}, want ${id5} stored and the second refused 403`);
+}
+console.log(`batch: ${id5} stored, the second refused ${results[1].code} (${results[1].error})`);
+const fromBatch = await sub.next(5000).catch((err) => fail(`batch delivery: ${err.message}`));
+if (hdr(fromBatch.msg, "Delayd-Id") !== id5) fail(`batch delivery Delayd-Id ${JSON.stringify(hdr(fromBatch.msg, "Delayd-Id"))}, want ${id5}`);
+if (fromBatch.msg.string() !== "order 45") fail(`batch payload changed: ${JSON.stringify(fromBatch.msg.string())}`);
+console.log(`delivered ${id5} from the batch`);
 
 await nc.drain();
 console.log("ok");

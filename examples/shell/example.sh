@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Schedule, receive and cancel a delayed message through delayd with the nats
-# CLI (natscli v0.5.0), and show an error reply. Exits non-zero on the first
+# CLI (natscli v0.5.0), show an error reply, and schedule a batch. Exits non-zero on the first
 # thing that does not match the protocol (docs/protocol.md).
 #
 #   NATS_URL  NATS server (default nats://127.0.0.1:4222)
@@ -74,5 +74,20 @@ error=$(nats req delayd.schedule 'order 44' -H Delayd-Delay:1s 2>&1) || fail "sc
 code=$(sed -n 's/.*Nats-Service-Error-Code: //p' <<<"$error")
 [[ $code == 400 ]] || fail "missing Delayd-Target answered ${code:-no error code}, want 400: $error"
 echo "error reply: $code $(sed -n 's/.*Nats-Service-Error: //p' <<<"$error")"
+
+# 4. A batch: two envelopes in one request (header Delayd-Batch, a JSON array
+# of headers and base64 payloads). The one with a wildcard target is refused
+# alone (its own 400 in the results); the other is stored and delivered.
+{ nats sub --count 1 orders.cancel & } >"$out/batch-delivery" 2>&1
+sub=$!
+wait_subscribed "$out/batch-delivery"
+reply=$(nats req delayd.schedule '[{"headers":{"Delayd-Target":"orders.cancel","Delayd-Delay":"1s","Delayd-Id":"order-45"},"payload":"b3JkZXIgNDU="},{"headers":{"Delayd-Target":"orders.*","Delayd-Delay":"1s"},"payload":"b3JkZXIgNDY="}]' -H Delayd-Batch:json 2>"$out/batch.err") ||
+	fail "batch: $(cat "$out/batch.err")"
+[[ $reply == '{"results":[{"id":"order-45","deliver_at":"'*'"},{"code":400,"error":"'*'"}]}' ]] || fail "batch reply: $reply $(cat "$out/batch.err")"
+echo "batch: $reply"
+timeout 5 tail --pid "$sub" -f /dev/null || fail "nothing of the batch delivered within 5 s: $(cat "$out/batch-delivery")"
+[[ $(sed -n 's/^Delayd-Id: //p' "$out/batch-delivery") == order-45 ]] || fail "Delayd-Id is not order-45: $(cat "$out/batch-delivery")"
+grep -qx 'order 45' "$out/batch-delivery" || fail "payload changed: $(cat "$out/batch-delivery")"
+echo "delivered order-45 from the batch"
 
 echo ok
