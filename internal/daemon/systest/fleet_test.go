@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
@@ -51,7 +52,7 @@ func TestIdleLoadFlat(t *testing.T) {
 			c.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 			stops = append(stops, e.StartDaemon(c))
 		}
-		time.Sleep(2 * c.Ownership.TTL) // settle ownership
+		waitSettled(t, e.InspectStore(c), c.Ownership.TTL)
 		before, t0 := commandCalls(t, e.Redis), time.Now()
 		time.Sleep(8 * time.Second)
 		rate := float64(commandCalls(t, e.Redis)-before-1) / time.Since(t0).Seconds()
@@ -134,5 +135,24 @@ func BenchmarkCrossDaemonWake(b *testing.B) {
 		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, "p50-ms")
 		b.ReportMetric(float64(l[len(l)*99/100].Microseconds())/1000, "p99-ms")
 		b.ReportMetric(float64(l[len(l)-1].Microseconds())/1000, "max-ms")
+	}
+}
+
+// waitSettled waits until every shard is owned and no owner changed for
+// a whole ownership TTL: the daemons agree on their shares.
+func waitSettled(t *testing.T, st *store.Store, ttl time.Duration) {
+	t.Helper()
+	var last []string
+	changed := time.Now()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		owners, err := st.Owners(context.Background())
+		if err != nil || slices.Contains(owners, "") || !slices.Equal(owners, last) {
+			last, changed = owners, time.Now()
+		} else if time.Since(changed) >= ttl {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ownership did not settle: %v %v", owners, err)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package systest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -221,7 +222,18 @@ func TestDaemonWithoutNATSGivesUpItsShards(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	time.Sleep(2 * c.Ownership.TTL) // both joined; with the fix the bad one left again
+	// Both started; the bad one takes no shard, or gives them up: the
+	// healthy one comes to own every shard.
+	st := e.InspectStore(c)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		owners, err := st.Owners(context.Background())
+		if err == nil && len(owners) == c.Shards && owners[0] != "" && !slices.ContainsFunc(owners, func(o string) bool { return o != owners[0] }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no single daemon owns every shard: %v %v", owners, err)
+		}
+	}
 	got := e.Sink(nc, "np.t")
 	due := time.Now().Add(2 * time.Second)
 	ids := daemontest.ScheduleMany(t, nc, 200, 16, "np", func(i int, h nats.Header) {

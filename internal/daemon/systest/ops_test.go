@@ -50,8 +50,22 @@ func TestMetricsMove(t *testing.T) {
 		}
 	}
 	s.WaitCount(10, 5*time.Second)
-	time.Sleep(300 * time.Millisecond) // a sample interval
-	_, after := daemontest.HTTPGet(t, base+"/metrics")
+	// The counters move once a delivery is confirmed, the gauges once a
+	// sample is taken after it: wait until both show the 10 delivered.
+	var after string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, after = daemontest.HTTPGet(t, base+"/metrics")
+		settled := true
+		for _, n := range []string{"delayd_envelopes_delivered_total", "delayd_delivery_lateness_seconds_count",
+			"delayd_pending_envelopes", `delayd_backlog_envelopes{state="pending"}`} {
+			if v, _ := daemontest.Metric(after, n); v != 10 {
+				settled = false
+			}
+		}
+		if settled || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, tc := range []struct {
 		name string
 		want float64

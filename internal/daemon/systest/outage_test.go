@@ -59,9 +59,13 @@ func TestNATSDownAtStart(t *testing.T) {
 	go func() {
 		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})).Run(ctx)
 	}()
-	time.Sleep(500 * time.Millisecond)
 	// Nothing is served while NATS is down, and the log must not say so.
-	if l := logs.String(); strings.Contains(l, "intake serving") || !strings.Contains(l, "not serving until NATS is connected") {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "not serving until NATS is connected"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("with NATS down the log does not say it is not serving:\n%s", logs.String())
+		}
+	}
+	if l := logs.String(); strings.Contains(l, "intake serving") {
 		t.Errorf("with NATS down the log says:\n%s", l)
 	}
 	e.NATS.Start()
