@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -128,10 +129,18 @@ func (s *Store) send(ctx context.Context, sc *script, calls []call, fences []str
 			at = append(at, i)
 		}
 	}
-	if len(redo) > 0 && s.load(ctx, sc) == nil {
-		again := s.send(ctx, sc, redo, fences, fenceErrs, false)
-		for j, i := range at {
-			cmds[i] = again[j]
+	if len(redo) > 0 {
+		if err := s.load(ctx, sc); err != nil {
+			// Say why the script is still missing (a deadline that ran
+			// out while reloading it, most often), not only NOSCRIPT.
+			for _, i := range at {
+				cmds[i].SetErr(fmt.Errorf("%w (reloading %s.lua failed: %v)", cmds[i].Err(), sc.name, err))
+			}
+		} else {
+			again := s.send(ctx, sc, redo, fences, fenceErrs, false)
+			for j, i := range at {
+				cmds[i] = again[j]
+			}
 		}
 	}
 	for _, c := range cmds {
