@@ -182,3 +182,44 @@ func releaseBinary(t testing.TB, commit string) string {
 	}
 	return bin
 }
+
+// TestFuzzTargetsRunInCI: every fuzz target of the module is fuzzed by
+// .ci/run (its seed corpus alone runs with the tests), so a new one does
+// not silently go unfuzzed.
+func TestFuzzTargetsRunInCI(t *testing.T) {
+	t.Parallel()
+	ci, err := os.ReadFile(filepath.Join("..", "..", ".ci", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(f \*testing\.F\)`)
+	n := 0
+	err = filepath.WalkDir(filepath.Join("..", ".."), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() && (d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".")) && path != filepath.Join("..", "..") {
+			if d != nil && d.IsDir() {
+				return filepath.SkipDir
+			}
+			return err
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range target.FindAllSubmatch(b, -1) {
+			n++
+			if !regexp.MustCompile(`\b` + string(m[1]) + `\b`).Match(ci) {
+				t.Errorf("%s (%s) is a fuzz target that .ci/run does not fuzz", m[1], path)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("found no fuzz target: the pattern went stale")
+	}
+}
