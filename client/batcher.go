@@ -15,14 +15,14 @@ const MaxLinger = time.Millisecond
 
 // batchesInFlight is how many batch requests one client keeps in flight:
 // while all are out, calls queue up and the next batch grows.
-const batchesInFlight = 8
+const batchesInFlight = 4
 
 // Batching makes Schedule (and each attempt of ScheduleRetrying) gather
 // concurrent calls into batch requests: up to size envelopes (default
 // 100 when size < 1; keep it within the daemon's intake.max_batch, 1000 by
 // default) and the NATS server's max_payload in bytes. A free batch waits
 // at most linger (0 to MaxLinger) for more calls; while every one of the
-// client's 8 batches in flight is out, calls queue and the next batch
+// client's 4 batches in flight is out, calls queue and the next batch
 // takes them all. Each caller gets its own result and error, as without
 // batching, except that a batch refused as a whole refuses each of its
 // calls. Close stops the batching: call it also on a client made by New.

@@ -169,15 +169,14 @@ func (s sendMode) mode() string {
 // does not depend on how fast the intake was.
 func schedule(ctx context.Context, clients []*conn, w Workload, how sendMode, prefix string, start time.Time, counter *atomic.Int64) (time.Duration, int, string, error) {
 	if how.clientBatching {
-		// A batching client per connection, as an application would
-		// have one.
-		batching := make([]*conn, len(clients))
-		for i, c := range clients {
-			batching[i] = &conn{nc: c.nc, subject: c.subject,
-				delayd: client.New(c.nc, client.Prefix(c.subject), client.Batching(how.batch, client.MaxLinger))}
-			defer batching[i].delayd.Close()
-		}
-		clients = batching
+		// One batching client that every requester shares, as an
+		// application has one: the more callers it gathers, the larger
+		// its batches. Its connection carries few messages.
+		c := clients[0]
+		shared := &conn{nc: c.nc, subject: c.subject,
+			delayd: client.New(c.nc, client.Prefix(c.subject), client.Batching(how.batch, client.MaxLinger))}
+		defer shared.delayd.Close()
+		clients = []*conn{shared}
 	} else if how.batch > 0 {
 		return scheduleBatches(ctx, clients, w, how.batch, prefix, start, counter)
 	}
