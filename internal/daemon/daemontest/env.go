@@ -273,6 +273,13 @@ func (s *Sink) Check(t testing.TB, ids []string) (lateness []time.Duration, dups
 			lost++
 			continue
 		}
+		if len(ds) > 1 && dups < 5 { // say whether they were redeliveries
+			attempts := make([]int, len(ds))
+			for i, d := range ds {
+				attempts[i] = d.Attempt
+			}
+			t.Logf("%s delivered %d times, attempts %v", id, len(ds), attempts)
+		}
 		dups += len(ds) - 1
 		for _, d := range ds {
 			if d.Received.Before(d.Due) {
