@@ -106,13 +106,14 @@ func (in *Intake) handleBatch(req micro.Request, h map[string][]string) {
 		}
 		queued = append(queued, pending{item: it, group: g, idx: i, start: start})
 	}
-	if len(queued) > 0 && !in.gate.enter() {
-		for _, p := range queued {
+	if len(queued) > 0 {
+		if !in.gate.enter() {
+			// Refused whole, as a single request is: nothing of it is
+			// stored, and the client resends the batch as it is.
 			in.count(envelope.CodeUnavailable)
-			g.results[p.idx] = failureResult("", envelope.CodeUnavailable, "delayd is stopping: nothing stored, retry")
+			in.reject(now(req), &envelope.Error{Code: envelope.CodeUnavailable, Msg: "delayd is stopping: nothing of the batch stored, retry"})
+			return
 		}
-		queued = nil
-	} else if len(queued) > 0 {
 		defer in.gate.leave()
 	}
 	if len(queued) == 0 {

@@ -163,3 +163,20 @@ func TestBatchWithNothingToStore(t *testing.T) {
 		t.Errorf("stored %v", st.seen)
 	}
 }
+
+// A batch taken while delayd stops (its queue closed) is refused whole
+// with 503, as a single request is: nothing of it stored, so the client
+// resends the batch as it is.
+func TestBatchWhileStopping(t *testing.T) {
+	t.Parallel()
+	st := &intakeStore{}
+	e := startIntake(t, st)
+	e.intake.gate.close(func() { close(e.intake.queue) })
+	m := e.batch(t, batchBody(t, schedule("t.ok", "s1"), schedule("$SYS.x", "")), nil)
+	if errorCode(m) != "503" || !strings.Contains(m.Header.Get(micro.ErrorHeader), "nothing of the batch stored") {
+		t.Errorf("while stopping: %s %q, want 503", errorCode(m), m.Header.Get(micro.ErrorHeader))
+	}
+	if st.saw("s1") {
+		t.Error("stored while stopping")
+	}
+}
