@@ -15,10 +15,12 @@ import (
 )
 
 // TestMain runs more tests at once than go test's default of one per CPU:
-// the whole-daemon tests spend their time waiting (for timers to fall due,
-// leases to expire, servers to come back), each on its own redis-server and
-// nats-server, so a 2-core machine runs several side by side. An explicit
-// -parallel still wins. It removes the shared daemon binary at the end.
+// the tests of the binary (as the daemon suite in internal/daemon/systest,
+// whose TestMain does the same) spend their time waiting (for timers to
+// fall due, leases to expire, a killed process to be replaced), each on its
+// own redis-server and nats-server, so a 2-core machine runs several side
+// by side. An explicit -parallel still wins. It removes the shared daemon
+// binary at the end.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	explicit := false
