@@ -176,6 +176,12 @@ type intakeEnv struct {
 
 func startIntake(t *testing.T, st *intakeStore, mod ...func(*IntakeOptions)) *intakeEnv {
 	t.Helper()
+	return startIntakeWith(t, st, noInspector{}, mod...)
+}
+
+// startIntakeWith is startIntake whose operator endpoints read insp.
+func startIntakeWith(t *testing.T, st *intakeStore, insp Inspector, mod ...func(*IntakeOptions)) *intakeEnv {
+	t.Helper()
 	n := testutil.StartNATS(t)
 	opt := IntakeOptions{Subject: "delayd", Version: "0.0.0-test", Batch: 16, storeTimeout: 5 * time.Second, Policy: envelope.Policy{Prefix: "delayd"},
 		Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}}
@@ -187,7 +193,7 @@ func startIntake(t *testing.T, st *intakeStore, mod ...func(*IntakeOptions)) *in
 		t.Fatal(err)
 	}
 	e := &intakeEnv{st: st, wakes: &wakes{}, obs: &intakeCounts{}}
-	e.intake = NewIntake(inc, st, noInspector{}, e.wakes, e.obs, opt, hclog.NewNullLogger())
+	e.intake = NewIntake(inc, st, insp, e.wakes, e.obs, opt, hclog.NewNullLogger())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.intake.Run(ctx) }()
