@@ -433,6 +433,41 @@ func TestCancelOutcomes(t *testing.T) {
 	}
 }
 
+// `nats micro stats delayd` counts refusals as errors (they once showed
+// Errors 0 after 56 refused schedules), and a schedule's store failure,
+// answered after its handler returned where micro cannot count it, in the
+// schedule endpoint's data as late_errors with the last one.
+func TestMicroStatsCountErrors(t *testing.T) {
+	t.Parallel()
+	e := startIntake(t, &intakeStore{})
+	for range 5 {
+		if m := e.request(t, "delayd.schedule", nats.Header{envelope.HeaderDelay: {"1s"}}); errorCode(m) != "400" {
+			t.Fatalf("no target: %v, want 400", m.Header)
+		}
+	}
+	if m := e.request(t, "delayd.cancel", nats.Header{}); errorCode(m) != "400" {
+		t.Fatalf("cancel without an id: %v, want 400", m.Header)
+	}
+	if m := e.request(t, "delayd.schedule", schedule("t.notwritten", "n1")); errorCode(m) != "503" {
+		t.Fatalf("store down: %v, want 503", m.Header)
+	}
+	if m := e.request(t, "delayd.schedule", schedule("t.ok", "ok1")); errorCode(m) != "" {
+		t.Fatalf("stored: %v", m.Header)
+	}
+	sch, can := endpointStats(t, e.nc, "schedule"), endpointStats(t, e.nc, "cancel")
+	if sch.NumRequests != 7 || sch.NumErrors != 5 || !strings.Contains(sch.LastError, "400") || can.NumErrors != 1 {
+		t.Errorf("schedule %d requests, %d errors (last %q), cancel %d errors: want 7, 5 (a 400), 1",
+			sch.NumRequests, sch.NumErrors, sch.LastError, can.NumErrors)
+	}
+	var data struct {
+		LateErrors    int    `json:"late_errors"`
+		LastLateError string `json:"last_late_error"`
+	}
+	if err := json.Unmarshal(sch.Data, &data); err != nil || data.LateErrors != 1 || !strings.Contains(data.LastLateError, "nothing stored") {
+		t.Errorf("schedule data %s (%v): want late_errors 1, the 503", sch.Data, err)
+	}
+}
+
 // A request larger than intake.pending_bytes is still taken: the NATS
 // client's pending limit is raised to the server's max_payload (before, the
 // client dropped it as a slow consumer every time, and its publisher timed
