@@ -42,32 +42,6 @@ func applyDocsACL(t *testing.T, r *testutil.Redis, password string) {
 	}
 }
 
-// TestEvictionGuardUnderDocsACL: a daemon connected as the ACL user of
-// docs/security.md (the line read from the file) stops when the default
-// user switches Redis to an evicting policy, as operations.md promises.
-// The documented ACL once took INFO away (-@dangerous): the daemon logged
-// one NOPERM warning and never noticed the switch.
-func TestEvictionGuardUnderDocsACL(t *testing.T) {
-	t.Parallel()
-	e := daemontest.NewEnv(t)
-	applyDocsACL(t, e.Redis, "guard-pw")
-	c := e.Config()
-	c.Redis.Username, c.Redis.Password = "delayd", "guard-pw"
-	logs, done, _ := runDaemon(t, c)
-	e.WaitService(c.Subject)
-	if err := e.Redis.Client().ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "maxmemory-policy") || !strings.Contains(err.Error(), "allkeys-lru") {
-			t.Fatalf("want an error naming maxmemory-policy allkeys-lru, got %v\n%s", err, logs.String())
-		}
-	case <-time.After(40 * time.Second):
-		t.Fatalf("the daemon under the documented ACL kept running on an evicting Redis:\n%s", logs.String())
-	}
-}
-
 // TestEvictionGuardHiddenPolicy: a Redis that will not tell its policy
 // (the documented ACL before INFO was added to it) stops the daemon at
 // start, naming redis.eviction_check; with eviction_check: skip it runs,
@@ -127,59 +101,4 @@ func guardStates(m map[string]float64) map[string]float64 {
 		}
 	}
 	return out
-}
-
-// TestPersistenceReportUnderDocsACL: under the ACL of docs/security.md
-// CONFIG GET is refused, so appendfsync and the save rules cannot be read.
-// The start log once showed them empty, which read as "none": save="" and
-// a loss window of "everything: no AOF and no RDB snapshots" on a Redis
-// with `save 3600 1`, and "appendfsync , typically up to 30 s" with AOF
-// on. What cannot be read is said to be unknown, and what INFO tells
-// (AOF on or off, the snapshots made) is used.
-func TestPersistenceReportUnderDocsACL(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name      string
-		args      []string
-		want      []string
-		forbidden []string
-	}{
-		{name: "RDB snapshots", args: []string{"--save", "3600 1"},
-			want:      []string{`save="unknown (CONFIG GET refused)"`, "appendonly=no", "since the last RDB snapshot"},
-			forbidden: []string{`save=""`, "no AOF and no RDB snapshots"}},
-		{name: "AOF", args: []string{"--appendonly", "yes"},
-			want:      []string{`appendfsync="unknown (CONFIG GET refused)"`, "appendonly=yes"},
-			forbidden: []string{`appendfsync=""`, "appendfsync ,", "no AOF"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			e := daemontest.NewEnv(t, tc.args...)
-			applyDocsACL(t, e.Redis, "report-pw")
-			c := e.Config()
-			c.Redis.Username, c.Redis.Password = "delayd", "report-pw"
-			logs, _, _ := runDaemon(t, c)
-			e.WaitService(c.Subject)
-			var line string
-			for deadline := time.Now().Add(10 * time.Second); line == ""; time.Sleep(20 * time.Millisecond) {
-				for _, l := range strings.Split(logs.String(), "\n") {
-					if strings.Contains(l, "Redis persistence") {
-						line = l
-					}
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("no persistence report in the log:\n%s", logs.String())
-				}
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(line, w) {
-					t.Errorf("the report does not say %s:\n%s", w, line)
-				}
-			}
-			for _, f := range tc.forbidden {
-				if strings.Contains(line, f) {
-					t.Errorf("the report says %s:\n%s", f, line)
-				}
-			}
-		})
-	}
 }
