@@ -41,6 +41,7 @@ func TestOutcome(t *testing.T) {
 		occurrence    int64
 		dueMs         int64        // default redisNow - 1000
 		series        *recur.Rule  // nil: a one-shot
+		request       string       // the fingerprint of a publisher's one-shot (intake.dedupe_window)
 		undecodable   bool         // the stored value is garbage
 		noDeadSubject bool         // dead letters are not published
 		fail          error        // the publish result
@@ -48,6 +49,10 @@ func TestOutcome(t *testing.T) {
 		letter        bool         // a dead letter goes out
 	}{
 		{name: "delivered", attempt: 1, want: store.Settle{Outcome: store.Delivered}},
+		{name: "delivered: its request's tombstone answers a resend", attempt: 1, request: "f1",
+			want: store.Settle{Outcome: store.Delivered, Request: "f1", SinceMs: redisNow - 1000}},
+		{name: "not delivered: no tombstone", attempt: 1, request: "f1", fail: failed,
+			want: store.Settle{Outcome: store.Retry, Error: failed.Error(), RetryDelay: time.Second}},
 		{name: "postponed: never sent", attempt: 2, fail: unreachable,
 			want: store.Settle{Outcome: store.Postpone, Error: unreachable.Error()}},
 		{name: "postponed: stale", attempt: 3, fail: errStale,
@@ -101,7 +106,7 @@ func TestOutcome(t *testing.T) {
 			var d *envelope.Delivery
 			if !tc.undecodable {
 				d = &envelope.Delivery{ID: "a", Due: time.UnixMilli(due), Attempt: tc.attempt, Occurrence: tc.occurrence,
-					Envelope: envelope.Envelope{Target: "orders.x", Series: tc.series, Payload: []byte("p"),
+					Envelope: envelope.Envelope{Target: "orders.x", Series: tc.series, Payload: []byte("p"), Request: tc.request,
 						Header: map[string][]string{"Traceparent": {"00-1"}, "Nats-Msg-Id": {"forged"}}}}
 			}
 			got, letter := s.outcome(c, d, tc.fail)
