@@ -304,3 +304,45 @@ func TestStreamRefusalNewStream(t *testing.T) {
 		t.Errorf("%d deliveries counted delivered, the stream holds %d", ok, got)
 	}
 }
+
+// A JetStream target's delivery is confirmed by its PubAck: an error
+// PubAck (a stream full with discard new) or none at all (no stream
+// captures the subject: the server's no-responders status) fails the
+// delivery, and only that one, so it is retried and never counted
+// delivered.
+func TestJetStreamTargetErrorPubAckFails(t *testing.T) {
+	n := testutil.StartNATS(t)
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "FULL", Subjects: []string{"js.full"}, MaxMsgs: 1, Discard: jetstream.DiscardNew},
+		{Name: "OK", Subjects: []string{"js.ok"}},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{JetStream: []string{"js.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	proven(t, p)
+	targets := []string{"js.ok", "js.full", "js.full", "js.none", "js.ok"}
+	errs := p.Publish(ctx, deliveries(targets...))
+	for i, err := range errs {
+		wantFail := i == 2 || i == 3 // the second to the full stream; the one no stream captures
+		if (err != nil) != wantFail {
+			t.Errorf("%s (#%d): got %v, want failed: %v", targets[i], i, err, wantFail)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -227,5 +228,35 @@ func TestNoInterestStreamIsInterest(t *testing.T) {
 	}
 	if msgs != 20 {
 		t.Fatalf("stream holds %d messages, want 20", msgs)
+	}
+}
+
+// When whether a core delivery reached a subscriber cannot be known (the
+// batch's no-responders statuses were not all read: nats.go dropped some,
+// here one more than at the batch's start), no delivery of the batch
+// counts as delivered: each fails, as unknown rather than as no interest.
+func TestNoInterestUnknownIsNotDelivered(t *testing.T) {
+	n := testutil.StartNATS(t)
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ds := deliveries("a.x", "b.x")
+	b, dropped := p.interest.begin(ds, func(int) (bool, bool) { return false, false })
+	errs := make([]error, len(ds))
+	p.noInterest(ctx, b, ds, []kind{checkedCore, checkedCore}, errs, dropped+1)
+	p.interest.settle(ctx, b, 0)
+	for i, err := range errs {
+		if err == nil || errors.Is(err, scanner.ErrNoInterest) || !strings.Contains(err.Error(), "unknown") {
+			t.Errorf("#%d: got %v, want failed as unknown", i, err)
+		}
 	}
 }
