@@ -40,10 +40,22 @@ func (m mutation) mutate(dir string) (string, error) {
 	return strings.Replace(src, m.Old, m.New, 1), nil
 }
 
-// TestSnippetsCurrent keeps the table in step with the code (fast; runs
-// in the ordinary suite).
+// TestSnippetsCurrent keeps the table in step with the code and the
+// daemon suite (fast; runs in the ordinary suite).
 func TestSnippetsCurrent(t *testing.T) {
 	dir := root(t)
+	sys, err := filepath.Glob(filepath.Join(dir, "internal/daemon/systest/*_test.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var suite strings.Builder
+	for _, f := range sys {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		suite.Write(b)
+	}
 	names := map[string]bool{}
 	for _, m := range mutations {
 		if names[m.Name] {
@@ -52,6 +64,13 @@ func TestSnippetsCurrent(t *testing.T) {
 		names[m.Name] = true
 		if _, err := m.mutate(dir); err != nil {
 			t.Error(err)
+		}
+		// A daemon test renamed or deleted would leave its row quietly
+		// running nothing.
+		for _, name := range strings.Split(m.Sys, "|") {
+			if name != "" && !strings.Contains(suite.String(), "func "+name+"(") {
+				t.Errorf("mutation %s: no daemon test %s in internal/daemon/systest", m.Name, name)
+			}
 		}
 		if !strings.HasPrefix(m.File, "internal/scanner/") && !strings.HasPrefix(m.File, "internal/bridge/") {
 			t.Errorf("mutation %s: %s is outside the scanner and the bridge", m.Name, m.File)
