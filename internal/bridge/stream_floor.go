@@ -61,6 +61,11 @@ type boundConsumer struct {
 	stream   jetstream.Stream
 	purged   atomic.Uint64
 	purgedAt atomic.Int64 // ns
+	// lastFloor is the floor last read, trail the reads since it moved
+	// (trailAcks).
+	lastFloor atomic.Uint64
+	trail     atomic.Int32
+	unmarked  atomic.Bool // warned that the mark is gone
 }
 
 // startAfterFloor sets where the consumer cfg starts. An existing one
@@ -159,7 +164,27 @@ func (s *StreamIntake) saveFloor(ctx context.Context) bool {
 		return false
 	}
 	s.purgeWarned.Store(nil)
+	s.trailAcks(b, info.AckFloor.Stream, info.Delivered.Stream)
 	return true
+}
+
+// trailingChecks bounds the ticks a floor below what the consumer
+// delivered is read again without progress.
+const trailingChecks = 8
+
+// trailAcks keeps the floor read at the next ticks while it is below what
+// the consumer delivered: the last acks may have been on their way when it
+// was read, and would otherwise be saved (and purged) only at the next
+// settle, on an idle stream never. While the floor moves it keeps looking;
+// after trailingChecks ticks without progress (messages held, offered
+// again later: Redis down) it waits for the next settle.
+func (s *StreamIntake) trailAcks(b *boundConsumer, floor, delivered uint64) {
+	if floor > b.lastFloor.Swap(floor) {
+		b.trail.Store(0)
+	}
+	if floor < delivered && b.trail.Add(1) <= trailingChecks {
+		s.settled.Store(true)
+	}
 }
 
 // purge drops the messages of a stream delayd created at and below floor,
@@ -173,6 +198,23 @@ func (s *StreamIntake) purge(ctx context.Context, b *boundConsumer, floor uint64
 		}
 		return nil
 	}
+	// The stream as it is now, not as it was bound: an operator may have
+	// taken the mark off (it has other readers now), or the stream may
+	// have been made again since the floor was read (the floor is the old
+	// one's).
+	info, err := b.stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("read the stream before purging: %w", err)
+	}
+	if info.Config.Metadata[layoutKey] != layoutPurged || info.Created.UnixNano() != b.created {
+		b.purgedAt.Store(now) // look again no sooner than purgeEvery
+		if b.unmarked.CompareAndSwap(false, true) {
+			s.log.Warn("the intake stream lost delayd's layout mark or was made again: not purging it",
+				"stream", s.opt.Name, "metadata", info.Config.Metadata)
+		}
+		return nil
+	}
+	b.unmarked.Store(false)
 	if err := b.stream.Purge(ctx, jetstream.WithPurgeSequence(floor+1)); err != nil {
 		return fmt.Errorf("purge below the ack floor %d (needs $JS.API.STREAM.PURGE.%s): %w", floor, s.opt.Name, err)
 	}

@@ -649,3 +649,48 @@ func TestStreamIntakeWorkQueueLayout(t *testing.T) {
 	e.eventually("stored", func() bool { return e.pending() == 1 })
 	e.eventually("the stream is empty", func() bool { return e.streamLeft(js) == 0 })
 }
+
+// An operator who takes delayd's layout mark off a running stream (it has
+// readers of its own now) stops the purges at once, without a restart.
+func TestStreamIntakeStopsPurgingWhenUnmarked(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st)
+	js := e.js()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, "DELAYD_INTAKE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := func(from, n int) {
+		for i := from; i < from+n; i++ {
+			publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h",
+				envelope.HeaderID, fmt.Sprint("u-", i)), "x")
+		}
+	}
+	pub(0, 10)
+	e.eventually("the first ten purged", func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs == 0 && info.State.FirstSeq == 11
+	})
+	cfg := s.CachedInfo().Config
+	cfg.Metadata = map[string]string{"owner": "ops"}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pub(10, 10)
+	e.eventually("all twenty stored", func() bool { return e.pending() == 20 })
+	created := s.CachedInfo().Created.UnixNano()
+	e.eventually("the floor of all twenty saved", func() bool {
+		f, err := e.st.IntakeFloor(ctx, "DELAYD_INTAKE", created)
+		return err == nil && f == 20
+	})
+	// A purge would follow the save within purgeEvery: wait that out.
+	time.Sleep(2 * purgeEvery)
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 10 {
+		t.Fatalf("the unmarked stream holds %d messages, want the 10 published after the mark went", info.State.Msgs)
+	}
+}
