@@ -26,6 +26,12 @@ const (
 	HeaderBatch = "Delayd-Batch"
 	// BatchJSON is the one batch format, the value of Delayd-Batch.
 	BatchJSON = "json"
+	// MaxBatchDepth bounds how deep a batch body nests. An envelope needs
+	// four levels (the array, the envelope, its headers, a header's values);
+	// the rest is room for an unknown field, which is refused anyway. The
+	// reader refuses a deeper body before it descends, so a body of nothing
+	// but brackets costs neither stack nor memory.
+	MaxBatchDepth = 8
 )
 
 // BatchEntry is one envelope of a batch, as the publisher sent it: its
@@ -138,7 +144,7 @@ func (p *batchParser) array(maxEnvelopes int) ([]BatchEntry, error) {
 					out = make([]BatchEntry, 0, min(maxEnvelopes, 1+len(p.b)/64))
 				}
 				out = append(out, e)
-			} else if err := p.skip(); err != nil {
+			} else if err := p.skip(1); err != nil {
 				// Over the limit: only counted.
 				return nil, err
 			}
@@ -178,7 +184,7 @@ func (p *batchParser) entry(i int) (BatchEntry, error) {
 	}
 	if p.peek() != '{' {
 		bad(`not an object of "headers" and "payload"`)
-		return e, p.skip()
+		return e, p.skip(1)
 	}
 	p.i++
 	if p.peek() == '}' {
@@ -214,17 +220,17 @@ func (p *batchParser) entry(i int) (BatchEntry, error) {
 			}
 			e.Payload = e.Payload[:n]
 		case (key == "headers" || key == "payload") && c == 'n':
-			if err := p.skip(); err != nil { // null: none
+			if err := p.skip(2); err != nil { // null: none
 				return e, err
 			}
 		case key == "headers" || key == "payload":
 			bad("%q has the wrong type", key)
-			if err := p.skip(); err != nil {
+			if err := p.skip(2); err != nil {
 				return e, err
 			}
 		default:
 			bad("unknown field %q (an envelope has \"headers\" and \"payload\")", key)
-			if err := p.skip(); err != nil {
+			if err := p.skip(2); err != nil {
 				return e, err
 			}
 		}
@@ -293,7 +299,7 @@ func (p *batchParser) headers(e *BatchEntry, bad func(string, ...any)) error {
 			for {
 				if p.peek() != '"' {
 					bad("header %s: a value must be a string or an array of strings", k)
-					if err := p.skip(); err != nil {
+					if err := p.skip(4); err != nil {
 						return err
 					}
 				} else {
@@ -318,7 +324,7 @@ func (p *batchParser) headers(e *BatchEntry, bad func(string, ...any)) error {
 			}
 		default:
 			bad("header %s: a value must be a string or an array of strings", k)
-			if err := p.skip(); err != nil {
+			if err := p.skip(3); err != nil {
 				return err
 			}
 		}
@@ -470,65 +476,107 @@ func (p *batchParser) hex4() (rune, bool) {
 	return r, true
 }
 
-// skip reads past any JSON value, checking its syntax.
-func (p *batchParser) skip() error {
-	switch c := p.peek(); {
-	case c == '"':
-		_, err := p.bytes()
-		return err
-	case c == '{' || c == '[':
-		end := byte('}')
-		if c == '[' {
-			end = ']'
-		}
-		p.i++
-		if p.peek() == end {
-			p.i++
-			return nil
-		}
-		for {
-			if c == '{' {
-				if p.peek() != '"' {
-					return p.syntax("expected a key")
-				}
-				if _, err := p.bytes(); err != nil {
-					return err
-				}
-				if p.peek() != ':' {
-					return p.syntax("expected :")
-				}
-				p.i++
-			}
-			if err := p.skip(); err != nil {
+// skip reads past any JSON value, checking its syntax. depth is how many
+// arrays and objects hold the value; the value may nest to MaxBatchDepth
+// in all. It loops instead of recursing, with the closing brackets on a
+// fixed stack, so a deep body costs neither stack nor memory.
+func (p *batchParser) skip(depth int) error {
+	var open [MaxBatchDepth]byte // the closing bracket of each level open here
+	n := 0
+	for {
+		// A value.
+		switch c := p.peek(); {
+		case c == '"':
+			if _, err := p.bytes(); err != nil {
 				return err
 			}
-			switch p.peek() {
-			case ',':
+		case c == '{' || c == '[':
+			if depth+n >= MaxBatchDepth {
+				return p.tooDeep()
+			}
+			end := byte(']')
+			if c == '{' {
+				end = '}'
+			}
+			p.i++
+			if p.peek() == end {
 				p.i++
-				continue
-			case end:
+				break
+			}
+			open[n] = end
+			n++
+			if end == '}' {
+				if err := p.key(); err != nil {
+					return err
+				}
+			}
+			continue // its first member
+		case c == 't':
+			if err := p.word("true"); err != nil {
+				return err
+			}
+		case c == 'f':
+			if err := p.word("false"); err != nil {
+				return err
+			}
+		case c == 'n':
+			if err := p.word("null"); err != nil {
+				return err
+			}
+		case c == '-' || (c >= '0' && c <= '9'):
+			start := p.i
+			for p.i < len(p.b) && strings.IndexByte("+-.eE0123456789", p.b[p.i]) >= 0 {
 				p.i++
+			}
+			if !json.Valid(p.b[start:p.i]) {
+				return p.syntax("bad number")
+			}
+		default:
+			return p.syntax("expected a value")
+		}
+		// After a value: close what ends here, or go on to the next member.
+		for {
+			if n == 0 {
 				return nil
 			}
-			return p.syntax("expected , or " + string(end))
-		}
-	case c == 't':
-		return p.word("true")
-	case c == 'f':
-		return p.word("false")
-	case c == 'n':
-		return p.word("null")
-	case c == '-' || (c >= '0' && c <= '9'):
-		start := p.i
-		for p.i < len(p.b) && strings.IndexByte("+-.eE0123456789", p.b[p.i]) >= 0 {
+			end := open[n-1]
+			c := p.peek()
+			if c == end {
+				p.i++
+				n--
+				continue
+			}
+			if c != ',' {
+				return p.syntax("expected , or " + string(end))
+			}
 			p.i++
+			if end == '}' {
+				if err := p.key(); err != nil {
+					return err
+				}
+			}
+			break
 		}
-		if !json.Valid(p.b[start:p.i]) {
-			return p.syntax("bad number")
-		}
-		return nil
 	}
-	return p.syntax("expected a value")
+}
+
+// key reads an object's key and its colon.
+func (p *batchParser) key() error {
+	if p.peek() != '"' {
+		return p.syntax("expected a key")
+	}
+	if _, err := p.bytes(); err != nil {
+		return err
+	}
+	if p.peek() != ':' {
+		return p.syntax("expected :")
+	}
+	p.i++
+	return nil
+}
+
+func (p *batchParser) tooDeep() error {
+	return reject(CodeBadRequest, "the %s batch is nested deeper than %d levels at byte %d (an envelope needs 4): nothing of it was stored", BatchJSON, MaxBatchDepth, p.i)
 }
 
 func (p *batchParser) word(w string) error {

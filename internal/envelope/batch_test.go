@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -72,6 +73,41 @@ func TestParseBatch(t *testing.T) {
 	}
 }
 
+// A body nested deeper than an envelope needs is refused whole before the
+// reader descends: the reader once recursed once per bracket, so 1 MB of
+// "[" took 200 MB of stack and 8 MB overflowed it, crashing the daemon.
+func TestParseBatchDepth(t *testing.T) {
+	h := map[string][]string{HeaderBatch: {BatchJSON}}
+	deep := map[string][]byte{
+		"brackets":       bytes.Repeat([]byte("["), 1<<20),
+		"objects":        append([]byte("["), bytes.Repeat([]byte(`{"a":`), 1<<20/5)...),
+		"header value":   []byte(`[{"headers":{"X":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[`),
+		"over the limit": []byte(`[1,` + strings.Repeat("[", 1<<20)),
+	}
+	for name, body := range deep {
+		_, err := ParseBatch(h, body, 1)
+		if CodeOf(err) != CodeBadRequest || !strings.Contains(err.Error(), fmt.Sprintf("nested deeper than %d", MaxBatchDepth)) {
+			t.Errorf("%s: %v, want 400 nested deeper than %d", name, err, MaxBatchDepth)
+		}
+	}
+	// Nothing allocated per level: a deep body costs what a shallow one does.
+	shallow := testing.AllocsPerRun(5, func() { _, _ = ParseBatch(h, []byte(strings.Repeat("[", MaxBatchDepth+1)), 1) })
+	if n := testing.AllocsPerRun(5, func() { _, _ = ParseBatch(h, deep["brackets"], 1) }); n > shallow {
+		t.Errorf("%v allocations for 1 MB of [, %v for %d", n, shallow, MaxBatchDepth+1)
+	}
+	// The documented shape at its deepest, and unknown values up to the
+	// limit, still parse.
+	ok := `[{"headers":{"X":["1","2"]},"extra":` + strings.Repeat("[", MaxBatchDepth-2) + strings.Repeat("]", MaxBatchDepth-2) + `}]`
+	es, err := ParseBatch(h, []byte(ok), 1)
+	if err != nil || len(es) != 1 || CodeOf(es[0].Err) != CodeBadRequest {
+		t.Errorf("nested %d deep: %v %+v", MaxBatchDepth, err, es)
+	}
+	over := `[{"extra":` + strings.Repeat("[", MaxBatchDepth-1) + strings.Repeat("]", MaxBatchDepth-1) + `}]`
+	if _, err := ParseBatch(h, []byte(over), 1); CodeOf(err) != CodeBadRequest {
+		t.Errorf("nested %d deep: %v, want 400", MaxBatchDepth+1, err)
+	}
+}
+
 // BenchmarkParseBatch: what the JSON format costs per envelope (100
 // envelopes of 128 B, as the bench sends them).
 func BenchmarkParseBatch(b *testing.B) {
@@ -93,6 +129,8 @@ func FuzzParseBatch(f *testing.F) {
 	f.Add(batchOf(2, 3))
 	f.Add([]byte(`[{"headers":{"A":["1","2"],"B":"\u00e9\ud83d\ude00\n"},"payload":"aGk="},{"payload":null},[],"x",1.5e3,true]`))
 	f.Add([]byte(`[{"headers":{"A":"\ud800"}}]`))
+	f.Add(bytes.Repeat([]byte("["), 4096))
+	f.Add(append([]byte("["), bytes.Repeat([]byte(`{"a":`), 4096)...))
 	h := map[string][]string{HeaderBatch: {BatchJSON}}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		es, err := ParseBatch(h, body, 1000)
