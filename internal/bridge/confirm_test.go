@@ -40,15 +40,8 @@ func streamMsgs(t *testing.T, s jetstream.Stream) uint64 {
 // nothing learned from an earlier answer helps.
 func TestStreamRefusalFailsDelivery(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := daemonConn(t, n)
+	js := jsOf(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	streams := map[string]jetstream.Stream{}
@@ -150,11 +143,7 @@ func TestStreamRefusalFailsDelivery(t *testing.T) {
 // the victim, who listens the whole time, succeeds.
 func TestForgedStatusesChangeNothing(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := daemonConn(t, n)
 	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -260,15 +249,8 @@ func TestForgedStatusesChangeNothing(t *testing.T) {
 // interval in any case.
 func TestStreamRefusalNewStream(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := daemonConn(t, n)
+	js := jsOf(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	consumer, err := nats.Connect(n.URL())
@@ -312,15 +294,8 @@ func TestStreamRefusalNewStream(t *testing.T) {
 // delivered.
 func TestJetStreamTargetErrorPubAckFails(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := daemonConn(t, n)
+	js := jsOf(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, sc := range []jetstream.StreamConfig{
@@ -345,4 +320,26 @@ func TestJetStreamTargetErrorPubAckFails(t *testing.T) {
 			t.Errorf("%s (#%d): got %v, want failed: %v", targets[i], i, err, wantFail)
 		}
 	}
+}
+
+// daemonConn is a connection made as the daemon makes its own (Connect),
+// closed when the test ends.
+func daemonConn(t *testing.T, n *testutil.NATS) *nats.Conn {
+	t.Helper()
+	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// jsOf is JetStream on nc.
+func jsOf(t *testing.T, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

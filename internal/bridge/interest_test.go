@@ -123,11 +123,7 @@ func TestNoInterestAttributedWithinBatch(t *testing.T) {
 // makes the same target succeed.
 func TestNoInterestConcurrentBatches(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := daemonConn(t, n)
 	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -188,15 +184,8 @@ func TestNoInterestConcurrentBatches(t *testing.T) {
 // the reply subjects are read and dropped, batch after batch.
 func TestNoInterestStreamIsInterest(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := daemonConn(t, n)
+	js := jsOf(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAPTURED", Subjects: []string{"captured.>"}})
@@ -237,11 +226,7 @@ func TestNoInterestStreamIsInterest(t *testing.T) {
 // counts as delivered: each fails, as unknown rather than as no interest.
 func TestNoInterestUnknownIsNotDelivered(t *testing.T) {
 	n := testutil.StartNATS(t)
-	nc, err := Connect(n.URL(), "t", Auth{}, hclog.NewNullLogger(), nil, NewRefusals(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := daemonConn(t, n)
 	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})
 	if err != nil {
 		t.Fatal(err)
