@@ -43,7 +43,8 @@ type BatchResult struct {
 // The error is for the batch as a whole, and then no result is returned:
 // ErrUnavailable (nothing stored: no delayd answers, or it is stopping),
 // ErrTooLarge (over the daemon's intake.max_batch envelopes, default 1000,
-// or over the NATS server's max_payload: nothing sent), ErrBadRequest, or
+// or over the NATS server's max_payload: nothing sent; or its reply could
+// outgrow max_payload: nothing stored, send fewer), ErrBadRequest, or
 // ErrOutcomeUnknown when ctx ends before the reply. Then any envelope may
 // or may not be stored: resend the batch. That is safe only for envelopes
 // with an ID option (a resend replaces, or after the delivery is answered

@@ -9,8 +9,10 @@ package bridge
 
 import (
 	"encoding/json"
+	"fmt"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
@@ -66,8 +68,52 @@ type batchFailure struct {
 }
 
 func failureResult(id string, code int, msg string) []byte {
-	b, _ := json.Marshal(batchFailure{ID: id, Code: code, Error: msg})
+	b, _ := json.Marshal(batchFailure{ID: id, Code: code, Error: capText(msg)})
 	return b
+}
+
+// maxErrorText bounds an envelope's error text in a batch reply. The
+// refusals quote a publisher's values at most envelope.QuoteMax bytes
+// each; this is the backstop that keeps every refusal, whatever it
+// quotes, from crowding the others out of the reply's max_payload.
+const maxErrorText = 512
+
+// capText cuts msg to maxErrorText bytes, on a rune boundary, marked "…".
+func capText(msg string) string {
+	if len(msg) <= maxErrorText {
+		return msg
+	}
+	cut := maxErrorText - len("…")
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
+}
+
+// worstResult is the most bytes the result of a queued envelope of this id
+// can take: the longest store failure, a 504 that names the id twice,
+// outgrows a success (the id and a due time) and the 503s, which name no
+// id (TestWorstResult).
+func worstResult(id string) int {
+	n := len(id)
+	if !plainJSON(id) {
+		b, _ := json.Marshal(id)
+		n = len(b) - 2
+	}
+	return len(`{"id":"","code":504,"error":""}`) + len(notReplicatedMsg) + 2*n
+}
+
+// replyBound is the most bytes a batch's reply can take: the refusals as
+// they are, each queued envelope at its worst.
+func replyBound(results [][]byte, queued []pending) int {
+	n := len(`{"results":[]}`) + max(len(results)-1, 0)
+	for _, r := range results {
+		n += len(r)
+	}
+	for _, p := range queued {
+		n += worstResult(p.item.ID)
+	}
+	return n
 }
 
 // handleBatch takes a batch request: refused as a whole (nothing stored)
@@ -105,6 +151,14 @@ func (in *Intake) handleBatch(req micro.Request, h map[string][]string) {
 			continue
 		}
 		queued = append(queued, pending{item: it, group: g, idx: i, start: start})
+	}
+	if limit := in.nc.MaxPayload(); limit > 0 && int64(replyBound(g.results, queued)) > limit {
+		// Its reply could not be sent: refused whole before anything is
+		// stored, so the promise of one result per envelope holds.
+		in.count(envelope.CodeTooLarge)
+		in.reject(now(req), &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
+			"the reply to these %d envelopes could take %d bytes and would exceed max_payload %d: nothing of the batch stored, send fewer envelopes", len(entries), replyBound(g.results, queued), limit)})
+		return
 	}
 	if len(queued) > 0 {
 		if !in.gate.enter() {

@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // batchResult is one envelope's result in a batch reply.
@@ -178,5 +180,76 @@ func TestBatchWhileStopping(t *testing.T) {
 	}
 	if st.saw("s1") {
 		t.Error("stored while stopping")
+	}
+}
+
+// The reply holds one result per envelope, whatever the envelopes: each
+// refusal quotes at most a short prefix of a publisher's value, and a
+// batch whose reply could outgrow the server's max_payload (every valid
+// envelope answered with the longest 504) is refused whole with 413
+// before anything is stored. Before, such a reply was dropped ("nats:
+// maximum payload exceeded"): the client timed out on stored envelopes.
+func TestBatchReplyFitsMaxPayload(t *testing.T) {
+	t.Parallel()
+	const maxPayload = 64 << 10
+	st := &intakeStore{}
+	e := startIntakeOn(t, testutil.StartNATS(t, func(o *server.Options) { o.MaxPayload = maxPayload }), st, noInspector{})
+
+	// 50 targets of 1000 '>' (each 6 bytes in a JSON reply, \u003e): quoted
+	// whole, the refusals took 300 kB.
+	one := `{"headers":{"Delayd-Target":"t.` + strings.Repeat(">", 1000) + `","Delayd-Delay":"1m"}}`
+	res := batchResults(t, e.batch(t, []byte("["+strings.Repeat(one+",", 49)+one+"]"), nil))
+	if len(res) != 50 {
+		t.Fatalf("%d results for 50 envelopes", len(res))
+	}
+	for i, r := range res {
+		if r.Code != 400 || !strings.Contains(r.Error, "…") || len(r.Error) > 300 {
+			t.Fatalf("envelope %d: %d %q (%d bytes), want 400 quoting a short prefix", i, r.Code, r.Error, len(r.Error))
+		}
+	}
+
+	// 150 valid envelopes of 256-byte ids: the request is 50 kB, and their
+	// replies, 504 each naming its id twice, would take 105 kB.
+	hs := make([]nats.Header, 150)
+	for i := range hs {
+		hs[i] = schedule("t.notreplicated", fmt.Sprintf("%03d", i)+strings.Repeat("x", 253))
+	}
+	body := batchBody(t, hs...)
+	if len(body) >= maxPayload {
+		t.Fatalf("the request is %d bytes", len(body))
+	}
+	m := e.batch(t, body, nil)
+	if errorCode(m) != "413" || !strings.Contains(m.Header.Get(micro.ErrorHeader), fmt.Sprintf("would exceed max_payload %d", maxPayload)) {
+		t.Errorf("%s %q, want 413 the reply would exceed max_payload", errorCode(m), m.Header.Get(micro.ErrorHeader))
+	}
+	st.mu.Lock()
+	if len(st.seen) != 0 {
+		t.Errorf("stored %d envelopes of a batch refused whole", len(st.seen))
+	}
+	st.mu.Unlock()
+	// Fewer of them fit, and are stored.
+	if res := batchResults(t, e.batch(t, batchBody(t, hs[:50]...), nil)); len(res) != 50 || res[0].Code != 504 {
+		t.Errorf("50 envelopes: %d results, first %+v", len(res), res[0])
+	}
+}
+
+// worstResult bounds every result a queued envelope can get.
+func TestWorstResult(t *testing.T) {
+	for _, id := range []string{"a", strings.Repeat("x", 256), `<&>"\`, "é\x01"} {
+		w := worstResult(id)
+		for _, err := range []error{errNotWritten, errUnknown, errShortWait} {
+			code, msg, _ := storeFailure(id, err)
+			if n := len(failureResult(id, code, msg)); n > w {
+				t.Errorf("id %q: %v takes %d bytes, worst %d", id, err, n, w)
+			}
+		}
+		if n := len(failureResult("", 503, staleMsg)); n > w {
+			t.Errorf("id %q: the 503 takes %d bytes, worst %d", id, n, w)
+		}
+		for _, at := range []int64{0, 1_800_000_000_123, 253402300799999} {
+			if n := len(appendScheduled(nil, id, at)); n > w {
+				t.Errorf("id %q: stored takes %d bytes, worst %d", id, n, w)
+			}
+		}
 	}
 }

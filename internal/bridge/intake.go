@@ -259,13 +259,12 @@ func (in *Intake) flush(batch []pending) {
 	fresh := batch[:0]
 	for _, p := range batch {
 		if in.opt.Now().Sub(p.start) > in.opt.storeTimeout {
-			const msg = "store unavailable: waited too long for Redis, nothing stored"
 			in.count(envelope.CodeUnavailable)
 			if p.group != nil {
-				in.settleBatched(p, failureResult("", envelope.CodeUnavailable, msg))
+				in.settleBatched(p, failureResult("", envelope.CodeUnavailable, staleMsg))
 				continue
 			}
-			in.fail(p.reply, envelope.CodeUnavailable, msg)
+			in.fail(p.reply, envelope.CodeUnavailable, staleMsg)
 			in.replied(p.start)
 			in.held.release(p.bytes)
 			continue
@@ -383,10 +382,17 @@ func storeFailure(id string, err error) (int, string, []byte) {
 	b, _ := json.Marshal(unknownReply{ID: id})
 	msg := "store timed out: the envelope may or may not be stored; retry with Delayd-Id " + id
 	if errors.Is(err, store.ErrNotReplicated) {
-		msg = "not confirmed by the Redis replicas redis.wait_replicas asks for: written on the master, but a failover may lose it; retry with Delayd-Id " + id
+		msg = notReplicatedMsg + id
 	}
 	return codeOutcomeUnknown, msg, b
 }
+
+// The store's answers that do not depend on the request (but for the id
+// the longest ends with): worstResult sizes a batch's reply with them.
+const (
+	staleMsg         = "store unavailable: waited too long for Redis, nothing stored"
+	notReplicatedMsg = "not confirmed by the Redis replicas redis.wait_replicas asks for: written on the master, but a failover may lose it; retry with Delayd-Id "
+)
 
 // shortLogEvery is the least time between two warnings that requests get
 // 504 because the replicas did not confirm their writes.

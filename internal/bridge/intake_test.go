@@ -182,7 +182,12 @@ func startIntake(t *testing.T, st *intakeStore, mod ...func(*IntakeOptions)) *in
 // startIntakeWith is startIntake whose operator endpoints read insp.
 func startIntakeWith(t *testing.T, st *intakeStore, insp Inspector, mod ...func(*IntakeOptions)) *intakeEnv {
 	t.Helper()
-	n := testutil.StartNATS(t)
+	return startIntakeOn(t, testutil.StartNATS(t), st, insp, mod...)
+}
+
+// startIntakeOn is startIntakeWith on the NATS server n.
+func startIntakeOn(t *testing.T, n *testutil.NATS, st *intakeStore, insp Inspector, mod ...func(*IntakeOptions)) *intakeEnv {
+	t.Helper()
 	opt := IntakeOptions{Subject: "delayd", Version: "0.0.0-test", Batch: 16, storeTimeout: 5 * time.Second, Policy: envelope.Policy{Prefix: "delayd"},
 		Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}}
 	for _, m := range mod {

@@ -77,13 +77,13 @@ func IsBatch(h map[string][]string) (string, bool) {
 func ParseBatch(h map[string][]string, body []byte, maxEnvelopes int) ([]BatchEntry, error) {
 	for k, vs := range h {
 		if !strings.EqualFold(k, HeaderBatch) {
-			return nil, reject(CodeBadRequest, "a batch carries its headers in each envelope: header %q is not allowed on the batch message", k)
+			return nil, reject(CodeBadRequest, "a batch carries its headers in each envelope: header %s is not allowed on the batch message", Quote(k))
 		}
 		if len(vs) != 1 {
 			return nil, reject(CodeBadRequest, "header %s must appear exactly once", HeaderBatch)
 		}
 		if f := strings.TrimSpace(vs[0]); f != BatchJSON {
-			return nil, reject(CodeBadRequest, "%s %q is not a batch format delayd knows (%q)", HeaderBatch, f, BatchJSON)
+			return nil, reject(CodeBadRequest, "%s %s is not a batch format delayd knows (%q)", HeaderBatch, Quote(f), BatchJSON)
 		}
 	}
 	p := batchParser{b: body}
@@ -229,7 +229,7 @@ func (p *batchParser) entry(i int) (BatchEntry, error) {
 				return e, err
 			}
 		default:
-			bad("unknown field %q (an envelope has \"headers\" and \"payload\")", key)
+			bad("unknown field %s (an envelope has \"headers\" and \"payload\")", Quote(key))
 			if err := p.skip(2); err != nil {
 				return e, err
 			}
@@ -272,7 +272,7 @@ func (p *batchParser) headers(e *BatchEntry, bad func(string, ...any)) error {
 			k = string(kb)
 		}
 		if !validHeaderName(k) {
-			bad("header name %q is not a NATS header name", k)
+			bad("header name %s is not a NATS header name", Quote(k))
 		}
 		if p.peek() != ':' {
 			return p.syntax("expected :")

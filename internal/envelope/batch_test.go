@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // batchOf is a JSON batch of n envelopes with payloads of size bytes.
@@ -170,4 +172,22 @@ func FuzzParseBatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// An error quotes at most QuoteMax bytes of a publisher's value.
+func TestQuote(t *testing.T) {
+	for in, want := range map[string]string{
+		"orders.cancel":                `"orders.cancel"`,
+		strings.Repeat(">", 1000):      strconv.Quote(strings.Repeat(">", QuoteMax) + "…"),
+		strings.Repeat("é", 100):       strconv.Quote(strings.Repeat("é", QuoteMax/2) + "…"),
+		"x" + strings.Repeat("é", 100): strconv.Quote("x" + strings.Repeat("é", (QuoteMax-1)/2) + "…"),
+	} {
+		if got := Quote(in); got != want {
+			t.Errorf("Quote(%d bytes) = %s, want %s", len(in), got, want)
+		}
+	}
+	_, err := ParseSchedule(map[string][]string{HeaderTarget: {"t." + strings.Repeat(">", 1000)}, HeaderDelay: {"1m"}}, nil, Limits{}, Policy{}, time.Now())
+	if err == nil || len(err.Error()) > 200 {
+		t.Errorf("a long target's refusal: %v", err)
+	}
 }

@@ -73,6 +73,24 @@ func reject(code int, format string, args ...any) error {
 	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
 }
 
+// QuoteMax bounds the bytes of a publisher's value an error quotes: a
+// refusal names the value without echoing a megabyte of it, and a batch's
+// reply, one refusal per envelope, stays small (docs/protocol.md).
+const QuoteMax = 64
+
+// Quote is s quoted as %q does, cut to its first QuoteMax bytes (on a rune
+// boundary) and marked "…" when longer.
+func Quote(s string) string {
+	if len(s) > QuoteMax {
+		cut := QuoteMax
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return strconv.Quote(s)
+}
+
 // CodeOf returns the protocol code of err: the code of an *Error, else 503,
 // because anything else is the store or the network failing, not the caller.
 func CodeOf(err error) int {
@@ -192,7 +210,7 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 	case r.Target == "":
 		return r, reject(CodeBadRequest, "missing header %s", HeaderTarget)
 	case !ValidTarget(r.Target):
-		return r, reject(CodeBadRequest, "%s %q is not a literal subject (no wildcards, empty tokens or spaces)", HeaderTarget, r.Target)
+		return r, reject(CodeBadRequest, "%s %s is not a literal subject (no wildcards, empty tokens or spaces)", HeaderTarget, Quote(r.Target))
 	}
 	if err := pol.Check(r.Target); err != nil {
 		return r, err
@@ -218,7 +236,7 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 	case w.kind == slotAt:
 		t, err := time.Parse(time.RFC3339Nano, w.value)
 		if err != nil {
-			return r, reject(CodeBadRequest, "%s %q is not an RFC 3339 time", w.name, w.value)
+			return r, reject(CodeBadRequest, "%s %s is not an RFC 3339 time", w.name, Quote(w.value))
 		}
 		if err := inRange(w.name, t); err != nil {
 			return r, err
@@ -237,9 +255,9 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 		d, err := time.ParseDuration(w.value)
 		switch {
 		case err != nil:
-			return r, reject(CodeBadRequest, "%s %q is not a duration like 30m or 1500ms", HeaderDelay, w.value)
+			return r, reject(CodeBadRequest, "%s %s is not a duration like 30m or 1500ms", HeaderDelay, Quote(w.value))
 		case d < 0:
-			return r, reject(CodeBadRequest, "%s %q is negative", HeaderDelay, w.value)
+			return r, reject(CodeBadRequest, "%s %s is negative", HeaderDelay, Quote(w.value))
 		case d > lim.MaxDelay:
 			return r, reject(CodeBadRequest, "%s %s is over the limit of %s", HeaderDelay, d, lim.MaxDelay)
 		}
@@ -289,7 +307,7 @@ next:
 				continue next
 			}
 		}
-		return reject(CodeBadRequest, "header %q is refused: Nats-* headers are set by delayd or by the operator (headers.allow_nats), not by publishers", k)
+		return reject(CodeBadRequest, "header %s is refused: Nats-* headers are set by delayd or by the operator (headers.allow_nats), not by publishers", Quote(k))
 	}
 	return nil
 }
@@ -399,7 +417,7 @@ func splitHeaders(h map[string][]string, lim Limits) (control, map[string][]stri
 			}
 			switch {
 			case slot < 0 && delayd:
-				return ctl, nil, reject(CodeBadRequest, "unknown control header %q", k)
+				return ctl, nil, reject(CodeBadRequest, "unknown control header %s", Quote(k))
 			case slot < 0:
 				return ctl, nil, reject(CodeBadRequest, "%s is not supported by delayd: of the NATS message schedule headers (ADR-51) it reads %s, %s and %s",
 					k, HeaderNATSSchedule, HeaderNATSScheduleTarget, HeaderNATSScheduleTimeZone)

@@ -107,7 +107,7 @@ func parseSeries(r *Request, c control, w when, lim Limits, now time.Time) error
 		d, err := time.ParseDuration(w.value)
 		switch {
 		case err != nil:
-			return reject(CodeBadRequest, "%s %q is not a duration like 1m or 1h30m", w.name, w.value)
+			return reject(CodeBadRequest, "%s %s is not a duration like 1m or 1h30m", w.name, Quote(w.value))
 		case d < recur.MinEvery:
 			return reject(CodeBadRequest, "%s %s is under the minimum of %s", w.name, d, recur.MinEvery)
 		case d > lim.MaxDelay:
@@ -136,12 +136,12 @@ func parseSeries(r *Request, c control, w when, lim Limits, now time.Time) error
 	}
 	if v, ok := c.get(slotCount); ok {
 		if rule.Count, err = strconv.ParseInt(v, 10, 64); err != nil || rule.Count <= 0 {
-			return reject(CodeBadRequest, "%s %q is not a positive integer", HeaderCount, v)
+			return reject(CodeBadRequest, "%s %s is not a positive integer", HeaderCount, Quote(v))
 		}
 	}
 	if v, ok := c.get(slotCatchUp); ok {
 		if rule.CatchUp, err = recur.ParseCatchUp(v); err != nil {
-			return reject(CodeBadRequest, "%s %q is neither one nor all", HeaderCatchUp, v)
+			return reject(CodeBadRequest, "%s %s is neither one nor all", HeaderCatchUp, Quote(v))
 		}
 	}
 	if err := rule.Validate(); err != nil {
@@ -170,7 +170,7 @@ func parseSeries(r *Request, c control, w when, lim Limits, now time.Time) error
 func parseBound(name, v string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
-		return t, reject(CodeBadRequest, "%s %q is not an RFC 3339 time", name, v)
+		return t, reject(CodeBadRequest, "%s %s is not an RFC 3339 time", name, Quote(v))
 	}
 	return t, inRange(name, t)
 }

@@ -128,7 +128,7 @@ var fixedDeny = []Rule{
 
 // refuse is the 403 of a target that rule r refuses.
 func (r Rule) refuse(target string) error {
-	return reject(CodeForbidden, "target %q is refused by the built-in rule %s (%s)", target, r.Name, r.Why)
+	return reject(CodeForbidden, "target %s is refused by the built-in rule %s (%s)", Quote(target), r.Name, r.Why)
 }
 
 // ownDeny is the rule for delayd's own subjects under prefix.
@@ -156,11 +156,11 @@ func (p Policy) Check(target string) error {
 		return ownDeny(p.Prefix).refuse(target)
 	}
 	if len(p.Allow) > 0 && !p.allowed(target) {
-		return reject(CodeForbidden, "target %q matches no targets.allow pattern", target)
+		return reject(CodeForbidden, "target %s matches no targets.allow pattern", Quote(target))
 	}
 	for _, d := range p.Deny {
 		if Match(d, target) {
-			return reject(CodeForbidden, "target %q is refused by targets.deny %q", target, d)
+			return reject(CodeForbidden, "target %s is refused by targets.deny %q", Quote(target), d)
 		}
 	}
 	return nil
