@@ -75,6 +75,9 @@ func TestParseBatch(t *testing.T) {
 	}
 }
 
+// raceEnabled: the test binary is built with -race (race_test.go).
+var raceEnabled bool
+
 // A body nested deeper than an envelope needs is refused whole before the
 // reader descends: the reader once recursed once per bracket, so 1 MB of
 // "[" took 200 MB of stack and 8 MB overflowed it, crashing the daemon.
@@ -93,8 +96,11 @@ func TestParseBatchDepth(t *testing.T) {
 		}
 	}
 	// Nothing allocated per level: a deep body costs what a shallow one does.
-	shallow := testing.AllocsPerRun(5, func() { _, _ = ParseBatch(h, []byte(strings.Repeat("[", MaxBatchDepth+1)), 1) })
-	if n := testing.AllocsPerRun(5, func() { _, _ = ParseBatch(h, deep["brackets"], 1) }); n > shallow {
+	// (The shallow body's error is past byte 255 too: a smaller offset is
+	// boxed for the message without an allocation.)
+	shallowBody := []byte("[" + strings.Repeat(" ", 300) + strings.Repeat("[", MaxBatchDepth))
+	shallow := testing.AllocsPerRun(5, func() { _, _ = ParseBatch(h, shallowBody, 1) })
+	if n := testing.AllocsPerRun(5, func() { _, _ = ParseBatch(h, deep["brackets"], 1) }); n > shallow && !raceEnabled {
 		t.Errorf("%v allocations for 1 MB of [, %v for %d", n, shallow, MaxBatchDepth+1)
 	}
 	// The documented shape at its deepest, and unknown values up to the
