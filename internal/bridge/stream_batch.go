@@ -108,8 +108,7 @@ func (s *StreamIntake) rejectEntry(m jetstream.Msg, i int, e envelope.BatchEntry
 			h[k] = v
 		}
 	}
-	h.Set(envelope.HeaderError, "envelope "+strconv.Itoa(i)+" of a batch: "+err.Error())
-	h.Set(headerErrorCode, strconv.Itoa(code))
+	setRejection(h, "envelope "+strconv.Itoa(i)+" of a batch: "+err.Error(), code)
 	if perr := s.nc.PublishMsg(&nats.Msg{Subject: rejectedSubject(s.opt.Subject), Header: h, Data: e.Payload}); perr != nil {
 		s.log.Warn("publishing a rejected envelope failed", "error", perr)
 	}

@@ -111,8 +111,7 @@ func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 			h[k] = v
 		}
 	}
-	h.Set(envelope.HeaderError, err.Error())
-	h.Set(headerErrorCode, strconv.Itoa(code))
+	setRejection(h, err.Error(), code)
 	if perr := s.nc.PublishMsg(&nats.Msg{Subject: rejectedSubject(s.opt.Subject), Header: h, Data: m.Data()}); perr != nil {
 		s.log.Warn("publishing a rejected envelope failed", "error", perr)
 	}
@@ -129,6 +128,20 @@ func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 // headerErrorCode carries the protocol code (400, 403, 413) of a rejected
 // stream envelope, next to Delayd-Error.
 const headerErrorCode = "Delayd-Error-Code"
+
+// setRejection sets Delayd-Error and Delayd-Error-Code on a rejected copy,
+// deleting first every spelling of them the publisher sent: NATS headers
+// keep their case, so a forged "delayd-error-code: 200" would otherwise
+// ride along next to delayd's own.
+func setRejection(h nats.Header, msg string, code int) {
+	for k := range h {
+		if strings.EqualFold(k, envelope.HeaderError) || strings.EqualFold(k, headerErrorCode) {
+			delete(h, k)
+		}
+	}
+	h[envelope.HeaderError] = []string{msg}
+	h[headerErrorCode] = []string{strconv.Itoa(code)}
+}
 
 func resultOfCode(code int) string {
 	switch code {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -692,5 +693,47 @@ func TestStreamIntakeStopsPurgingWhenUnmarked(t *testing.T) {
 	}
 	if info.State.Msgs != 10 {
 		t.Fatalf("the unmarked stream holds %d messages, want the 10 published after the mark went", info.State.Msgs)
+	}
+}
+
+// A rejected copy carries delayd's Delayd-Error and Delayd-Error-Code
+// alone: a publisher's own, in any case, is dropped (a lower-case
+// delayd-error-code: 200 rode along next to the 400), and an envelope of
+// a batch is named once ("envelope 1 of a batch: envelope 1: ..." before).
+func TestStreamIntakeRejectedCopyHeaders(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st)
+	nc := e.conn()
+	rejected := make(chan *nats.Msg, 10)
+	if _, err := nc.ChanSubscribe("delayd.rejected", rejected); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	js := e.js()
+	forged := nats.Header{envelope.HeaderTarget: {"orders.a"}, envelope.HeaderDelay: {"1h"},
+		"delayd-error-code": {"200"}, "DELAYD-ERROR": {"all fine"}}
+	body := string(batchBody(t, forged))
+	body = body[:len(body)-1] + `,42]`
+	publish(t, js, "delayd.intake", hdr(envelope.HeaderBatch, envelope.BatchJSON), body)
+	publish(t, js, "delayd.intake", forged, "single")
+	for range 3 {
+		m := <-rejected
+		var codes, errs []string
+		for k, v := range m.Header {
+			if strings.EqualFold(k, headerErrorCode) {
+				codes = append(codes, v...)
+			}
+			if strings.EqualFold(k, envelope.HeaderError) {
+				errs = append(errs, v...)
+			}
+		}
+		if len(codes) != 1 || codes[0] != "400" || len(errs) != 1 || errs[0] == "all fine" {
+			t.Errorf("rejected copy %q: codes %q, errors %q; want only delayd's 400", m.Data, codes, errs)
+		}
+		if len(errs) == 1 && strings.Count(errs[0], "envelope ") > 1 {
+			t.Errorf("the envelope named twice: %s", errs[0])
+		}
 	}
 }

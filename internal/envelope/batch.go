@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"unicode"
 	"unicode/utf16"
@@ -136,7 +135,7 @@ func (p *batchParser) array(maxEnvelopes int) ([]BatchEntry, error) {
 	} else {
 		for {
 			if n < maxEnvelopes {
-				e, err := p.entry(n)
+				e, err := p.entry()
 				if err != nil {
 					return nil, err
 				}
@@ -173,13 +172,15 @@ func (p *batchParser) array(maxEnvelopes int) ([]BatchEntry, error) {
 	return out, nil
 }
 
-// entry reads envelope i. A value of the wrong shape refuses the envelope
-// (BatchEntry.Err); only a syntax error, returned, refuses the batch.
-func (p *batchParser) entry(i int) (BatchEntry, error) {
+// entry reads an envelope. A value of the wrong shape refuses the
+// envelope (BatchEntry.Err); only a syntax error, returned, refuses the
+// batch. The error does not name the envelope: its place does (the
+// reply's order, or "envelope i of a batch" on the rejected copy).
+func (p *batchParser) entry() (BatchEntry, error) {
 	var e BatchEntry
 	bad := func(format string, args ...any) {
 		if e.Err == nil {
-			e.Err = reject(CodeBadRequest, "envelope %d: %s", i, fmt.Sprintf(format, args...))
+			e.Err = reject(CodeBadRequest, format, args...)
 		}
 	}
 	if p.peek() != '{' {
