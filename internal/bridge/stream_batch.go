@@ -102,16 +102,7 @@ func (s *StreamIntake) handleBatch(m jetstream.Msg, h nats.Header, meta *jetstre
 func (s *StreamIntake) rejectEntry(m jetstream.Msg, i int, e envelope.BatchEntry, err error) {
 	code := envelope.CodeOf(err)
 	s.count(resultOfCode(code), 1)
-	h := make(nats.Header, len(e.Header)+3)
-	for k, v := range e.Header {
-		if !envelope.IsNATSHeader(k) {
-			h[k] = v
-		}
-	}
-	setRejection(h, "envelope "+strconv.Itoa(i)+" of a batch: "+err.Error(), code)
-	if perr := s.nc.PublishMsg(&nats.Msg{Subject: rejectedSubject(s.opt.Subject), Header: h, Data: e.Payload}); perr != nil {
-		s.log.Warn("publishing a rejected envelope failed", "error", perr)
-	}
+	s.publishRejected(e.Header, e.Payload, "envelope "+strconv.Itoa(i)+" of a batch: "+err.Error(), code)
 	s.log.Warn("rejected an envelope of a stream batch", "code", code, "error", err, "index", i, "subject", m.Subject())
 }
 

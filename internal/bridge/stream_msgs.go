@@ -103,18 +103,7 @@ func (s *StreamIntake) reject(m jetstream.Msg, err error) {
 	// Counted first: whoever sees the copy on <prefix>.rejected sees the
 	// count too.
 	s.count(resultOfCode(code), 1)
-	h := make(nats.Header, len(m.Headers())+2)
-	for k, v := range m.Headers() {
-		// The copy goes out with delayd's rights: no Nats-* header of the
-		// publisher's (a forged dedup id, a TTL, an expectation) rides along.
-		if !envelope.IsNATSHeader(k) {
-			h[k] = v
-		}
-	}
-	setRejection(h, err.Error(), code)
-	if perr := s.nc.PublishMsg(&nats.Msg{Subject: rejectedSubject(s.opt.Subject), Header: h, Data: m.Data()}); perr != nil {
-		s.log.Warn("publishing a rejected envelope failed", "error", perr)
-	}
+	s.publishRejected(m.Headers(), m.Data(), err.Error(), code)
 	// Plain Term: nats-server before 2.11 does not know "+TERM <reason>"
 	// and would redeliver the message for ever. The reason is on the
 	// rejected copy and in the log.
@@ -133,6 +122,41 @@ const headerErrorCode = "Delayd-Error-Code"
 // deleting first every spelling of them the publisher sent: NATS headers
 // keep their case, so a forged "delayd-error-code: 200" would otherwise
 // ride along next to delayd's own.
+// headerRejectedBytes, on a rejected copy without its payload, is how many
+// bytes the payload had.
+const headerRejectedBytes = "Delayd-Rejected-Bytes"
+
+// publishRejected publishes a refused envelope's copy to <prefix>.rejected:
+// its headers and payload with Delayd-Error and Delayd-Error-Code. A copy
+// NATS cannot take as it is (its payload near max_payload leaves no room
+// for the error headers; a header name NATS cannot encode) goes as the
+// error, the code and the payload's size alone: the envelope is refused
+// and terminated either way, and must not vanish into a log line.
+func (s *StreamIntake) publishRejected(src map[string][]string, data []byte, msg string, code int) {
+	h := make(nats.Header, len(src)+2)
+	for k, v := range src {
+		// The copy goes out with delayd's rights: no Nats-* header of the
+		// publisher's (a forged dedup id, a TTL, an expectation) rides along.
+		if !envelope.IsNATSHeader(k) {
+			h[k] = v
+		}
+	}
+	setRejection(h, msg, code)
+	subject := rejectedSubject(s.opt.Subject)
+	perr := s.nc.PublishMsg(&nats.Msg{Subject: subject, Header: h, Data: data})
+	if perr == nil {
+		return
+	}
+	bare := nats.Header{}
+	setRejection(bare, msg+"; the copy's headers and payload were dropped: "+perr.Error(), code)
+	bare.Set(headerRejectedBytes, strconv.Itoa(len(data)))
+	if err := s.nc.PublishMsg(&nats.Msg{Subject: subject, Header: bare}); err != nil {
+		s.log.Warn("publishing a rejected envelope failed", "error", err, "first_error", perr)
+		return
+	}
+	s.log.Warn("published a rejected envelope without its headers and payload", "error", perr, "payload_bytes", len(data))
+}
+
 func setRejection(h nats.Header, msg string, code int) {
 	for k := range h {
 		if strings.EqualFold(k, envelope.HeaderError) || strings.EqualFold(k, headerErrorCode) {

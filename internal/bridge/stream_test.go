@@ -737,3 +737,33 @@ func TestStreamIntakeRejectedCopyHeaders(t *testing.T) {
 		}
 	}
 }
+
+// A refused stream message whose copy cannot be published as it is (its
+// payload near max_payload leaves no room for delayd's error headers)
+// still reaches delayd.rejected: as its error, code and size alone, never
+// only a line in the log.
+func TestStreamIntakeRejectedCopyTooLarge(t *testing.T) {
+	e := newStreamEnv(t, func(o *server.Options) { o.MaxPayload = 8192 })
+	e.start(e.st)
+	nc := e.conn()
+	rejected := make(chan *nats.Msg, 10)
+	if _, err := nc.ChanSubscribe("delayd.rejected", rejected); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	js := e.js()
+	h := hdr(envelope.HeaderTarget, "orders.>", envelope.HeaderDelay, "1s")
+	payload := strings.Repeat("x", 8192-100) // room for its own headers, not the error
+	publish(t, js, "delayd.intake", h, payload)
+	select {
+	case m := <-rejected:
+		if m.Header.Get(headerErrorCode) != "400" || !strings.Contains(m.Header.Get(envelope.HeaderError), "dropped") ||
+			m.Header.Get(headerRejectedBytes) != strconv.Itoa(len(payload)) || len(m.Data) != 0 {
+			t.Fatalf("rejected copy: %v, %d bytes", m.Header, len(m.Data))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no copy on delayd.rejected")
+	}
+}
