@@ -109,6 +109,20 @@ func (e *streamEnv) start(st StreamStore, mod ...func(*StreamOptions)) (stop fun
 	return stop
 }
 
+// rejected subscribes to delayd.rejected, the copies of refused envelopes.
+func (e *streamEnv) rejected() <-chan *nats.Msg {
+	e.t.Helper()
+	nc := e.conn()
+	ch := make(chan *nats.Msg, 10)
+	if _, err := nc.ChanSubscribe("delayd.rejected", ch); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		e.t.Fatal(err)
+	}
+	return ch
+}
+
 // waitStream waits until the stream and its consumer exist.
 func (e *streamEnv) waitStream() {
 	e.t.Helper()
@@ -225,14 +239,7 @@ func TestStreamIntakeStoresWhatWaited(t *testing.T) {
 func TestStreamIntakeRejects(t *testing.T) {
 	e := newStreamEnv(t)
 	e.start(e.st, func(o *StreamOptions) { o.Policy = envelope.Policy{Prefix: "delayd", Deny: []string{"secret.>"}} })
-	nc := e.conn()
-	rejected := make(chan *nats.Msg, 10)
-	if _, err := nc.ChanSubscribe("delayd.rejected", rejected); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	rejected := e.rejected()
 	js := e.js()
 	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.>", envelope.HeaderDelay, "1s", "X-Trace", "t1"), "bad target")
 	publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "secret.x", envelope.HeaderDelay, "1s"), "denied")
@@ -514,14 +521,7 @@ func TestStreamIntakeBatch(t *testing.T) {
 	e := newStreamEnv(t)
 	u := &unknownOnce{Store: e.st}
 	e.start(u, func(o *StreamOptions) { o.Batch = 2; o.MaxBatch = 5 })
-	nc := e.conn()
-	rejected := make(chan *nats.Msg, 10)
-	if _, err := nc.ChanSubscribe("delayd.rejected", rejected); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	rejected := e.rejected()
 	js := e.js()
 	body := batchBody(t,
 		hdr(envelope.HeaderTarget, "orders.a", envelope.HeaderDelay, "1h", envelope.HeaderID, "sb1"),
@@ -703,14 +703,7 @@ func TestStreamIntakeStopsPurgingWhenUnmarked(t *testing.T) {
 func TestStreamIntakeRejectedCopyHeaders(t *testing.T) {
 	e := newStreamEnv(t)
 	e.start(e.st)
-	nc := e.conn()
-	rejected := make(chan *nats.Msg, 10)
-	if _, err := nc.ChanSubscribe("delayd.rejected", rejected); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	rejected := e.rejected()
 	js := e.js()
 	forged := nats.Header{envelope.HeaderTarget: {"orders.a"}, envelope.HeaderDelay: {"1h"},
 		"delayd-error-code": {"200"}, "DELAYD-ERROR": {"all fine"}}
@@ -745,14 +738,7 @@ func TestStreamIntakeRejectedCopyHeaders(t *testing.T) {
 func TestStreamIntakeRejectedCopyTooLarge(t *testing.T) {
 	e := newStreamEnv(t, func(o *server.Options) { o.MaxPayload = 8192 })
 	e.start(e.st)
-	nc := e.conn()
-	rejected := make(chan *nats.Msg, 10)
-	if _, err := nc.ChanSubscribe("delayd.rejected", rejected); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	rejected := e.rejected()
 	js := e.js()
 	h := hdr(envelope.HeaderTarget, "orders.>", envelope.HeaderDelay, "1s")
 	payload := strings.Repeat("x", 8192-100) // room for its own headers, not the error
