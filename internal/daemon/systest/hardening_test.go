@@ -129,6 +129,10 @@ func TestSlowPathIsDownNotAttempts(t *testing.T) {
 	c.Ownership.TTL = 5 * time.Second
 	e.StartDaemon(c)
 	st := e.InspectStore(c)
+	// Serving is not owning: the fault must find the shards held (and
+	// the inbox proven), or there is nothing to give up and /readyz
+	// names whatever it was still waiting for (two CI failures).
+	waitOwned(t, st)
 	nc := e.Conn() // direct, not through the proxy
 	defer nc.Close()
 	got := e.Sink(nc, "slow.flush")
@@ -550,6 +554,7 @@ func TestCancelAfterUnconfirmedAttemptSaysInFlight(t *testing.T) {
 	c.Scanner.Lease, c.Ownership.TTL = 3600*time.Millisecond, 10*time.Second
 	c.Targets.FireAndForget = []string{"slow.cancel"}
 	e.StartDaemon(c)
+	waitOwned(t, e.InspectStore(c)) // the shards held before the path slows
 	nc := e.Conn()
 	defer nc.Close()
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "slow.cancel", "Delayd-Delay", "1s", "Delayd-Id", "sc"))
