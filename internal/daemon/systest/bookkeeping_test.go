@@ -28,6 +28,9 @@ func TestReplayCarriesTheNextAttempt(t *testing.T) {
 	c.HTTP.SampleInterval = 50 * time.Millisecond
 	c.Targets.JetStream = []string{"later.>"}
 	e.StartDaemon(c)
+	// Serving is not delivering: until the inbox is proven and the shards
+	// are held, tries are outages, which count no attempt.
+	e.WaitReady(c)
 	nc := e.Conn()
 	defer nc.Close()
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "later.once", "Delayd-Delay", "10ms", "Delayd-Id", "once"))
@@ -36,7 +39,7 @@ func TestReplayCarriesTheNextAttempt(t *testing.T) {
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "later.gone", "Delayd-Delay", "10ms", "Delayd-Id", "gone"))
 	st := e.InspectStore(c)
 	for _, id := range []string{"once", "every", "gone"} {
-		if en := waitState(t, st, id, store.StateDead, 10*time.Second); en.Attempts != 2 {
+		if en := waitState(t, st, id, store.StateDead, 20*time.Second); en.Attempts != 2 {
 			t.Fatalf("%s dead after %d attempts, want 2", id, en.Attempts)
 		}
 	}
