@@ -216,15 +216,7 @@ func schedule(ctx context.Context, clients []*conn, w Workload, how sendMode, pr
 		}()
 	}
 	wg.Wait()
-	took := time.Since(t0)
-	first := ""
-	if p := firstErr.Load(); p != nil {
-		first = (*p).Error()
-	}
-	if n := rejected.Load(); n == int64(w.Count) {
-		return took, int(n), first, fmt.Errorf("bench: every request failed, first: %s", first)
-	}
-	return took, int(rejected.Load()), first, nil
+	return outcome(time.Since(t0), &rejected, &firstErr, w.Count, "request")
 }
 
 // scheduleBatches is schedule with batch requests: each worker takes the
@@ -277,15 +269,22 @@ func scheduleBatches(ctx context.Context, clients []*conn, w Workload, n int, pr
 		}()
 	}
 	wg.Wait()
-	took := time.Since(t0)
+	return outcome(time.Since(t0), &rejected, &firstErr, w.Count, "envelope")
+}
+
+// outcome is what a schedule run returns: its time, how many were
+// rejected and the first rejection, and an error when every one (each a
+// request or an envelope) was.
+func outcome(took time.Duration, rejected *atomic.Int64, firstErr *atomic.Pointer[error], count int, each string) (time.Duration, int, string, error) {
 	first := ""
 	if p := firstErr.Load(); p != nil {
 		first = (*p).Error()
 	}
-	if r := rejected.Load(); r == int64(w.Count) {
-		return took, int(r), first, fmt.Errorf("bench: every envelope failed, first: %s", first)
+	n := rejected.Load()
+	if n == int64(count) {
+		return took, int(n), first, fmt.Errorf("bench: every %s failed, first: %s", each, first)
 	}
-	return took, int(rejected.Load()), first, nil
+	return took, int(n), first, nil
 }
 
 // recorder keeps the first lateness of each envelope and counts copies.
