@@ -34,8 +34,11 @@ func TestReplayCarriesTheNextAttempt(t *testing.T) {
 	nc := e.Conn()
 	defer nc.Close()
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "later.once", "Delayd-Delay", "10ms", "Delayd-Id", "once"))
+	// A Start already past when the request is stored moves the first
+	// occurrence to Start + 1h (protocol.md): 1 s of margin, not 20 ms,
+	// which a CI run under load overran.
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "later.every", "Delayd-Every", "1h", "Delayd-Start",
-		time.Now().Add(20*time.Millisecond).UTC().Format(time.RFC3339Nano), "Delayd-Id", "every"))
+		time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano), "Delayd-Id", "every"))
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "later.gone", "Delayd-Delay", "10ms", "Delayd-Id", "gone"))
 	st := e.InspectStore(c)
 	for _, id := range []string{"once", "every", "gone"} {
