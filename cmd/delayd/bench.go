@@ -39,6 +39,7 @@ func benchCommand(o cliIO) *cli.Command {
 			&cli.BoolFlag{Name: "compare", Usage: "also run NATS JetStream message schedules (ADR-51) on the same workload, on an in-process nats-server, and print both side by side, with what one call costs one requester alone"},
 			&cli.IntFlag{Name: "one-requester", Value: bench.OneRequesterCalls, Usage: "with --compare, time this many calls in a row from one requester alone, beside an echo (0: skip)"},
 			&cli.StringSliceFlag{Name: "child-set", Usage: "with --local or --embedded, set a config key of the delayd child, e.g. --child-set targets.fire_and_forget=delayd.bench.> to measure without the interest check (repeatable)"},
+			&cli.StringFlag{Name: "child-binary", Usage: "with --local, run this delayd binary as the child instead of the bench's own, to compare builds with one bench (its \"run\" must take the flags --local passes)", TakesFile: true},
 			&cli.StringFlag{Name: "child-cpuprofile", Usage: "with --local or --embedded, the delayd child writes a CPU profile to this file", TakesFile: true},
 			&cli.IntFlag{Name: "max-pending", Value: 4096, Usage: "most unacknowledged async publishes per connection (--stream, --compare)"},
 			&cli.IntFlag{Name: "batch", Usage: "send batch requests of this many envelopes (ScheduleBatch, header Delayd-Batch) instead of one request per envelope; the intake rate counts envelopes, the baseline the echo's requests"},
@@ -75,9 +76,12 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if opts.OneRequester < 0 {
 		return usageErr(cmd, "--one-requester must be 0 (skip) or positive")
 	}
-	childSet, childProfile := cmd.StringSlice("child-set"), cmd.String("child-cpuprofile")
+	childSet, childProfile, childBinary := cmd.StringSlice("child-set"), cmd.String("child-cpuprofile"), cmd.String("child-binary")
 	if (len(childSet) > 0 || childProfile != "") && !local && !embedded {
 		return usageErr(cmd, "--child-set and --child-cpuprofile need a child: add --local or --embedded")
+	}
+	if childBinary != "" && !local {
+		return usageErr(cmd, "--child-binary needs --local")
 	}
 	if err := bench.CheckChildSet(childSet); err != nil {
 		return usageErr(cmd, "%v", err)
@@ -96,6 +100,9 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		self, err := os.Executable()
 		if err != nil {
 			return err
+		}
+		if childBinary != "" {
+			self = childBinary
 		}
 		opts.Child = &bench.ChildOptions{Binary: self, Embedded: embedded, RedisAddrs: c.Redis.Addrs,
 			Inherit: inheritedArgs(cmd), Set: childSet, CPUProfile: childProfile, Stderr: o.stderr,

@@ -142,6 +142,18 @@ func TestBenchChildSet(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "need a child") {
 		t.Fatalf("--child-set without a child: err %v\n%s", err, out)
 	}
+	// --child-binary runs another build as the child (to compare builds
+	// with one bench); only with --local.
+	if out, err = exec.Command(bin, append(args, "--child-binary", "/nonexistent/delayd")...).CombinedOutput(); err == nil || !strings.Contains(string(out), "/nonexistent/delayd") {
+		t.Fatalf("--child-binary of a missing file: err %v\n%s", err, out)
+	}
+	if out, err = exec.Command(bin, append(args, "--child-binary", bin)...).CombinedOutput(); err != nil {
+		t.Fatalf("--child-binary of this build: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, "bench", "--nats-url", e.NATS.URL(), "--child-binary", bin).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--child-binary needs --local") {
+		t.Fatalf("--child-binary without --local: err %v\n%s", err, out)
+	}
 	// The child reads the bench's --set (and --config): here its Redis
 	// database, where the bench then deletes what the child wrote.
 	if out, err = exec.Command(bin, append(args, "--set", "redis.db=3")...).CombinedOutput(); err != nil {

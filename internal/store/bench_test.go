@@ -74,7 +74,7 @@ func sizeName(n int) string {
 // and the redis.calls per envelope.
 func BenchmarkSchedule(b *testing.B) {
 	for _, n := range pendingSizes(b) {
-		for _, per := range []int{12, 64} {
+		for _, per := range []int{1, 12, 64} {
 			b.Run("pending="+sizeName(n)+"/per-op="+strconv.Itoa(per), func(b *testing.B) {
 				s, r := benchStore(b)
 				fill(b, s, n, "p")
