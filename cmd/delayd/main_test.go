@@ -146,6 +146,10 @@ func TestCIRunsTheReadmeTestCommand(t *testing.T) {
 // Upgrading).
 const previousRelease = "9095ff6"
 
+// beforeIntegerLeases is the last commit before stored format 3 (integer
+// lease scores): the daemon that rolling upgrade meets.
+const beforeIntegerLeases = "5f3b025"
+
 // releases are daemon binaries built from earlier commits, once per run;
 // TestMain removes their source trees.
 var (
@@ -169,7 +173,13 @@ func releaseBinary(t testing.TB, commit string) string {
 		}
 		bin := filepath.Join(src, "delayd-"+commit)
 		cmd := exec.Command("go", "build", "-o", bin, "./cmd/delayd")
-		cmd.Dir, cmd.Env = src, append(os.Environ(), "GOWORK=off")
+		// A commit with a workspace (the client a module of its own since
+		// 0.2.0) builds in it; one without, alone.
+		work := "GOWORK=off"
+		if _, err := os.Stat(filepath.Join(src, "go.work")); err == nil {
+			work = "GOWORK=" + filepath.Join(src, "go.work")
+		}
+		cmd.Dir, cmd.Env = src, append(os.Environ(), work)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("go build at %s: %v\n%s", commit, err, out)
 		}

@@ -196,8 +196,8 @@ func TestFormatsOfAMixedFleet(t *testing.T) {
 			t.Fatalf("%s writes format %d (%v), want %d", id, got, err, want)
 		}
 	}
-	agree(older, "old", FormatHeader)
-	agree(newer, "new", FormatHeader)
+	agree(older, "old", newestFormat)
+	agree(newer, "new", newestFormat)
 	schedule(t, newer, Item{ID: "f2", Absolute: true, AtMicros: 1000, Data: enc("two")})
 	if _, err := older.AgreeFormats(ctx, "old", 0); err != nil {
 		t.Fatal(err)

@@ -20,8 +20,8 @@ type Claimed struct {
 	// a one-shot.
 	Occurrence int64
 	Data       []byte
-	// Token names the claim (its lease score): only a settle with it
-	// changes the envelope.
+	// Token names the claim (its lease score, in either form: keys.go):
+	// only a settle with it changes the envelope.
 	Token string
 }
 
@@ -82,7 +82,7 @@ type ClaimOptions struct {
 // If some shards' Redis nodes fail (a Cluster master down), it returns the
 // results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
-	hint, known := s.hint(), int(markOf(s.newest))+1
+	hint, known, format := s.hint(), int(markOf(s.newest))+1, int(s.write.Load())
 	var share int64
 	first, over := 0, 0 // shards first.. (wrapping) may hand out one envelope beyond their share
 	if o.Bytes > 0 && len(shards) > 0 {
@@ -101,7 +101,7 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	calls := make([]claimArgs, len(shards))
 	for i, sh := range shards {
 		calls[i] = claimArgs{shard: &s.keys[sh], batch: o.Batch, leaseMs: o.Lease.Milliseconds(), hint: hint, knownMark: known,
-			share: share, oversize: oversize(i)}
+			share: share, oversize: oversize(i), format: format}
 	}
 	res, perr := exec(ctx, s, OpClaim, calls)
 	if perr != nil {

@@ -64,7 +64,7 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	switch {
 	case inflight.Err() == nil:
 		// The attempt under way counts too.
-		e.State, e.DueMs, e.Attempts = StateInflight, int64(inflight.Val()), e.Attempts+1
+		e.State, e.DueMs, e.Attempts = StateInflight, leaseEnd(inflight.Val()), e.Attempts+1
 	case dead.Err() == nil:
 		e.State, e.DueMs = StateDead, int64(dead.Val())
 	default:

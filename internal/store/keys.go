@@ -14,7 +14,7 @@ import (
 // Invariants of one shard's keys (checked by Check and the model test):
 //   - every data entry is in exactly one of due, inflight, dead;
 //   - every due, inflight or dead member has a data entry;
-//   - every inflight score has a fractional part (its claim token);
+//   - every inflight score is a claim token, in either form (inflight);
 //   - attempts and errors entries exist only beside data;
 //   - the counted attempts n never go down, except that a replace starts
 //     them over (a new version), and b <= n;
@@ -24,10 +24,16 @@ import (
 // script that stops part-way can leave, for Check to find and repair.
 type shardKeys struct {
 	due string // ZSET id → due ms (whole milliseconds)
-	// inflight: ZSET id → the claim's token, its lease score: the lease
-	// expiry in ms plus a fraction k/1000 (never whole). A settle names
-	// that score, so a stale daemon whose lease expired, or whose envelope
-	// was replaced or cancelled meanwhile, changes nothing.
+	// inflight: ZSET id → the claim's token, its lease score, in one of
+	// two forms: from format 3 (FormatIntegerLeases) on the token as a
+	// whole number, lease expiry ms × 1000 + k, never a multiple of 1000
+	// (above leaseSplit); written by format 2, the lease expiry in ms plus
+	// the fraction k/1000 (never whole, below leaseSplit). Whole scores are
+	// listpack integers, which Redis compares without parsing. Both forms
+	// can share the set during and after a rolling upgrade, so claim.lua
+	// looks for expired leases in two ranges, and every script reads both.
+	// A settle names that score, so a stale daemon whose lease expired, or
+	// whose envelope was replaced or cancelled meanwhile, changes nothing.
 	inflight string
 	// data: HASH id → the stored value: a header with the original due
 	// time (and, for a series, the pending occurrence), then the encoded
@@ -75,6 +81,19 @@ type shardKeys struct {
 	fence string // STRING
 	// all is list's answer, built once: every script call passes it.
 	all []string
+}
+
+// leaseSplit parts the two forms of lease scores (inflight, above): a
+// fractional expiry in ms lies below it until the year 5138, a whole token
+// (expiry ms × 1000 + k) above it since 1973. lua/prelude.lua has the same.
+const leaseSplit = 1e14
+
+// leaseEnd is the lease expiry in ms of a lease score of either form.
+func leaseEnd(score float64) int64 {
+	if score >= leaseSplit {
+		return int64(score) / 1000
+	}
+	return int64(score)
 }
 
 func keysFor(ns string, shard int) shardKeys {

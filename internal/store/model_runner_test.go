@@ -19,8 +19,11 @@ import (
 // The runner.
 
 type mRunner struct {
-	ctx        context.Context
-	s          *Store
+	ctx context.Context
+	s   *Store
+	// whole is s as a daemon of a fleet that agreed on format 3: its
+	// claims write whole lease scores, s's fractional ones (format 2).
+	whole      *Store
 	rc         *redis.Client
 	m          *mModel
 	prev       []mShard
@@ -35,7 +38,9 @@ type mRunner struct {
 }
 
 func newMRunner(ctx context.Context, s *Store, rc *redis.Client, checkEvery int, tracing bool) (*mRunner, error) {
-	r := &mRunner{ctx: ctx, s: s, rc: rc, checkEvery: checkEvery, tracing: tracing, seen: map[string]int{},
+	whole := New(s.rdb, s.ns, s.shards, WithTokenHint(s.hint))
+	whole.write.Store(FormatIntegerLeases)
+	r := &mRunner{ctx: ctx, s: s, whole: whole, rc: rc, checkEvery: checkEvery, tracing: tracing, seen: map[string]int{},
 		m: &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3), leased: map[int]bool{}, tokens: map[string]bool{}}}
 	var err error
 	r.prev, _, err = readKeyspace(ctx, rc, s)
@@ -179,7 +184,11 @@ func (r *mRunner) claim(o mOp) error {
 	if shards == nil {
 		shards = []int{0, 1, 2}
 	}
-	res, err := r.s.Claim(r.ctx, shards, ClaimOptions{Batch: o.batch, Lease: time.Duration(o.lease) * time.Millisecond, Bytes: o.bytes})
+	by := r.s
+	if o.whole {
+		by = r.whole
+	}
+	res, err := by.Claim(r.ctx, shards, ClaimOptions{Batch: o.batch, Lease: time.Duration(o.lease) * time.Millisecond, Bytes: o.bytes})
 	if err != nil {
 		return err
 	}
@@ -217,6 +226,9 @@ func (r *mRunner) claim(o mOp) error {
 			if e.at == mInflight {
 				expired++
 				r.seen["expired lease re-claimed"]++
+				if strings.Contains(e.token, ".") != strings.Contains(c.Token, ".") {
+					r.seen["expired lease re-claimed in the other form"]++
+				}
 			} else if e.attempt > 0 {
 				r.seen["retried id re-claimed"]++
 			} else {
@@ -228,11 +240,16 @@ func (r *mRunner) claim(o mOp) error {
 		if len(cr.Items) > 0 {
 			// A token is never handed out twice in a shard, whatever the
 			// hint (the model narrows it to provoke that).
+			// A token is one number in either form (expiry ms × 1000 + k).
 			tok := cr.Items[0].Token
-			if r.m.tokens[strconv.Itoa(shards[i])+"/"+tok] {
+			if (strings.Contains(tok, ".")) == o.whole {
+				return fmt.Errorf("claim of shard %d at %d: token %s, want whole %v", shards[i], now, tok, o.whole)
+			}
+			key := strconv.Itoa(shards[i]) + "/" + strconv.FormatInt(tokenNumber(tok), 10)
+			if r.m.tokens[key] {
 				return fmt.Errorf("claim of shard %d at %d: token %s handed out before", shards[i], now, tok)
 			}
-			r.m.tokens[strconv.Itoa(shards[i])+"/"+tok] = true
+			r.m.tokens[key] = true
 			r.m.leased[shards[i]] = true
 		}
 		if cr.Expired != expired {
@@ -423,7 +440,7 @@ func (r *mRunner) race(o mOp) error {
 		if i == 1 {
 			lease -= min(time.Since(first).Milliseconds(), raceSlack)
 		}
-		if err := r.claim(mOp{kind: opClaim, daemon: d, batch: 8, lease: lease, shards: sh}); err != nil {
+		if err := r.claim(mOp{kind: opClaim, daemon: d, batch: 8, lease: lease, shards: sh, whole: o.whole}); err != nil {
 			return err
 		}
 		first = time.Now()

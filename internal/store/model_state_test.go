@@ -106,8 +106,8 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 		if !e.exact {
 			return nil, fmt.Errorf("model: score of %q not known", id)
 		}
-		// A lease score has its token as a fraction above e.score: it is
-		// claimable from the next millisecond on.
+		// A lease score is its token, in either form, whose expiry is
+		// e.score: it is claimable from the next millisecond on.
 		if e.score > now || (e.at == mInflight && e.score == now) {
 			continue
 		}
@@ -119,6 +119,8 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 		}
 	}
 	// ZSET order: by score, a lease's with its token, then bytewise by id.
+	// A fractional lease score is below every whole one: the claim takes
+	// the expired fractional leases first.
 	score := func(e *mEntry) float64 {
 		if e.at == mInflight {
 			tok, _ := strconv.ParseFloat(e.token, 64)
@@ -189,6 +191,28 @@ func (m *mModel) next(shard int, p mPlace) int64 {
 	return low
 }
 
+// isLeaseToken: a lease score of either form (keys.go, inflight): a
+// fraction below leaseSplit, or above it a whole number that is no
+// multiple of 1000.
+func isLeaseToken(l float64) bool {
+	if l < leaseSplit {
+		return l > 0 && l != math.Trunc(l)
+	}
+	return l == math.Trunc(l) && int64(l)%1000 != 0
+}
+
+// tokenNumber is a token of either form as one number, expiry ms × 1000 +
+// k.
+func tokenNumber(tok string) int64 {
+	if ms, k, ok := strings.Cut(tok, "."); ok {
+		a, _ := strconv.ParseInt(ms, 10, 64)
+		b, _ := strconv.ParseInt(k, 10, 64)
+		return a*1000 + b
+	}
+	n, _ := strconv.ParseInt(tok, 10, 64)
+	return n
+}
+
 // mShard is one shard's keys as read directly from Redis.
 type mShard struct {
 	due, inflight, dead  map[string]int64
@@ -223,6 +247,7 @@ func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []
 			for _, m := range c.Val() {
 				z[i][m.Member.(string)] = int64(m.Score)
 				if i == 1 {
+					z[i][m.Member.(string)] = leaseEnd(m.Score)
 					leases[m.Member.(string)] = m.Score
 				}
 			}
@@ -294,7 +319,7 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 			}
 		}
 		for id, l := range st.leases {
-			if l == math.Trunc(l) {
+			if !isLeaseToken(l) {
 				bad(sh, "inflight %q has a lease score without a token: %v", id, l)
 			}
 		}
@@ -358,7 +383,7 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 			}
 		}
 		if e.at == mInflight {
-			if tok, err := strconv.ParseFloat(e.token, 64); err != nil || st.leases[id] != tok || int64(tok) != e.score || tok == math.Trunc(tok) {
+			if tok, err := strconv.ParseFloat(e.token, 64); err != nil || st.leases[id] != tok || leaseEnd(tok) != e.score || !isLeaseToken(tok) {
 				bad("%q: lease score %v, model %d with token %q", id, st.leases[id], e.score, e.token)
 			}
 		}

@@ -254,6 +254,7 @@ type mOp struct {
 	lease   int64    // claim, ms
 	bytes   int64    // claim: the byte budget, 0 for none
 	shards  []int    // claim: nil is every shard
+	whole   bool     // claim, race: by daemons writing format 3 (whole lease scores)
 	seed    uint64   // settle: picks the items, their outcomes and errors
 	all     bool     // settle: every item delivered
 	retry   int64    // settle, ms
@@ -295,7 +296,11 @@ func (o mOp) String() string {
 		if o.shards != nil {
 			on = fmt.Sprintf("shards %v", o.shards)
 		}
-		return fmt.Sprintf("claim by d%d of %s, batch %d, lease %dms, %d bytes", o.daemon, on, o.batch, o.lease, o.bytes)
+		form := "fractional"
+		if o.whole {
+			form = "whole"
+		}
+		return fmt.Sprintf("claim by d%d of %s, batch %d, lease %dms, %d bytes, %s lease scores", o.daemon, on, o.batch, o.lease, o.bytes, form)
 	case opSettle:
 		how := fmt.Sprintf("some items (seed %#x)", o.seed)
 		if o.all {
@@ -358,7 +363,7 @@ func (g *mGen) next(m *mModel) mOp {
 		if g.rng.IntN(2) == 0 {
 			lease = hourMs
 		}
-		o := mOp{kind: opClaim, daemon: g.rng.IntN(g.daemons), batch: 1 + g.rng.IntN(8), lease: lease}
+		o := mOp{kind: opClaim, daemon: g.rng.IntN(g.daemons), batch: 1 + g.rng.IntN(8), lease: lease, whole: g.rng.IntN(2) == 0}
 		if g.rng.IntN(4) == 0 {
 			o.bytes = 1 + g.rng.Int64N(150) // values are 14 to 25 bytes: a few per shard
 		}
@@ -402,7 +407,7 @@ func (g *mGen) drain(m *mModel) mOp {
 			return mOp{kind: opSettle, all: true}
 		}
 	}
-	return mOp{kind: opClaim, batch: bigBatch}
+	return mOp{kind: opClaim, batch: bigBatch, whole: g.rng.IntN(2) == 0}
 }
 
 func (g *mGen) schedule(from []string, n int) mOp {
@@ -420,7 +425,7 @@ func (g *mGen) schedule(from []string, n int) mOp {
 // race draws an opRace on an id of the pool.
 func (g *mGen) race() mOp {
 	id := g.pool[g.rng.IntN(len(g.pool))]
-	o := mOp{kind: opRace, daemon: g.rng.IntN(g.daemons), other: g.rng.IntN(g.daemons), lease: hourMs}
+	o := mOp{kind: opRace, daemon: g.rng.IntN(g.daemons), other: g.rng.IntN(g.daemons), lease: hourMs, whole: g.rng.IntN(2) == 0}
 	for range 2 {
 		g.seq++
 		o.items = append(o.items, mItem{id: id, data: id + "#" + strconv.Itoa(g.seq)})
@@ -450,7 +455,7 @@ func (g *mGen) fault() mOp {
 	case 1:
 		inner = mOp{kind: opCancel, ids: g.pick(ids, 1)}
 	case 2:
-		inner = mOp{kind: opClaim, shards: []int{sh}, batch: 8}
+		inner = mOp{kind: opClaim, shards: []int{sh}, batch: 8, whole: g.rng.IntN(2) == 0}
 	case 3:
 		inner = mOp{kind: opAckIDs, ids: g.pick(ids, 2), outcome: mOutcomes[g.rng.IntN(len(mOutcomes))]}
 	case 4:

@@ -84,10 +84,11 @@ func formatsKey(ns string) string { return membersKey(ns) + ":formats" }
 
 // AgreeFormats announces the newest format daemon id reads, for ttl (0:
 // leave), and sets the format this store writes to the newest one that
-// every live daemon reads. A daemon of the version before this rule
-// announces nothing and reads only FormatBare, which no version writes any
-// more: it is not waited for (the one-time exception in the Upgrading
-// section of docs/operations.md). It returns the format written from now on.
+// every live daemon reads. A scanning daemon of the release before this
+// rule (0.1.0) announces nothing; it reads format 2's values and only
+// fractional lease scores, so while one is a live member the store writes
+// format 2 (see also PlainAttempts). It returns the format written from
+// now on.
 func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) (int, error) {
 	me := strconv.Itoa(s.newest) + ":" + id
 	// The heartbeat's script: a ZSET of announcements with their expiry.
@@ -109,15 +110,16 @@ func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) 
 		}
 		announced[member] = true
 	}
-	s.write.Store(int32(w))
 	// A live member that announces no format is a daemon of the release
 	// before the format switch (9095ff6 and earlier): it reads an attempts
 	// entry only as "n", and would take a replay's "n/b" for 0 and deliver
-	// the envelope as attempt 1. While one lives, Replay refuses.
+	// the envelope as attempt 1. While one lives, Replay refuses. It
+	// re-leases only fractional lease scores: format 2 is written.
 	members, err := s.rdb.ZRangeWithScores(ctx, membersKey(s.ns), 0, -1).Result()
 	if err != nil {
 		s.failed(err)
-		return w, fmt.Errorf("store: read the members: %w", err)
+		s.write.Store(int32(min(w, int(s.write.Load()))))
+		return int(s.write.Load()), fmt.Errorf("store: read the members: %w", err)
 	}
 	now := float64(reply.nowMs)
 	legacy := false
@@ -125,6 +127,10 @@ func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) 
 		id, _ := m.Member.(string)
 		legacy = legacy || (m.Score > now && !announced[id])
 	}
+	if legacy {
+		w = min(w, FormatHeader)
+	}
+	s.write.Store(int32(w))
 	s.plainAttempts.Store(legacy)
 	return w, nil
 }

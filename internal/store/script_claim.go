@@ -29,6 +29,9 @@ type claimArgs struct {
 	// first envelope out even if it alone is larger.
 	share    int64
 	oversize bool
+	// format is the stored format the fleet writes: from
+	// FormatIntegerLeases on, lease scores are whole tokens.
+	format int
 }
 
 func (claimArgs) script() *script { return claimScript }
@@ -38,7 +41,7 @@ func (a claimArgs) encode() call {
 	if a.oversize {
 		over = "1"
 	}
-	return call{keys: a.shard.list(), argv: []any{a.batch, a.leaseMs, a.hint, a.knownMark, a.share, over}}
+	return call{keys: a.shard.list(), argv: []any{a.batch, a.leaseMs, a.hint, a.knownMark, a.share, over, a.format}}
 }
 
 // claimReply is claim.lua's answer.

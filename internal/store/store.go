@@ -55,9 +55,11 @@ type Store struct {
 // Option configures a Store.
 type Option func(*Store)
 
-// WithNewestFormat makes the store read formats up to f (FormatHeader, or
-// one more, which only tests define) and write it once every live daemon
-// reads it: it stands in for the next version in tests of mixed fleets.
+// WithNewestFormat makes the store announce that it reads formats up to f
+// (FormatHeader, FormatIntegerLeases, or one more, which only tests
+// define) and write f once every live daemon reads it: it stands in for
+// an older or the next version in tests of mixed fleets. (Whatever f, the
+// scripts read both forms of lease scores.)
 func WithNewestFormat(f int) Option {
 	return func(s *Store) { s.newest = min(max(f, FormatHeader), formatNext) }
 }
@@ -87,7 +89,7 @@ func WithResendMemory(d time.Duration) Option {
 func New(rdb redis.UniversalClient, ns string, shards int, opts ...Option) *Store {
 	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Store{rdb: rdb, ns: ns, shards: shards, keys: make([]shardKeys, shards), cluster: cluster,
-		newest: FormatHeader, hint: func() int { return 1 + rand.IntN(991) }, seenFor: 5 * time.Minute}
+		newest: newestFormat, hint: func() int { return 1 + rand.IntN(991) }, seenFor: 5 * time.Minute}
 	for _, o := range opts {
 		o(s)
 	}

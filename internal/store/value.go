@@ -21,13 +21,16 @@ const (
 	seriesValueHeader = 11
 )
 
-// Stored formats. A value's format is told by its first byte: below 0xF0
-// an envelope without the header (format 1), else 2 + (byte - 0xF0) / 2,
-// each format with a one-shot and a series mark. A daemon reads every
-// format up to the newest it knows, and writes the newest that every live
-// daemon reads (AgreeFormats), so a rolling upgrade that brings a new
-// format never meets a daemon that cannot read what it finds; a daemon
-// that meets a newer format anyway (a rollback) leaves it alone.
+// Stored formats. A format is a version of what the scripts write: the
+// values, and since format 3 the lease scores. A value's format is told by
+// its first byte: below 0xF0 an envelope without the header (format 1),
+// 0xF0 and 0xF1 format 2, whose layout format 3 keeps (it changed the lease
+// scores only), and each later format that changes the layout takes the
+// next pair of marks (markOf). A daemon reads every format up to the
+// newest it knows, and writes the newest that every live daemon reads
+// (AgreeFormats), so a rolling upgrade that brings a new format never meets
+// a daemon that cannot read what it finds; a daemon that meets a newer
+// value format anyway (a rollback) leaves it alone.
 const (
 	// FormatUnreadable counts, in Formats, the values that are no
 	// envelope of any format this version reads: corrupt, or written by
@@ -36,27 +39,43 @@ const (
 	// FormatBare is the envelope alone, written by versions before the
 	// value header, which predate this rule.
 	FormatBare = 1
-	// FormatHeader is the header above: the newest format of this version.
+	// FormatHeader is the header above.
 	FormatHeader = 2
+	// FormatIntegerLeases keeps format 2's values, and writes each lease
+	// score as its claim's token, a whole number (keys.go, inflight),
+	// instead of the lease expiry plus a fraction: the newest format of
+	// this version. Every daemon of this version reads both forms.
+	FormatIntegerLeases = 3
 	// formatNext stands in for a future format in tests of mixed-version
 	// fleets (WithNewestFormat): format 2's layout under marks 0xF2, 0xF3.
-	formatNext = 3
+	formatNext = 4
 )
+
+// newestFormat is the newest format this version reads and writes.
+const newestFormat = FormatIntegerLeases
 
 // formatOf is the stored format of a value.
 func formatOf(v string) int {
 	if len(v) == 0 || v[0] < valueMark {
 		return FormatBare
 	}
-	return FormatHeader + int(v[0]-valueMark)/2
+	if pair := int(v[0]-valueMark) / 2; pair > 0 {
+		return FormatIntegerLeases + pair
+	}
+	return FormatHeader
 }
 
-// markOf is the one-shot mark of format f (2 or later).
-func markOf(f int) byte { return valueMark + byte(2*(f-FormatHeader)) }
+// markOf is the one-shot mark of the values of format f (2 or later).
+func markOf(f int) byte {
+	if f <= FormatIntegerLeases {
+		return valueMark
+	}
+	return valueMark + byte(2*(f-FormatIntegerLeases))
+}
 
 // splitValue returns the due time, the occurrence (0 for a one-shot) and
 // the envelope of a stored value; due is -1 for a value without the header.
-// Formats 2 and 3 share the layout; a newer format is returned whole, with
+// Formats 2 and formatNext share the layout; a newer format is returned whole, with
 // due -1 (it is never claimed, and fails to decode where it is read).
 func splitValue(v string) (dueMs, occurrence int64, data []byte) {
 	if f := formatOf(v); f == FormatHeader || f == formatNext {

@@ -78,3 +78,12 @@ func (d *Daemon) Stop() {
 		<-done
 	}
 }
+
+// Kill kills the daemon with SIGKILL, as a crash, and waits for it.
+func (d *Daemon) Kill() {
+	if d.cmd.Process == nil || d.cmd.ProcessState != nil {
+		return
+	}
+	_ = d.cmd.Process.Kill()
+	_ = d.cmd.Wait()
+}

@@ -30,14 +30,14 @@ for i = 3, #ARGV, 5 do ids[#ids+1] = ARGV[i] end
 if #ids == 0 then return {now, 0, 0} end
 -- The ids one claim leased share its score: one exact range read per
 -- token finds those still leased by it (ZMSCORE would format a double per
--- id instead). A token that is not a lease score matches nothing.
+-- id instead). A token is a lease score of either form (prelude,
+-- isToken); anything else matches nothing.
 local leased = {}
 local function holds(tok, id)
   local set = leased[tok]
   if not set then
     set = {}
-    local n = tonumber(tok)
-    if n and n == n and n ~= math.floor(n) then
+    if isToken(tok) then
       for _, m in ipairs(redis.call('ZRANGEBYSCORE', inflight, tok, tok)) do set[m] = true end
     end
     leased[tok] = set

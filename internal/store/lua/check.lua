@@ -49,7 +49,7 @@ if phase == 'data' then
         if inf or pending then redis.call('ZREM', dead, id) end
       end
     end
-    if inf and not string.find(inf, '.', 1, true) and not oldLeased(redis.call('HGET', attempts, id)) then
+    if inf and not isToken(inf) and not oldLeased(redis.call('HGET', attempts, id)) then
       -- A lease score without a token (nor an older version's claim with
       -- one): settles cannot match it, but the lease expires and the
       -- next claim writes a new one: report only.

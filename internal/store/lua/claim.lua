@@ -4,8 +4,11 @@
 -- envelopes can never starve them), then due ones, which move from due to
 -- inflight. The expired lease was an attempt: it is counted in attempts
 -- now.
--- The lease score is the claim's token: the expiry plus about k/1000 ms,
--- k = ARGV[3] (1..991), unique in the shard (leaseToken, below; keys.go).
+-- The lease score is the claim's token, unique in the shard (leaseToken,
+-- below; keys.go): expiry ms x 1000 + about k, k = ARGV[3] (1..991), as a
+-- whole number when ARGV[7], the format the fleet writes, is 3 or later,
+-- else as the expiry plus a fraction (format 2). Expired leases of both
+-- forms are re-leased (prelude: leaseSplit keeps the forms apart).
 -- ARGV[4] is the newest value format this daemon reads, as its series
 -- mark: a value of a newer format (a newer daemon wrote it) is not handed
 -- out, nor rewritten or counted: it is given back, due again in a second,
@@ -29,8 +32,9 @@ local due, inflight, data, attempts, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
 
 -- leaseToken takes the token of a claim at now with a lease of length ms
 -- (a string) and hint k (1..991): see the lease key in keys.go. It is
--- written first: a cut after it only skips a token.
-local function leaseToken(now, length, k)
+-- written first: a cut after it only skips a token. It returns the lease
+-- score, whole when whole is set.
+local function leaseToken(now, length, k, whole)
   local h = redis.call('HGETALL', lease)
   local top, mine = {}, nil
   for i = 1, #h, 2 do
@@ -55,6 +59,7 @@ local function leaseToken(now, length, k)
   if t <= (top[mine] or 0) then t = top[mine] + 8 end
   if t % 1000 == 0 then t = t + 8 end
   redis.call('HSET', lease, length, mine .. ':' .. string.format('%d', t))
+  if whole then return string.format('%d', t) end
   return string.format('%d.%03d', (t - t % 1000) / 1000, t % 1000)
 end
 
@@ -132,7 +137,16 @@ local now, nowus = nowMs()
 local max = tonumber(ARGV[1])
 local known = tonumber(ARGV[4])
 local out = {nowus, -1, -1, 0, 0, '', 0, 0}
+-- Expired leases of format 2 (fractional scores, below leaseSplit), then
+-- of format 3 (whole tokens, expired at or below now x 1000): two ranges,
+-- as a fractional lease is numerically below every whole one, expired or
+-- not.
 local ids = redis.call('ZRANGEBYSCORE', inflight, '-inf', now, 'LIMIT', 0, max)
+if #ids < max then
+  local more = redis.call('ZRANGEBYSCORE', inflight, string.format('%d', leaseSplit), string.format('%d', now * 1000),
+    'LIMIT', 0, max - #ids)
+  for i = 1, #more do ids[#ids+1] = more[i] end
+end
 local expired = #ids
 if expired < max then
   local ready = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, max - expired)
@@ -144,7 +158,7 @@ if #ids > 0 then
 end
 local fromDue = #ids - expired
 if #ids > 0 then
-  local token = leaseToken(now, ARGV[2], tonumber(ARGV[3]))
+  local token = leaseToken(now, ARGV[2], tonumber(ARGV[3]), (tonumber(ARGV[7]) or 2) >= 3)
   out[6] = token
   -- Most shards have no retries at all: then there is nothing to read.
   local prevs = {}
@@ -209,6 +223,15 @@ if #ids > 0 then
 end
 local nd = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 if #nd > 0 then out[2] = tonumber(nd[2]) end
+-- The lease that ends first: the lowest score of each form (a fractional
+-- one ends in the ms its score rounds up to, a whole one in its token's).
 local nl = redis.call('ZRANGE', inflight, 0, 0, 'WITHSCORES')
-if #nl > 0 then out[3] = math.ceil(tonumber(nl[2])) end
+if #nl > 0 and tonumber(nl[2]) < leaseSplit then
+  out[3] = math.ceil(tonumber(nl[2]))
+  nl = redis.call('ZRANGEBYSCORE', inflight, string.format('%d', leaseSplit), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+end
+if #nl > 0 then
+  local ends = math.ceil(tonumber(nl[2]) / 1000)
+  if out[3] < 0 or ends < out[3] then out[3] = ends end
+end
 return out

@@ -149,6 +149,18 @@ local function counted(v)
   local n = attemptsOf(v)
   return n
 end
+-- Lease scores (keys.go, inflight) come in two forms, and every script
+-- reads both: format 2 writes the lease expiry in ms plus a fraction
+-- k/1000, below leaseSplit (1e14 ms: the year 5138); format 3 the claim's
+-- token as a whole number, expiry ms x 1000 + k, above it (since 1973).
+local leaseSplit = 1e14
+-- isToken: s (a string or number) is a lease score of either form.
+local function isToken(s)
+  local n = tonumber(s)
+  if not n or n ~= n or n <= 0 then return false end
+  if n < leaseSplit then return n ~= math.floor(n) end
+  return n == math.floor(n) and n % 1000 ~= 0 and n < 9007199254740992
+end
 -- attemptsValue writes n and b as attemptsOf reads them.
 local function attemptsValue(n, b)
   if b > 0 then return n .. '/' .. b end

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// TestLeaseScoresBesideThePreviousBuild runs the build before integer
+// lease scores (stored format 3) beside this one on one Redis, as a
+// rolling upgrade does. While the older scanner lives, this version's
+// scanner writes fractional lease scores too (format 2); leases both
+// left behind when killed between claim and publish are re-leased by this
+// version when they expire and delivered once, never early; after the
+// older one left, the fleet writes whole lease scores, and those a killed
+// daemon left behind are re-leased and delivered the same way.
+func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
+	t.Parallel()
+	old := releaseBinary(t, beforeIntegerLeases)
+	bin := delaydBinary(t)
+	r := testutil.StartRedis(t)
+	n := testutil.StartNATS(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	const shards = 16
+	// A 3 s ownership TTL: a daemon cut off from NATS notices it after
+	// about 2 s, well after it claimed what falls due 400 ms after the cut.
+	common := []string{"DELAYD_SHARDS=" + strconv.Itoa(shards), "DELAYD_OWNERSHIP_TTL=3s", "DELAYD_SCANNER_LEASE=6s"}
+	via := func(p *testutil.Proxy) string { return "DELAYD_NATS_URL=nats://" + p.Addr() }
+	natsAddr := fmt.Sprintf("127.0.0.1:%d", n.Opts.Port)
+
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	type delivery struct {
+		n       int
+		attempt string
+		early   bool
+	}
+	var mu sync.Mutex
+	got := map[string]*delivery{}
+	if _, err := nc.Subscribe("up.>", func(m *nats.Msg) {
+		now := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		id := m.Header.Get("Delayd-Id")
+		d := got[id]
+		if d == nil {
+			d = &delivery{}
+			got[id] = d
+		}
+		d.n++
+		d.attempt = m.Header.Get("Delayd-Attempt")
+		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get("Delayd-Due")); err != nil || now.Before(due) {
+			d.early = true
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=intake")...)
+	// schedule stores ids due 400 ms from now.
+	schedule := func(prefix string, k int) []string {
+		t.Helper()
+		at := time.Now().Add(400 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+		ids := make([]string, k)
+		for i := range ids {
+			ids[i] = prefix + strconv.Itoa(i)
+			m, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "up."+prefix, "Delayd-At", at, "Delayd-Id", ids[i]), ids[i])
+			if err != nil || m.Header.Get("Nats-Service-Error") != "" {
+				t.Fatalf("schedule %s: %v %v", ids[i], err, m.Header)
+			}
+		}
+		return ids
+	}
+	// leases waits until ids are all in flight and returns their scores.
+	leases := func(ids []string) map[string]float64 {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			out := map[string]float64{}
+			for s := range shards {
+				zs, err := rdb.ZRangeWithScores(ctx, fmt.Sprintf("{delayd:%d}:inflight", s), 0, -1).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, z := range zs {
+					out[z.Member.(string)] = z.Score
+				}
+			}
+			if len(out) == len(ids) {
+				return out
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d in flight after 10 s: %v", len(out), len(ids), out)
+			}
+		}
+	}
+	// delivered waits until each of ids arrived once, as attempt 2 (its
+	// first lease expired), never early.
+	delivered := func(ids []string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			mu.Lock()
+			n := 0
+			for _, id := range ids {
+				if got[id] != nil {
+					n++
+				}
+			}
+			mu.Unlock()
+			if n == len(ids) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d delivered after 30 s", n, len(ids))
+			}
+		}
+		time.Sleep(200 * time.Millisecond) // a duplicate would follow closely
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range ids {
+			if d := got[id]; d.n != 1 || d.early || d.attempt != "2" {
+				t.Errorf("%s: delivered %d times, early %v, attempt %s; want once, on time, attempt 2", id, d.n, d.early, d.attempt)
+			}
+		}
+	}
+	// formats lists the live announcements "<format>:<id>".
+	formats := func() string {
+		v, err := rdb.ZRange(ctx, "{delayd:members}:formats", 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(v, " ")
+	}
+	waitLog := func(d *testutil.Daemon, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if b, _ := os.ReadFile(d.Log); strings.Contains(string(b), what) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not log %q", d.Log, what)
+			}
+		}
+	}
+
+	// The older scanner and this version's, each behind a proxy.
+	pOld, pNew := testutil.StartProxy(t, natsAddr), testutil.StartProxy(t, natsAddr)
+	older := testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_MODE=scanner", via(pOld))...)
+	newer := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner", via(pNew))...)
+	waitLog(newer, "writes=2")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		owners := map[string]bool{}
+		for s := range shards {
+			owners[rdb.Get(ctx, fmt.Sprintf("{delayd:%d}:owner", s)).Val()] = true
+		}
+		if len(owners) == 2 && !owners[""] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the two scanners do not share the shards: owners %v", owners)
+		}
+	}
+	if f := formats(); !strings.Contains(f, "2:") || !strings.Contains(f, "3:") {
+		t.Fatalf("announced formats %q, want a 2 and a 3", f)
+	}
+	// Both lose NATS, claim, and are killed before they could publish.
+	pOld.Set(testutil.Up, testutil.Fault{Drop: true})
+	pNew.Set(testutil.Up, testutil.Fault{Drop: true})
+	first := schedule("mixed", 40)
+	for id, score := range leases(first) {
+		if score == math.Trunc(score) || score > 1e14 {
+			t.Errorf("%s: lease score %v beside the older build, want format 2's fraction", id, score)
+		}
+	}
+	older.Kill()
+	newer.Kill()
+
+	// This version alone: it re-leases and delivers what both left, and
+	// writes whole lease scores once the older build's announcement ended.
+	pAlone := testutil.StartProxy(t, natsAddr)
+	alone := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner", via(pAlone))...)
+	delivered(first)
+	waitLog(alone, "writes=3")
+	if f := formats(); strings.Contains(f, "2:") {
+		t.Fatalf("announced formats %q after the older build left", f)
+	}
+	pAlone.Set(testutil.Up, testutil.Fault{Drop: true})
+	second := schedule("whole", 40)
+	for id, score := range leases(second) {
+		if score != math.Trunc(score) || score < 1e14 || int64(score)%1000 == 0 {
+			t.Errorf("%s: lease score %v once the fleet agreed on format 3, want a whole token", id, score)
+		}
+	}
+	alone.Kill()
+	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner")...)
+	delivered(second)
+}
