@@ -3,6 +3,7 @@ package daemontest
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -52,10 +53,25 @@ func (e *Env) Config() config.Config {
 	return c
 }
 
-// StartDaemon runs a daemon in-process, waits until it serves, and returns
-// a function that stops it gracefully and reports its error. The test's
-// cleanup stops it too.
+// StartDaemon runs a daemon in-process, waits until it is ready, and
+// returns a function that stops it gracefully and reports its error. The
+// test's cleanup stops it too. Ready is /readyz's 200 where the config has
+// an admin port of its own (Config's): a daemon serves requests before it
+// has proven its delivery inbox and taken its shards, and tests that
+// assumed more than serving failed under load (three in CI). A test whose
+// daemon is not meant to become ready uses StartServing.
 func (e *Env) StartDaemon(c config.Config, opts ...daemon.Option) (stop func() error) {
+	e.T.Helper()
+	stop = e.StartServing(c, opts...)
+	if _, port, err := net.SplitHostPort(c.HTTP.Addr); err == nil && port != "0" {
+		e.WaitReady(c)
+	}
+	return stop
+}
+
+// StartServing is StartDaemon that returns as soon as the daemon answers
+// requests, ready or not.
+func (e *Env) StartServing(c config.Config, opts ...daemon.Option) (stop func() error) {
 	e.T.Helper()
 	d := Run(e.T, c, opts...)
 	d.WaitServing(e.T, e.NATS.URL(), c.Subject)

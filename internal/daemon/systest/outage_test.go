@@ -21,7 +21,7 @@ func TestRedisDownAtStart(t *testing.T) {
 	e := daemontest.NewEnv(t)
 	c := e.Config()
 	e.Redis.Kill()
-	e.StartDaemon(c)
+	e.StartServing(c) // not ready without Redis
 	nc := e.Conn()
 	defer nc.Close()
 	s := e.Sink(nc, "outage.target")
