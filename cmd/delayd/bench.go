@@ -107,6 +107,15 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		opts.Child = &bench.ChildOptions{Binary: self, Embedded: embedded, RedisAddrs: c.Redis.Addrs,
 			Inherit: inheritedArgs(cmd), Set: childSet, CPUProfile: childProfile, Stderr: o.stderr,
 			DropNamespace: func(ctx context.Context, ns string) error { return dropNamespace(ctx, c, ns) }}
+		if !embedded {
+			ropts, err := daemon.RedisOptions(c)
+			if err != nil {
+				return err
+			}
+			rdb := store.NewClient(ropts)
+			defer rdb.Close()
+			opts.Child.RedisCPU = func(ctx context.Context) (float64, error) { return store.RedisCPU(ctx, rdb) }
+		}
 	}
 	r, others, err := bench.Run(ctx, w, opts)
 	if err != nil {

@@ -39,6 +39,9 @@ func TestBenchCommand(t *testing.T) {
 	if r.BaselineRate <= 0 || r.IntakeRate <= 0 || r.IntakeRatio <= 0 || len(r.Histogram) == 0 {
 		t.Fatalf("bench figures missing: %+v", r)
 	}
+	if r.Redis != nil {
+		t.Fatalf("Redis CPU reported without a --local child (whose Redis is the bench's): %+v", r.Redis)
+	}
 	t.Logf("bench: intake %.0f/s (%.0f%% of %.0f/s), p99 %.2f ms", r.IntakeRate, 100*r.IntakeRatio, r.BaselineRate, r.LatenessMs.P99)
 }
 
@@ -147,8 +150,17 @@ func TestBenchChildSet(t *testing.T) {
 	if out, err = exec.Command(bin, append(args, "--child-binary", "/nonexistent/delayd")...).CombinedOutput(); err == nil || !strings.Contains(string(out), "/nonexistent/delayd") {
 		t.Fatalf("--child-binary of a missing file: err %v\n%s", err, out)
 	}
-	if out, err = exec.Command(bin, append(args, "--child-binary", bin)...).CombinedOutput(); err != nil {
+	// A --local child on a Redis of its own: Redis' CPU per schedule and
+	// per delivery are reported.
+	if out, err = exec.Command(bin, append(args, "--child-binary", bin, "--json")...).Output(); err != nil {
 		t.Fatalf("--child-binary of this build: %v\n%s", err, out)
+	}
+	var r bench.Result
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("bench JSON: %v\n%s", err, out)
+	}
+	if r.Redis == nil || r.Redis.CPUMicrosPerSchedule <= 0 || r.Redis.CPUMicrosPerDelivery <= 0 {
+		t.Fatalf("no Redis CPU per schedule and delivery with --local: %+v\n%s", r.Redis, out)
 	}
 	out, err = exec.Command(bin, "bench", "--nats-url", e.NATS.URL(), "--child-binary", bin).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--child-binary needs --local") {

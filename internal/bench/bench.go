@@ -64,6 +64,8 @@ type Result struct {
 	LatenessMs Quant  `json:"lateness_ms"`
 	Histogram  []Bar  `json:"histogram"`
 	Daemon     *Usage `json:"daemon,omitempty"`
+	// Redis is Redis' CPU per envelope (--local, request modes).
+	Redis *RedisUsage `json:"redis,omitempty"`
 	// OneRequester is one requester's cost per call, alone (--compare).
 	OneRequester *OneRequester `json:"one_requester,omitempty"`
 }
@@ -89,6 +91,16 @@ type Usage struct {
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
 }
 
+// RedisUsage is the CPU Redis' main thread used per envelope: from the
+// first request until the last was answered (storing), then until the
+// last delivery arrived (claims and settles). Redis' whole CPU is read, so
+// it means that only with a Redis the bench has to itself, and a --lead
+// longer than the intake (else deliveries begin while requests are sent).
+type RedisUsage struct {
+	CPUMicrosPerSchedule float64 `json:"cpu_us_per_schedule"`
+	CPUMicrosPerDelivery float64 `json:"cpu_us_per_delivery"`
+}
+
 // baseline measures the request/reply ceiling: the same requests, same
 // concurrency, answered at once by a trivial responder.
 func baseline(ctx context.Context, clients []*conn, w Workload) (float64, error) {
@@ -111,7 +123,7 @@ func baseline(ctx context.Context, clients []*conn, w Workload) (float64, error)
 
 // runRequest schedules the workload through delayd and watches the target until
 // every envelope arrived or the grace period after the last due time ended.
-func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, progress io.Writer) (Result, error) {
+func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, progress io.Writer, redisCPU func(context.Context) (float64, error)) (Result, error) {
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "b" + runID + "-"
 	rec := newRecorder(w.Count)
@@ -121,6 +133,7 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, 
 	}
 	defer stop()
 
+	cpu := cpuReader(ctx, redisCPU)
 	start := time.Now()
 	var scheduled atomic.Int64
 	done := startReport(progress, w.Count, &scheduled, rec)
@@ -129,10 +142,12 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, 
 		done()
 		return Result{}, err
 	}
+	cpu()
 	deadline := start.Add(w.Lead + w.Window + w.Grace)
 	for rec.unique() < w.Count-rejected && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
+	readings := cpu()
 	time.Sleep(100 * time.Millisecond) // let late duplicates show up
 	done()
 
@@ -143,7 +158,31 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, 
 	r.IntakeRate = float64(w.Count-rejected) / took.Seconds()
 	r.Rejected, r.FirstRejection = rejected, first
 	r.Lost = w.Count - rejected - r.Delivered
+	if len(readings) == 3 && w.Count > rejected && r.Delivered > 0 {
+		r.Redis = &RedisUsage{CPUMicrosPerSchedule: (readings[1] - readings[0]) * 1e6 / float64(w.Count-rejected),
+			CPUMicrosPerDelivery: (readings[2] - readings[1]) * 1e6 / float64(r.Delivered)}
+	}
 	return r, nil
+}
+
+// cpuReader reads Redis' CPU now, and again at each call of the function
+// it returns, which returns every reading so far; nil (no reader, or one
+// that failed) stops the readings, and the run reports no Redis usage.
+func cpuReader(ctx context.Context, read func(context.Context) (float64, error)) func() []float64 {
+	var readings []float64
+	ok := read != nil
+	take := func() []float64 {
+		if !ok {
+			return nil
+		}
+		s, err := read(ctx)
+		if ok = err == nil; ok {
+			readings = append(readings, s)
+		}
+		return readings
+	}
+	take()
+	return take
 }
 
 // sendMode is how the requesters send: one request per envelope (the

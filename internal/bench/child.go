@@ -38,6 +38,10 @@ type ChildOptions struct {
 	// emulation goes with the child). Redis is the store's business, so
 	// the caller wires it.
 	DropNamespace func(ctx context.Context, ns string) error
+	// RedisCPU, if set, reads the CPU seconds Redis' main thread has used
+	// (store.RedisCPU); the bench reads it around its intake and its
+	// deliveries (not with Embedded).
+	RedisCPU func(ctx context.Context) (float64, error)
 }
 
 // CheckChildSet refuses --child-set settings that are not KEY=VALUE, and

@@ -49,6 +49,10 @@ func Print(w io.Writer, r Result) {
 	if r.Daemon != nil {
 		fmt.Fprintf(w, "delayd     %.2f CPU s   peak RSS %.1f MiB\n", r.Daemon.CPUSeconds, r.Daemon.PeakRSSMiB)
 	}
+	if r.Redis != nil {
+		fmt.Fprintf(w, "redis      %.1f CPU µs per schedule   %.1f CPU µs per delivery (main thread)\n",
+			r.Redis.CPUMicrosPerSchedule, r.Redis.CPUMicrosPerDelivery)
+	}
 	fmt.Fprintln(w, "\nlateness histogram")
 	maxCount := 0
 	for _, b := range r.Histogram {

@@ -152,7 +152,11 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 		}
 		for i, how := range modes {
 			var ri Result
-			if ri, err = runRequest(ctx, conns, w, how, o.Progress); err != nil {
+			var redisCPU func(context.Context) (float64, error)
+			if o.Child != nil {
+				redisCPU = o.Child.RedisCPU
+			}
+			if ri, err = runRequest(ctx, conns, w, how, o.Progress, redisCPU); err != nil {
 				break
 			}
 			if base > 0 {
