@@ -25,7 +25,10 @@ import (
 // left behind when killed between claim and publish are re-leased by this
 // version when they expire and delivered once, never early; after the
 // older one left, the fleet writes whole lease scores, and those a killed
-// daemon left behind are re-leased and delivered the same way.
+// daemon left behind are re-leased and delivered the same way. On a
+// rollback, the older build joining, the whole scores are rewritten as
+// fractions, and the older build delivers what a killed daemon of this
+// version left.
 func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	t.Parallel()
 	old := releaseBinary(t, beforeIntegerLeases)
@@ -38,7 +41,7 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	const shards = 16
 	// A 3 s ownership TTL: a daemon cut off from NATS notices it after
 	// about 2 s, well after it claimed what falls due 400 ms after the cut.
-	common := []string{"DELAYD_SHARDS=" + strconv.Itoa(shards), "DELAYD_OWNERSHIP_TTL=3s", "DELAYD_SCANNER_LEASE=6s"}
+	common := []string{"DELAYD_SHARDS=" + strconv.Itoa(shards), "DELAYD_OWNERSHIP_TTL=3s", "DELAYD_SCANNER_LEASE=10s"}
 	via := func(p *testutil.Proxy) string { return "DELAYD_NATS_URL=nats://" + p.Addr() }
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", n.Opts.Port)
 
@@ -211,6 +214,50 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 		}
 	}
 	alone.Kill()
-	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner")...)
+	after := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner")...)
 	delivered(second)
+
+	// A rollback: this version's scanner (alone, behind a proxy) holds
+	// whole leases when the older build joins. It rewrites them as
+	// fractions, and is killed; the older build re-leases them when they
+	// expire and delivers them once, never early.
+	pLast := testutil.StartProxy(t, natsAddr)
+	last := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner", via(pLast))...)
+	after.Stop()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		owners := map[string]bool{}
+		for s := range shards {
+			owners[rdb.Get(ctx, fmt.Sprintf("{delayd:%d}:owner", s)).Val()] = true
+		}
+		if len(owners) == 1 && !owners[""] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("one scanner does not own every shard: owners %v", owners)
+		}
+	}
+	pLast.Set(testutil.Up, testutil.Fault{Drop: true})
+	third := schedule("back", 40)
+	for id, score := range leases(third) {
+		if score != math.Trunc(score) || score < 1e14 {
+			t.Fatalf("%s: lease score %v before the rollback, want a whole token", id, score)
+		}
+	}
+	testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_MODE=scanner")...)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		whole := 0
+		for _, score := range leases(third) {
+			if score > 1e14 {
+				whole++
+			}
+		}
+		if whole == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d whole lease scores left 10 s after the older build joined", whole)
+		}
+	}
+	last.Kill()
+	delivered(third)
 }

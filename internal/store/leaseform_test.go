@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
 	"testing"
@@ -176,4 +177,56 @@ func TestAScannerOfReleaseZeroOneKeepsFractionalLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 	agreeOn(t, newer, "new", FormatIntegerLeases)
+}
+
+// TestARollbackRewritesWholeLeases: when a daemon that reads only format
+// 2 joins after the switch (a rollback), this version rewrites the whole
+// lease scores as fractions naming the same tokens, which the older
+// version re-leases when they expire; the claims still settle by their
+// whole tokens.
+func TestARollbackRewritesWholeLeases(t *testing.T) {
+	t.Parallel()
+	r, _ := newStore(t)
+	ctx := context.Background()
+	newer := New(r.rdb, "t", 4)
+	agreeOn(t, newer, "new", FormatIntegerLeases)
+	var claims []Claimed
+	for _, id := range []string{"a", "b", "c"} {
+		schedule(t, newer, Item{ID: id, Absolute: true, AtMicros: 1000, Data: enc(id)})
+		claims = append(claims, claimOnly(t, newer, id, time.Hour))
+	}
+	older := New(r.rdb, "t", 4, WithNewestFormat(FormatHeader))
+	agreeOn(t, older, "old", FormatHeader)
+	agreeOn(t, newer, "new", FormatHeader)
+	for _, c := range claims {
+		n, _ := strconv.ParseInt(c.Token, 10, 64)
+		want, _ := strconv.ParseFloat(fmt.Sprintf("%d.%03d", n/1000, n%1000), 64)
+		if got := inflightScores(t, newer, newer.Shard(c.ID))[c.ID]; got != want {
+			t.Fatalf("%s: lease score %v after the rollback, want %v (token %s as a fraction)", c.ID, got, want, c.Token)
+		}
+		if e, _ := newer.Get(ctx, c.ID); e.DueMs != n/1000 {
+			t.Fatalf("%s: Get reads the lease expiry %d, want %d", c.ID, e.DueMs, n/1000)
+		}
+	}
+	mustBeConsistent(t, newer)
+	for _, c := range claims[:2] {
+		if settle(t, older, c, Delivered, 0) != 1 {
+			t.Fatalf("%s: the whole token did not settle the lease rewritten as its fraction", c.ID)
+		}
+	}
+	// A stale whole token settles nothing, in either form.
+	stale := claims[2]
+	stale.Token = strconv.FormatInt(mustInt(t, stale.Token)+8, 10)
+	if settle(t, newer, stale, Delivered, 0) != 0 {
+		t.Fatal("a token that is no claim's settled")
+	}
+}
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

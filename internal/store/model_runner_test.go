@@ -112,6 +112,17 @@ func (r *mRunner) apply(o mOp) error {
 		return r.purge(o.ids)
 	case opFlush:
 		return r.rc.ScriptFlush(r.ctx).Err()
+	case opFraction:
+		if err := r.s.fractionLeases(r.ctx); err != nil {
+			return err
+		}
+		for _, e := range r.m.ids {
+			if e.at == mInflight && !strings.Contains(e.token, ".") && !e.fraction {
+				e.fraction = true
+				r.seen["lease rewritten as a fraction"]++
+			}
+		}
+		return nil
 	case opFault:
 		return r.fault(o)
 	case opRace:

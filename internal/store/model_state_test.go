@@ -50,6 +50,9 @@ type mEntry struct {
 	attempt, base int
 	due           int64  // the original due time, from the schedule
 	token         string // the lease score of the current claim, "" once settled
+	// fraction: the claim's whole token is in Redis as its fraction
+	// (fraction.lua rewrote it); settles still name the whole token.
+	fraction bool
 	// occurrence is the pending occurrence of a series, 0 for a one-shot.
 	occurrence int64
 	err        string // the errors entry, "" if none
@@ -123,8 +126,7 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 	// the expired fractional leases first.
 	score := func(e *mEntry) float64 {
 		if e.at == mInflight {
-			tok, _ := strconv.ParseFloat(e.token, 64)
-			return tok
+			return e.leaseScore()
 		}
 		return float64(e.score)
 	}
@@ -199,6 +201,17 @@ func isLeaseToken(l float64) bool {
 		return l > 0 && l != math.Trunc(l)
 	}
 	return l == math.Trunc(l) && int64(l)%1000 != 0
+}
+
+// leaseScore is the lease score the model expects in Redis for e's claim.
+func (e *mEntry) leaseScore() float64 {
+	tok := e.token
+	if e.fraction {
+		n := tokenNumber(tok)
+		tok = fmt.Sprintf("%d.%03d", n/1000, n%1000)
+	}
+	f, _ := strconv.ParseFloat(tok, 64)
+	return f
 }
 
 // tokenNumber is a token of either form as one number, expiry ms × 1000 +
@@ -383,8 +396,8 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 			}
 		}
 		if e.at == mInflight {
-			if tok, err := strconv.ParseFloat(e.token, 64); err != nil || st.leases[id] != tok || leaseEnd(tok) != e.score || !isLeaseToken(tok) {
-				bad("%q: lease score %v, model %d with token %q", id, st.leases[id], e.score, e.token)
+			if l := e.leaseScore(); st.leases[id] != l || leaseEnd(l) != e.score || !isLeaseToken(l) {
+				bad("%q: lease score %v, model %d with token %q (as a fraction: %v)", id, st.leases[id], e.score, e.token, e.fraction)
 			}
 		}
 		if e.err != "" {

@@ -239,6 +239,9 @@ const (
 	opFlush
 	opFault
 	opRace // replace an id while its old claim is unsettled, in one millisecond
+	// opFraction rewrites whole lease scores as fractions, as a fleet
+	// that writes format 2 again (a rollback) does.
+	opFraction
 )
 
 // mOp is one step. It names what to do, never a value that only a run
@@ -315,6 +318,8 @@ func (o mOp) String() string {
 		return fmt.Sprintf("purge %v", o.ids)
 	case opFlush:
 		return "SCRIPT FLUSH"
+	case opFraction:
+		return "whole lease scores rewritten as fractions"
 	case opFault:
 		return fmt.Sprintf("fault: shard %d key %s is a string during: %v", o.shard, mKeyNames[o.key], *o.inner)
 	case opRace:
@@ -384,6 +389,8 @@ func (g *mGen) next(m *mModel) mOp {
 		return mOp{kind: opReplay, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
 	case w < 94:
 		return mOp{kind: opPurge, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
+	case w < 95:
+		return mOp{kind: opFraction}
 	case w < 96:
 		return mOp{kind: opFlush}
 	case w < 98:

@@ -36,6 +36,7 @@ const (
 	formatsOp     = "formats"
 	ownOp         = "own"
 	intakeFloorOp = "intake_floor"
+	fractionOp    = "fraction"
 )
 
 // waitMode is how an operation's writes wait for the replicas when the store
@@ -106,6 +107,9 @@ var policies = map[string]policy{
 	ownOp: {scripts: []*script{ownScript}, wait: neverWaits,
 		why: "a shard lease, renewed every third of its TTL: a lost one lets two daemons claim one shard for a " +
 			"while, which claims are safe against (one atomic script each, unique tokens)."},
+	fractionOp: {scripts: []*script{fractionScript}, wait: neverWaits,
+		why: "a rewrite of whole lease scores as fractions after a rollback: one a failover undoes is done " +
+			"again at the next announcement, and this version reads either form."},
 	intakeFloorOp: {scripts: []*script{intakeFloorScript}, wait: neverWaits,
 		why: "a lost floor makes a consumer created again start lower: the shards remember the stream messages " +
 			"they stored, and store none twice."},

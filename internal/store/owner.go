@@ -132,8 +132,38 @@ func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) 
 	}
 	s.write.Store(int32(w))
 	s.plainAttempts.Store(legacy)
+	if w < FormatIntegerLeases {
+		if err := s.fractionLeases(ctx); err != nil {
+			return w, err
+		}
+	}
 	return w, nil
 }
+
+// fractionLeases rewrites every shard's whole lease scores (format 3) as
+// fractions naming the same tokens (lua/fraction.lua), while the fleet
+// writes format 2: a daemon of a version before format 3 re-leases only
+// fractional scores, so after a rollback a lease that a daemon of this
+// version wrote, and then could not settle, still ends for it. Run at
+// every announcement while the fleet writes format 2 (during a rolling
+// upgrade too, where it finds nothing: one range read per shard), so the
+// leases of claims that ran as the format changed are caught at the next.
+func (s *Store) fractionLeases(ctx context.Context) error {
+	calls := make([]fractionArgs, s.shards)
+	for i := range calls {
+		calls[i] = fractionArgs{shard: &s.keys[i], max: fractionBatch}
+	}
+	_, err := exec(ctx, s, fractionOp, calls)
+	if err != nil {
+		s.failed(err)
+		return fmt.Errorf("store: lease scores as fractions: %w", err)
+	}
+	return nil
+}
+
+// fractionBatch bounds the scores one fraction.lua call rewrites; more wait
+// for the next announcement.
+const fractionBatch = 4096
 
 // PlainAttempts reports whether a live member reads attempts entries only
 // as "n" (AgreeFormats), so that Replay refuses.

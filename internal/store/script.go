@@ -23,7 +23,7 @@ var prelude string
 
 // allScripts are the scripts Ping loads and Ready expects cached.
 var allScripts = []*script{scheduleScript, cancelScript, claimScript, ackScript, replayScript, checkScript,
-	heartbeatScript, ownScript}
+	heartbeatScript, ownScript, fractionScript}
 
 // script is one Lua script in two builds. Redis 7 reads script flags from
 // a shebang line: "allow-oom" lets the scripts that free memory or must run
