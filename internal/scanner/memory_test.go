@@ -31,8 +31,8 @@ func TestByteBudget(t *testing.T) {
 		t.Fatalf("no bound: %d %v", n, ok)
 	}
 	items := []claimed{{Claimed: store.Claimed{Data: make([]byte, 7)}}, {Claimed: store.Claimed{Data: make([]byte, 5)}}}
-	if n := bytesOf(items); n != 12 {
-		t.Fatalf("bytesOf: %d", n)
+	if n := bytesOf(items); n != 12+2*envelopeOverhead {
+		t.Fatalf("bytesOf: %d, want the 12 stored bytes and two overheads", n)
 	}
 }
 
