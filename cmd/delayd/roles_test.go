@@ -39,16 +39,15 @@ func docPermissions(t *testing.T) string {
 	return block
 }
 
-// TestPermissionBlocks runs a real nats-server with the users of the
-// permission block in docs/security.md. The publisher can schedule and
-// cancel but cannot read, replay, purge or send wake-ups; the operator can
-// inspect and repair with the CLI and find the service as `nats micro ls`
-// does; the daemon delivers.
-func TestPermissionBlocks(t *testing.T) {
-	t.Parallel()
+// permissionEnv is a Redis and a nats-server with the users of the
+// permission block in docs/security.md; each user's password is its
+// name's start and "-pw" (pub-pw, op-pw, con-pw, delayd-pw, mig-pw).
+func permissionEnv(t *testing.T) *daemontest.Env {
+	t.Helper()
 	dir := t.TempDir()
 	port := testutil.FreePort(t)
 	conf := fmt.Sprintf("PUBLISHER_PASSWORD: pub-pw\nOPERATOR_PASSWORD: op-pw\nCONSUMER_PASSWORD: con-pw\nDELAYD_PASSWORD: delayd-pw\n"+
+		"MIGRATOR_PASSWORD: mig-pw\n"+
 		"listen: 127.0.0.1:%d\njetstream { store_dir: %q }\n%s", port, filepath.Join(dir, "js"), docPermissions(t))
 	path := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
@@ -62,6 +61,17 @@ func TestPermissionBlocks(t *testing.T) {
 		opts.NoLog, opts.NoSigs = o.NoLog, true
 		*o = *opts
 	})}
+	return e
+}
+
+// TestPermissionBlocks runs a real nats-server with the users of the
+// permission block in docs/security.md. The publisher can schedule and
+// cancel but cannot read, replay, purge or send wake-ups; the operator can
+// inspect and repair with the CLI and find the service as `nats micro ls`
+// does; the daemon delivers.
+func TestPermissionBlocks(t *testing.T) {
+	t.Parallel()
+	e := permissionEnv(t)
 	c := e.Config()
 	c.NATS.User, c.NATS.Password, c.NATS.InboxPrefix = "delayd", "delayd-pw", "_INBOX_delayd"
 	c.Targets.Allow = []string{"orders.>", "notifications.>"}

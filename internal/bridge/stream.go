@@ -75,6 +75,9 @@ type StreamOptions struct {
 	Now          func() time.Time
 	// Resends: as IntakeOptions.Resends.
 	Resends bool
+	// afterStep, in tests, is called after each step of a migration
+	// (MigrateIntake).
+	afterStep func(step string)
 }
 
 // pullSize is how much the consumer keeps requested: Pull messages, and
@@ -224,14 +227,14 @@ func (s *StreamIntake) Run(ctx context.Context) error {
 		if err != nil {
 			s.gate.close(func() { close(s.queue) })
 			drained()
-			return fmt.Errorf("bridge: consume %s: %w", s.opt.Name, err)
+			return fmt.Errorf("bridge: consume %s: %w", s.boundName(), err)
 		}
-		s.log.Info("stream intake serving", "stream", s.opt.Name, "subjects", intakeSubject(s.opt.Subject)+", "+intakeSubject(s.opt.Subject)+".>")
+		s.log.Info("stream intake serving", "stream", s.boundName(), "subjects", intakeSubject(s.opt.Subject)+", "+intakeSubject(s.opt.Subject)+".>")
 		select {
 		case err := <-lost:
 			// The stream or its consumer was deleted behind delayd's back:
 			// set them up again rather than stop taking envelopes quietly.
-			s.log.Warn("intake stream or consumer gone; setting it up again", "stream", s.opt.Name, "error", err)
+			s.log.Warn("intake stream or consumer gone; setting it up again", "stream", s.boundName(), "error", err)
 			cc.Stop()
 			// Give the server a moment to finish the deletion: a stream
 			// created again while the old one is still being removed can
@@ -311,16 +314,18 @@ func (s *StreamIntake) setupRetrying(ctx context.Context, js jetstream.JetStream
 	}
 }
 
-// setup creates the stream when missing, or binds the existing one as it
-// is (it may be managed by an operator), and creates or updates the
-// durable consumer every daemon shares.
+// setup binds the stream to take from (bindable: the configured one, or
+// half-way through a migration the one to drain or the one between),
+// creating the configured one when there is none, and creates or updates
+// the durable consumer every daemon shares. An existing stream is bound as
+// it is (it may be managed by an operator).
 func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetstream.Consumer, error) {
 	if _, err := js.AccountInfo(ctx); err != nil {
 		return nil, err
 	}
-	st, err := js.Stream(ctx, s.opt.Name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		st, err = js.CreateStream(ctx, s.streamConfig())
+	st, err := s.bindable(ctx, js)
+	if err == nil && st == nil {
+		st, err = js.CreateStream(ctx, streamConfigOf(s.opt, s.opt.Name))
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // another daemon was first
 			st, err = js.Stream(ctx, s.opt.Name)
 		} else if err == nil {
@@ -331,18 +336,24 @@ func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetst
 		return nil, fmt.Errorf("bridge: stream %s: %w", s.opt.Name, err)
 	}
 	info := st.CachedInfo()
-	if !captures(info.Config.Subjects, intakeSubject(s.opt.Subject)) || !captures(info.Config.Subjects, intakeSubject(s.opt.Subject)+".x") {
+	name := info.Config.Name
+	parked := roleOf(info, s.opt.Subject) == roleParked
+	if !parked && !holds(info, s.opt.Subject) {
 		return nil, fmt.Errorf("bridge: stream %s captures %v, not %s and %[3]s.>: %w (set intake.stream.name)",
-			s.opt.Name, info.Config.Subjects, intakeSubject(s.opt.Subject), errStreamClash)
+			name, info.Config.Subjects, intakeSubject(s.opt.Subject), errStreamClash)
+	}
+	if parked {
+		s.log.Info("draining an intake stream a migration took the subjects off (delayd intake migrate deletes it once it is empty)",
+			"stream", name)
 	}
 	purged := info.Config.Retention == jetstream.LimitsPolicy && info.Config.Metadata[layoutKey] == layoutPurged
 	if info.Config.Retention != jetstream.WorkQueuePolicy && !purged {
 		s.log.Warn("the intake stream was not created by delayd: stored envelopes stay in it after delayd acknowledged them, and delayd never purges it",
-			"stream", s.opt.Name, "retention", info.Config.Retention.String())
+			"stream", name, "retention", info.Config.Retention.String())
 	}
 	s.idPrefix.Store("s-" + strconv.FormatInt(info.Created.UnixNano(), 36) + "-")
 	cfg := jetstream.ConsumerConfig{
-		Durable:       s.opt.Name,
+		Durable:       name,
 		Description:   "delayd: stores intake envelopes in Redis",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       s.opt.AckWait,
@@ -350,13 +361,13 @@ func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetst
 		MaxAckPending: max(16*s.opt.Pull, 20000),
 	}
 	if err := s.startAfterFloor(ctx, st, info, &cfg); err != nil {
-		return nil, fmt.Errorf("bridge: consumer %s: %w", s.opt.Name, err)
+		return nil, fmt.Errorf("bridge: consumer %s: %w", name, err)
 	}
 	cons, err := st.CreateOrUpdateConsumer(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("bridge: consumer %s: %w", s.opt.Name, err)
+		return nil, fmt.Errorf("bridge: consumer %s: %w", name, err)
 	}
-	b := &boundConsumer{cons: cons, created: info.Created.UnixNano()}
+	b := &boundConsumer{cons: cons, name: name, created: info.Created.UnixNano()}
 	if purged {
 		b.stream = st
 	}
@@ -364,24 +375,26 @@ func (s *StreamIntake) setup(ctx context.Context, js jetstream.JetStream) (jetst
 	return cons, nil
 }
 
-func (s *StreamIntake) streamConfig() jetstream.StreamConfig {
-	maxBytes := s.opt.MaxBytes
+// streamConfigOf is the config of the stream delayd creates under name
+// (opt.Name, or the one between of a migration).
+func streamConfigOf(opt StreamOptions, name string) jetstream.StreamConfig {
+	maxBytes := opt.MaxBytes
 	if maxBytes == 0 {
 		maxBytes = -1
 	}
 	retention, meta := jetstream.LimitsPolicy, map[string]string{layoutKey: layoutPurged}
-	if s.opt.WorkQueue {
+	if opt.WorkQueue {
 		retention, meta = jetstream.WorkQueuePolicy, nil
 	}
 	return jetstream.StreamConfig{
-		Name:        s.opt.Name,
+		Name:        name,
 		Description: "delayd intake: envelopes waiting to be stored in Redis",
-		Subjects:    []string{intakeSubject(s.opt.Subject), intakeSubject(s.opt.Subject) + ".>"},
+		Subjects:    []string{intakeSubject(opt.Subject), intakeSubject(opt.Subject) + ".>"},
 		Retention:   retention,
 		Metadata:    meta,
 		Storage:     jetstream.FileStorage,
-		Replicas:    s.opt.Replicas,
-		MaxAge:      s.opt.MaxAge,
+		Replicas:    opt.Replicas,
+		MaxAge:      opt.MaxAge,
 		MaxBytes:    maxBytes,
 		// A full stream refuses new publishes (the publisher sees the
 		// error) rather than dropping envelopes it already acknowledged.

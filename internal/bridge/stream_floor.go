@@ -54,7 +54,10 @@ const floorEvery = 250 * time.Millisecond
 // boundConsumer is the consumer the intake takes from and the creation
 // time of its stream.
 type boundConsumer struct {
-	cons    jetstream.Consumer
+	cons jetstream.Consumer
+	// name is the stream's and the consumer's: opt.Name, or half-way
+	// through a migration the stream drained or the one between.
+	name    string
 	created int64 // ns
 	// stream is set when it is purged below the floor; purged is the
 	// floor purged to, and when.
@@ -77,7 +80,8 @@ type boundConsumer struct {
 // first message repeats nothing.
 func (s *StreamIntake) startAfterFloor(ctx context.Context, st jetstream.Stream, info *jetstream.StreamInfo, cfg *jetstream.ConsumerConfig) error {
 	workQueue := info.Config.Retention == jetstream.WorkQueuePolicy
-	existing, err := st.Consumer(ctx, s.opt.Name)
+	name := info.Config.Name
+	existing, err := st.Consumer(ctx, name)
 	switch {
 	case err == nil:
 		c := existing.CachedInfo().Config
@@ -89,16 +93,16 @@ func (s *StreamIntake) startAfterFloor(ctx context.Context, st jetstream.Stream,
 		// $JS.API.CONSUMER.INFO for it (the permission block of an
 		// earlier version). Safe on a work queue, as below.
 		s.log.Warn("cannot read the intake consumer; a work-queue stream holds only unsettled messages, so the consumer is set up from its first",
-			"stream", s.opt.Name, "error", err)
+			"stream", name, "error", err)
 		return nil
 	default:
 		return err
 	}
-	floor, err := s.store.IntakeFloor(ctx, s.opt.Name, info.Created.UnixNano())
+	floor, err := s.store.IntakeFloor(ctx, name, info.Created.UnixNano())
 	switch {
 	case err != nil && workQueue:
 		s.log.Warn("cannot read the intake stream's floor from Redis; a work-queue stream holds only unsettled messages, starting at its first",
-			"stream", s.opt.Name, "error", err)
+			"stream", name, "error", err)
 		return nil
 	case err != nil:
 		return err
@@ -106,7 +110,7 @@ func (s *StreamIntake) startAfterFloor(ctx context.Context, st jetstream.Stream,
 		return nil
 	}
 	cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
-	s.log.Info("creating the intake consumer after the last settled message", "stream", s.opt.Name, "start_sequence", floor+1)
+	s.log.Info("creating the intake consumer after the last settled message", "stream", name, "start_sequence", floor+1)
 	return nil
 }
 
@@ -139,7 +143,7 @@ func (s *StreamIntake) saveFloor(ctx context.Context) bool {
 	defer cancel()
 	info, err := b.cons.Info(ctx)
 	if err == nil {
-		err = s.store.SaveIntakeFloor(ctx, s.opt.Name, b.created, info.AckFloor.Stream)
+		err = s.store.SaveIntakeFloor(ctx, b.name, b.created, info.AckFloor.Stream)
 	}
 
 	if err != nil {
@@ -149,7 +153,7 @@ func (s *StreamIntake) saveFloor(ctx context.Context) bool {
 		msg := err.Error()
 		if prev := s.floorWarned.Swap(&msg); prev == nil || *prev != msg {
 			s.log.Warn("cannot save the intake stream's floor; a consumer created again may store again what was stored (retrying)",
-				"stream", s.opt.Name, "error", err)
+				"stream", b.name, "error", err)
 		}
 		return false
 	}
@@ -159,7 +163,7 @@ func (s *StreamIntake) saveFloor(ctx context.Context) bool {
 		msg := err.Error()
 		if prev := s.purgeWarned.Swap(&msg); prev == nil || *prev != msg {
 			s.log.Warn("cannot purge the settled messages from the intake stream; they stay until it can (retrying)",
-				"stream", s.opt.Name, "error", err)
+				"stream", b.name, "error", err)
 		}
 		return false
 	}
@@ -210,13 +214,13 @@ func (s *StreamIntake) purge(ctx context.Context, b *boundConsumer, floor uint64
 		b.purgedAt.Store(now) // look again no sooner than purgeEvery
 		if b.unmarked.CompareAndSwap(false, true) {
 			s.log.Warn("the intake stream lost delayd's layout mark or was made again: not purging it",
-				"stream", s.opt.Name, "metadata", info.Config.Metadata)
+				"stream", b.name, "metadata", info.Config.Metadata)
 		}
 		return nil
 	}
 	b.unmarked.Store(false)
 	if err := b.stream.Purge(ctx, jetstream.WithPurgeSequence(floor+1)); err != nil {
-		return fmt.Errorf("purge below the ack floor %d (needs $JS.API.STREAM.PURGE.%s): %w", floor, s.opt.Name, err)
+		return fmt.Errorf("purge below the ack floor %d (needs $JS.API.STREAM.PURGE.%s): %w", floor, b.name, err)
 	}
 	b.purged.Store(floor)
 	b.purgedAt.Store(now)

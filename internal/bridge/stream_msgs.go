@@ -20,6 +20,15 @@ import (
 // request; a valid one is queued for Redis, an invalid one terminated and
 // published to <prefix>.rejected.
 func (s *StreamIntake) handle(m jetstream.Msg) {
+	if isParkSubject(s.opt.Subject, m.Subject()) {
+		// A migration's barrier (stream_migrate.go): no envelope; settled
+		// so the drain can pass it.
+		if err := m.Ack(); err != nil {
+			s.log.Debug("ack of a migration's barrier failed; it comes again", "error", err)
+		}
+		s.settled.Store(true)
+		return
+	}
 	// Parsed once: the message's sequence and the time the stream took it.
 	meta, metaErr := m.Metadata()
 	accepted := s.opt.Now()

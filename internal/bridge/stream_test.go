@@ -128,8 +128,13 @@ func (e *streamEnv) waitStream() {
 	e.t.Helper()
 	js := e.js()
 	e.eventually("the stream and consumer exist", func() bool {
-		_, err := js.Consumer(context.Background(), "DELAYD_INTAKE", "DELAYD_INTAKE")
-		return err == nil
+		// Or, half-way through a migration, those of the stream between.
+		for _, name := range []string{"DELAYD_INTAKE", interimName("DELAYD_INTAKE")} {
+			if _, err := js.Consumer(context.Background(), name, name); err == nil {
+				return true
+			}
+		}
+		return false
 	})
 }
 
