@@ -29,6 +29,15 @@ type doctorReport struct {
 	// Unreadable counts the values that are no envelope of any format
 	// this version reads (corrupt, or not written by delayd).
 	Unreadable int `json:"unreadable"`
+	// Leases counts the leases in flight by the form of their score.
+	Leases leaseForms `json:"leases"`
+}
+
+// leaseForms counts leases by score form: whole (format 3) and
+// fractional (format 2).
+type leaseForms struct {
+	Whole      int64 `json:"whole"`
+	Fractional int64 `json:"fractional"`
 }
 
 // doctorCommand checks the delay set in Redis against the store's invariants:
@@ -88,6 +97,9 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	rep.Unreadable = rep.Formats[store.FormatUnreadable]
 	delete(rep.Formats, store.FormatUnreadable)
+	if rep.Leases.Whole, rep.Leases.Fractional, err = st.LeaseForms(ctx); err != nil {
+		return err
+	}
 	for sh := range c.Shards {
 		found, err := st.Check(ctx, sh, store.CheckOptions{Repair: repair, Pause: pause})
 		if err != nil {
@@ -141,6 +153,10 @@ func printDoctor(w io.Writer, rep doctorReport) {
 			note = " (written by a newer version: this version leaves them alone)"
 		}
 		fmt.Fprintf(w, "stored format %d: %d values%s\n", f, rep.Formats[f], note)
+	}
+	if l := rep.Leases; l.Whole+l.Fractional > 0 {
+		fmt.Fprintf(w, "leases in flight: %d with whole scores (format 3; a version before it never re-leases them), %d fractional\n",
+			l.Whole, l.Fractional)
 	}
 	if rep.Unreadable > 0 {
 		fmt.Fprintf(w, "unreadable: %d values that are no envelope of any format (corrupt, or not written by delayd)\n", rep.Unreadable)

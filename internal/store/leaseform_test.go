@@ -121,6 +121,9 @@ func TestBothLeaseForms(t *testing.T) {
 			t.Fatalf("%s: lease score %v, whole %v, want %v", id, scores[id], whole, want)
 		}
 	}
+	if whole, fractional, err := two.LeaseForms(ctx); err != nil || whole != 2 || fractional != 2 {
+		t.Fatalf("LeaseForms: %d whole, %d fractional (%v), want 2 and 2", whole, fractional, err)
+	}
 	time.Sleep(time.Second + 5*time.Millisecond)
 	res, err := three.Claim(ctx, []int{0}, ClaimOptions{Batch: 10, Lease: time.Minute})
 	if err != nil {
