@@ -24,7 +24,9 @@ package bridge
 // migration cut off anywhere goes on when run again, and two run at once
 // do each step twice, harmlessly: a park is an update to the same config,
 // a create of an identical stream returns it, a drain waits for the same
-// floor, a delete of a deleted stream is done. The daemons take part
+// floor, a delete of a deleted stream is done, and a drain deletes a
+// stream only if it is still the parked stream it began on (same creation
+// time): never the live one another run created since. The daemons take part
 // without knowing: each binds a parked stream first (bindable), so what
 // waits in one is drained even if every daemon restarts meanwhile, and
 // binds again when it is deleted (Run's lost consumer).
@@ -206,9 +208,9 @@ func (m *migration) run(ctx context.Context) error {
 		case rt == roleParked && rn == roleAbsent:
 			err = m.create(ctx, name, between)
 		case rn == roleParked:
-			err = m.drain(ctx, name)
+			err = m.drain(ctx, n)
 		case rt == roleParked:
-			err = m.drain(ctx, between)
+			err = m.drain(ctx, t)
 		case rn == roleHolds && limitsLayout(n) && rt == roleAbsent:
 			return m.done(ctx, n)
 		case rn == roleHolds && n.Config.Retention == jetstream.WorkQueuePolicy && rt == roleAbsent:
@@ -289,9 +291,13 @@ func (m *migration) create(ctx context.Context, name, from string) error {
 }
 
 // drain waits until the daemons settled every message of the parked stream
-// name, then deletes it.
-func (m *migration) drain(ctx context.Context, name string) error {
-	seq, err := m.barrier(ctx, name)
+// parked, then deletes it: only while it is still that stream. Another
+// migration run at the same time may have drained and deleted it, and
+// gone on to create a stream of that name, the live one holding the intake
+// subjects: that is never deleted (moved).
+func (m *migration) drain(ctx context.Context, parked *jetstream.StreamInfo) error {
+	name, created := parked.Config.Name, parked.Created
+	seq, err := m.barrier(ctx, name, created)
 	if errors.Is(err, errDrained) {
 		return nil
 	}
@@ -311,7 +317,7 @@ func (m *migration) drain(ctx context.Context, name string) error {
 		if err == nil && info.AckFloor.Stream >= seq && info.NumAckPending == 0 && info.NumPending == 0 {
 			break
 		}
-		if err != nil && m.gone(ctx, name) {
+		if err != nil && m.moved(ctx, name, created) {
 			return nil
 		}
 		if !waiting {
@@ -333,6 +339,11 @@ func (m *migration) drain(ctx context.Context, name string) error {
 		case <-tick.C:
 		}
 	}
+	// What was just read may be the consumer of a stream created since
+	// under that name: looked at again right before the delete.
+	if still, err := m.still(ctx, name, created); err != nil || !still {
+		return err
+	}
 	if err := m.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("bridge: delete the drained stream %s: %w", name, err)
 	}
@@ -346,7 +357,7 @@ func (m *migration) drain(ctx context.Context, name string) error {
 // on the intake subjects is ahead of it: one the server had received when
 // the subjects changed is stored before it, so a drain past it misses
 // none. Until the stream has its parked subject nothing answers: retried.
-func (m *migration) barrier(ctx context.Context, name string) (uint64, error) {
+func (m *migration) barrier(ctx context.Context, name string, created time.Time) (uint64, error) {
 	for {
 		ack, err := m.js.Publish(ctx, parkSubject(m.opt.Subject, name), nil, jetstream.WithExpectStream(name))
 		if err == nil {
@@ -355,7 +366,7 @@ func (m *migration) barrier(ctx context.Context, name string) (uint64, error) {
 		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return 0, fmt.Errorf("bridge: publish the barrier into stream %s: %w", name, err)
 		}
-		if m.gone(ctx, name) {
+		if m.moved(ctx, name, created) {
 			return 0, errDrained
 		}
 		select {
@@ -370,16 +381,37 @@ func (m *migration) barrier(ctx context.Context, name string) (uint64, error) {
 // migration run at the same time.
 var errDrained = errors.New("drained and deleted by another migration")
 
-// gone reports whether the parked stream name was deleted: only a
-// migration deletes one, once drained. Its consumer and its parked
-// subject go with it, so a drain waiting on either would wait for ever.
-func (m *migration) gone(ctx context.Context, name string) bool {
-	_, err := m.js.Stream(ctx, name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
+// moved reports whether the stream name is no longer the parked stream
+// created at created that a drain began on: deleted (only a migration
+// deletes one, once drained; its consumer and parked subject go with it,
+// so a drain waiting on either would wait for ever), or a stream created
+// since under that name (by another migration run at the same time,
+// possibly the live one). Either way the migration looks again at what
+// the streams are. A stream that cannot be read has not moved: the drain
+// neither deletes it nor stops waiting.
+func (m *migration) moved(ctx context.Context, name string, created time.Time) bool {
+	still, err := m.still(ctx, name, created)
+	return err == nil && !still
+}
+
+// still reports whether the stream name is the parked stream created at
+// created; an error when it cannot be read.
+func (m *migration) still(ctx context.Context, name string, created time.Time) (bool, error) {
+	st, err := m.js.Stream(ctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
 		m.log.Info("the stream was drained and deleted by another migration", "stream", name)
-		return true
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("bridge: read stream %s: %w", name, err)
 	}
-	return false
+	info := st.CachedInfo()
+	if roleOf(info, m.opt.Subject) != roleParked || !info.Created.Equal(created) {
+		m.log.Info("the stream was drained and deleted by another migration, which created one of that name since: looking again",
+			"stream", name, "subjects", info.Config.Subjects)
+		return false, nil
+	}
+	return true, nil
 }
 
 // done takes the migration's mark off the stream it created, once nothing

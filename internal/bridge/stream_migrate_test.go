@@ -363,3 +363,72 @@ func TestStreamIntakeMigrationBesideAnother(t *testing.T) {
 	st.check(t, acked)
 	e.migrated(js)
 }
+
+// A migration that began draining the parked stream, then was overtaken by
+// another that finished the whole migration (the stream of that name is
+// now the live one, its consumer past the first's barrier), never deletes
+// the live stream: it finds that stream is not the one it was draining and
+// goes on from what the streams are now. Nothing acknowledged is lost.
+func TestStreamIntakeMigrationOvertakenKeepsTheLiveStream(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st, func(o *StreamOptions) { o.WorkQueue = true })()
+	st := countWrites(e.st)
+	r := &refusing{StreamStore: st}
+	r.down.Store(true)
+	e.start(r)
+	js := e.js()
+	ctx := context.Background()
+	var acked []string
+	send := func(prefix string, n int) {
+		for i := range n {
+			id := fmt.Sprint(prefix, i)
+			publish(t, js, "delayd.intake", hdr(envelope.HeaderTarget, "orders.cancel", envelope.HeaderDelay, "1h", envelope.HeaderID, id), "x")
+			acked = append(acked, id)
+		}
+	}
+	send("o-", 20)
+	var live time.Time
+	first := migrateOptions()
+	// The first finds the parked stream not drained; meanwhile the second
+	// runs the whole migration and the live stream settles more messages
+	// than the first's barrier sequence; then the first looks again.
+	first.afterStep = func(s string) {
+		if s != "waiting DELAYD_INTAKE" {
+			return
+		}
+		r.down.Store(false)
+		if err := e.migrate(ctx, migrateOptions()); err != nil {
+			t.Errorf("the second migration: %v", err)
+			return
+		}
+		e.migrated(js)
+		ls, err := js.Stream(ctx, "DELAYD_INTAKE")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		live = ls.CachedInfo().Created
+		send("l-", 50)
+		e.eventually("the live stream's consumer settled them", func() bool {
+			c, err := js.Consumer(ctx, "DELAYD_INTAKE", "DELAYD_INTAKE")
+			if err != nil {
+				return false
+			}
+			i, err := c.Info(ctx)
+			return err == nil && i.AckFloor.Stream >= 50 && i.NumAckPending == 0 && i.NumPending == 0
+		})
+	}
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := e.migrate(tctx, first); err != nil {
+		t.Fatalf("the first migration: %v", err)
+	}
+	s, err := js.Stream(ctx, "DELAYD_INTAKE")
+	if err != nil || !s.CachedInfo().Created.Equal(live) {
+		t.Fatalf("the live stream was deleted by the overtaken migration (now: %v)", err)
+	}
+	send("a-", 20)
+	e.eventually("every acknowledged envelope is stored", func() bool { return st.missing(acked) == 0 })
+	st.check(t, acked)
+	e.migrated(js)
+}
