@@ -58,6 +58,11 @@ const (
 // drainPoll is how often a migration reads the drained stream's consumer.
 const drainPoll = 250 * time.Millisecond
 
+// maxStreamName is the longest JetStream stream name (the server's
+// JSMaxNameLen): a migration of a name whose stream between would be longer
+// is refused before it changes anything.
+const maxStreamName = 255
+
 // interimName is the stream between of a migration of name.
 func interimName(name string) string { return name + "_MIGRATING" }
 
@@ -175,6 +180,10 @@ type migration struct {
 func MigrateIntake(ctx context.Context, nc *nats.Conn, opt StreamOptions, log hclog.Logger) error {
 	if opt.WorkQueue {
 		return errors.New("bridge: intake.stream.retention is workqueue: the migration makes the limits layout (set intake.stream.retention: limits)")
+	}
+	if len(interimName(opt.Name)) > maxStreamName {
+		return fmt.Errorf("bridge: intake.stream.name is %d characters: the migration creates %s, and a JetStream name is %d at most (the name %d at most); nothing changed",
+			len(opt.Name), interimName("<name>"), maxStreamName, maxStreamName-len(interimName("")))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -432,3 +432,27 @@ func TestStreamIntakeMigrationOvertakenKeepsTheLiveStream(t *testing.T) {
 	st.check(t, acked)
 	e.migrated(js)
 }
+
+// A name too long for the stream between (<name>_MIGRATING over
+// JetStream's 255 characters) is refused before any change: the work
+// queue keeps the intake subjects.
+func TestStreamIntakeMigrationRefusesALongName(t *testing.T) {
+	e := newStreamEnv(t)
+	name := strings.Repeat("N", 246)
+	opt := migrateOptions()
+	opt.Name, opt.WorkQueue = name, true
+	if _, err := e.js().CreateStream(context.Background(), streamConfigOf(opt, name)); err != nil {
+		t.Fatal(err)
+	}
+	opt.WorkQueue = false
+	if err := e.migrate(context.Background(), opt); err == nil || !strings.Contains(err.Error(), "245") {
+		t.Fatalf("migrate a name of 246: %v", err)
+	}
+	s, err := e.js().Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || !slices.Equal(c.Subjects, []string{"delayd.intake", "delayd.intake.>"}) {
+		t.Fatalf("after the refusal: retention %v, subjects %v", c.Retention, c.Subjects)
+	}
+}

@@ -244,3 +244,17 @@ func TestValidateDedupeWindow(t *testing.T) {
 		}
 	}
 }
+
+// intake.stream.name leaves room for the stream a migration creates,
+// <name>_MIGRATING, within JetStream's 255 characters: 245 at most.
+func TestValidateStreamNameLength(t *testing.T) {
+	c := Default()
+	c.Intake.Stream.Name = strings.Repeat("N", 245)
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a name of 245: %v", err)
+	}
+	c.Intake.Stream.Name = strings.Repeat("N", 246)
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "intake.stream.name:") {
+		t.Fatalf("a name of 246: %v", err)
+	}
+}

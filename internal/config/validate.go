@@ -202,6 +202,10 @@ func (c Config) validateWait(bad func(key, format string, args ...any)) {
 	}
 }
 
+// maxStreamName is the longest intake.stream.name: 255 (JetStream's
+// longest name) less len("_MIGRATING").
+const maxStreamName = 255 - len("_MIGRATING")
+
 func (c Config) validateStream(bad func(key, format string, args ...any)) {
 	s := c.Intake.Stream
 	switch s.Enabled {
@@ -211,6 +215,12 @@ func (c Config) validateStream(bad func(key, format string, args ...any)) {
 	}
 	if s.Name == "" || strings.ContainsAny(s.Name, ".*> \t/\\") {
 		bad("intake.stream.name", "must be a non-empty JetStream name without '.', '*', '>', '/', '\\' or spaces, got %q", s.Name)
+	}
+	// The migration to the limits layout creates <name>_MIGRATING, and a
+	// JetStream name has 255 characters at most.
+	if len(s.Name) > maxStreamName {
+		bad("intake.stream.name", "must be %d characters at most (%s_MIGRATING, which delayd intake migrate creates, fits JetStream's 255), got %d",
+			maxStreamName, "<name>", len(s.Name))
 	}
 	if s.Retention != "limits" && s.Retention != "workqueue" {
 		bad("intake.stream.retention", "must be limits or workqueue, got %q", s.Retention)
