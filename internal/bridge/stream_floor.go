@@ -133,6 +133,24 @@ func (s *StreamIntake) keepFloor(ctx context.Context) {
 	}
 }
 
+// streamGone reports whether err, from the bound consumer, is because its
+// stream was deleted (or deleted and created again): the server then says
+// the consumer is not found.
+func (s *StreamIntake) streamGone(ctx context.Context, b *boundConsumer, err error) bool {
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false
+	}
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return false
+	}
+	st, err := js.Stream(ctx, b.name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return true
+	}
+	return err == nil && st.CachedInfo().Created.UnixNano() != b.created
+}
+
 // saveFloor reads the consumer's ack floor and saves it in Redis.
 func (s *StreamIntake) saveFloor(ctx context.Context) bool {
 	b := s.bound.Load()
@@ -146,6 +164,13 @@ func (s *StreamIntake) saveFloor(ctx context.Context) bool {
 		err = s.store.SaveIntakeFloor(ctx, b.name, b.created, info.AckFloor.Stream)
 	}
 
+	if err != nil && s.streamGone(ctx, b, err) {
+		// Nothing is left in it that a consumer created again could
+		// store again: Run binds the stream that holds the subjects now.
+		s.log.Info("the intake stream is gone (delayd intake migrate deletes each stream it drained, once empty): no floor to save for it",
+			"stream", b.name)
+		return true
+	}
 	if err != nil {
 		// Said once per cause: a refusal (the NATS user may not read
 		// the consumer's info) would otherwise turn the floor off

@@ -17,6 +17,7 @@ import (
 
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // storeCounts wraps a StreamStore and counts, per id, the times an
@@ -454,5 +455,40 @@ func TestStreamIntakeMigrationRefusesALongName(t *testing.T) {
 	}
 	if c := s.CachedInfo().Config; c.Retention != jetstream.WorkQueuePolicy || !slices.Equal(c.Subjects, []string{"delayd.intake", "delayd.intake.>"}) {
 		t.Fatalf("after the refusal: retention %v, subjects %v", c.Retention, c.Subjects)
+	}
+}
+
+// A daemon whose stream a migration drained and deleted says so, at info:
+// not the warning that a floor it cannot save is a risk (a deleted stream
+// leaves nothing a consumer created again could store again).
+func TestStreamIntakeMigrationDeletesQuietly(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st, func(o *StreamOptions) { o.WorkQueue = true })()
+	var out testutil.Buffer
+	e.log = hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
+	st := countWrites(e.st)
+	e.start(st)
+	js := e.js()
+	p := startPublisher(t, js, "q")
+	p.waitAcked(e, 100)
+	if err := e.migrate(context.Background(), migrateOptions()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	p.waitAcked(e, 100)
+	p.end()
+	acked := p.ids()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(out.String())
+		}
+	})
+	e.eventually("every acknowledged envelope is stored", func() bool { return st.missing(acked) == 0 })
+	st.check(t, acked)
+	time.Sleep(2 * floorEvery)
+	if strings.Contains(out.String(), "cannot save the intake stream's floor") {
+		t.Fatalf("a stream the migration deleted is warned about:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "the intake stream is gone") {
+		t.Fatalf("the deleted stream not said:\n%s", out.String())
 	}
 }

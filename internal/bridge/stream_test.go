@@ -31,6 +31,7 @@ type streamEnv struct {
 	redis *testutil.Redis
 	st    *store.Store
 	obs   *streamCounts
+	log   hclog.Logger // the intakes' logger, when set
 }
 
 func newStreamEnv(t *testing.T, natsOpts ...func(*server.Options)) *streamEnv {
@@ -88,7 +89,10 @@ func (e *streamEnv) start(st StreamStore, mod ...func(*StreamOptions)) (stop fun
 		e.t.Fatal(err)
 	}
 	log := hclog.NewNullLogger()
-	if os.Getenv("DELAYD_TEST_LOG") != "" {
+	switch {
+	case e.log != nil:
+		log = e.log
+	case os.Getenv("DELAYD_TEST_LOG") != "":
 		log = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
 	}
 	si := NewStreamIntake(nc, st, noWake{}, e.obs, opt, log)
