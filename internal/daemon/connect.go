@@ -83,7 +83,12 @@ func (p *parts) newStore(ctx context.Context) error {
 }
 
 func (p *parts) storeOptions() []store.Option {
-	opts := slices.Concat(p.opt.store, []store.Option{store.WithStreamMemory(p.c.StreamDedupeWindow()),
+	var formats []store.Option
+	if p.c.Redis.DueBuckets {
+		formats = append(formats, store.WithNewestFormat(store.FormatDueBuckets))
+	}
+	// The test seams come after: WithNewestFormat there wins.
+	opts := slices.Concat(formats, p.opt.store, []store.Option{store.WithStreamMemory(p.c.StreamDedupeWindow()),
 		store.WithResendMemory(p.c.Intake.DedupeWindow)})
 	if r := p.c.Redis; r.WaitReplicas > 0 || r.WaitLocalFsync {
 		opts = append(opts, store.WithWait(store.WaitOptions{Replicas: r.WaitReplicas, Timeout: r.WaitTimeout,

@@ -18,7 +18,12 @@ import (
 func fill(b *testing.B, s *Store, n int, tag string) {
 	b.Helper()
 	data := envelope.Encode(envelope.Envelope{Target: "orders.cancel", Payload: make([]byte, 128)})
-	const chunk = 2000
+	// 2,000 a script call, all due in one ms (about 125 a shard): with
+	// DELAYD_BENCH_FILL_CHUNK the size of an intake's flush instead.
+	chunk := 2000
+	if v, err := strconv.Atoi(os.Getenv("DELAYD_BENCH_FILL_CHUNK")); err == nil && v > 0 {
+		chunk = v
+	}
 	items := make([]Item, 0, chunk)
 	for i := 0; i < n; i++ {
 		items = append(items, Item{ID: fmt.Sprintf("%s%015d", tag, i)[:16], DelayMicros: int64(24 * time.Hour / time.Microsecond), Data: data})
@@ -56,6 +61,10 @@ func benchStore(b *testing.B) (*Store, *testutil.Redis) {
 	// fleet of one version does.
 	if _, err := s.AgreeFormats(context.Background(), "bench", time.Hour); err != nil {
 		b.Fatal(err)
+	}
+	// With DELAYD_BENCH_DUE_BUCKETS=1 (redis.due_buckets), the due buckets.
+	if os.Getenv("DELAYD_BENCH_DUE_BUCKETS") == "1" {
+		s.write.Store(FormatDueBuckets)
 	}
 	return s, r
 }
@@ -233,16 +242,25 @@ func readWork(info string) redisWork {
 }
 
 // BenchmarkMemoryPerEnvelope reports Redis used_memory per pending envelope
-// (16-byte id, 128-byte payload) over 1M pending envelopes.
+// (16-byte id, 128-byte payload) over 1M pending envelopes, indexed in the
+// due set (the default) and in the due buckets (redis.due_buckets).
 func BenchmarkMemoryPerEnvelope(b *testing.B) {
 	const n = 1_000_000
-	for i := 0; i < b.N; i++ {
-		s, r := benchStore(b)
-		rc := r.Client()
-		before := usedMemory(b, rc.Info(context.Background(), "memory").Val())
-		fill(b, s, n, "m")
-		after := usedMemory(b, rc.Info(context.Background(), "memory").Val())
-		b.ReportMetric(float64(after-before)/n, "bytes/envelope")
+	for _, layout := range []struct {
+		name   string
+		format int
+	}{{"due_set", FormatIntegerLeases}, {"due_buckets", FormatDueBuckets}} {
+		b.Run(layout.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				s, r := benchStore(b)
+				s.write.Store(int32(layout.format))
+				rc := r.Client()
+				before := usedMemory(b, rc.Info(context.Background(), "memory").Val())
+				fill(b, s, n, "m")
+				after := usedMemory(b, rc.Info(context.Background(), "memory").Val())
+				b.ReportMetric(float64(after-before)/n, "bytes/envelope")
+			}
+		})
 	}
 }
 

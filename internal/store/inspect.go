@@ -67,8 +67,12 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 		e.State, e.DueMs, e.Attempts = StateInflight, leaseEnd(inflight.Val()), e.Attempts+1
 	case dead.Err() == nil:
 		e.State, e.DueMs = StateDead, int64(dead.Val())
-	default:
+	case due.Err() == nil:
 		e.State, e.DueMs = StatePending, int64(due.Val())
+	default:
+		// In a due bucket (keys.go, pending), at its header's due time.
+		dueMs, _, _ := splitValue(data.Val())
+		e.State, e.DueMs = StatePending, dueMs
 	}
 	return e, nil
 }
@@ -169,6 +173,18 @@ func (s *Store) List(ctx context.Context, o ListOptions) (entries []Entry, next 
 		due   int64
 	}
 	var cands []cand
+	if o.State != StateDead {
+		for sh := range s.keys {
+			zs, err := s.bucketsAfter(ctx, sh, o.Cursor, o.Limit+1, o.DueBefore)
+			if err != nil {
+				return nil, o.Cursor, false, err
+			}
+			for _, z := range zs {
+				id, _ := z.Member.(string)
+				cands = append(cands, cand{sh, id, int64(z.Score)})
+			}
+		}
+	}
 	for sh, r := range ranges {
 		for _, z := range r.Val() {
 			due := int64(z.Score)
@@ -288,6 +304,59 @@ func (s *Store) ranksAfter(ctx context.Context, sets []string, c Cursor) ([]int6
 	}
 }
 
+// bucketsAfter returns up to n entries of shard sh's due buckets (keys.go,
+// pending) after the cursor in (due, id) order, due before dueBefore (0:
+// any). The bucket holding the cursor is the last one starting below its
+// due time or one of those starting at it or later, so it reads those in
+// order, a few per round trip, until it has n.
+func (s *Store) bucketsAfter(ctx context.Context, sh int, c Cursor, n int, dueBefore int64) ([]redis.Z, error) {
+	k := s.keys[sh]
+	pipe := s.rdb.Pipeline()
+	var prev *redis.StringSliceCmd
+	from := pipe.ZRangeByScore(ctx, k.pending, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: int64(n) + 1})
+	if c.ID != "" {
+		d := strconv.FormatInt(c.DueMs, 10)
+		prev = pipe.ZRevRangeByScore(ctx, k.pending, &redis.ZRangeBy{Max: "(" + d, Min: "-inf", Count: 1})
+		from = pipe.ZRangeByScore(ctx, k.pending, &redis.ZRangeBy{Min: d, Max: "+inf", Count: int64(n) + 1})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store: list: %w", err)
+	}
+	var buckets []string
+	if prev != nil {
+		buckets = prev.Val()
+	}
+	buckets = append(buckets, from.Val()...)
+	var out []redis.Z
+	for i := 0; i < len(buckets) && len(out) < n; i += 4 {
+		pipe := s.rdb.Pipeline()
+		part := buckets[i:min(i+4, len(buckets))]
+		reads := make([]*redis.ZSliceCmd, len(part))
+		for j, m := range part {
+			reads[j] = pipe.ZRangeWithScores(ctx, k.pending+":"+m, 0, -1)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("store: list: %w", err)
+		}
+		for _, r := range reads {
+			for _, z := range r.Val() {
+				id, _ := z.Member.(string)
+				due := int64(z.Score)
+				if dueBefore > 0 && due >= dueBefore {
+					return out, nil
+				}
+				if c.ID != "" && (due < c.DueMs || due == c.DueMs && id <= c.ID) {
+					continue
+				}
+				if out = append(out, z); len(out) == n {
+					return out, nil
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
 // ShardStats are one shard's sizes and its next due time.
 type ShardStats struct {
 	Shard     int
@@ -308,23 +377,45 @@ func (s *Store) Stats(ctx context.Context, shards ...int) ([]ShardStats, int64, 
 	pipe := s.rdb.Pipeline()
 	type cmds struct {
 		p, i, d *redis.IntCmd
+		b       *redis.StringCmd
 		next    *redis.ZSliceCmd
+		first   *redis.StringSliceCmd
 	}
 	cs := make([]cmds, len(shards))
 	for j, sh := range shards {
 		k := s.keys[sh]
 		cs[j] = cmds{pipe.ZCard(ctx, k.due), pipe.ZCard(ctx, k.inflight), pipe.ZCard(ctx, k.dead),
-			pipe.ZRangeWithScores(ctx, k.due, 0, 0)}
+			pipe.Get(ctx, k.pending+"#"), pipe.ZRangeWithScores(ctx, k.due, 0, 0), pipe.ZRange(ctx, k.pending, 0, 0)}
 	}
 	now := pipe.Time(ctx)
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, 0, fmt.Errorf("store: stats: %w", err)
+	}
+	// The earliest entry of the due buckets is the first bucket's first.
+	pipe = s.rdb.Pipeline()
+	firsts := make([]*redis.ZSliceCmd, len(shards))
+	for j, c := range cs {
+		if m := c.first.Val(); len(m) > 0 {
+			firsts[j] = pipe.ZRangeWithScores(ctx, s.keys[shards[j]].pending+":"+m[0], 0, 0)
+		}
+	}
+	if pipe.Len() > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, 0, fmt.Errorf("store: stats: %w", err)
+		}
 	}
 	out := make([]ShardStats, len(shards))
 	for j, c := range cs {
-		out[j] = ShardStats{Shard: shards[j], Counts: Counts{Pending: c.p.Val(), Inflight: c.i.Val(), Dead: c.d.Val()}, NextDueMs: -1}
+		b, _ := c.b.Int64()
+		out[j] = ShardStats{Shard: shards[j], Counts: Counts{Pending: c.p.Val() + max(b, 0), Inflight: c.i.Val(), Dead: c.d.Val()},
+			NextDueMs: -1}
 		if z := c.next.Val(); len(z) > 0 {
 			out[j].NextDueMs = int64(z[0].Score)
+		}
+		if firsts[j] != nil {
+			if z := firsts[j].Val(); len(z) > 0 && (out[j].NextDueMs < 0 || int64(z[0].Score) < out[j].NextDueMs) {
+				out[j].NextDueMs = int64(z[0].Score)
+			}
 		}
 	}
 	return out, now.Val().UnixMilli(), nil
@@ -370,6 +461,10 @@ func (s *Store) DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error)
 			cmds[sh][b] = pipe.ZCount(ctx, k.due, lo, hi)
 		}
 	}
+	bounds := make([]*redis.ZSliceCmd, s.shards)
+	for sh, k := range s.keys {
+		bounds[sh] = pipe.ZRangeWithScores(ctx, k.pending, 0, -1)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("store: due counts: %w", err)
 	}
@@ -378,6 +473,57 @@ func (s *Store) DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error)
 		for b, c := range cs {
 			out[b] += c.Val()
 		}
+	}
+	// The due buckets: a bucket's entries lie from its bound (the first's
+	// from -inf) up to the next one's; one ZCARD for a bucket inside a
+	// histogram bin, a ZCOUNT per bin for one across an edge.
+	bin := func(ms float64) int {
+		b, _ := slices.BinarySearchFunc(edgesMs, ms, func(e int64, t float64) int { return cmp.Compare(float64(e), t) })
+		if b < len(edgesMs) && float64(edgesMs[b]) == ms {
+			b++
+		}
+		return b
+	}
+	pipe = s.rdb.Pipeline()
+	type part struct {
+		bin int
+		c   *redis.IntCmd
+	}
+	var parts []part
+	for sh, bc := range bounds {
+		zs := bc.Val()
+		for i, z := range zs {
+			key := s.keys[sh].pending + ":" + z.Member.(string)
+			lo, hi := 0, len(edgesMs)
+			if i > 0 {
+				lo = bin(z.Score)
+			}
+			if i+1 < len(zs) {
+				hi = bin(zs[i+1].Score)
+			}
+			if lo == hi {
+				parts = append(parts, part{lo, pipe.ZCard(ctx, key)})
+				continue
+			}
+			for b := lo; b <= hi; b++ {
+				min, max := "-inf", "+inf"
+				if b > 0 {
+					min = strconv.FormatInt(edgesMs[b-1], 10)
+				}
+				if b < len(edgesMs) {
+					max = "(" + strconv.FormatInt(edgesMs[b], 10)
+				}
+				parts = append(parts, part{b, pipe.ZCount(ctx, key, min, max)})
+			}
+		}
+	}
+	if len(parts) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("store: due counts: %w", err)
+		}
+	}
+	for _, p := range parts {
+		out[p.bin] += p.c.Val()
 	}
 	return out, nil
 }

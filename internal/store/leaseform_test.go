@@ -40,8 +40,8 @@ func TestIntegerLeaseScores(t *testing.T) {
 	r, _ := newStore(t)
 	ctx := context.Background()
 	a, b := New(r.rdb, "t", 4), New(r.rdb, "t", 4)
-	agreeOn(t, a, "a", FormatIntegerLeases)
-	agreeOn(t, b, "b", FormatIntegerLeases)
+	agreeOn(t, a, "a", newestFormat)
+	agreeOn(t, b, "b", newestFormat)
 	schedule(t, a, Item{ID: "x", Absolute: true, AtMicros: 1000, Data: enc("x")})
 	before := time.Now().UnixMilli()
 	c := claimOnly(t, a, "x", time.Minute)
@@ -86,7 +86,7 @@ func TestAMixedFleetKeepsFractionalLeases(t *testing.T) {
 	if _, err := older.AgreeFormats(ctx, "old", 0); err != nil {
 		t.Fatal(err)
 	}
-	agreeOn(t, newer, "new", FormatIntegerLeases)
+	agreeOn(t, newer, "new", newestFormat)
 	schedule(t, newer, Item{ID: "x", Absolute: true, AtMicros: 1000, Data: enc("x")})
 	claimOnly(t, newer, "x", time.Minute)
 	if score := inflightScores(t, newer, newer.Shard("x"))["x"]; score != math.Trunc(score) || score < leaseSplit {
@@ -106,7 +106,7 @@ func TestBothLeaseForms(t *testing.T) {
 	ctx := context.Background()
 	two := New(r.rdb, "t", 1) // never announces: writes format 2
 	three := New(r.rdb, "t", 1)
-	agreeOn(t, three, "three", FormatIntegerLeases)
+	agreeOn(t, three, "three", newestFormat)
 	claim := func(s *Store, id string, lease time.Duration) Claimed {
 		t.Helper()
 		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1000, Data: enc(id)})
@@ -179,7 +179,7 @@ func TestAScannerOfReleaseZeroOneKeepsFractionalLeases(t *testing.T) {
 	if _, _, err := legacy.Heartbeat(ctx, "legacy", 0); err != nil {
 		t.Fatal(err)
 	}
-	agreeOn(t, newer, "new", FormatIntegerLeases)
+	agreeOn(t, newer, "new", newestFormat)
 }
 
 // TestARollbackRewritesWholeLeases: when a daemon that reads only format

@@ -21,9 +21,12 @@ import (
 type mRunner struct {
 	ctx context.Context
 	s   *Store
-	// whole is s as a daemon of a fleet that agreed on format 3: its
-	// claims write whole lease scores, s's fractional ones (format 2).
-	whole      *Store
+	// whole is s as a daemon of a fleet that agreed on format 4 (3 and
+	// later): its claims write whole lease scores, s's fractional ones
+	// (format 2); its schedules go to the due buckets, s's to the due set.
+	whole *Store
+	// buckets: schedules go through whole (opFormat changes it).
+	buckets    bool
 	rc         *redis.Client
 	m          *mModel
 	prev       []mShard
@@ -39,9 +42,11 @@ type mRunner struct {
 
 func newMRunner(ctx context.Context, s *Store, rc *redis.Client, checkEvery int, tracing bool) (*mRunner, error) {
 	whole := New(s.rdb, s.ns, s.shards, WithTokenHint(s.hint))
-	whole.write.Store(FormatIntegerLeases)
-	r := &mRunner{ctx: ctx, s: s, whole: whole, rc: rc, checkEvery: checkEvery, tracing: tracing, seen: map[string]int{},
-		m: &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3), leased: map[int]bool{}, tokens: map[string]bool{}}}
+	whole.write.Store(FormatDueBuckets)
+	// The fleet starts on the newest format (opFormat changes it).
+	r := &mRunner{ctx: ctx, s: s, whole: whole, buckets: true, rc: rc, checkEvery: checkEvery, tracing: tracing,
+		seen: map[string]int{},
+		m:    &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3), leased: map[int]bool{}, tokens: map[string]bool{}}}
 	var err error
 	r.prev, _, err = readKeyspace(ctx, rc, s)
 	return r, err
@@ -127,6 +132,10 @@ func (r *mRunner) apply(o mOp) error {
 		return r.fault(o)
 	case opRace:
 		return r.race(o)
+	case opFormat:
+		r.seen["format "+strconv.Itoa(o.format)]++
+		r.buckets = o.format >= FormatDueBuckets
+		return nil
 	}
 	return fmt.Errorf("op %v cannot run alone", o)
 }
@@ -147,7 +156,11 @@ func storeItems(items []mItem) []Item {
 }
 
 func (r *mRunner) schedule(items []mItem) error {
-	due, errs := r.s.Schedule(r.ctx, storeItems(items))
+	by := r.s
+	if r.buckets {
+		by = r.whole
+	}
+	due, errs := by.Schedule(r.ctx, storeItems(items))
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}

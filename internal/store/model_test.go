@@ -242,6 +242,10 @@ const (
 	// opFraction rewrites whole lease scores as fractions, as a fleet
 	// that writes format 2 again (a rollback) does.
 	opFraction
+	// opFormat: the format the fleet writes changes (format: a daemon of
+	// format 2 joined, or left): pending envelopes go to the due set or
+	// the due buckets from now on.
+	opFormat
 )
 
 // mOp is one step. It names what to do, never a value that only a run
@@ -266,6 +270,7 @@ type mOp struct {
 	shard   int      // bulk, fault
 	key     int      // fault: position of the key in shardKeys.list
 	seq     int      // bulk: names its ids
+	format  int      // format: the one the store writes from now on
 	inner   *mOp     // fault: the step that must fail
 }
 
@@ -322,6 +327,8 @@ func (o mOp) String() string {
 		return "whole lease scores rewritten as fractions"
 	case opFault:
 		return fmt.Sprintf("fault: shard %d key %s is a string during: %v", o.shard, mKeyNames[o.key], *o.inner)
+	case opFormat:
+		return fmt.Sprintf("the fleet writes format %d", o.format)
 	case opRace:
 		return fmt.Sprintf("race: schedule %s@past, claim by d%d (lease %dms), replace with %s@past, claim by d%d "+
 			"ending in the same ms, d%d acks its stale claim", o.items[0].data, o.daemon, o.lease+raceSlack, o.items[1].data, o.other, o.daemon)
@@ -329,7 +336,8 @@ func (o mOp) String() string {
 	return fmt.Sprintf("op %d", o.kind)
 }
 
-var mKeyNames = []string{"due", "inflight", "data", "attempts", "dead", "errors"}
+// mKeyNames are the names of shardKeys.list's keys a fault may hit.
+var mKeyNames = []string{"due", "inflight", "data", "attempts", "dead", "errors", "lease", "seen", "done", "pending"}
 
 // mGen draws the steps of one seed.
 type mGen struct {
@@ -338,10 +346,12 @@ type mGen struct {
 	seq     int
 	pool    []string
 	byShard [][]string
+	format  int // the format the fleet writes (opFormat), from FormatDueBuckets
 }
 
 func newMGen(seed uint64) *mGen {
-	g := &mGen{rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), byShard: make([][]string, modelShards)}
+	g := &mGen{rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), byShard: make([][]string, modelShards),
+		format: FormatDueBuckets}
 	g.daemons = 2 + g.rng.IntN(2)
 	for i := range modelPool {
 		id := fmt.Sprintf("i%02d", i)
@@ -392,7 +402,12 @@ func (g *mGen) next(m *mModel) mOp {
 	case w < 95:
 		return mOp{kind: opFraction}
 	case w < 96:
-		return mOp{kind: opFlush}
+		if g.rng.IntN(2) == 0 {
+			return mOp{kind: opFlush}
+		}
+		// A format-2 daemon joins the fleet, or leaves it.
+		g.format = FormatHeader + FormatDueBuckets - g.format
+		return mOp{kind: opFormat, format: g.format}
 	case w < 98:
 		return g.race()
 	default:

@@ -114,7 +114,8 @@ func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) 
 	// before the format switch (9095ff6 and earlier): it reads an attempts
 	// entry only as "n", and would take a replay's "n/b" for 0 and deliver
 	// the envelope as attempt 1. While one lives, Replay refuses. It
-	// re-leases only fractional lease scores: format 2 is written.
+	// re-leases only fractional lease scores, and its scanner reads only
+	// the due set: format 2 is written.
 	members, err := s.rdb.ZRangeWithScores(ctx, membersKey(s.ns), 0, -1).Result()
 	if err != nil {
 		s.failed(err)

@@ -23,7 +23,10 @@ type scheduleArgs struct {
 	// mark is the one-shot mark of the format to write (value.go);
 	// seenForMs how long a stream message is remembered; resendsMs how
 	// long a tombstone answers a resend (0: never).
-	mark      byte
+	mark byte
+	// buckets: index new envelopes in the due buckets (format 4), not in
+	// the due set.
+	buckets   bool
 	seenForMs int64
 	resendsMs int64
 	items     []scheduleItem
@@ -35,7 +38,7 @@ type scheduleArgs struct {
 
 // scheduleItem is one envelope of a schedule call: 7 values of ARGV.
 type scheduleItem struct {
-	// k is the KEYS offset of the envelope's shard (0, 9, 18...).
+	// k is the KEYS offset of the envelope's shard (0, 10, 20...).
 	k  int
 	id string
 	// mode "d" (delay: us from now, value the bare envelope), "e" (delay,
@@ -51,13 +54,17 @@ type scheduleItem struct {
 }
 
 // scheduleLead is the number of ARGV before the items.
-const scheduleLead = 3
+const scheduleLead = 4
 
 func (scheduleArgs) script() *script { return scheduleScript }
 
 func (a scheduleArgs) encode() call {
 	argv := make([]any, 0, scheduleLead+7*len(a.items))
-	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs)
+	buckets := "0"
+	if a.buckets {
+		buckets = "1"
+	}
+	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs, buckets)
 	for _, it := range a.items {
 		argv = append(argv, it.k, it.id, it.mode, it.us, it.value, it.streamMsg, it.fingerprint)
 	}

@@ -56,10 +56,11 @@ type Store struct {
 type Option func(*Store)
 
 // WithNewestFormat makes the store announce that it reads formats up to f
-// (FormatHeader, FormatIntegerLeases, or one more, which only tests
-// define) and write f once every live daemon reads it: it stands in for
-// an older or the next version in tests of mixed fleets. (Whatever f, the
-// scripts read both forms of lease scores.)
+// (FormatHeader, FormatIntegerLeases, FormatDueBuckets, or one more,
+// which only tests define) and write f once every live daemon reads it: it
+// stands in for an older or the next version in tests of mixed fleets.
+// (Whatever f, the scripts read both forms of lease scores, and both the
+// due set and the due buckets.)
 func WithNewestFormat(f int) Option {
 	return func(s *Store) { s.newest = min(max(f, FormatHeader), formatNext) }
 }
@@ -168,13 +169,14 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 	var idx [][]int          // per call, the items it carries
 	byShard := map[int]int{} // shard → call
 	slots := map[int]int{}   // shard → KEYS offset in its call
-	mark := markOf(int(s.write.Load()))
+	write := int(s.write.Load())
+	mark, buckets := markOf(write), write >= FormatDueBuckets
 	for i, it := range items {
 		sh := s.Shard(it.ID)
 		ci, ok := byShard[sh]
 		if !ok {
 			if s.cluster || len(calls) == 0 {
-				c := scheduleArgs{mark: mark, seenForMs: s.seenFor.Milliseconds(), resendsMs: s.resends.Milliseconds()}
+				c := scheduleArgs{mark: mark, buckets: buckets, seenForMs: s.seenFor.Milliseconds(), resendsMs: s.resends.Milliseconds()}
 				if !s.cluster {
 					// Sized for the whole batch when one call takes it all (a
 					// single Redis); a Cluster's call per shard grows as needed.

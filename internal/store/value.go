@@ -22,15 +22,16 @@ const (
 )
 
 // Stored formats. A format is a version of what the scripts write: the
-// values, and since format 3 the lease scores. A value's format is told by
-// its first byte: below 0xF0 an envelope without the header (format 1),
-// 0xF0 and 0xF1 format 2, whose layout format 3 keeps (it changed the lease
-// scores only), and each later format that changes the layout takes the
-// next pair of marks (markOf). A daemon reads every format up to the
-// newest it knows, and writes the newest that every live daemon reads
-// (AgreeFormats), so a rolling upgrade that brings a new format never meets
-// a daemon that cannot read what it finds; a daemon that meets a newer
-// value format anyway (a rollback) leaves it alone.
+// values, since format 3 the lease scores, and since format 4 where
+// pending envelopes are indexed. A value's format is told by its first
+// byte: below 0xF0 an envelope without the header (format 1), 0xF0 and
+// 0xF1 format 2, whose layout formats 3 and 4 keep, and each later format
+// that changes the layout takes the next pair of marks (markOf). A daemon
+// reads every format up to the newest it knows, and writes the newest that
+// every live daemon reads (AgreeFormats), so a rolling upgrade that brings
+// a new format never meets a daemon that cannot read what it finds; a
+// daemon that meets a newer value format anyway (a rollback) leaves it
+// alone.
 const (
 	// FormatUnreadable counts, in Formats, the values that are no
 	// envelope of any format this version reads: corrupt, or written by
@@ -43,15 +44,23 @@ const (
 	FormatHeader = 2
 	// FormatIntegerLeases keeps format 2's values, and writes each lease
 	// score as its claim's token, a whole number (keys.go, inflight),
-	// instead of the lease expiry plus a fraction: the newest format of
-	// this version. Every daemon of this version reads both forms.
+	// instead of the lease expiry plus a fraction. Every daemon since
+	// reads both forms.
 	FormatIntegerLeases = 3
+	// FormatDueBuckets keeps format 2's values and format 3's lease
+	// scores, and indexes newly pending envelopes in the due buckets
+	// (keys.go, pending) instead of the due set. Every daemon of this
+	// version reads both indexes; it announces and writes format 4 only
+	// with redis.due_buckets (WithNewestFormat): the buckets take less
+	// memory and more Redis work.
+	FormatDueBuckets = 4
 	// formatNext stands in for a future format in tests of mixed-version
 	// fleets (WithNewestFormat): format 2's layout under marks 0xF2, 0xF3.
-	formatNext = 4
+	formatNext = 5
 )
 
-// newestFormat is the newest format this version reads and writes.
+// newestFormat is the newest format this version announces and writes
+// by default (WithNewestFormat raises it to FormatDueBuckets).
 const newestFormat = FormatIntegerLeases
 
 // formatOf is the stored format of a value.
@@ -60,17 +69,17 @@ func formatOf(v string) int {
 		return FormatBare
 	}
 	if pair := int(v[0]-valueMark) / 2; pair > 0 {
-		return FormatIntegerLeases + pair
+		return FormatDueBuckets + pair
 	}
 	return FormatHeader
 }
 
 // markOf is the one-shot mark of the values of format f (2 or later).
 func markOf(f int) byte {
-	if f <= FormatIntegerLeases {
+	if f <= FormatDueBuckets {
 		return valueMark
 	}
-	return valueMark + byte(2*(f-FormatIntegerLeases))
+	return valueMark + byte(2*(f-FormatDueBuckets))
 }
 
 // splitValue returns the due time, the occurrence (0 for a one-shot) and

@@ -5,14 +5,14 @@
 -- already be out: it was claimed, or an earlier attempt was counted (a
 -- publish that failed unconfirmed may still arrive).
 -- Allowed over maxmemory: cancelling frees memory.
-local due, inflight, data, attempts, dead, errors = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local due, inflight, data, attempts, dead, errors, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[10]
 
 local bad = checkKeys()
 if bad then return redis.error_reply(bad) end
 local deadOnly = ARGV[1] == ''
 local first = 1
 if deadOnly then first = 2 end
-local out, gone, found = {}, {}, {}
+local out, gone, found, inBucket = {}, {}, {}, {}
 for i = first, #ARGV do
   local id = ARGV[i]
   local r = 0
@@ -21,12 +21,21 @@ for i = first, #ARGV do
     r = 1
     if redis.call('ZSCORE', inflight, id) or counted(redis.call('HGET', attempts, id)) > 0 then r = 2 end
     gone[#gone+1] = id
+    if not deadOnly then
+      -- Pending in a bucket (prelude), found by its due time.
+      local m = bucketed(pending, redis.call('HGET', data, id), id)
+      if m then
+        inBucket[m] = inBucket[m] or {}
+        table.insert(inBucket[m], id)
+      end
+    end
   end
   out[#out+1] = r
 end
 -- Indexes first, data last: a cut leaves data without an index (which
 -- Check reports) rather than a cancelled envelope that is still due.
 if #gone > 0 then
+  for m, ids in pairs(inBucket) do bucketRemove(pending, m, ids) end
   chunks('ZREM', due, gone)
   chunks('ZREM', inflight, gone)
   chunks('ZREM', dead, gone)
@@ -34,4 +43,5 @@ if #gone > 0 then
   chunks('HDEL', errors, gone)
   chunks('HDEL', data, gone)
 end
+countBuckets()
 return out
