@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -29,6 +30,18 @@ import (
 // rollback, the older build joining, the whole scores are rewritten as
 // fractions, and the older build delivers what a killed daemon of this
 // version left.
+//
+// Its timing: a scanner cut off from NATS claims what falls due, cannot
+// publish it, and gives it back unsent 3/4 of its lease after the claim
+// (half the lease for the flush, a quarter for the probe that follows);
+// it must be killed before that, so the leases are left behind. Where
+// the kill follows the claims at once, a 4 s lease (given back at 3 s)
+// is the wait the test pays; the rollback's scanner must live on until
+// the older build started and it rewrote its leases, and keeps 10 s
+// (given back at 7.5 s). The cut comes after the envelopes are stored
+// and just before they fall due, so the claims come well before the
+// scanner notices the silent path (3 pings of ownership.ttl/4 = 2.25 s),
+// however long storing them took.
 func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	t.Parallel()
 	old := releaseBinary(t, beforeIntegerLeases)
@@ -40,8 +53,11 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	ctx := context.Background()
 	const shards = 16
 	// A 3 s ownership TTL: a daemon cut off from NATS notices it after
-	// about 2 s, well after it claimed what falls due 400 ms after the cut.
-	common := []string{"DELAYD_SHARDS=" + strconv.Itoa(shards), "DELAYD_OWNERSHIP_TTL=3s", "DELAYD_SCANNER_LEASE=10s"}
+	// 2.25 s or more, well after it claimed what falls due 250 ms after the
+	// cut. Leases of 4 s where the kill follows the claims at once, 10 s
+	// for the scanner that lives on to rewrite its leases (above).
+	common := []string{"DELAYD_SHARDS=" + strconv.Itoa(shards), "DELAYD_OWNERSHIP_TTL=3s", "DELAYD_SCANNER_LEASE=4s"}
+	longLease := "DELAYD_SCANNER_LEASE=10s"
 	via := func(p *testutil.Proxy) string { return "DELAYD_NATS_URL=nats://" + p.Addr() }
 	natsAddr := fmt.Sprintf("127.0.0.1:%d", n.Opts.Port)
 
@@ -80,23 +96,74 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	}
 
 	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=intake")...)
-	// schedule stores ids due 400 ms from now.
-	schedule := func(prefix string, k int) []string {
+	// arrived waits until each of ids was delivered.
+	arrived := func(ids []string, within time.Duration) {
 		t.Helper()
-		at := time.Now().Add(400 * time.Millisecond).UTC().Format(time.RFC3339Nano)
-		ids := make([]string, k)
-		for i := range ids {
-			ids[i] = prefix + strconv.Itoa(i)
-			m, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "up."+prefix, "Delayd-At", at, "Delayd-Id", ids[i]), ids[i])
-			if err != nil || m.Header.Get("Nats-Service-Error") != "" {
-				t.Fatalf("schedule %s: %v %v", ids[i], err, m.Header)
+		for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+			mu.Lock()
+			n := 0
+			for _, id := range ids {
+				if got[id] != nil {
+					n++
+				}
+			}
+			mu.Unlock()
+			if n == len(ids) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d delivered after %s", n, len(ids), within)
 			}
 		}
-		return ids
+	}
+	// schedule stores k ids while the scanners reach NATS, due shortly
+	// after, and cuts the scanners behind the proxies off from NATS 250
+	// ms before they fall due. A cut that could not come before the due
+	// time (storing them, or the sleep, took too long) is lifted, the ids
+	// are let through, and others are stored with more time to spare.
+	schedule := func(prefix string, k int, proxies ...*testutil.Proxy) []string {
+		t.Helper()
+		for try, lead := 1, time.Second; ; try, lead = try+1, 2*lead {
+			due := time.Now().Add(lead)
+			at := due.UTC().Format(time.RFC3339Nano)
+			ids := make([]string, k)
+			errs := make([]error, k)
+			var wg sync.WaitGroup
+			for i := range ids {
+				ids[i] = fmt.Sprintf("%s%d-%d", prefix, try, i)
+				wg.Go(func() {
+					m, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "up."+prefix, "Delayd-At", at, "Delayd-Id", ids[i]), ids[i])
+					if err == nil && m.Header.Get("Nats-Service-Error") != "" {
+						err = fmt.Errorf("%v", m.Header)
+					}
+					errs[i] = err
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("schedule: %v", err)
+			}
+			time.Sleep(time.Until(due) - 250*time.Millisecond)
+			for _, p := range proxies {
+				p.Set(testutil.Up, testutil.Fault{Drop: true})
+			}
+			if time.Now().Before(due) {
+				return ids
+			}
+			t.Logf("%s: the cut came %s after the due time; again with %s to spare", prefix, time.Since(due), 2*lead)
+			for _, p := range proxies {
+				p.Set(testutil.Up, testutil.Fault{})
+			}
+			arrived(ids, 60*time.Second)
+		}
 	}
 	// leases waits until ids are all in flight and returns their scores.
 	leases := func(ids []string) map[string]float64 {
 		t.Helper()
+		want := map[string]bool{}
+		for _, id := range ids {
+			want[id] = true
+		}
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 			out := map[string]float64{}
 			for s := range shards {
@@ -105,7 +172,9 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, z := range zs {
-					out[z.Member.(string)] = z.Score
+					if id := z.Member.(string); want[id] {
+						out[id] = z.Score
+					}
 				}
 			}
 			if len(out) == len(ids) {
@@ -120,22 +189,7 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	// first lease expired), never early.
 	delivered := func(ids []string) {
 		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			mu.Lock()
-			n := 0
-			for _, id := range ids {
-				if got[id] != nil {
-					n++
-				}
-			}
-			mu.Unlock()
-			if n == len(ids) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d delivered after 30 s", n, len(ids))
-			}
-		}
+		arrived(ids, 30*time.Second)
 		time.Sleep(200 * time.Millisecond) // a duplicate would follow closely
 		mu.Lock()
 		defer mu.Unlock()
@@ -186,9 +240,7 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 		t.Fatalf("announced formats %q, want a 2 and a 3", f)
 	}
 	// Both lose NATS, claim, and are killed before they could publish.
-	pOld.Set(testutil.Up, testutil.Fault{Drop: true})
-	pNew.Set(testutil.Up, testutil.Fault{Drop: true})
-	first := schedule("mixed", 40)
+	first := schedule("mixed", 40, pOld, pNew)
 	for id, score := range leases(first) {
 		if score == math.Trunc(score) || score > 1e14 {
 			t.Errorf("%s: lease score %v beside the older build, want format 2's fraction", id, score)
@@ -206,8 +258,7 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	if f := formats(); strings.Contains(f, "2:") {
 		t.Fatalf("announced formats %q after the older build left", f)
 	}
-	pAlone.Set(testutil.Up, testutil.Fault{Drop: true})
-	second := schedule("whole", 40)
+	second := schedule("whole", 40, pAlone)
 	for id, score := range leases(second) {
 		if score != math.Trunc(score) || score < 1e14 || int64(score)%1000 == 0 {
 			t.Errorf("%s: lease score %v once the fleet agreed on format 3, want a whole token", id, score)
@@ -222,7 +273,7 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	// fractions, and is killed; the older build re-leases them when they
 	// expire and delivers them once, never early.
 	pLast := testutil.StartProxy(t, natsAddr)
-	last := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner", via(pLast))...)
+	last := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner", via(pLast), longLease)...)
 	after.Stop()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		owners := map[string]bool{}
@@ -236,8 +287,7 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 			t.Fatalf("one scanner does not own every shard: owners %v", owners)
 		}
 	}
-	pLast.Set(testutil.Up, testutil.Fault{Drop: true})
-	third := schedule("back", 40)
+	third := schedule("back", 40, pLast)
 	for id, score := range leases(third) {
 		if score != math.Trunc(score) || score < 1e14 {
 			t.Fatalf("%s: lease score %v before the rollback, want a whole token", id, score)

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"crypto/sha256"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -158,10 +161,23 @@ var (
 )
 
 // releaseBinary builds ./cmd/delayd as it was at commit, from this
-// repository's history, the way go install builds it (GOWORK=off).
+// repository's history, the way go install builds it (GOWORK=off). A
+// commit's source never changes, so the binary is kept across runs in the
+// user's cache dir (delayd-test-releases), under the full commit id, the
+// Go version and the build settings that could change it: a run builds
+// it again only when one of those changed or the cache was cleared, and
+// does not spend a link of the whole daemon per commit on every run.
 func releaseBinary(t testing.TB, commit string) string {
 	t.Helper()
 	build, _ := releases.LoadOrStore(commit, sync.OnceValues(func() (string, error) {
+		full, err := exec.Command("git", "rev-parse", "--verify", "--quiet", commit+"^{commit}").Output()
+		if err != nil {
+			return "", fmt.Errorf("commit %s is not in this clone (git rev-parse: %v)", commit, err)
+		}
+		cached := releaseCachePath(strings.TrimSpace(string(full)))
+		if fi, err := os.Stat(cached); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return cached, nil
+		}
 		src, err := os.MkdirTemp("", "delayd-release-")
 		if err != nil {
 			return "", err
@@ -183,7 +199,31 @@ func releaseBinary(t testing.TB, commit string) string {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("go build at %s: %v\n%s", commit, err, out)
 		}
-		return bin, nil
+		if cached == "" {
+			return bin, nil
+		}
+		// Into the cache whole or not at all: a rename in its directory,
+		// so a concurrent run sees either no binary or a complete one.
+		if err := os.MkdirAll(filepath.Dir(cached), 0o755); err != nil {
+			return bin, nil
+		}
+		tmp, err := os.CreateTemp(filepath.Dir(cached), ".tmp-")
+		if err != nil {
+			return bin, nil
+		}
+		defer os.Remove(tmp.Name())
+		b, err := os.Open(bin)
+		if err == nil {
+			_, err = io.Copy(tmp, b)
+			b.Close()
+		}
+		if err := errors.Join(err, tmp.Chmod(0o755), tmp.Close()); err != nil {
+			return bin, nil
+		}
+		if err := os.Rename(tmp.Name(), cached); err != nil {
+			return bin, nil
+		}
+		return cached, nil
 	}))
 	bin, err := build.(func() (string, error))()
 	if err != nil {
@@ -193,6 +233,24 @@ func releaseBinary(t testing.TB, commit string) string {
 		t.Fatal(err)
 	}
 	return bin
+}
+
+// releaseCachePath is where releaseBinary keeps the binary of the full
+// commit id, "" without a user cache dir. The name holds what else the
+// binary depends on: the Go version (the go command that builds it is
+// the one that built this test) and the environment settings of a build.
+func releaseCachePath(full string) string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	h := sha256.New()
+	for _, k := range []string{"GOFLAGS", "CGO_ENABLED", "GOEXPERIMENT", "GOAMD64", "GOARM64", "GOTOOLCHAIN", "CC"} {
+		fmt.Fprintf(h, "%s=%s\n", k, os.Getenv(k))
+	}
+	name := fmt.Sprintf("%s-%s-%s-%s-%x", full, runtime.Version(), runtime.GOOS, runtime.GOARCH, h.Sum(nil)[:6])
+	name = regexp.MustCompile(`[^A-Za-z0-9._-]+`).ReplaceAllString(name, "_")
+	return filepath.Join(dir, "delayd-test-releases", name, "delayd")
 }
 
 // TestFuzzTargetsRunInCI: every fuzz target of the module is fuzzed by
