@@ -235,6 +235,7 @@ func TestBatchReplyFitsMaxPayload(t *testing.T) {
 
 // worstResult bounds every result a queued envelope can get.
 func TestWorstResult(t *testing.T) {
+	t.Parallel()
 	for _, id := range []string{"a", strings.Repeat("x", 256), `<&>"\`, "é\x01"} {
 		w := worstResult(id)
 		for _, err := range []error{errNotWritten, errUnknown, errShortWait} {

@@ -18,6 +18,7 @@ import (
 // is still awaited, and a stream of the user's does make unknown targets
 // probed (a subject mapping may lead into it).
 func TestOwnIntakeStreamProbesNothing(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc, err := nats.Connect(n.URL())
 	if err != nil {

@@ -39,6 +39,7 @@ func streamMsgs(t *testing.T, s jetstream.Stream) uint64 {
 // flush's PONG; the very first delivery to each target is in the test, so
 // nothing learned from an earlier answer helps.
 func TestStreamRefusalFailsDelivery(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc := daemonConn(t, n)
 	js := jsOf(t, nc)
@@ -142,6 +143,7 @@ func TestStreamRefusalFailsDelivery(t *testing.T) {
 // batches for it and for a victim publish concurrently. Every delivery to
 // the victim, who listens the whole time, succeeds.
 func TestForgedStatusesChangeNothing(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc := daemonConn(t, n)
 	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})
@@ -248,6 +250,7 @@ func TestForgedStatusesChangeNothing(t *testing.T) {
 // stream answers a delivery it did not expect, and within its refresh
 // interval in any case.
 func TestStreamRefusalNewStream(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc := daemonConn(t, n)
 	js := jsOf(t, nc)
@@ -293,6 +296,7 @@ func TestStreamRefusalNewStream(t *testing.T) {
 // delivery, and only that one, so it is retried and never counted
 // delivered.
 func TestJetStreamTargetErrorPubAckFails(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc := daemonConn(t, n)
 	js := jsOf(t, nc)

@@ -33,6 +33,7 @@ func proven(t testing.TB, p *Publisher) {
 // reload), it subscribes again, proves its inbox and delivers, with the
 // interest check on. After a reconnect it proves the inbox again.
 func TestInboxCheck(t *testing.T) {
+	t.Parallel()
 	users := func(inbox bool) []*server.User {
 		sub := []string{"delayd.>"}
 		if inbox {

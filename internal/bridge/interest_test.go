@@ -36,6 +36,7 @@ func deliveries(targets ...string) []envelope.Delivery {
 // queue group or a wildcard subscription is interest; a fire-and-forget
 // target keeps the plain publish (no reply subject, never retried).
 func TestNoInterestAttributedWithinBatch(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t, func(o *server.Options) {
 		// delayd's user may subscribe to its own inbox prefix only, as in
 		// the permission blocks of docs/security.md.
@@ -122,6 +123,7 @@ func TestNoInterestAttributedWithinBatch(t *testing.T) {
 // exactly its own no-interest statuses, and a subscriber that comes later
 // makes the same target succeed.
 func TestNoInterestConcurrentBatches(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc := daemonConn(t, n)
 	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})
@@ -183,6 +185,7 @@ func TestNoInterestConcurrentBatches(t *testing.T) {
 // a subscriber, the stream: delivered, and the PubAcks the stream sends to
 // the reply subjects are read and dropped, batch after batch.
 func TestNoInterestStreamIsInterest(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc := daemonConn(t, n)
 	js := jsOf(t, nc)
@@ -225,6 +228,7 @@ func TestNoInterestStreamIsInterest(t *testing.T) {
 // here one more than at the batch's start), no delivery of the batch
 // counts as delivered: each fails, as unknown rather than as no interest.
 func TestNoInterestUnknownIsNotDelivered(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc := daemonConn(t, n)
 	p, err := NewPublisher(nc, NewRefusals(), PublisherOptions{})

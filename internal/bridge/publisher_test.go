@@ -22,6 +22,7 @@ import (
 // the message it publishes; that must not reach the envelope, from which
 // the dead-letter copy is built.
 func TestDeliveryMsgCopiesHeaders(t *testing.T) {
+	t.Parallel()
 	d := envelope.Delivery{ID: "a", Due: time.UnixMilli(1000), Attempt: 1,
 		Envelope: envelope.Envelope{Target: "t", Header: map[string][]string{"Traceparent": {"00-1"}}}}
 	m := deliveryMsg(d)
@@ -34,6 +35,7 @@ func TestDeliveryMsgCopiesHeaders(t *testing.T) {
 // deliverySize adds up exactly what nats.go counts for the message
 // deliveryMsg builds (plus JetStream's Nats-Msg-Id), without building it.
 func TestDeliverySizeMatchesTheMessage(t *testing.T) {
+	t.Parallel()
 	built := func(e envelope.Envelope, id string, js bool) int {
 		d := envelope.Delivery{ID: id, Due: envelope.MaxDue.Add(-time.Millisecond), Attempt: longestAttempt, Envelope: e}
 		if e.Series != nil {
@@ -159,6 +161,7 @@ func benchPublish(b *testing.B, opt PublisherOptions, subscriber, stream, newTar
 // deliveries of a batch sent alongside (found by review: 9,600 of 10,000
 // allowed deliveries failed as "could not be attributed").
 func TestConcurrentBatchesKeepTheirRefusals(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t, func(o *server.Options) {
 		o.Users = []*server.User{{Username: "d", Password: "p", Permissions: &server.Permissions{
 			// $JS.API.INFO: a way to prove its inbox (see inboxCheck).

@@ -12,6 +12,7 @@ import (
 // The server formats a refused subject with %q: it must be read back
 // exactly, whatever it holds.
 func TestRefusedSubjectUnquotes(t *testing.T) {
+	t.Parallel()
 	for _, subj := range []string{"a.b", `a"b`, `a\b`, "caf\xe9", "x.y.z"} {
 		msg := fmt.Sprintf("%v: Permissions Violation for Publish to %q", nats.ErrPermissionViolation, subj)
 		got, ok := refusedSubject(msg)
@@ -28,6 +29,7 @@ func TestRefusedSubjectUnquotes(t *testing.T) {
 // it cannot read, is reported incomplete, so nothing refused counts as
 // delivered.
 func TestRefusalsCompleteness(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	r := NewRefusals()
@@ -60,6 +62,7 @@ func TestRefusalsCompleteness(t *testing.T) {
 // value, as a repeated slow-consumer error does not), since returns what
 // was recorded at once.
 func TestRefusalsSinceWithoutWaiting(t *testing.T) {
+	t.Parallel()
 	r := NewRefusals()
 	mark := r.mark()
 	r.record(fmt.Errorf("%w: Permissions Violation for Publish to %q", nats.ErrPermissionViolation, "a.b"))

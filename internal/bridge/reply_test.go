@@ -11,6 +11,7 @@ import (
 // The hand-written reply must be byte for byte what encoding/json writes,
 // for every id the intake accepts and any due time.
 func TestAppendScheduledMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
 	ids := []string{"a", "order-42", "x y", `q"uote`, `back\slash`, "<tag>&", "ünïcode", "日本",
 		"\u2028sep", "tab\tin", "~!@#$%^*()_+{}|:?", "\x7f"}
 	dues := []int64{1, 999, 1000, 1_700_000_000_123, 1_700_000_000_100, 1_700_000_000_000, 253402300799999}

@@ -204,6 +204,7 @@ func hdr(kv ...string) nats.Header {
 // each acknowledged, the stream left empty; those without Delayd-Id get an
 // id from the stream sequence.
 func TestStreamIntakeStoresWhatWaited(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	e.start(e.st)() // creates the stream, then stops: no delayd runs now
 	js := e.js()
@@ -246,6 +247,7 @@ func TestStreamIntakeStoresWhatWaited(t *testing.T) {
 // An invalid envelope is terminated, published to delayd.rejected with
 // Delayd-Error and its original headers and payload, and counted.
 func TestStreamIntakeRejects(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	e.start(e.st, func(o *StreamOptions) { o.Policy = envelope.Policy{Prefix: "delayd", Deny: []string{"secret.>"}} })
 	rejected := e.rejected()
@@ -288,6 +290,7 @@ func (u *unknownOnce) Schedule(ctx context.Context, items []store.Item) ([]int64
 }
 
 func TestStreamIntakeRedeliveryDoesNotDuplicate(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	u := &unknownOnce{Store: e.st}
 	e.start(u, func(o *StreamOptions) { o.Batch = 1 })
@@ -333,6 +336,7 @@ func (s *deliveredThenLost) Schedule(ctx context.Context, items []store.Item) ([
 // schedules a timer twice. (Before, the redelivery stored it again, and it
 // was delivered a second time as attempt 1.)
 func TestStreamRedeliveryAfterDeliveryIsNotStoredAgain(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	u := &deliveredThenLost{Store: e.st}
 	e.start(u, func(o *StreamOptions) { o.Batch = 1 })
@@ -350,6 +354,7 @@ func TestStreamRedeliveryAfterDeliveryIsNotStoredAgain(t *testing.T) {
 // With Redis down, messages stay in the stream; they are stored when Redis
 // is back.
 func TestStreamIntakeSurvivesRedisOutage(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	e.start(e.st)
 	js := e.js()
@@ -371,6 +376,7 @@ func TestStreamIntakeSurvivesRedisOutage(t *testing.T) {
 // A stream of the configured name that captures other subjects (another
 // deployment's) is an error, never bound.
 func TestStreamIntakeNameClash(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	js := e.js()
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "DELAYD_INTAKE", Subjects: []string{"other.intake"}}); err != nil {
@@ -385,6 +391,7 @@ func TestStreamIntakeNameClash(t *testing.T) {
 }
 
 func TestIntakeHeadersDropsStreamPublishHeaders(t *testing.T) {
+	t.Parallel()
 	h := hdr("Nats-Msg-Id", "m1", "Nats-Expected-Last-Sequence", "3", "Nats-TTL", "1s", "X-A", "b")
 	got := intakeHeaders(h)
 	if len(got) != 2 || got.Get("Nats-TTL") != "1s" || got.Get("X-A") != "b" || len(h) != 4 {
@@ -395,6 +402,7 @@ func TestIntakeHeadersDropsStreamPublishHeaders(t *testing.T) {
 // A stream deleted behind delayd's back is set up again, and envelopes
 // published into the new one are stored: the intake never stops quietly.
 func TestStreamIntakeSetsUpADeletedStreamAgain(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	e.start(e.st)
 	js := e.js()
@@ -419,6 +427,7 @@ func TestStreamIntakeSetsUpADeletedStreamAgain(t *testing.T) {
 // Found in review: a consumer deleted while the intake was cut off is only
 // "no responders" after the reconnect; it must be set up again too.
 func TestStreamIntakeSetsUpAConsumerDeletedWhileAway(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", e.nats.Opts.Port))
 	e.url = "nats://" + proxy.Addr()
@@ -446,6 +455,7 @@ func TestStreamIntakeSetsUpAConsumerDeletedWhileAway(t *testing.T) {
 // message are dropped, in any spelling; a publisher's other Nats-* header
 // stays, to be refused.
 func TestIntakeHeadersDropsStampedHeaders(t *testing.T) {
+	t.Parallel()
 	h := hdr("Nats-Stream-Source", "ORIGIN 1 > > orders.x Bah0WAb0", "Nats-Stream", "R", "Nats-Subject", "rp.x",
 		"Nats-Sequence", "1", "Nats-Time-Stamp", "2026-01-01T00:00:00Z", "Nats-Last-Sequence", "0", "Nats-Msg-Size", "3",
 		"Nats-Request-Info", `{"acc":"A"}`, "Nats-Rollup", "all", "X-A", "b")
@@ -475,6 +485,7 @@ func (f *floorDown) IntakeFloor(ctx context.Context, name string, created int64)
 // floor: while Redis cannot say it, none is (a consumer from the stream's
 // first message would store everything again); then it starts after it.
 func TestStreamIntakeConsumerWaitsForTheFloor(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	js := e.js()
 	ctx := context.Background()
@@ -527,6 +538,7 @@ func TestStreamIntakeConsumerWaitsForTheFloor(t *testing.T) {
 // published to delayd.rejected again. A batch over intake.max_batch is
 // rejected whole, nothing of it stored.
 func TestStreamIntakeBatch(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	u := &unknownOnce{Store: e.st}
 	e.start(u, func(o *StreamOptions) { o.Batch = 2; o.MaxBatch = 5 })
@@ -582,6 +594,7 @@ func TestStreamIntakeBatch(t *testing.T) {
 // whole ranges below the consumer's ack floor instead. Two daemons share
 // the consumer; what both settled is purged, nothing else.
 func TestStreamIntakePurgesBelowTheAckFloor(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	e.start(e.st)
 	e.start(e.st)
@@ -612,6 +625,7 @@ func TestStreamIntakePurgesBelowTheAckFloor(t *testing.T) {
 // A limits stream an operator made (without delayd's layout mark) may have
 // other readers: delayd never purges it, whatever it settled.
 func TestStreamIntakeNeverPurgesAnOperatorsStream(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	js := e.js()
 	ctx := context.Background()
@@ -645,6 +659,7 @@ func TestStreamIntakeNeverPurgesAnOperatorsStream(t *testing.T) {
 // intake.stream.retention: workqueue creates the layout before 0.2.0:
 // each ack deletes its message, nothing to purge.
 func TestStreamIntakeWorkQueueLayout(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	e.start(e.st, func(o *StreamOptions) { o.WorkQueue = true })
 	js := e.js()
@@ -663,6 +678,7 @@ func TestStreamIntakeWorkQueueLayout(t *testing.T) {
 // An operator who takes delayd's layout mark off a running stream (it has
 // readers of its own now) stops the purges at once, without a restart.
 func TestStreamIntakeStopsPurgingWhenUnmarked(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	e.start(e.st)
 	js := e.js()
@@ -710,6 +726,7 @@ func TestStreamIntakeStopsPurgingWhenUnmarked(t *testing.T) {
 // delayd-error-code: 200 rode along next to the 400), and an envelope of
 // a batch is named once ("envelope 1 of a batch: envelope 1: ..." before).
 func TestStreamIntakeRejectedCopyHeaders(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t)
 	e.start(e.st)
 	rejected := e.rejected()
@@ -745,6 +762,7 @@ func TestStreamIntakeRejectedCopyHeaders(t *testing.T) {
 // still reaches delayd.rejected: as its error, code and size alone, never
 // only a line in the log.
 func TestStreamIntakeRejectedCopyTooLarge(t *testing.T) {
+	t.Parallel()
 	e := newStreamEnv(t, func(o *server.Options) { o.MaxPayload = 8192 })
 	e.start(e.st)
 	rejected := e.rejected()

@@ -14,6 +14,7 @@ import (
 // nanoseconds left over is rounded up to the next µs, never down, so the
 // envelope is never due before its time.
 func TestDueRoundedUpToTheMicrosecond(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc, err := nats.Connect(n.URL())
 	if err != nil {

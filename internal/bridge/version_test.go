@@ -13,6 +13,7 @@ import (
 // micro accepts (checked by micro itself, on a real server), and a
 // version that already is SemVer is kept as it is, less its "v".
 func TestServiceVersion(t *testing.T) {
+	t.Parallel()
 	n := testutil.StartNATS(t)
 	nc, err := nats.Connect(n.URL())
 	if err != nil {
