@@ -5,7 +5,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -44,32 +43,7 @@ func TestDueBucketsBesideThePreviousBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	type delivery struct {
-		n     int
-		early bool
-	}
-	var mu sync.Mutex
-	got := map[string]*delivery{}
-	if _, err := nc.Subscribe("bk.>", func(m *nats.Msg) {
-		now := time.Now()
-		mu.Lock()
-		defer mu.Unlock()
-		id := m.Header.Get("Delayd-Id")
-		d := got[id]
-		if d == nil {
-			d = &delivery{}
-			got[id] = d
-		}
-		d.n++
-		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get("Delayd-Due")); err != nil || now.Before(due) {
-			d.early = true
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	got := recordArrivals(t, nc, "bk.>")
 	schedule := func(prefix string, k int, in time.Duration) []string {
 		t.Helper()
 		at := time.Now().Add(in).UTC().Format(time.RFC3339Nano)
@@ -83,33 +57,7 @@ func TestDueBucketsBesideThePreviousBuild(t *testing.T) {
 		}
 		return ids
 	}
-	delivered := func(ids []string) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			mu.Lock()
-			k := 0
-			for _, id := range ids {
-				if got[id] != nil {
-					k++
-				}
-			}
-			mu.Unlock()
-			if k == len(ids) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d delivered after 30 s", k, len(ids))
-			}
-		}
-		time.Sleep(200 * time.Millisecond) // a duplicate would follow closely
-		mu.Lock()
-		defer mu.Unlock()
-		for _, id := range ids {
-			if d := got[id]; d.n != 1 || d.early {
-				t.Errorf("%s: delivered %d times, early %v; want once, on time", id, d.n, d.early)
-			}
-		}
-	}
+	delivered := func(ids []string) { t.Helper(); got.once(t, ids, "") }
 	// buckets counts the due buckets' keys.
 	buckets := func() int {
 		keys, err := rdb.Keys(ctx, "{delayd:*}:pending:*").Result()

@@ -66,56 +66,11 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	type delivery struct {
-		n       int
-		attempt string
-		early   bool
-	}
-	var mu sync.Mutex
-	got := map[string]*delivery{}
-	if _, err := nc.Subscribe("up.>", func(m *nats.Msg) {
-		now := time.Now()
-		mu.Lock()
-		defer mu.Unlock()
-		id := m.Header.Get("Delayd-Id")
-		d := got[id]
-		if d == nil {
-			d = &delivery{}
-			got[id] = d
-		}
-		d.n++
-		d.attempt = m.Header.Get("Delayd-Attempt")
-		if due, err := time.Parse(time.RFC3339Nano, m.Header.Get("Delayd-Due")); err != nil || now.Before(due) {
-			d.early = true
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	got := recordArrivals(t, nc, "up.>")
 
 	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=intake")...)
 	// arrived waits until each of ids was delivered.
-	arrived := func(ids []string, within time.Duration) {
-		t.Helper()
-		for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
-			mu.Lock()
-			n := 0
-			for _, id := range ids {
-				if got[id] != nil {
-					n++
-				}
-			}
-			mu.Unlock()
-			if n == len(ids) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d delivered after %s", n, len(ids), within)
-			}
-		}
-	}
+	arrived := func(ids []string, within time.Duration) { t.Helper(); got.wait(t, ids, within) }
 	// schedule stores k ids while the scanners reach NATS, due shortly
 	// after, and cuts the scanners behind the proxies off from NATS 250
 	// ms before they fall due. A cut that could not come before the due
@@ -187,18 +142,7 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	}
 	// delivered waits until each of ids arrived once, as attempt 2 (its
 	// first lease expired), never early.
-	delivered := func(ids []string) {
-		t.Helper()
-		arrived(ids, 30*time.Second)
-		time.Sleep(200 * time.Millisecond) // a duplicate would follow closely
-		mu.Lock()
-		defer mu.Unlock()
-		for _, id := range ids {
-			if d := got[id]; d.n != 1 || d.early || d.attempt != "2" {
-				t.Errorf("%s: delivered %d times, early %v, attempt %s; want once, on time, attempt 2", id, d.n, d.early, d.attempt)
-			}
-		}
-	}
+	delivered := func(ids []string) { t.Helper(); got.once(t, ids, "2") }
 	// formats lists the live announcements "<format>:<id>".
 	formats := func() string {
 		v, err := rdb.ZRange(ctx, "{delayd:members}:formats", 0, -1).Result()
