@@ -66,6 +66,7 @@ type interest struct {
 	// they ended), so that a stream's late answer still names its target.
 	ended      map[string]*batch
 	endedOrder []string
+	endedSize  int // deliveries of the ended batches kept
 	// The inbox self-check in flight: its subject, closed when it came.
 	probe  string
 	probed chan struct{}
@@ -413,7 +414,9 @@ func (in *interest) settle(ctx context.Context, b *batch, grace time.Duration) (
 	delete(in.batches, b.token)
 	in.ended[b.token] = b
 	in.endedOrder = append(in.endedOrder, b.token)
-	if len(in.endedOrder) > endedKept {
+	in.endedSize += len(b.ends)
+	for len(in.endedOrder) > 1 && (len(in.endedOrder) > endedKept || in.endedSize > endedKeptDeliveries) {
+		in.endedSize -= len(in.ended[in.endedOrder[0]].ends)
 		delete(in.ended, in.endedOrder[0])
 		in.endedOrder = append(in.endedOrder[:0], in.endedOrder[1:]...)
 	}
@@ -421,8 +424,15 @@ func (in *interest) settle(ctx context.Context, b *batch, grace time.Duration) (
 }
 
 // endedKept is how many ended batches keep their targets for late
-// answers.
-const endedKept = 64
+// answers, and endedKeptDeliveries how many deliveries they may hold in
+// all (the newest is kept whatever its size): behind a backlog a publish
+// merges thousands of deliveries into one batch, and 64 of those held
+// tens of MB (a late answer a batch no longer kept names is only not
+// attributed: the delivery's outcome was settled when its batch ended).
+const (
+	endedKept           = 64
+	endedKeptDeliveries = 4096
+)
 
 // verdict reports what delivery i heard so far.
 func (in *interest) verdict(b *batch, i int) verdict {

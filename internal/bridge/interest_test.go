@@ -249,3 +249,39 @@ func TestNoInterestUnknownIsNotDelivered(t *testing.T) {
 		}
 	}
 }
+
+// Ended batches are kept for late answers by count and by deliveries:
+// behind a backlog a publish merges thousands of deliveries into one
+// batch, and 64 such batches held tens of MB of reply subjects and
+// targets (31% of the heap at 100k due/s). The newest is always kept.
+func TestEndedBatchesBoundedByDeliveries(t *testing.T) {
+	t.Parallel()
+	in := &interest{batches: map[string]*batch{}, ended: map[string]*batch{}}
+	done := make(chan struct{})
+	close(done)
+	end := func(token string, n int) {
+		b := &batch{token: token, ends: make([]int, n), targets: make([]string, n), verdicts: make([]verdict, n),
+			reasons: make([]string, n), await: make([]bool, n), probe: make([]bool, n), settled: done, allIn: done}
+		in.batches[token] = b
+		in.settle(context.Background(), b, 0)
+	}
+	kept := func(token string) bool { _, ok := in.ended[token]; return ok }
+	end("a", endedKeptDeliveries/2+1)
+	end("b", endedKeptDeliveries/2+1)
+	if kept("a") || !kept("b") {
+		t.Fatalf("over %d deliveries: a kept %v, b kept %v; want only b", endedKeptDeliveries, kept("a"), kept("b"))
+	}
+	end("huge", 3*endedKeptDeliveries)
+	if kept("b") || !kept("huge") {
+		t.Fatalf("one batch over the bound alone: b kept %v, huge kept %v; want huge only", kept("b"), kept("huge"))
+	}
+	for i := range 2 * endedKept {
+		end(fmt.Sprint(i), 1)
+	}
+	if len(in.ended) != endedKept || len(in.endedOrder) != endedKept || kept("huge") {
+		t.Fatalf("after %d small batches: %d kept (%d in order), huge kept %v; want %d", 2*endedKept, len(in.ended), len(in.endedOrder), kept("huge"), endedKept)
+	}
+	if in.endedSize != endedKept {
+		t.Fatalf("endedSize %d, want %d", in.endedSize, endedKept)
+	}
+}
