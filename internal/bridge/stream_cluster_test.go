@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -115,7 +116,7 @@ func stepDown(t *testing.T, nc *nats.Conn, js jetstream.JetStream, consumer stri
 // lists the nodes' URLs from node i on.
 func newClusterStreamEnv(t *testing.T) (*streamEnv, []*testutil.NATS, func(int) string) {
 	t.Helper()
-	if testing.Short() {
+	if testing.Short() && os.Getenv("CI") != "true" {
 		t.Skip("a 3-node NATS cluster")
 	}
 	nodes := testutil.StartNATSCluster(t, 3)
