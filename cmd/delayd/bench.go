@@ -41,6 +41,7 @@ func benchCommand(o cliIO) *cli.Command {
 			&cli.StringSliceFlag{Name: "child-set", Usage: "with --local or --embedded, set a config key of the delayd child, e.g. --child-set targets.fire_and_forget=delayd.bench.> to measure without the interest check (repeatable)"},
 			&cli.StringFlag{Name: "child-binary", Usage: "with --local, run this delayd binary as the child instead of the bench's own, to compare builds with one bench (its \"run\" must take the flags --local passes)", TakesFile: true},
 			&cli.StringFlag{Name: "child-cpuprofile", Usage: "with --local or --embedded, the delayd child writes a CPU profile to this file", TakesFile: true},
+			&cli.IntFlag{Name: "nats-pid", Usage: "nats-server's process id (Linux), to add its CPU to the per-process split of each run (the bench itself, the delayd child and Redis' main thread are read with --local)"},
 			&cli.IntFlag{Name: "max-pending", Value: 4096, Usage: "most unacknowledged async publishes per connection (--stream, --compare)"},
 			&cli.IntFlag{Name: "batch", Usage: "send batch requests of this many envelopes (ScheduleBatch, header Delayd-Batch) instead of one request per envelope; the intake rate counts envelopes, the baseline the echo's requests"},
 			&cli.BoolFlag{Name: "client-batching", Usage: "(also, with --batch) send single Schedule calls through the client's Batching mode, at most --batch (default 100) per batch, linger 1ms"},
@@ -75,6 +76,11 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	if opts.OneRequester < 0 {
 		return usageErr(cmd, "--one-requester must be 0 (skip) or positive")
+	}
+	if opts.NATSPid = int(cmd.Int("nats-pid")); opts.NATSPid != 0 {
+		if err := bench.CheckPid(opts.NATSPid); err != nil {
+			return usageErr(cmd, "--nats-pid: %v", err)
+		}
 	}
 	childSet, childProfile, childBinary := cmd.StringSlice("child-set"), cmd.String("child-cpuprofile"), cmd.String("child-binary")
 	if (len(childSet) > 0 || childProfile != "") && !local && !embedded {

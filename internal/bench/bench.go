@@ -64,8 +64,12 @@ type Result struct {
 	LatenessMs Quant  `json:"lateness_ms"`
 	Histogram  []Bar  `json:"histogram"`
 	Daemon     *Usage `json:"daemon,omitempty"`
-	// Redis is Redis' CPU per envelope (--local, request modes).
+	// Redis is Redis' CPU per envelope (--local), from the split.
 	Redis *RedisUsage `json:"redis,omitempty"`
+	// CPU is the CPU each process used per envelope (cpu.go), and
+	// BaselineCPU per message of the baseline.
+	CPU         *CPUSplit          `json:"cpu_us,omitempty"`
+	BaselineCPU map[string]float64 `json:"baseline_cpu_us,omitempty"`
 	// OneRequester is one requester's cost per call, alone (--compare).
 	OneRequester *OneRequester `json:"one_requester,omitempty"`
 }
@@ -103,27 +107,28 @@ type RedisUsage struct {
 
 // baseline measures the request/reply ceiling: the same requests, same
 // concurrency, answered at once by a trivial responder.
-func baseline(ctx context.Context, clients []*conn, w Workload) (float64, error) {
+func baseline(ctx context.Context, clients []*conn, w Workload, m *meter) (float64, map[string]float64, error) {
 	echo := clients[0].withSubject("delayd-bench-echo")
 	stop, err := echo.echo("delayd-bench-echo.schedule")
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer stop()
 	echoes := make([]*conn, len(clients))
 	for i, c := range clients {
 		echoes[i] = c.withSubject("delayd-bench-echo")
 	}
+	before := m.take(ctx)
 	d, rejected, _, err := schedule(ctx, echoes, w, sendMode{}, "echo", time.Now(), nil)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return float64(w.Count-rejected) / d.Seconds(), nil
+	return float64(w.Count-rejected) / d.Seconds(), perUnit(before, m.take(ctx), w.Count-rejected), nil
 }
 
 // runRequest schedules the workload through delayd and watches the target until
 // every envelope arrived or the grace period after the last due time ended.
-func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, progress io.Writer, redisCPU func(context.Context) (float64, error)) (Result, error) {
+func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, progress io.Writer, m *meter) (Result, error) {
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
 	prefix := "b" + runID + "-"
 	rec := newRecorder(w.Count)
@@ -133,7 +138,7 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, 
 	}
 	defer stop()
 
-	cpu := cpuReader(ctx, redisCPU)
+	atStart := m.take(ctx)
 	start := time.Now()
 	var scheduled atomic.Int64
 	done := startReport(progress, w.Count, &scheduled, rec)
@@ -142,12 +147,12 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, 
 		done()
 		return Result{}, err
 	}
-	cpu()
+	stored := m.take(ctx)
 	deadline := start.Add(w.Lead + w.Window + w.Grace)
 	for rec.unique() < w.Count-rejected && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
-	readings := cpu()
+	delivered := m.take(ctx)
 	time.Sleep(100 * time.Millisecond) // let late duplicates show up
 	done()
 
@@ -158,31 +163,23 @@ func runRequest(ctx context.Context, clients []*conn, w Workload, how sendMode, 
 	r.IntakeRate = float64(w.Count-rejected) / took.Seconds()
 	r.Rejected, r.FirstRejection = rejected, first
 	r.Lost = w.Count - rejected - r.Delivered
-	if len(readings) == 3 && w.Count > rejected && r.Delivered > 0 {
-		r.Redis = &RedisUsage{CPUMicrosPerSchedule: (readings[1] - readings[0]) * 1e6 / float64(w.Count-rejected),
-			CPUMicrosPerDelivery: (readings[2] - readings[1]) * 1e6 / float64(r.Delivered)}
-	}
+	r.setCPU(atStart, stored, delivered, w.Count-rejected)
 	return r, nil
 }
 
-// cpuReader reads Redis' CPU now, and again at each call of the function
-// it returns, which returns every reading so far; nil (no reader, or one
-// that failed) stops the readings, and the run reports no Redis usage.
-func cpuReader(ctx context.Context, read func(context.Context) (float64, error)) func() []float64 {
-	var readings []float64
-	ok := read != nil
-	take := func() []float64 {
-		if !ok {
-			return nil
-		}
-		s, err := read(ctx)
-		if ok = err == nil; ok {
-			readings = append(readings, s)
-		}
-		return readings
+// setCPU sets the run's CPU split from the readings at its start, once
+// its envelopes were stored (intake units of them), and once they were
+// delivered; and Redis' share on its own, as RedisUsage.
+func (r *Result) setCPU(start, stored, delivered map[string]float64, intake int) {
+	split := CPUSplit{Intake: perUnit(start, stored, intake), Delivery: perUnit(stored, delivered, r.Delivered)}
+	if split.Intake != nil || split.Delivery != nil {
+		r.CPU = &split
 	}
-	take()
-	return take
+	s, okS := split.Intake[ProcRedis]
+	d, okD := split.Delivery[ProcRedis]
+	if okS && okD {
+		r.Redis = &RedisUsage{CPUMicrosPerSchedule: s, CPUMicrosPerDelivery: d}
+	}
 }
 
 // sendMode is how the requesters send: one request per envelope (the

@@ -244,9 +244,12 @@ func TestLocalChildLeavesNothingBehind(t *testing.T) {
 		return err
 	}
 	var progress bytes.Buffer
+	// The test's NATS server runs in this process: its pid stands for
+	// nats-server's in the CPU split.
 	o := Options{NATSURL: n.URL(), Dial: func(url string) (*nats.Conn, error) { return nats.Connect(url) }, Conns: 2,
-		Subject: "delayd", Stream: true, MaxPending: 64, Progress: &progress,
-		Child: &ChildOptions{Binary: self, RedisAddrs: []string{r.Addr}, Stderr: os.Stderr, DropNamespace: drop}}
+		Subject: "delayd", Stream: true, Baseline: true, MaxPending: 64, Progress: &progress, NATSPid: os.Getpid(),
+		Child: &ChildOptions{Binary: self, RedisAddrs: []string{r.Addr}, Stderr: os.Stderr, DropNamespace: drop,
+			RedisCPU: func(ctx context.Context) (float64, error) { return store.RedisCPU(ctx, rdb) }}}
 	w := Workload{Count: 100, Concurrency: 4, Lead: 500 * time.Millisecond, Window: 200 * time.Millisecond,
 		Target: "bench.target", Timeout: 5 * time.Second, Grace: 10 * time.Second}
 	res, _, err := Run(context.Background(), w, o)
@@ -255,6 +258,21 @@ func TestLocalChildLeavesNothingBehind(t *testing.T) {
 	}
 	if res.Delivered != 100 || res.Lost != 0 || res.Rejected != 0 || res.Daemon == nil || res.Daemon.CPUSeconds <= 0 {
 		t.Fatalf("bench result: %+v, daemon %+v", res, res.Daemon)
+	}
+	// Every process is in the split, of the intake, the deliveries and
+	// the baseline (a stream nobody consumes: no delayd work, but read).
+	if res.CPU == nil {
+		t.Fatal("no CPU split")
+	}
+	for what, split := range map[string]map[string]float64{"intake": res.CPU.Intake, "delivery": res.CPU.Delivery, "baseline": res.BaselineCPU} {
+		for _, p := range []string{ProcRedis, ProcDelayd, ProcNATS, ProcBench} {
+			if v, ok := split[p]; !ok || v < 0 {
+				t.Errorf("%s split: %s missing (%v)", what, p, split)
+			}
+		}
+	}
+	if res.Redis == nil {
+		t.Error("no Redis usage beside the split")
 	}
 	if keys, err := rdb.Keys(context.Background(), "*").Result(); err != nil || len(keys) > 0 {
 		t.Fatalf("the bench left %d keys of its child in Redis: %v %v", len(keys), keys, err)

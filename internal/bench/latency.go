@@ -28,7 +28,7 @@ const OneRequesterCalls = 2000
 func oneEcho(ctx context.Context, p *conn, w Workload, n int) (float64, error) {
 	one := w
 	one.Count, one.Concurrency = n, 1
-	rate, err := baseline(ctx, []*conn{p}, one)
+	rate, _, err := baseline(ctx, []*conn{p}, one, nil)
 	if err != nil {
 		return 0, fmt.Errorf("echo: %w", err)
 	}

@@ -53,6 +53,11 @@ func Print(w io.Writer, r Result) {
 		fmt.Fprintf(w, "redis      %.1f CPU µs per schedule   %.1f CPU µs per delivery (main thread)\n",
 			r.Redis.CPUMicrosPerSchedule, r.Redis.CPUMicrosPerDelivery)
 	}
+	printSplit(w, "cpu base", r.BaselineCPU, "message")
+	if r.CPU != nil {
+		printSplit(w, "cpu intake", r.CPU.Intake, "envelope")
+		printSplit(w, "cpu deliv", r.CPU.Delivery, "delivery")
+	}
 	fmt.Fprintln(w, "\nlateness histogram")
 	maxCount := 0
 	for _, b := range r.Histogram {

@@ -50,6 +50,9 @@ type Options struct {
 	Child *ChildOptions
 	// Progress receives the progress line and notes (stderr).
 	Progress io.Writer
+	// NATSPid, if not 0, is nats-server's process, whose CPU the split
+	// (CPUSplit) reads beside the others'.
+	NATSPid int
 }
 
 // Run runs the bench: delayd's result, and beside it (others) the result
@@ -116,13 +119,15 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 		return Result{}, nil, err
 	}
 	so := streamOptions{Prefix: subject, Window: o.MaxPending}
+	m := newMeter(processes(o, ch)...)
 	var base float64
+	var baseCPU map[string]float64
 	var err error
 	if o.Baseline {
 		if o.Stream {
-			base, err = streamBaseline(ctx, conns, w, so)
+			base, baseCPU, err = streamBaseline(ctx, conns, w, so, m)
 		} else {
-			base, err = baseline(ctx, conns, w)
+			base, baseCPU, err = baseline(ctx, conns, w, m)
 		}
 		if err != nil {
 			return Result{}, nil, fmt.Errorf("baseline: %w", err)
@@ -135,7 +140,7 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 		err = conns[0].waitStream(wctx, streamName)
 		cancel()
 		if err == nil {
-			r, err = runStream(ctx, conns, w, so, o.Progress)
+			r, err = runStream(ctx, conns, w, so, o.Progress, m)
 		}
 	} else {
 		modes := []sendMode{{batch: o.Batch}}
@@ -152,15 +157,11 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 		}
 		for i, how := range modes {
 			var ri Result
-			var redisCPU func(context.Context) (float64, error)
-			if o.Child != nil {
-				redisCPU = o.Child.RedisCPU
-			}
-			if ri, err = runRequest(ctx, conns, w, how, o.Progress, redisCPU); err != nil {
+			if ri, err = runRequest(ctx, conns, w, how, o.Progress, m); err != nil {
 				break
 			}
 			if base > 0 {
-				ri.BaselineRate, ri.IntakeRatio = base, ri.IntakeRate/base
+				ri.BaselineRate, ri.IntakeRatio, ri.BaselineCPU = base, ri.IntakeRate/base, baseCPU
 			}
 			if i == 0 {
 				r = ri
@@ -173,7 +174,7 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 		return Result{}, nil, err
 	}
 	if base > 0 {
-		r.BaselineRate, r.IntakeRatio = base, r.IntakeRate/base
+		r.BaselineRate, r.IntakeRatio, r.BaselineCPU = base, r.IntakeRate/base, baseCPU
 	}
 	if n := o.OneRequester; o.Compare && n > 0 {
 		// What one call costs a requester alone, beside JetStream's below.
@@ -193,11 +194,28 @@ func run(ctx context.Context, w Workload, o Options, conns []*conn, subject, str
 		return r, others, nil
 	}
 	embeddedChild := o.Child != nil && o.Child.Embedded
-	peer, err := compare(ctx, w, so, conns, embeddedChild, o.Progress)
+	peer, err := compare(ctx, w, so, conns, embeddedChild, o.Progress, m)
 	if err != nil {
 		return Result{}, nil, fmt.Errorf("compare: %w", err)
 	}
 	return r, append(others, *peer), nil
+}
+
+// processes are the CPU sources of a run beside the bench itself: Redis'
+// main thread and the delayd child (not an embedded one: its Redis is an
+// emulation inside it), and nats-server when its pid was given.
+func processes(o Options, ch *child) []cpuSource {
+	var out []cpuSource
+	if o.Child != nil && !o.Child.Embedded {
+		out = append(out, cpuSource{ProcRedis, o.Child.RedisCPU})
+	}
+	if ch != nil {
+		out = append(out, cpuSource{ProcDelayd, procCPU(ch.cmd.Process.Pid)})
+	}
+	if o.NATSPid > 0 {
+		out = append(out, cpuSource{ProcNATS, procCPU(o.NATSPid)})
+	}
+	return out
 }
 
 // deleteChildStream deletes the child's own intake stream, once the child
@@ -224,10 +242,10 @@ func dropNamespace(drop func(context.Context, string) error, ns string, stderr i
 // delayd uses when it runs them (2.12 or newer), so both sides pay the
 // same NATS, else on an in-process nats-server of its own. An embedded
 // child's server stopped with the child.
-func compare(ctx context.Context, w Workload, so streamOptions, same []*conn, embeddedChild bool, progress io.Writer) (*Result, error) {
+func compare(ctx context.Context, w Workload, so streamOptions, same []*conn, embeddedChild bool, progress io.Writer, m *meter) (*Result, error) {
 	if !embeddedChild && same[0].hasSchedules(ctx) {
 		fmt.Fprintln(progress, "compare: JetStream schedules on delayd's nats-server")
-		r, err := schedules(ctx, same, w, so, progress)
+		r, err := schedules(ctx, same, w, so, progress, m)
 		return &r, err
 	}
 	if embeddedChild {
@@ -255,7 +273,8 @@ func compare(ctx context.Context, w Workload, so streamOptions, same []*conn, em
 		defer nc.Close()
 		conns[i] = newConn(nc, "bench")
 	}
-	r, err := schedules(ctx, conns, w, so, progress)
+	// The in-process server's CPU is the bench's own: no split.
+	r, err := schedules(ctx, conns, w, so, progress, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -85,28 +85,29 @@ func (w Workload) dueAt(start time.Time, i int) time.Time {
 // streamBaseline publishes the same messages as RunStream into a stream
 // nobody consumes and returns PubAcks per second: what JetStream alone
 // takes on this machine.
-func streamBaseline(ctx context.Context, clients []*conn, w Workload, o streamOptions) (float64, error) {
+func streamBaseline(ctx context.Context, clients []*conn, w Workload, o streamOptions, m *meter) (float64, map[string]float64, error) {
 	const name, subject = "DELAYD_BENCH_BASELINE", "delayd-bench-baseline"
 	drop, err := clients[0].benchStream(ctx, name, []string{subject + ".>"}, false)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer drop()
 	payload := payloadOf(w.PayloadSize)
+	before := m.take(ctx)
 	start := time.Now()
 	took, failed, _, err := publishShared(ctx, clients, w.Count, o.Window, func(i int) outgoing {
 		return outgoing{Subject: subject + ".intake", Header: intakeHeaders(w.Target, w.dueAt(start, i), "base-"+strconv.Itoa(i)), Data: payload}
 	}, nil)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return float64(w.Count-failed) / took.Seconds(), nil
+	return float64(w.Count-failed) / took.Seconds(), perUnit(before, m.take(ctx), w.Count-failed), nil
 }
 
 // runStream publishes the workload into delayd's intake stream, times it
 // until every envelope is pending in Redis (polling the admin stats
 // endpoint), then watches the deliveries like Run.
-func runStream(ctx context.Context, clients []*conn, w Workload, o streamOptions, progress io.Writer) (Result, error) {
+func runStream(ctx context.Context, clients []*conn, w Workload, o streamOptions, progress io.Writer, m *meter) (Result, error) {
 	prefix := "s" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	rec := newRecorder(w.Count)
 	stop, err := clients[0].watch(w.Target, watchInto(rec, prefix))
@@ -119,6 +120,7 @@ func runStream(ctx context.Context, clients []*conn, w Workload, o streamOptions
 		return Result{}, fmt.Errorf("bench: admin stats: %w", err)
 	}
 	payload := payloadOf(w.PayloadSize)
+	atStart := m.take(ctx)
 	start := time.Now()
 	var acked atomic.Int64
 	done := startReport(progress, w.Count, &acked, rec)
@@ -144,7 +146,9 @@ func runStream(ctx context.Context, clients []*conn, w Workload, o streamOptions
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	r := waitDeliveries(ctx, rec, w, start, int(want), done)
+	stored := m.take(ctx)
+	r, delivered := waitDeliveries(ctx, rec, w, start, int(want), done, m)
+	r.setCPU(atStart, stored, delivered, int(want))
 	r.Mode = ModeStream
 	r.IntakeSeconds = pendTook.Seconds()
 	r.IntakeRate = float64(want) / pendTook.Seconds()
@@ -158,7 +162,7 @@ func runStream(ctx context.Context, clients []*conn, w Workload, o streamOptions
 // (bench.sched.in.<i>), each firing once into bench.sched.out.<i> of the
 // same stream, read by an ordered consumer. Intake is the PubAck rate: a
 // schedule is stored when it is acknowledged.
-func schedules(ctx context.Context, clients []*conn, w Workload, o streamOptions, progress io.Writer) (Result, error) {
+func schedules(ctx context.Context, clients []*conn, w Workload, o streamOptions, progress io.Writer, m *meter) (Result, error) {
 	const name = "DELAYD_BENCH_SCHEDULES"
 	drop, err := clients[0].benchStream(ctx, name, []string{"bench.sched.>"}, true)
 	if err != nil {
@@ -173,6 +177,7 @@ func schedules(ctx context.Context, clients []*conn, w Workload, o streamOptions
 	}
 	defer stop()
 	payload := payloadOf(w.PayloadSize)
+	atStart := m.take(ctx)
 	start := time.Now()
 	var acked atomic.Int64
 	done := startReport(progress, w.Count, &acked, rec)
@@ -188,7 +193,9 @@ func schedules(ctx context.Context, clients []*conn, w Workload, o streamOptions
 		return Result{}, err
 	}
 	want := w.Count - failed
-	r := waitDeliveries(ctx, rec, w, start, want, done)
+	stored := m.take(ctx)
+	r, delivered := waitDeliveries(ctx, rec, w, start, want, done, m)
+	r.setCPU(atStart, stored, delivered, want)
 	r.Mode = ModeSchedules
 	r.IntakeSeconds = took.Seconds()
 	r.IntakeRate = float64(want) / took.Seconds()
@@ -205,18 +212,20 @@ func schedules(ctx context.Context, clients []*conn, w Workload, o streamOptions
 }
 
 // waitDeliveries waits until want envelopes arrived or the grace after the
-// last due time ended, and returns the counts and lateness.
-func waitDeliveries(ctx context.Context, rec *recorder, w Workload, start time.Time, want int, done func()) Result {
+// last due time ended, and returns the counts and lateness, and m's
+// reading once they arrived.
+func waitDeliveries(ctx context.Context, rec *recorder, w Workload, start time.Time, want int, done func(), m *meter) (Result, map[string]float64) {
 	deadline := start.Add(w.Lead + w.Window + w.Grace)
 	for rec.unique() < want && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
+	end := m.take(ctx)
 	time.Sleep(100 * time.Millisecond) // let late duplicates show up
 	done()
 	r := rec.result()
 	r.Count, r.Concurrency, r.PayloadBytes, r.DueRate = w.Count, w.Concurrency, w.PayloadSize, w.DueRate()
 	r.Lost = want - r.Delivered
-	return r
+	return r, end
 }
 
 // PrintCompare writes results side by side.
