@@ -160,7 +160,8 @@ type Scanner struct {
 	ClaimBatch int `koanf:"claim_batch"`
 	// ClaimBytes bounds the stored bytes one claim takes, so large
 	// payloads cannot pull more into memory than the limit holds; four
-	// claims' worth at most is held between claim and publish. 0 derives
+	// claims' worth at most is held between claim and publish (the 1 KiB
+	// each envelope counts besides its bytes, until its ack). 0 derives
 	// it: 8 MiB, or a sixteenth of the Go memory limit when one is set.
 	ClaimBytes int64 `koanf:"claim_bytes"`
 	// Lease is how long a claimed envelope may stay unacknowledged before

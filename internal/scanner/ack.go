@@ -11,17 +11,26 @@ import (
 	"github.com/delayd/delayd/internal/store"
 )
 
+// settled is a published batch's settles, and the budget its envelopes
+// still hold until the settles are written (memory.go).
+type settled struct {
+	byShard map[int][]store.Settle
+	held    int64
+}
+
 // ackStage settles published batches, merging those that queued up into one
-// pipeline.
-func (s *Scanner) ackStage(ctx context.Context, in <-chan map[int][]store.Settle) {
-	for settles := range in {
-		settles = drain(settles, in, func(a, b map[int][]store.Settle) map[int][]store.Settle {
-			for sh, v := range b {
-				a[sh] = append(a[sh], v...)
+// pipeline, and only then frees what their envelopes held of the budget.
+func (s *Scanner) ackStage(ctx context.Context, in <-chan settled) {
+	for b := range in {
+		b = drain(b, in, func(a, b settled) settled {
+			for sh, v := range b.byShard {
+				a.byShard[sh] = append(a.byShard[sh], v...)
 			}
+			a.held += b.held
 			return a
 		})
-		s.ack(ctx, settles)
+		s.ack(ctx, b.byShard)
+		s.budget.release(b.held)
 	}
 }
 

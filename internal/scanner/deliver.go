@@ -39,7 +39,7 @@ var errLeaseExpired = errors.New("lease expired without an ack on every attempt 
 // one flush, and passes the outcome to the ack stage: delivered when
 // published, retry, postpone or bury when not (outcome). Up to publishWorkers batches publish at
 // once. On shutdown it finishes what was claimed.
-func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out chan<- map[int][]store.Settle) {
+func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out chan<- settled) {
 	var wg sync.WaitGroup
 	busy := make(chan struct{}, publishWorkers)
 	for items := range in {
@@ -51,10 +51,12 @@ func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out cha
 		go func() {
 			defer wg.Done()
 			settles := s.publish(ctx, items)
-			// The payloads are published (or given back): only ids and
-			// tokens go on to the ack.
-			s.budget.release(bytesOf(items))
-			out <- settles
+			// The payloads are published (or given back): their bytes are
+			// free, and only ids and tokens go on to the ack, which frees
+			// the envelopes' overhead once they are written.
+			held := int64(len(items)) * envelopeOverhead
+			s.budget.release(bytesOf(items) - held)
+			out <- settled{byShard: settles, held: held}
 			<-busy
 		}()
 	}

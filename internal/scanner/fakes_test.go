@@ -24,6 +24,8 @@ type claimStore struct {
 	mu     sync.Mutex
 	acks   []map[int][]store.Settle
 	nowMs  int64 // the Redis time acks return
+	// ackGate, if set, holds every Ack until it is closed.
+	ackGate chan struct{}
 }
 
 func newClaimStore(shards int, claim func([]int) ([]store.ClaimResult, error)) *claimStore {
@@ -44,6 +46,9 @@ func (f *claimStore) Claim(ctx context.Context, shards []int, _ store.ClaimOptio
 }
 
 func (f *claimStore) Ack(_ context.Context, byShard map[int][]store.Settle, _ time.Duration) (store.Acked, error) {
+	if f.ackGate != nil {
+		<-f.ackGate
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.acks = append(f.acks, byShard)

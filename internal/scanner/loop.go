@@ -24,7 +24,7 @@ const pausePoll = 50 * time.Millisecond
 // finished, so a stopping daemon leaves nothing claimed behind.
 func (s *Scanner) Run(ctx context.Context) error {
 	toPublish := make(chan []claimed, stageDepth)
-	toAck := make(chan map[int][]store.Settle, stageDepth)
+	toAck := make(chan settled, stageDepth)
 	acked := make(chan struct{})
 	go func() {
 		defer close(toAck)

@@ -9,7 +9,10 @@ import (
 // Memory: the bytes of claimed envelopes are bounded from the claim to the
 // end of their publish, so large payloads cannot pull more into a sidecar
 // than its memory limit holds. A claim takes at most Options.ClaimBytes,
-// and no claim starts while inflightFactor claims' worth is held.
+// and no claim starts while inflightFactor claims' worth is held. Each
+// envelope's overhead stays held until its settle is written, so a slow
+// ack stage holds the clock back instead of queueing settles without
+// bound.
 
 // DefaultClaimBytes is the claim budget without a Go memory limit.
 const DefaultClaimBytes = 8 << 20
@@ -30,7 +33,8 @@ func AutoClaimBytes() int64 {
 	return max(min(DefaultClaimBytes, limit/16), 64<<10)
 }
 
-// byteBudget counts the bytes held between claim and publish.
+// byteBudget counts the bytes held between claim and publish, and the
+// overhead of envelopes between claim and ack.
 type byteBudget struct {
 	limit int64 // per claim; 0: no bound
 	held  atomic.Int64
@@ -73,7 +77,8 @@ func (b *byteBudget) release(n int64) {
 // sites at 100k due/s). Counted with the bytes, it bounds small envelopes
 // too: four claims of 8 MiB held 200,000 envelopes of 160 bytes, whose
 // Go objects, not payloads, took the heap (RSS 135-146 MiB behind a
-// backlog); now they hold about 28,000.
+// backlog); now they hold about 28,000. Held until the ack: behind a slow
+// ack (resend tombstones) 60,000 settles queued for it besides those.
 const envelopeOverhead = 1 << 10
 
 // bytesOf is what claimed envelopes hold: their stored bytes and each

@@ -4,8 +4,10 @@ import (
 	"math"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 func TestByteBudget(t *testing.T) {
@@ -50,4 +52,61 @@ func TestAutoClaimBytesFollowsTheMemoryLimit(t *testing.T) {
 	if n := AutoClaimBytes(); n != DefaultClaimBytes {
 		t.Fatalf("512 MiB limit: %d, want the 8 MiB default", n)
 	}
+}
+
+// Settles waiting for the ack stage hold their envelopes' overhead in the
+// byte budget until they are written: behind a slow ack (resend
+// tombstones at 100k due/s), publishing released the budget at once, the
+// clock claimed on, and 60,000 settles queued for the ack besides the
+// envelopes being claimed and published. With every ack held, the clock
+// claims four claims' worth and then waits; once the acks go through, it
+// claims again.
+func TestSettlesHoldTheBudgetUntilAcked(t *testing.T) {
+	t.Parallel()
+	clock := testutil.NewClock()
+	opt := loopOpts
+	opt.IdleInterval = time.Hour
+	one := result(0, 3_000_000_000, opt.ClaimBatch)
+	// One claim's budget: a full claim's overhead. Its stored bytes,
+	// freed once published, are not what stops the clock here.
+	opt.ClaimBytes = int64(opt.ClaimBatch) * envelopeOverhead
+	st := newClaimStore(1, func([]int) ([]store.ClaimResult, error) {
+		return []store.ClaimResult{result(0, 3_000_000_000, opt.ClaimBatch)}, nil
+	})
+	st.ackGate = make(chan struct{})
+	pub := newSwitchPub()
+	s := newTestScanner(st, pub, clock, opt)
+	run(t, s)
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(st.ackGate)
+		}
+	}
+	t.Cleanup(open) // before Run stops: its ack stage drains
+	for range inflightFactor {
+		st.nextClaim(t)
+	}
+	eventually(t, "every claimed envelope published", func() bool {
+		return pub.sent.Load() == int64(inflightFactor*len(one.Items))
+	})
+	// The clock looks again (Connected is asked on every turn of its
+	// loop) and does not claim while the settles wait.
+	for range 3 {
+		<-pub.asked
+	}
+	for len(pub.asked) > 0 {
+		<-pub.asked
+	}
+	for range 3 {
+		<-pub.asked
+	}
+	select {
+	case sh := <-st.claims:
+		t.Fatalf("claimed shards %v with %d claims' worth of settles not yet acked", sh, inflightFactor)
+	default:
+	}
+	open()
+	st.nextClaim(t)
 }

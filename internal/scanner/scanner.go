@@ -90,7 +90,8 @@ type Options struct {
 	ClaimBatch int
 	// ClaimBytes bounds the stored bytes one claim takes (0: no bound);
 	// no claim starts while four claims' worth is between claim and the
-	// end of its publish (memory.go).
+	// end of its publish, or, counting each envelope's overhead, its ack
+	// (memory.go).
 	ClaimBytes   int64
 	Lease        time.Duration
 	IdleInterval time.Duration
