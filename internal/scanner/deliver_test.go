@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -255,5 +256,48 @@ func TestUnconfirmedClaim(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// In a batch that holds large envelopes, the small ones go out first:
+// one connection writes a batch's publishes in order, so 2,000 small
+// envelopes due with 100 of 900 kB waited behind them (issue 29, item
+// 8). Each size class keeps its claim order, and every settle still
+// names its own envelope.
+func TestSmallPublishedBeforeLarge(t *testing.T) {
+	t.Parallel()
+	clock := testutil.NewClock()
+	pub := &recPub{}
+	s := newTestScanner(&claimStore{shards: 2}, pub, clock, outcomeOpts)
+	small := envelope.Encode(envelope.Envelope{Target: "orders.x", Payload: []byte("p")})
+	large := envelope.Encode(envelope.Envelope{Target: "orders.x", Payload: make([]byte, largeEnvelope)})
+	var items []claimed
+	for i, id := range []string{"L1", "s1", "L2", "s2", "s3"} {
+		data := small
+		if id[0] == 'L' {
+			data = large
+		}
+		items = append(items, claimed{shard: i % 2, at: clock.Now(), Claimed: store.Claimed{ID: id, DueMs: 1, Attempt: 1, Data: data, Token: "1." + id}})
+	}
+	settles := s.publish(context.Background(), items)
+	var order []string
+	for _, d := range pub.got[0] {
+		order = append(order, d.ID)
+	}
+	if want := []string{"s1", "s2", "s3", "L1", "L2"}; !slices.Equal(order, want) {
+		t.Fatalf("published in the order %v, want %v", order, want)
+	}
+	for sh, sts := range settles {
+		for _, st := range sts {
+			if st.Token != "1."+st.ID || st.Outcome != store.Delivered {
+				t.Errorf("shard %d: settle %+v", sh, st)
+			}
+		}
+	}
+	// Small ones only: the batch goes out as it came.
+	pub.got = nil
+	s.publish(context.Background(), []claimed{items[3], items[1]})
+	if got := pub.got[0]; got[0].ID != "s2" || got[1].ID != "s1" {
+		t.Fatalf("a batch of small envelopes was reordered: %s, %s", got[0].ID, got[1].ID)
 	}
 }
