@@ -460,3 +460,66 @@ func TestClaimTakesSmallPastLarge(t *testing.T) {
 	}
 	mustBeConsistent(t, s)
 }
+
+// TestClaimSizesTheFirstValue: a shard whose due ids begin with large
+// values reads none of them in a multi-value HMGET: the first value is
+// sized before any is read (one HSTRLEN a shard a claim), and from then
+// on each is sized, and read alone only when it fits. Before, the first
+// HMGET read four values whatever their size, which with 900 kB values
+// took longer than the rest of the claim and held back the small
+// envelopes due beside them (BenchmarkSmallBesideLarge). A shard of
+// small values still reads them four, then sixteen at a time.
+func TestClaimSizesTheFirstValue(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	rc := r.Client()
+	idIn := func(prefix string, shard int) string {
+		for i := 0; ; i++ {
+			if id := prefix + strconv.Itoa(i); s.Shard(id) == shard {
+				return id
+			}
+		}
+	}
+	var ids []string
+	for i, size := range []int{30000, 30000, 100, 100, 100} {
+		id := idIn("v"+strconv.Itoa(i)+"-", 0)
+		ids = append(ids, id)
+		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: int64(1000 + i), Data: make([]byte, size-7)})
+	}
+	hmget, hget, hstrlen := commandCalls(t, rc, "hmget"), commandCalls(t, rc, "hget"), commandCalls(t, rc, "hstrlen")
+	// A share of 10,000: the first large value goes out on the shard's
+	// oversize turn, the second is skipped unread.
+	res, err := s.Claim(ctx, []int{0}, ClaimOptions{Batch: 100, Lease: time.Minute, Bytes: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := claimedIDs(res[0].Items), []string{ids[0], ids[2], ids[3], ids[4]}; !slices.Equal(got, want) {
+		t.Fatalf("claimed %v, want %v", got, want)
+	}
+	if n := commandCalls(t, rc, "hmget") - hmget; n != 0 {
+		t.Errorf("%d HMGETs read values before they were sized", n)
+	}
+	if n := commandCalls(t, rc, "hget") - hget; n != 4 {
+		t.Errorf("%d HGETs, want 4: the values handed out, one each", n)
+	}
+	if n := commandCalls(t, rc, "hstrlen") - hstrlen; n != 5 {
+		t.Errorf("%d HSTRLENs, want 5: every value sized once", n)
+	}
+
+	// Small values only: one HSTRLEN, then HMGETs of four and sixteen.
+	for i := range 12 {
+		schedule(t, s, Item{ID: idIn("w"+strconv.Itoa(i)+"-", 1), Absolute: true, AtMicros: int64(2000 + i), Data: make([]byte, 50)})
+	}
+	hmget, hstrlen = commandCalls(t, rc, "hmget"), commandCalls(t, rc, "hstrlen")
+	if res, err = s.Claim(ctx, []int{1}, ClaimOptions{Batch: 100, Lease: time.Minute, Bytes: 10000}); err != nil || len(res[0].Items) != 12 {
+		t.Fatalf("claim of small values: %v, %v", res, err)
+	}
+	if n := commandCalls(t, rc, "hmget") - hmget; n != 2 {
+		t.Errorf("%d HMGETs for 12 small values, want 2 (four, then sixteen)", n)
+	}
+	if n := commandCalls(t, rc, "hstrlen") - hstrlen; n != 1 {
+		t.Errorf("%d HSTRLENs for small values, want the one probe", n)
+	}
+	mustBeConsistent(t, s)
+}

@@ -136,8 +136,8 @@ end
 -- HMGET replies inside a script cost far more than their bytes once they
 -- are large (Redis 7.0: 16 values of 900 kB in one HMGET take 1.4 s, one
 -- HGET each 80 ms), so values are read 4, then 16 at a time while they
--- are small; once one is over 4 kB, each is sized first (HSTRLEN) and
--- read alone only if it fits. Returns the kept ids, their values (false
+-- are small; once one is over 4 kB (the first one is sized before it is
+-- read), each is sized first (HSTRLEN) and read alone only if it fits. Returns the kept ids, their values (false
 -- for an id without data: kept, reported missing), how many of them were
 -- expired leases, and sets skipped.
 local skipped = false
@@ -160,14 +160,21 @@ local function take(ids, expired, budget, oversize)
     vals[#vals+1] = v or false
     if i <= expired then kept = kept + 1 end
   end
-  local i, step, sized = 1, 4, false
+  -- The first value is sized before any is read: a shard whose due ids
+  -- begin with large values (they sort first, or were skipped by the
+  -- last claim and are first in line) reads none of them in the HMGET of
+  -- four, which alone took as long as the rest of the claim.
+  local i, step = 1, 4
+  local probe = #ids > 0 and redis.call('HSTRLEN', data, ids[1]) or 0
+  local sized = probe > 4096
   while i <= #ids do
     if budget > 0 and bytes >= budget and small >= smallBudget then
       skipped = true
       break
     end
     if sized then
-      local size = redis.call('HSTRLEN', data, ids[i])
+      local size = probe
+      if i > 1 then size = redis.call('HSTRLEN', data, ids[i]) end
       if size == 0 then offer(i, nil, 0)
       elseif budget == 0 or (size <= smallMax and (bytes + size <= budget or small + size <= smallBudget))
           or (size > smallMax and (large + size <= largeBudget or (oversize and not tookLarge))) then
