@@ -162,7 +162,8 @@ type Scanner struct {
 	// payloads cannot pull more into memory than the limit holds; four
 	// claims' worth at most is held between claim and publish (the 1 KiB
 	// each envelope counts besides its bytes, until its ack). 0 derives
-	// it: 8 MiB, or a sixteenth of the Go memory limit when one is set.
+	// it: 4 MiB without a Go memory limit, or a sixteenth of the limit
+	// when one is set, at most 8 MiB.
 	ClaimBytes int64 `koanf:"claim_bytes"`
 	// Lease is how long a claimed envelope may stay unacknowledged before
 	// another scan delivers it again (at-least-once after a crash).

@@ -41,16 +41,19 @@ func TestByteBudget(t *testing.T) {
 func TestAutoClaimBytesFollowsTheMemoryLimit(t *testing.T) {
 	old := debug.SetMemoryLimit(math.MaxInt64)
 	defer debug.SetMemoryLimit(old)
-	if n := AutoClaimBytes(); n != DefaultClaimBytes {
-		t.Fatalf("no limit: %d", n)
+	// Without a limit, sized as for 64 MiB, the footprint delayd aims at
+	// beside a pod: four claims of 8 MiB took the heap past it at 100k
+	// due/s.
+	if n := AutoClaimBytes(); n != 4<<20 {
+		t.Fatalf("no limit: %d, want 4 MiB", n)
 	}
 	debug.SetMemoryLimit(96 << 20)
 	if n := AutoClaimBytes(); n != 6<<20 {
 		t.Fatalf("96 MiB limit: %d, want 6 MiB", n)
 	}
 	debug.SetMemoryLimit(512 << 20)
-	if n := AutoClaimBytes(); n != DefaultClaimBytes {
-		t.Fatalf("512 MiB limit: %d, want the 8 MiB default", n)
+	if n := AutoClaimBytes(); n != 8<<20 {
+		t.Fatalf("512 MiB limit: %d, want the 8 MiB at most", n)
 	}
 }
 
