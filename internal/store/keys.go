@@ -173,7 +173,7 @@ func inNamespace(key, ns string) bool {
 }
 
 // list returns the keys in the order every shard script expects them in
-// KEYS (lua/prelude.lua checks their types in this order). The slice is
+// KEYS (lua/prelude.lua's kinds, script.go's keyKinds). The slice is
 // shared: callers must not change it.
 func (k shardKeys) list() []string { return k.all }
 

@@ -466,7 +466,7 @@ func (g *mGen) pick(from []string, n int) []string {
 }
 
 // fault is a step run while one of a shard's keys holds a string: the step
-// must fail and change nothing.
+// must fail and change nothing, unless it does not touch the key.
 func (g *mGen) fault() mOp {
 	sh := g.rng.IntN(modelShards)
 	ids := g.byShard[sh]

@@ -199,6 +199,8 @@ func exec[R any, A scriptCall[R]](ctx context.Context, s *Store, op string, args
 		err := cmd.Err()
 		if err == nil {
 			r.reply, err = args[i].decode(cmd)
+		} else if sc.shard {
+			err = s.nameWrongType(ctx, calls[i].keys, err)
 		}
 		if err != nil {
 			r.err = classify(err, s.cluster)

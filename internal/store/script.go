@@ -37,12 +37,16 @@ type script struct {
 	// name is its file's, lua/<name>.lua.
 	name           string
 	flagged, plain *redis.Script
+	// shard: its KEYS are shard keys in list's order (a shard script).
+	shard bool
 }
 
 // newScript builds a shard script: the prelude, then body. flags may be
 // empty (the script then only gets Redis 7's refuse-whole-when-OOM).
 func newScript(name, flags, body string) *script {
-	return newRawScript(name, flags, prelude+body)
+	sc := newRawScript(name, flags, prelude+body)
+	sc.shard = true
+	return sc
 }
 
 // newRawScript builds a script without the shard prelude.
@@ -150,4 +154,42 @@ func (s *Store) send(ctx context.Context, sc *script, calls []call, fences []str
 		}
 	}
 	return cmds
+}
+
+// keyKinds are the types of a shard's keys in KEYS order (keys.go, list),
+// as lua/prelude.lua's kinds.
+var keyKinds = [...]string{"zset", "zset", "hash", "hash", "zset", "hash", "hash", "zset", "zset", "zset"}
+
+// wrongTypeError is a shard script's refusal of a key of the wrong type:
+// an error reply of Redis, so classify counts it not written.
+type wrongTypeError string
+
+func (e wrongTypeError) Error() string { return string(e) }
+func (wrongTypeError) RedisError()     {}
+
+// nameWrongType names the key behind a shard script's WRONGTYPE. A script
+// checks the type only of the keys it would touch unread after its first
+// write; the others fail their first read, with Redis' WRONGTYPE, which
+// does not say which key (lua/prelude.lua). This looks up the types of
+// the call's keys and returns the error the scripts' own check gives; err
+// itself when it is another error, when no key of KEYS has a wrong type,
+// or when the lookup fails.
+func (s *Store) nameWrongType(ctx context.Context, keys []string, err error) error {
+	if msg := err.Error(); !strings.Contains(msg, "WRONGTYPE") || strings.Contains(msg, "WRONGTYPE delayd key ") {
+		return err
+	}
+	pipe := s.rdb.Pipeline()
+	types := make([]*redis.StatusCmd, len(keys))
+	for i, k := range keys {
+		types[i] = pipe.Type(ctx, k)
+	}
+	if _, perr := pipe.Exec(ctx); perr != nil {
+		return err
+	}
+	for i, c := range types {
+		if t, want := c.Val(), keyKinds[i%len(keyKinds)]; t != "none" && t != want {
+			return wrongTypeError(fmt.Sprintf("WRONGTYPE delayd key %s is a %s, not a %s", keys[i], t, want))
+		}
+	}
+	return err
 }

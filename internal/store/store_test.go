@@ -258,19 +258,26 @@ func TestClaimLargeBatchStrandsNothing(t *testing.T) {
 }
 
 // A key of the wrong type (changed behind delayd's back) fails every script
-// before it writes anything, rather than half-way.
+// that touches it before it writes anything, rather than half-way
+// (TestWrongTypeWritesNothing tries every key of every operation).
 func TestWrongTypeFailsBeforeAnyWrite(t *testing.T) {
 	t.Parallel()
 	s, r := newStore(t)
 	ctx := context.Background()
 	s1 := New(s.rdb, "t", 1)
+	s1.write.Store(FormatDueBuckets)
 	schedule(t, s1, Item{ID: "w", Absolute: true, AtMicros: 1, Data: enc("x")})
 	k := s1.keys[0]
 	rc := r.Client()
-	if err := rc.Set(ctx, k.errors, "oops", 0).Err(); err != nil {
+	before := count(t, s1, 0)
+	// Read by claims, written by schedules of the due buckets.
+	saved := "{t:0}:saved"
+	if err := rc.Rename(ctx, k.pending, saved).Err(); err != nil {
 		t.Fatal(err)
 	}
-	before := count(t, s1, 0)
+	if err := rc.Set(ctx, k.pending, "oops", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s1.Claim(ctx, []int{0}, ClaimOptions{Batch: 10, Lease: time.Minute}); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 		t.Fatalf("claim with a bad key: %v", err)
 	}
@@ -278,10 +285,12 @@ func TestWrongTypeFailsBeforeAnyWrite(t *testing.T) {
 	if !errors.Is(errs[0], ErrNotWritten) {
 		t.Fatalf("schedule with a bad key must be refused as not written: %v", errs[0])
 	}
+	if err := rc.Rename(ctx, saved, k.pending).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if after := count(t, s1, 0); after != before {
 		t.Fatalf("a failed script wrote: %+v -> %+v", before, after)
 	}
-	rc.Del(ctx, k.errors)
 	mustBeConsistent(t, s1)
 }
 

@@ -21,8 +21,6 @@
 -- Allowed over maxmemory: settling is what frees memory.
 local due, inflight, data, attempts, dead, errors, done = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9]
 
-local bad = checkKeys()
-if bad then return redis.error_reply(bad) end
 local now = nowMs()
 local ids = {}
 local remember = tonumber(ARGV[2]) or 0
@@ -90,10 +88,39 @@ for j, id in ipairs(ids) do
     end
   end
 end
+-- Reads before the first write (prelude): inflight above; the values of
+-- next occurrences, the attempts to count, and whether attempts and
+-- errors hold anything (retries and errors are rare: an acked id's
+-- entries are deleted only when there are any).
+local restamp = {}
+for i = 1, #nexts, 2 do restamp[#restamp+1] = nexts[i] end
+local vals = {}
+if #restamp > 0 then vals = hmget(data, restamp) end
+local prevs = {}
+if #count > 0 then prevs = hmget(attempts, count) end
+local nAttempts, nErrors = 0, 0
+if #acked > 0 or #restamp > 0 then nAttempts = redis.call('HLEN', attempts) end
+if #acked > 0 or #restamp > 0 or #errs > 0 then nErrors = redis.call('HLEN', errors) end
+-- The keys only written: checked, but for done, whose prune is the first
+-- write.
+local unread = {}
+if #again > 0 or #nexts > 0 then unread[#unread+1] = 'due' end
+if #buried > 0 then unread[#unread+1] = 'dead' end
+if #acked > 0 and #restamp == 0 then unread[#unread+1] = 'data' end
+local bad = checkKeys(0, unread)
+if bad then return redis.error_reply(bad) end
+-- Tombstones past the window go, whether or not this call adds any (a
+-- shard whose named deliveries stopped, a fleet that turned resends off:
+-- then all, by a command that fails on a key of the wrong type, as DEL
+-- would not).
+if remember > 0 then
+  redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. (now - remember))
+else
+  redis.call('ZREMRANGEBYSCORE', done, '-inf', '+inf')
+end
 -- Adds first (errors, counts, the new place), removals last.
 if #errs > 0 then chunks('HSET', errors, errs) end
 if #count > 0 then
-  local prevs = hmget(attempts, count)
   local counts = {}
   for j, id in ipairs(count) do
     local n, b = attemptsOf(prevs[j])
@@ -107,14 +134,11 @@ if #buried > 0 then chunks('ZADD', dead, buried) end
 -- A series' next occurrence: due first, then out of inflight (below),
 -- then its value's header. A cut before the header is rewritten can only
 -- deliver the last occurrence again, never the next one early.
-local restamp = {}
 for i = 1, #nexts, 2 do
   redis.call('ZADD', due, nexts[i+1], nexts[i])
-  restamp[#restamp+1] = nexts[i]
 end
 if #settled > 0 then chunks('ZREM', inflight, settled) end
 if #restamp > 0 then
-  local vals = hmget(data, restamp)
   local fresh = {}
   for j, id in ipairs(restamp) do
     local v = vals[j]
@@ -125,15 +149,8 @@ if #restamp > 0 then
     end
   end
   if #fresh > 0 then chunks('HSET', data, fresh) end
-  chunks('HDEL', attempts, restamp)
-  chunks('HDEL', errors, restamp)
-end
--- Tombstones past the window go, whether or not this call adds any (a
--- shard whose named deliveries stopped, a fleet that turned resends off).
-if remember > 0 then
-  redis.call('ZREMRANGEBYSCORE', done, '-inf', '(' .. (now - remember))
-else
-  redis.call('DEL', done)
+  if nAttempts > 0 then chunks('HDEL', attempts, restamp) end
+  if nErrors > 0 then chunks('HDEL', errors, restamp) end
 end
 if #tombs > 0 then
   -- Remembered before the data goes: a cut in between leaves a tombstone
@@ -141,9 +158,8 @@ if #tombs > 0 then
   chunks('ZADD', done, tombs)
 end
 if #acked > 0 then
-  -- Retries and errors are rare: skip deleting what is not there.
-  if redis.call('HLEN', attempts) > 0 then chunks('HDEL', attempts, acked) end
-  if redis.call('HLEN', errors) > 0 then chunks('HDEL', errors, acked) end
+  if nAttempts > 0 then chunks('HDEL', attempts, acked) end
+  if nErrors > 0 then chunks('HDEL', errors, acked) end
   chunks('HDEL', data, acked)
 end
 return {now, #settled, #buried / 2}

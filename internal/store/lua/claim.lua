@@ -198,8 +198,9 @@ local function take(ids, expired, budget, oversize)
   return keep, vals, kept
 end
 
-local bad = checkKeys()
-if bad then return redis.error_reply(bad) end
+-- Every key is read before the first write (prelude), the lease key's
+-- token: inflight, pending and due (or, when expired leases fill the
+-- claim, due's type checked), data and attempts.
 local now, nowus = nowMs()
 local max = tonumber(ARGV[1])
 local known = tonumber(ARGV[4])
@@ -226,17 +227,21 @@ if expired < max then
     ids[#ids+1] = more[i]
     if from[i] then bucketOfId[more[i]] = from[i] end
   end
+else
+  local bad = checkKeys(0, {'due'})
+  if bad then return redis.error_reply(bad) end
 end
 local datas
 if #ids > 0 then
   ids, datas, expired = take(ids, expired, tonumber(ARGV[5]) or 0, ARGV[6] == '1')
 end
 if #ids > 0 then
-  local token = leaseToken(now, ARGV[2], tonumber(ARGV[3]), (tonumber(ARGV[7]) or 2) >= 3)
-  out[6] = token
   -- Most shards have no retries at all: then there is nothing to read.
+  -- Read before the token is written.
   local prevs = {}
   if redis.call('HLEN', attempts) > 0 then prevs = hmget(attempts, ids) end
+  local token = leaseToken(now, ARGV[2], tonumber(ARGV[3]), (tonumber(ARGV[7]) or 2) >= 3)
+  out[6] = token
   local count, leases, gone, migrate, later, unleased, taken = {}, {}, {}, {}, {}, {}, {}
   for j, id in ipairs(ids) do
     local v = datas[j]

@@ -6,22 +6,38 @@
 -- reads "now" from Redis TIME, so daemons with skewed clocks agree.
 --
 -- Redis does not roll back a script that fails part-way, so every script
--- is written to be safe when it stops at any command: it checks the types
--- of its keys and reads first, then adds to the new place, and removes
--- from the old place last. A cut between two writes can leave an id in two
--- indexes (found and repaired by Check), never in none. Every unpack is
--- chunked, because Lua bounds how many values one unpack may yield.
+-- is written to be safe when it stops at any command: it reads first,
+-- then adds to the new place, and removes from the old place last. A cut
+-- between two writes can leave an id in two indexes (found and repaired by
+-- Check), never in none. Every unpack is chunked, because Lua bounds how
+-- many values one unpack may yield.
+--
+-- A key changed to a wrong type behind delayd's back fails a script before
+-- its first write, never part-way. A read of such a key fails by itself
+-- (Redis' WRONGTYPE, before anything is written; the store then names the
+-- key, script.go), and so does the first write. So a script reads every
+-- key it touches before its first write where it reads it anyway, and
+-- checks the type (checkKeys) only of the keys it would otherwise first
+-- touch after a write: a TYPE costs as much as a read, and checking every
+-- key of every call was a tenth of Redis' work per delivery
+-- (docs/BENCHMARKS.md). wrongtype_test.go breaks each key of each
+-- operation in turn, and finds any write moved before a read.
 
--- kinds are the types of one shard's keys, in KEYS order.
-local kinds = {'zset', 'zset', 'hash', 'hash', 'zset', 'hash', 'hash', 'zset', 'zset', 'zset'}
--- checkKeys fails the script before any write if a key holds the wrong
--- type (changed behind delayd's back), instead of part-way through.
-local function checkKeys()
-  for i = 1, #KEYS do
-    local t = redis.call('TYPE', KEYS[i])['ok']
-    local want = kinds[(i - 1) % #kinds + 1]
-    if t ~= 'none' and t ~= want then
-      return 'WRONGTYPE delayd key ' .. KEYS[i] .. ' is a ' .. t .. ', not a ' .. want
+-- kinds are the types of one shard's keys, by name; at their KEYS
+-- positions (1..10, the order of keys.go's list).
+local kinds = {due = 'zset', inflight = 'zset', data = 'hash', attempts = 'hash', dead = 'zset', errors = 'hash',
+  lease = 'hash', seen = 'zset', done = 'zset', pending = 'zset'}
+local at = {due = 1, inflight = 2, data = 3, attempts = 4, dead = 5, errors = 6, lease = 7, seen = 8, done = 9,
+  pending = 10}
+-- checkKeys returns an error naming the first of the named keys of the
+-- shard at KEYS offset k (0, 10, 20...) that holds the wrong type, nil
+-- when none does.
+local function checkKeys(k, names)
+  for _, name in ipairs(names) do
+    local key = KEYS[k + at[name]]
+    local t = redis.call('TYPE', key)['ok']
+    if t ~= 'none' and t ~= kinds[name] then
+      return 'WRONGTYPE delayd key ' .. key .. ' is a ' .. t .. ', not a ' .. kinds[name]
     end
   end
   return nil

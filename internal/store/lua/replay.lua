@@ -6,8 +6,6 @@
 -- Allowed over maxmemory.
 local due, data, attempts, dead, errors = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
-local bad = checkKeys()
-if bad then return redis.error_reply(bad) end
 local now = nowMs()
 local ids, found = {}, {}
 for _, id in ipairs(ARGV) do
@@ -38,6 +36,9 @@ for _, id in ipairs(ids) do
   end
 end
 if #ids > 0 then
+  -- dead, data and attempts were read; due and errors are only written.
+  local bad = checkKeys(0, {'due', 'errors'})
+  if bad then return redis.error_reply(bad) end
   if #migrate > 0 then chunks('HSET', data, migrate) end
   if #budget > 0 then chunks('HSET', attempts, budget) end
   chunks('ZADD', due, again)

@@ -32,42 +32,111 @@ local function shard(k)
   return KEYS[k+1], KEYS[k+2], KEYS[k+3], KEYS[k+4], KEYS[k+5], KEYS[k+6], KEYS[k+7], KEYS[k+8], KEYS[k+9], KEYS[k+10]
 end
 
-local bad = checkKeys()
-if bad then return redis.error_reply(bad) end
 local _, nowus = nowMs()
 local nowms = math.floor(nowus / 1000)
 local mark, window, remember = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local buckets = ARGV[4] == '1'
-local out, pruned = {}, {}
-for i = 5, #ARGV, 7 do
-  local k = tonumber(ARGV[i])
-  local due, inflight, data, attempts, dead, errors, _, seen, done, pending = shard(k)
+
+-- First every read (prelude: a key of the wrong type then fails the call
+-- before any shard is written): what each envelope does, in ARGV order as
+-- the writes below would see it. Per envelope j (ARGV from 7j - 2): ks[j]
+-- its shard's KEYS offset, plan[j] 0 for a stream message stored already,
+-- -due for a resend, false to store.
+local n = (#ARGV - 4) / 7
+local ks, plan = {}, {}
+-- Per KEYS offset: envelopes of the call, and whether one of those stored
+-- replaces an id. A shard with fewer than perId envelopes reads whether
+-- each id is stored (HEXISTS); a larger one checks the types of the keys
+-- a replace touches, as that is then cheaper.
+local perId = 6
+local size, stores, replaces, order = {}, {}, {}, {}
+-- The ids stored, and per shard the stream messages remembered, by an
+-- earlier envelope (an id has one shard; a message's envelopes may not).
+local storing, remembering = {}, {}
+for j = 1, n do
+  local k = tonumber(ARGV[7 * j - 2])
+  ks[j] = k
+  size[k] = (size[k] or 0) + 1
+end
+for j = 1, n do
+  local i, k = 7 * j - 2, ks[j]
+  local data = KEYS[k + 3]
   local id = ARGV[i+1]
   local msg = ARGV[i+5]
   local fp = ARGV[i+6]
-  local again = false
-  local resent = nil
+  local exists = nil
+  local again, resent = false, nil
   if fp ~= '' and remember > 0 then
-    local was = redis.call('ZSCORE', done, fp .. id)
-    if was and tonumber(was) + remember >= nowms and redis.call('HEXISTS', data, id) == 0 then
-      -- Answered with the due time it had: a Delayd-At's is its own
-      -- (the same request names the same time; the tombstone's time is
-      -- when it was accepted, if later), a delay's is the tombstone's.
-      resent = tonumber(was)
-      if ARGV[i+2] == 'v' then resent = math.max(math.ceil(tonumber(ARGV[i+3]) / 1000), 1) end
+    local was = redis.call('ZSCORE', KEYS[k + 9], fp .. id)
+    if was and tonumber(was) + remember >= nowms then
+      exists = storing[id] or redis.call('HEXISTS', data, id) == 1
+      if not exists then
+        -- Answered with the due time it had: a Delayd-At's is its own
+        -- (the same request names the same time; the tombstone's time is
+        -- when it was accepted, if later), a delay's is the tombstone's.
+        resent = tonumber(was)
+        if ARGV[i+2] == 'v' then resent = math.max(math.ceil(tonumber(ARGV[i+3]) / 1000), 1) end
+      end
     end
   end
+  local mine = nil
   if msg ~= '' then
-    if not pruned[k] then
-      redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
-      pruned[k] = true
+    mine = remembering[k]
+    if not mine then
+      mine = {}
+      remembering[k] = mine
     end
-    again = redis.call('ZSCORE', seen, msg)
+    -- One that expired by now is pruned below, before it could be found.
+    local expiry = redis.call('ZSCORE', KEYS[k + 8], msg)
+    again = mine[msg] or (expiry and tonumber(expiry) > nowms)
   end
   if again then
-    out[#out+1] = 0
+    plan[j] = 0
   elseif resent then
-    out[#out+1] = -resent
+    plan[j] = -resent
+  else
+    plan[j] = false
+    if mine then mine[msg] = true end
+    if not stores[k] then
+      stores[k] = true
+      order[#order+1] = k
+    end
+    if size[k] < perId then
+      if exists == nil then exists = storing[id] or redis.call('HEXISTS', data, id) == 1 end
+      if exists then replaces[k] = true end
+    end
+    storing[id] = true
+  end
+end
+-- The keys a store writes unread: due or pending (the new place), data
+-- in a large shard, and those of a replace.
+local checkLarge = {'due', 'data', 'attempts', 'errors', 'inflight', 'dead', 'pending'}
+local checkReplace = {'due', 'attempts', 'errors', 'inflight', 'dead', 'pending'}
+local checkNew = {'due'}
+if buckets then checkNew = {'pending'} end
+for _, k in ipairs(order) do
+  local names = checkNew
+  if size[k] >= perId then
+    names = checkLarge
+  elseif replaces[k] then
+    names = checkReplace
+  end
+  local bad = checkKeys(k, names)
+  if bad then return redis.error_reply(bad) end
+end
+
+local out, pruned = {}, {}
+for j = 1, n do
+  local i, k = 7 * j - 2, ks[j]
+  local due, inflight, data, attempts, dead, errors, _, seen, _, pending = shard(k)
+  local id = ARGV[i+1]
+  local msg = ARGV[i+5]
+  if msg ~= '' and not pruned[k] then
+    redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
+    pruned[k] = true
+  end
+  if plan[j] then
+    out[#out+1] = plan[j]
   else
     local us = tonumber(ARGV[i+3])
     local mode = ARGV[i+2]
