@@ -18,8 +18,8 @@ var ErrOutcomeUnknown = errors.New("outcome unknown")
 var ErrNotWritten = errors.New("nothing written")
 
 // refusals are Redis error prefixes for commands refused before they ran.
-// WRONGTYPE comes from a script's first read of a key of the wrong type or
-// its own check of one, both before any write (lua/prelude.lua).
+// WRONGTYPE comes from a script's first read of a key of the wrong type,
+// which comes before any write (lua/prelude.lua).
 var refusals = []string{"OOM", "LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOSCRIPT",
 	"BUSY", "NOAUTH", "WRONGPASS", "NOPERM", "MOVED", "ASK", "WRONGTYPE", "NOREPLICAS", "MISCONF"}
 

@@ -160,20 +160,20 @@ func (s *Store) send(ctx context.Context, sc *script, calls []call, fences []str
 // as lua/prelude.lua's kinds.
 var keyKinds = [...]string{"zset", "zset", "hash", "hash", "zset", "hash", "hash", "zset", "zset", "zset"}
 
-// wrongTypeError is a shard script's refusal of a key of the wrong type:
-// an error reply of Redis, so classify counts it not written.
+// wrongTypeError is a shard script's failure on a key of the wrong type,
+// before any write: an error reply of Redis, so classify counts it not
+// written.
 type wrongTypeError string
 
 func (e wrongTypeError) Error() string { return string(e) }
 func (wrongTypeError) RedisError()     {}
 
-// nameWrongType names the key behind a shard script's WRONGTYPE. A script
-// checks the type only of the keys it would touch unread after its first
-// write; the others fail their first read, with Redis' WRONGTYPE, which
-// does not say which key (lua/prelude.lua). This looks up the types of
-// the call's keys and returns the error the scripts' own check gives; err
-// itself when it is another error, when no key of KEYS has a wrong type,
-// or when the lookup fails.
+// nameWrongType names the key behind a shard script's WRONGTYPE: a script
+// fails at its first read of a key of the wrong type, before any write
+// (lua/prelude.lua), with Redis' WRONGTYPE, which does not say which key.
+// This looks up the types of the call's keys and returns the error that
+// says so; err itself when it is another error, when no key of KEYS has a
+// wrong type (a bucket's key), or when the lookup fails.
 func (s *Store) nameWrongType(ctx context.Context, keys []string, err error) error {
 	if msg := err.Error(); !strings.Contains(msg, "WRONGTYPE") || strings.Contains(msg, "WRONGTYPE delayd key ") {
 		return err

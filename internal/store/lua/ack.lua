@@ -103,12 +103,9 @@ if #acked > 0 or #restamp > 0 then nAttempts = redis.call('HLEN', attempts) end
 if #acked > 0 or #restamp > 0 or #errs > 0 then nErrors = redis.call('HLEN', errors) end
 -- The keys only written: checked, but for done, whose prune is the first
 -- write.
-local unread = {}
-if #again > 0 or #nexts > 0 then unread[#unread+1] = 'due' end
-if #buried > 0 then unread[#unread+1] = 'dead' end
-if #acked > 0 and #restamp == 0 then unread[#unread+1] = 'data' end
-local bad = checkKeys(0, unread)
-if bad then return redis.error_reply(bad) end
+if #again > 0 or #nexts > 0 then checkKeys(0, 'due') end
+if #buried > 0 then checkKeys(0, 'dead') end
+if #acked > 0 and #restamp == 0 then checkKeys(0, 'data') end
 -- Tombstones past the window go, whether or not this call adds any (a
 -- shard whose named deliveries stopped, a fleet that turned resends off:
 -- then all, by a command that fails on a key of the wrong type, as DEL

@@ -35,8 +35,7 @@ end
 if #gone > 0 then
   -- data and inflight were read (and dead by a purge, pending for an id
   -- in a bucket); the others may only be written.
-  local bad = checkKeys(0, {'due', 'attempts', 'dead', 'errors'})
-  if bad then return redis.error_reply(bad) end
+  checkKeys(0, 'due', 'attempts', 'dead', 'errors')
   for m, ids in pairs(inBucket) do bucketRemove(pending, m, ids) end
   chunks('ZREM', due, gone)
   chunks('ZREM', inflight, gone)

@@ -228,8 +228,7 @@ if expired < max then
     if from[i] then bucketOfId[more[i]] = from[i] end
   end
 else
-  local bad = checkKeys(0, {'due'})
-  if bad then return redis.error_reply(bad) end
+  checkKeys(0, 'due')
 end
 local datas
 if #ids > 0 then

@@ -37,8 +37,7 @@ for _, id in ipairs(ids) do
 end
 if #ids > 0 then
   -- dead, data and attempts were read; due and errors are only written.
-  local bad = checkKeys(0, {'due', 'errors'})
-  if bad then return redis.error_reply(bad) end
+  checkKeys(0, 'due', 'errors')
   if #migrate > 0 then chunks('HSET', data, migrate) end
   if #budget > 0 then chunks('HSET', attempts, budget) end
   chunks('ZADD', due, again)

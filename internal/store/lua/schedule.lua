@@ -41,25 +41,23 @@ local buckets = ARGV[4] == '1'
 -- before any shard is written): what each envelope does, in ARGV order as
 -- the writes below would see it. Per envelope j (ARGV from 7j - 2): ks[j]
 -- its shard's KEYS offset, plan[j] 0 for a stream message stored already,
--- -due for a resend, false to store.
+-- -due for a resend, nil to store. Tables are few: in Redis' Lua each
+-- entry costs about as much as a command's own work (docs/BENCHMARKS.md).
 local n = (#ARGV - 4) / 7
 local ks, plan = {}, {}
--- Per KEYS offset: envelopes of the call, and whether one of those stored
--- replaces an id. A shard with fewer than perId envelopes reads whether
--- each id is stored (HEXISTS); a larger one checks the types of the keys
--- a replace touches, as that is then cheaper.
-local perId = 6
-local size, stores, replaces, order = {}, {}, {}, {}
+-- stores: per KEYS offset, how many envelopes the call stores there. The
+-- first perId ids a shard stores are read (HEXISTS: a replace touches
+-- more keys); past that the keys a replace touches are checked instead,
+-- which is then cheaper. replaces: a shard where an id read is stored.
+local perId = 5
+local stores, replaces = {}, {}
 -- The ids stored, and per shard the stream messages remembered, by an
 -- earlier envelope (an id has one shard; a message's envelopes may not).
 local storing, remembering = {}, {}
 for j = 1, n do
-  local k = tonumber(ARGV[7 * j - 2])
+  local i = 7 * j - 2
+  local k = tonumber(ARGV[i])
   ks[j] = k
-  size[k] = (size[k] or 0) + 1
-end
-for j = 1, n do
-  local i, k = 7 * j - 2, ks[j]
   local data = KEYS[k + 3]
   local id = ARGV[i+1]
   local msg = ARGV[i+5]
@@ -95,13 +93,10 @@ for j = 1, n do
   elseif resent then
     plan[j] = -resent
   else
-    plan[j] = false
     if mine then mine[msg] = true end
-    if not stores[k] then
-      stores[k] = true
-      order[#order+1] = k
-    end
-    if size[k] < perId then
+    local c = (stores[k] or 0) + 1
+    stores[k] = c
+    if c <= perId then
       if exists == nil then exists = storing[id] or redis.call('HEXISTS', data, id) == 1 end
       if exists then replaces[k] = true end
     end
@@ -109,20 +104,17 @@ for j = 1, n do
   end
 end
 -- The keys a store writes unread: due or pending (the new place), data
--- in a large shard, and those of a replace.
-local checkLarge = {'due', 'data', 'attempts', 'errors', 'inflight', 'dead', 'pending'}
-local checkReplace = {'due', 'attempts', 'errors', 'inflight', 'dead', 'pending'}
-local checkNew = {'due'}
-if buckets then checkNew = {'pending'} end
-for _, k in ipairs(order) do
-  local names = checkNew
-  if size[k] >= perId then
-    names = checkLarge
+-- past perId, and those of a replace.
+for k, c in pairs(stores) do
+  if c > perId then
+    checkKeys(k, 'due', 'data', 'attempts', 'errors', 'inflight', 'dead', 'pending')
   elseif replaces[k] then
-    names = checkReplace
+    checkKeys(k, 'due', 'attempts', 'errors', 'inflight', 'dead', 'pending')
+  elseif buckets then
+    checkKeys(k, 'pending')
+  else
+    checkKeys(k, 'due')
   end
-  local bad = checkKeys(k, names)
-  if bad then return redis.error_reply(bad) end
 end
 
 local out, pruned = {}, {}
