@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,8 +79,15 @@ func runBench(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		return usageErr(cmd, "--one-requester must be 0 (skip) or positive")
 	}
 	if opts.NATSPid = int(cmd.Int("nats-pid")); opts.NATSPid != 0 {
-		if err := bench.CheckPid(opts.NATSPid); err != nil {
+		if embedded {
+			return usageErr(cmd, "--nats-pid: with --embedded the NATS server runs inside the delayd child, and its CPU is the child's")
+		}
+		comm, err := bench.CheckPid(opts.NATSPid)
+		if err != nil {
 			return usageErr(cmd, "--nats-pid: %v", err)
+		}
+		if !strings.Contains(comm, "nats") {
+			fmt.Fprintf(o.stderr, "delayd bench: --nats-pid %d is %q, not a nats-server: its CPU is reported as nats all the same\n", opts.NATSPid, comm)
 		}
 	}
 	childSet, childProfile, childBinary := cmd.StringSlice("child-set"), cmd.String("child-cpuprofile"), cmd.String("child-binary")

@@ -58,6 +58,22 @@ func newMeter(sources ...cpuSource) *meter {
 	return m
 }
 
+// only is a meter of m's sources of these names: a run that does not
+// touch the others (JetStream schedules: no delayd, no Redis) is not
+// charged with what they did meanwhile.
+func (m *meter) only(names ...string) *meter {
+	if m == nil {
+		return nil
+	}
+	out := &meter{}
+	for _, s := range m.sources {
+		if slices.Contains(names, s.name) {
+			out.sources = append(out.sources, s)
+		}
+	}
+	return out
+}
+
 // take reads every source.
 func (m *meter) take(ctx context.Context) map[string]float64 {
 	out := map[string]float64{}
@@ -109,13 +125,18 @@ func procCPU(pid int) func(context.Context) (float64, error) {
 	}
 }
 
-// CheckPid says why process pid's CPU cannot be read, if it cannot.
-func CheckPid(pid int) error {
+// CheckPid says why process pid's CPU cannot be read, if it cannot, and
+// its command name (/proc/<pid>/comm), so a caller can tell a pid that is
+// not what it was meant to be.
+func CheckPid(pid int) (string, error) {
 	if pid <= 0 {
-		return fmt.Errorf("%d is not a process id", pid)
+		return "", fmt.Errorf("%d is not a process id", pid)
 	}
-	_, err := procCPU(pid)(context.Background())
-	return err
+	if _, err := procCPU(pid)(context.Background()); err != nil {
+		return "", err
+	}
+	comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	return strings.TrimSpace(string(comm)), err
 }
 
 // clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every

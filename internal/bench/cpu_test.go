@@ -60,3 +60,22 @@ func TestMeterDropsAFailingSource(t *testing.T) {
 		t.Fatalf("a nil meter read %v", got)
 	}
 }
+
+// A JetStream-schedules run is charged with nats-server and the bench
+// only: before, it reported the Redis CPU that the child's last writes
+// and purges used meanwhile as its own (issue 29's review).
+func TestMeterOnly(t *testing.T) {
+	read := func(context.Context) (float64, error) { return 1, nil }
+	m := &meter{sources: []cpuSource{{ProcRedis, read}, {ProcDelayd, read}, {ProcNATS, read}, {ProcBench, read}}}
+	got := m.only(ProcNATS, ProcBench).take(context.Background())
+	if _, ok := got[ProcRedis]; ok || len(got) != 2 {
+		t.Fatalf("only nats and bench: read %v", got)
+	}
+	if len(m.take(context.Background())) != 4 {
+		t.Fatal("only changed the meter it was taken from")
+	}
+	var none *meter
+	if none.only(ProcNATS) != nil {
+		t.Fatal("only of a nil meter")
+	}
+}
