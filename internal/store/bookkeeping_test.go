@@ -523,3 +523,66 @@ func TestClaimSizesTheFirstValue(t *testing.T) {
 	}
 	mustBeConsistent(t, s)
 }
+
+// TestClaimSizesEveryValueOnAShardWithLargeOnes: large values behind a
+// small first one are not read in an HMGET either, on a shard known to
+// hold them: from the due time of a large value this store scheduled,
+// or after a claim met one (the review of d6c8d01: four small values in
+// front of sixteen of 900 kB held Redis 442-474 ms in one claim).
+func TestClaimSizesEveryValueOnAShardWithLargeOnes(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	rc := r.Client()
+	other := New(NewClient(Options{Addrs: []string{r.Addr}}), "t", 4)
+	t.Cleanup(func() { other.Close() })
+	other.write.Store(FormatDueBuckets)
+	idIn := func(prefix string, shard int) string {
+		for i := 0; ; i++ {
+			if id := prefix + strconv.Itoa(i); s.Shard(id) == shard {
+				return id
+			}
+		}
+	}
+	// In shard sh, due in this order: small, large, large, small, small.
+	fill := func(st *Store, sh int, tag string, at int64) []string {
+		var ids []string
+		for i, size := range []int{100, 30000, 30000, 100, 100} {
+			id := idIn(tag+strconv.Itoa(i)+"-", sh)
+			ids = append(ids, id)
+			schedule(t, st, Item{ID: id, Absolute: true, AtMicros: at + int64(i), Data: make([]byte, size-7)})
+		}
+		return ids
+	}
+	claim := func(st *Store, sh int) (ids []string, hmgets int) {
+		before := commandCalls(t, rc, "hmget")
+		res, err := st.Claim(ctx, []int{sh}, ClaimOptions{Batch: 100, Lease: time.Minute, Bytes: 100000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return claimedIDs(res[0].Items), commandCalls(t, rc, "hmget") - before
+	}
+	// Scheduled by this store: it knows, and reads no value unsized.
+	ids := fill(s, 0, "a", 1000)
+	if got, n := claim(s, 0); !slices.Equal(got, ids) || n != 0 {
+		t.Fatalf("shard this store filled: claimed %v with %d HMGETs, want all 5 with none", got, n)
+	}
+	// Scheduled by another daemon: the first claim finds out (its HMGET
+	// reads them), the next one sizes every value.
+	fill(other, 1, "b", 2000)
+	if _, n := claim(s, 1); n == 0 {
+		t.Fatal("a claim on a shard not known to hold large values sized every value (the test needs it not to)")
+	}
+	fill(other, 1, "c", 3000)
+	if got, n := claim(s, 1); len(got) != 5 || n != 0 {
+		t.Fatalf("the claim after one met large values: %v with %d HMGETs, want 5 with none", got, n)
+	}
+	// A shard of small values only stays on HMGETs.
+	for i := range 6 {
+		schedule(t, s, Item{ID: idIn("d"+strconv.Itoa(i)+"-", 2), Absolute: true, AtMicros: int64(4000 + i), Data: make([]byte, 50)})
+	}
+	if got, n := claim(s, 2); len(got) != 6 || n == 0 {
+		t.Fatalf("small values only: %v with %d HMGETs", got, n)
+	}
+	mustBeConsistent(t, s)
+}

@@ -99,9 +99,12 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	}
 	oversize := func(i int) bool { return over > 0 && (i-first+len(shards))%len(shards) < over }
 	calls := make([]claimArgs, len(shards))
+	// Local time against Redis' in largeUntil: a skew only moves when a
+	// marked shard goes back to reading four values at a time.
+	nowMs := time.Now().UnixMilli()
 	for i, sh := range shards {
 		calls[i] = claimArgs{shard: &s.keys[sh], batch: o.Batch, leaseMs: o.Lease.Milliseconds(), hint: hint, knownMark: known,
-			share: share, oversize: oversize(i), format: format}
+			share: share, oversize: oversize(i), format: format, sizeAll: s.largeUntil[sh].Load() >= nowMs}
 	}
 	res, perr := exec(ctx, s, OpClaim, calls)
 	if perr != nil {
@@ -116,6 +119,9 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		// Its writes are confirmed, or why not: the items are handed out
 		// all the same (ops.go, the claim's policy).
 		reply, why := c.reply, c.err
+		if reply.large {
+			s.markLarge(shards[i], reply.nowMicros/1000)
+		}
 		r := ClaimResult{
 			Shard: shards[i], Oversize: oversize(i), NowMicros: reply.nowMicros, NextDueMs: reply.nextDueMs,
 			NextLeaseMs: reply.nextLeaseMs, Missing: reply.missing, Expired: reply.expired, Unknown: reply.unknown,

@@ -32,6 +32,9 @@ type claimArgs struct {
 	// format is the stored format the fleet writes: from
 	// FormatIntegerLeases on, lease scores are whole tokens.
 	format int
+	// sizeAll: the shard is known to hold large values (Store.largeUntil):
+	// every value is sized before it is read.
+	sizeAll bool
 }
 
 func (claimArgs) script() *script { return claimScript }
@@ -41,7 +44,11 @@ func (a claimArgs) encode() call {
 	if a.oversize {
 		over = "1"
 	}
-	return call{keys: a.shard.list(), argv: []any{a.batch, a.leaseMs, a.hint, a.knownMark, a.share, over, a.format}}
+	all := "0"
+	if a.sizeAll {
+		all = "1"
+	}
+	return call{keys: a.shard.list(), argv: []any{a.batch, a.leaseMs, a.hint, a.knownMark, a.share, over, a.format, all}}
 }
 
 // claimReply is claim.lua's answer.
@@ -56,7 +63,9 @@ type claimReply struct {
 	// the newest of their marks (0 for none).
 	unknown     int
 	unknownMark int64
-	items       []claimItem
+	// large: the claim saw a value over 4 kB (Store.largeUntil).
+	large bool
+	items []claimItem
 }
 
 // claimItem is one envelope handed out: 3 values of the reply.
@@ -67,7 +76,7 @@ type claimItem struct {
 }
 
 // claimHead is the number of reply values before the items.
-const claimHead = 8
+const claimHead = 9
 
 func (claimArgs) decode(cmd *redis.Cmd) (claimReply, error) {
 	raw, err := cmd.Slice()
@@ -81,6 +90,7 @@ func (claimArgs) decode(cmd *redis.Cmd) (claimReply, error) {
 		missing: int(asInt(raw[3])), expired: int(asInt(raw[4])), unknown: int(asInt(raw[6])), unknownMark: asInt(raw[7]),
 		items: make([]claimItem, 0, (len(raw)-claimHead)/3)}
 	r.token, _ = raw[5].(string)
+	r.large = asInt(raw[8]) == 1
 	for j := claimHead; j < len(raw); j += 3 {
 		id, _ := raw[j].(string)
 		v, _ := raw[j+2].(string)

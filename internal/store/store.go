@@ -46,6 +46,13 @@ type Store struct {
 	// value the last claim handed out.
 	claimTurn atomic.Uint64
 	claimMax  atomic.Int64
+	// largeUntil is, per shard, until when (ms since the epoch) its claims
+	// size every value before reading it: set from the due time of a
+	// large value this store scheduled, and from a claim that met one
+	// (markLarge). HMGET replies inside a script cost far more than their
+	// bytes once large, and a shard that reads its values four and
+	// sixteen at a time reads large ones that way before it knows.
+	largeUntil []atomic.Int64
 	// wait: writes are confirmed by replicas (wait.go); probing holds the
 	// wait state of each operation that probes (ops.go).
 	wait    WaitOptions
@@ -107,6 +114,7 @@ func New(rdb redis.UniversalClient, ns string, shards int, opts ...Option) *Stor
 	for i := range s.keys {
 		s.keys[i] = keysFor(ns, i)
 	}
+	s.largeUntil = make([]atomic.Int64, shards)
 	return s
 }
 
@@ -233,9 +241,34 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 			if err := r.errFor(due[i] > 0); err != nil {
 				errs[i] = fmt.Errorf("store: schedule: %w", err)
 			}
+			if due[i] > 0 && len(items[i].Data) > largeValue {
+				// Due already (a time in the past) counts from now.
+				s.markLarge(s.Shard(items[i].ID), max(due[i], time.Now().UnixMilli()))
+			}
 		}
 	}
 	return due, errs
+}
+
+// largeValue is the stored size over which a value is read alone, after
+// it was sized (lua/claim.lua, take).
+const largeValue = 4096
+
+// largeFor is how long after a large value's due time, or after a claim
+// met one, its shard's claims still size every value first: its retries
+// and the large values scheduled beside it.
+const largeFor = time.Minute
+
+// markLarge has claims on shard size every value first until largeFor
+// after dueMs.
+func (s *Store) markLarge(shard int, dueMs int64) {
+	until := dueMs + largeFor.Milliseconds()
+	for l := &s.largeUntil[shard]; ; {
+		was := l.Load()
+		if was >= until || l.CompareAndSwap(was, until) {
+			return
+		}
+	}
 }
 
 // Cancelled is the outcome of a cancel.

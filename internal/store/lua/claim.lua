@@ -17,13 +17,16 @@
 -- envelopes are added while they fit in it (see take); with ARGV[6] "1"
 -- the first large one is handed out even if it alone is larger (so one
 -- over-large envelope can never stall its shard; the caller grants that
--- to a few shards per claim in turn). Large values are sized before they
--- are read, so Redis holds little more than the bound either.
+-- to a few shards per claim in turn). With ARGV[8] "1" (the shard is known
+-- to hold large values: store.go, largeUntil) every value is sized before
+-- it is read (see take), so Redis holds little more than the bound
+-- either; without, only once one over 4 kB was seen.
 -- Returns {now µs, next due ms or -1, next lease expiry ms (rounded up) or
 -- -1, number of ids that had no data (removed behind delayd's back),
 -- number of expired leases re-claimed, the lease score (the settles'
 -- token), number of values of an unknown format given back, the newest
--- such mark (0 for none), then per envelope: id, attempt, stored value}.
+-- such mark (0 for none), 1 if a value over 4 kB was seen (else 0), then
+-- per envelope: id, attempt, stored value}.
 -- The attempt is n + 1, or "n+1/b" when b > 0 (the attempts hash,
 -- keys.go). "now" is in µs so the scanner can time its next wake-up to
 -- better than a millisecond.
@@ -136,12 +139,16 @@ end
 -- HMGET replies inside a script cost far more than their bytes once they
 -- are large (Redis 7.0: 16 values of 900 kB in one HMGET take 1.4 s, one
 -- HGET each 80 ms), so values are read 4, then 16 at a time while they
--- are small; once one is over 4 kB (the first one is sized before it is
--- read), each is sized first (HSTRLEN) and read alone only if it fits. Returns the kept ids, their values (false
--- for an id without data: kept, reported missing), how many of them were
--- expired leases, and sets skipped.
-local skipped = false
-local function take(ids, expired, budget, oversize)
+-- are small; once one is over 4 kB, each is sized first (HSTRLEN) and
+-- read alone only if it fits. With sizeAll (a shard known to hold large
+-- values) that is so from the first value on; without, the first value
+-- is sized before any is read, and large values behind a small first one
+-- are read in the HMGET that finds them. Returns the kept ids, their
+-- values (false for an id without data: kept, reported missing), how
+-- many of them were expired leases, and sets skipped, and sawLarge once
+-- a value over 4 kB was seen.
+local skipped, sawLarge = false, false
+local function take(ids, expired, budget, oversize, sizeAll)
   local keep, vals, kept = {}, {}, 0
   local smallMax, smallBudget, largeBudget = budget / 16, budget / 4, budget * 3 / 4
   local bytes, small, large, tookLarge = 0, 0, 0, false
@@ -166,7 +173,8 @@ local function take(ids, expired, budget, oversize)
   -- four, which alone took as long as the rest of the claim.
   local i, step = 1, 4
   local probe = #ids > 0 and redis.call('HSTRLEN', data, ids[1]) or 0
-  local sized = probe > 4096
+  local sized = sizeAll or probe > 4096
+  sawLarge = probe > 4096
   while i <= #ids do
     if budget > 0 and bytes >= budget and small >= smallBudget then
       skipped = true
@@ -175,6 +183,7 @@ local function take(ids, expired, budget, oversize)
     if sized then
       local size = probe
       if i > 1 then size = redis.call('HSTRLEN', data, ids[i]) end
+      if size > 4096 then sawLarge = true end
       if size == 0 then offer(i, nil, 0)
       elseif budget == 0 or (size <= smallMax and (bytes + size <= budget or small + size <= smallBudget))
           or (size > smallMax and (large + size <= largeBudget or (oversize and not tookLarge))) then
@@ -188,7 +197,7 @@ local function take(ids, expired, budget, oversize)
       local part = redis.call('HMGET', data, unpack(ids, i, last))
       for j = 1, #part do
         local size = part[j] and #part[j] or 0
-        if size > 4096 then sized = true end
+        if size > 4096 then sized, sawLarge = true, true end
         offer(i + j - 1, part[j], size)
       end
       i, step = last + 1, 16
@@ -204,7 +213,7 @@ end
 local now, nowus = nowMs()
 local max = tonumber(ARGV[1])
 local known = tonumber(ARGV[4])
-local out = {nowus, -1, -1, 0, 0, '', 0, 0}
+local out = {nowus, -1, -1, 0, 0, '', 0, 0, 0}
 -- Expired leases of format 2 (fractional scores, below leaseSplit), then
 -- of format 3 (whole tokens, expired at or below now x 1000): two ranges,
 -- as a fractional lease is numerically below every whole one, expired or
@@ -232,7 +241,8 @@ else
 end
 local datas
 if #ids > 0 then
-  ids, datas, expired = take(ids, expired, tonumber(ARGV[5]) or 0, ARGV[6] == '1')
+  ids, datas, expired = take(ids, expired, tonumber(ARGV[5]) or 0, ARGV[6] == '1', ARGV[8] == '1')
+  if sawLarge then out[9] = 1 end
 end
 if #ids > 0 then
   -- Most shards have no retries at all: then there is nothing to read.
