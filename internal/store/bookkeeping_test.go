@@ -393,13 +393,7 @@ func TestClaimTakesSmallPastLarge(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
-	idIn := func(prefix string, shard int) string {
-		for i := 0; ; i++ {
-			if id := prefix + strconv.Itoa(i); s.Shard(id) == shard {
-				return id
-			}
-		}
-	}
+	idIn := func(prefix string, shard int) string { return idInShard(s, prefix, shard) }
 	// Per shard: two values of 30,000 bytes due first, then three of 100.
 	const share = 50000
 	var large, small [2][]string
@@ -474,13 +468,7 @@ func TestClaimSizesTheFirstValue(t *testing.T) {
 	s, r := newStore(t)
 	ctx := context.Background()
 	rc := r.Client()
-	idIn := func(prefix string, shard int) string {
-		for i := 0; ; i++ {
-			if id := prefix + strconv.Itoa(i); s.Shard(id) == shard {
-				return id
-			}
-		}
-	}
+	idIn := func(prefix string, shard int) string { return idInShard(s, prefix, shard) }
 	var ids []string
 	for i, size := range []int{30000, 30000, 100, 100, 100} {
 		id := idIn("v"+strconv.Itoa(i)+"-", 0)
@@ -537,13 +525,7 @@ func TestClaimSizesEveryValueOnAShardWithLargeOnes(t *testing.T) {
 	other := New(NewClient(Options{Addrs: []string{r.Addr}}), "t", 4)
 	t.Cleanup(func() { other.Close() })
 	other.write.Store(FormatDueBuckets)
-	idIn := func(prefix string, shard int) string {
-		for i := 0; ; i++ {
-			if id := prefix + strconv.Itoa(i); s.Shard(id) == shard {
-				return id
-			}
-		}
-	}
+	idIn := func(prefix string, shard int) string { return idInShard(s, prefix, shard) }
 	// In shard sh, due in this order: small, large, large, small, small.
 	fill := func(st *Store, sh int, tag string, at int64) []string {
 		var ids []string
@@ -585,4 +567,13 @@ func TestClaimSizesEveryValueOnAShardWithLargeOnes(t *testing.T) {
 		t.Fatalf("small values only: %v with %d HMGETs", got, n)
 	}
 	mustBeConsistent(t, s)
+}
+
+// idInShard is the first id prefix+n (n = 0, 1, ...) in shard.
+func idInShard(s *Store, prefix string, shard int) string {
+	for i := 0; ; i++ {
+		if id := prefix + strconv.Itoa(i); s.Shard(id) == shard {
+			return id
+		}
+	}
 }
