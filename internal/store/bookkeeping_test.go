@@ -522,9 +522,7 @@ func TestClaimSizesEveryValueOnAShardWithLargeOnes(t *testing.T) {
 	s, r := newStore(t)
 	ctx := context.Background()
 	rc := r.Client()
-	other := New(NewClient(Options{Addrs: []string{r.Addr}}), "t", 4)
-	t.Cleanup(func() { other.Close() })
-	other.write.Store(FormatDueBuckets)
+	other := storeOn(t, r)
 	idIn := func(prefix string, shard int) string { return idInShard(s, prefix, shard) }
 	// In shard sh, due in this order: small, large, large, small, small.
 	fill := func(st *Store, sh int, tag string, at int64) []string {

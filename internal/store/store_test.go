@@ -16,6 +16,12 @@ import (
 func newStore(t *testing.T) (*Store, *testutil.Redis) {
 	t.Helper()
 	r := testutil.StartRedis(t)
+	return storeOn(t, r), r
+}
+
+// storeOn is another daemon's store on r, as newStore makes it.
+func storeOn(t *testing.T, r *testutil.Redis) *Store {
+	t.Helper()
 	s := New(NewClient(Options{Addrs: []string{r.Addr}}), "t", 4)
 	t.Cleanup(func() { s.Close() })
 	if err := s.Ping(context.Background()); err != nil {
@@ -24,7 +30,7 @@ func newStore(t *testing.T) (*Store, *testutil.Redis) {
 	// What a daemon alone with redis.due_buckets agrees on (AgreeFormats):
 	// the due buckets, so the store's tests run on them.
 	s.write.Store(FormatDueBuckets)
-	return s, r
+	return s
 }
 
 // count returns the sizes of one shard's sets.
