@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/delayd/delayd/internal/envelope"
@@ -183,7 +184,10 @@ func (c *captors) list() ([]capture, error) {
 		}
 	}
 	err := l.Err()
-	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+	// No responders: no server of the account runs JetStream (the lister,
+	// unlike AccountInfo, does not say so), so no stream can answer.
+	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
+		errors.Is(err, nats.ErrNoResponders) {
 		return nil, nil
 	}
 	return out, err

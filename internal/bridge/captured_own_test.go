@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -50,5 +51,37 @@ func TestOwnIntakeStreamProbesNothing(t *testing.T) {
 	c.ready(ctx)
 	if _, probe := c.captured("other.z"); !probe {
 		t.Error("with a stream of the user's, a target no stream lists is not probed")
+	}
+}
+
+// TestCoreOnlyNATSProbesNothing: on a NATS without JetStream no stream can
+// answer a delivery, so no first delivery to a target waits probeGrace for
+// one. The stream list's request gets no responders there, which must read
+// as "no streams", not as "cannot list them" (that made every batch to a
+// new target a probe: p99 at 20k due/s went from 9 to 122 ms).
+func TestCoreOnlyNATSProbesNothing(t *testing.T) {
+	t.Parallel()
+	n := testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := newCaptors(js, NewRefusals(), hclog.NewNullLogger(), "DELAYD_INTAKE")
+	c.ready(ctx)
+	if await, probe := c.captured("orders.new"); await || probe {
+		t.Errorf("on a core-only NATS, a new target: await %v probe %v, want neither", await, probe)
+	}
+	c.mu.Lock()
+	failing := c.failing
+	c.mu.Unlock()
+	if failing != nil {
+		t.Errorf("on a core-only NATS the stream list failed (%v): it is empty", failing)
 	}
 }
