@@ -25,7 +25,7 @@ import (
 // the account (capm.x → capm.y) is invisible to clients: a stream on the
 // mapped subject captures a target its listed subjects do not match. So
 // while the account has a stream, the first delivery to a target no
-// listed stream matches is a probe: it waits up to probeGrace for a
+// listed stream matches is a probe: it waits up to answerWindow for a
 // stream's answer; none, and the target counts as not captured for
 // learnedFor (or until the list changes).
 type captors struct {
@@ -35,9 +35,11 @@ type captors struct {
 	own      string // the name of delayd's intake stream (capture.own)
 
 	mu       sync.Mutex
-	patterns []capture // from the last list read
+	patterns []capture       // from the last list read
+	names    map[string]bool // the streams of the last list read
 	memo     map[string]match
-	learned  map[string]time.Time // answered by a stream, not in the list
+	learned  map[string]learnt    // answered by a listed stream its subjects do not match
+	unlisted map[string]unlisted  // answered by a stream the list did not name (yet)
 	unheard  map[string]time.Time // probed: no stream answered
 	anyAck   bool                 // a listed stream answers (not no_ack)
 	listed   time.Time            // when the last list was asked for
@@ -45,6 +47,20 @@ type captors struct {
 	running  chan struct{}        // closed when the list being read is in
 	poked    time.Time            // the last refresh an unexpected answer asked for
 	lateLog  *ratelog.Limiter     // late refusals: one line per lateLogEvery
+}
+
+// learnt is a target a stream answered for: when, and which stream.
+type learnt struct {
+	at     time.Time
+	stream string
+}
+
+// unlisted is an answer naming a stream the list did not name when it
+// came: the target is learned once a list read after it names the stream,
+// since anyone who sees a delivery's reply subject can answer on it.
+type unlisted struct {
+	at     time.Time
+	stream string
 }
 
 type capture struct {
@@ -79,20 +95,20 @@ const (
 	// memoMax bounds the memo of targets looked up, and the targets
 	// probed.
 	memoMax = 1 << 16
-	// probeGrace is how long a probe waits for a stream's answer after
+	// answerWindow is how long a probe waits for a stream's answer after
 	// its batch is confirmed otherwise: a stream answers from its own
 	// goroutine, within a millisecond on an idle server. An answer later
 	// than this is late: the target is learned, but that delivery was
 	// counted (its refusal is logged as a loss).
-	probeGrace = 100 * time.Millisecond
+	answerWindow = 100 * time.Millisecond
 	// lateLogEvery is the least time between two lines about late
 	// refusals.
 	lateLogEvery = 10 * time.Second
 )
 
 func newCaptors(js jetstream.JetStream, refusals *Refusals, log hclog.Logger, own string) *captors {
-	return &captors{js: js, refusals: refusals, log: log, own: own, memo: map[string]match{}, learned: map[string]time.Time{},
-		unheard: map[string]time.Time{}, lateLog: ratelog.New(lateLogEvery, nil)}
+	return &captors{js: js, refusals: refusals, log: log, own: own, memo: map[string]match{}, learned: map[string]learnt{},
+		unlisted: map[string]unlisted{}, unheard: map[string]time.Time{}, lateLog: ratelog.New(lateLogEvery, nil)}
 }
 
 // streamList is the subject of the list request, which needs delayd's
@@ -124,11 +140,12 @@ func (c *captors) ready(ctx context.Context) {
 // refreshLocked starts reading the list. Under mu.
 func (c *captors) refreshLocked() chan struct{} {
 	c.listed = time.Now()
+	began := c.listed
 	done := make(chan struct{})
 	c.running = done
 	go func() {
 		defer close(done)
-		patterns, err := c.list()
+		patterns, names, err := c.list()
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.running = nil
@@ -147,29 +164,40 @@ func (c *captors) refreshLocked() chan struct{} {
 		if !slices.Equal(c.patterns, patterns) {
 			clear(c.unheard) // a new stream may capture a probed target through a mapping
 		}
-		c.patterns, c.failing = patterns, nil
+		c.patterns, c.names, c.failing = patterns, names, nil
 		c.anyAck = slices.ContainsFunc(patterns, func(p capture) bool { return !p.noAck && !p.own })
 		clear(c.memo)
+		for target, u := range c.unlisted {
+			switch {
+			case names[u.stream]:
+				c.learned[target] = learnt{at: u.at, stream: u.stream}
+				delete(c.unheard, target)
+			case u.at.After(began):
+				continue // came after this read began: the next one decides
+			}
+			delete(c.unlisted, target)
+		}
 	}()
 	return done
 }
 
 // list reads which subjects the account's streams capture. JetStream off
 // (for the server or the account) is an empty list: no stream captors.
-func (c *captors) list() ([]capture, error) {
+func (c *captors) list() ([]capture, map[string]bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), captorsTimeout)
 	defer cancel()
 	// A refused request gets no answer: the server's -ERR says it at once.
 	mark := c.refusals.mark()
 	l := c.js.ListStreams(ctx)
 	var out []capture
+	names := map[string]bool{}
 	for infos := l.Info(); infos != nil; {
 		changed, refused := c.refusals.refusedSince(mark, streamList)
 		if refused != nil {
 			cancel()
 			for range infos { // the lister ends on the cancel
 			}
-			return nil, refused
+			return nil, nil, refused
 		}
 		select {
 		case info, ok := <-infos:
@@ -177,6 +205,7 @@ func (c *captors) list() ([]capture, error) {
 				infos = nil
 				break
 			}
+			names[info.Config.Name] = true
 			for _, s := range info.Config.Subjects {
 				out = append(out, capture{pattern: s, noAck: info.Config.NoAck, own: info.Config.Name == c.own})
 			}
@@ -188,42 +217,27 @@ func (c *captors) list() ([]capture, error) {
 	// unlike AccountInfo, does not say so), so no stream can answer.
 	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
 		errors.Is(err, nats.ErrNoResponders) {
-		return nil, nil
+		return nil, nil, nil
 	}
-	return out, err
+	return out, names, err
 }
 
 // captured reports whether a delivery to target should wait for a
 // stream's answer until its deadline (await: a listed stream without
 // no_ack captures it, or a stream answered for it lately), or up to
-// probeGrace (probe: no listed stream matches it, but the account has a
+// answerWindow (probe: no listed stream matches it, but the account has a
 // stream that answers, or its streams cannot be listed, and no probe of
 // it went unanswered lately).
 func (c *captors) captured(target string) (await, probe bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if at, ok := c.learned[target]; ok {
-		if time.Since(at) < learnedFor {
+	if l, ok := c.learned[target]; ok {
+		if time.Since(l.at) < learnedFor {
 			return true, false
 		}
 		delete(c.learned, target)
 	}
-	m, ok := c.memo[target]
-	if !ok {
-		for _, p := range c.patterns {
-			if envelope.Match(p.pattern, target) {
-				m = matchAck
-				if p.noAck {
-					m = matchNoAck
-				}
-				break
-			}
-		}
-		if len(c.memo) >= memoMax {
-			clear(c.memo)
-		}
-		c.memo[target] = m
-	}
+	m := c.matchLocked(target)
 	switch {
 	case m == matchAck:
 		return true, false
@@ -239,6 +253,28 @@ func (c *captors) captured(target string) (await, probe bool) {
 	return false, true
 }
 
+// matchLocked is what the listed streams say of target. Under mu.
+func (c *captors) matchLocked(target string) match {
+	m, ok := c.memo[target]
+	if ok {
+		return m
+	}
+	for _, p := range c.patterns {
+		if envelope.Match(p.pattern, target) {
+			m = matchAck
+			if p.noAck {
+				m = matchNoAck
+			}
+			break
+		}
+	}
+	if len(c.memo) >= memoMax {
+		clear(c.memo)
+	}
+	c.memo[target] = m
+	return m
+}
+
 // unanswered records that a probe of target heard no stream.
 func (c *captors) unanswered(target string) {
 	c.mu.Lock()
@@ -251,11 +287,14 @@ func (c *captors) unanswered(target string) {
 
 // heard is told of every stream answer to a delivery: its target (late:
 // the answer came after the delivery's batch ended, and the delivery was
-// counted), or "" when the answer cannot be placed (too old, or forged). A
-// target that no listed stream captures is learned, so later deliveries
-// to it wait for the stream, and the list read again (at most once a
-// second), since a stream may have been created since.
-func (c *captors) heard(target string, a verdict, reason string, late bool) {
+// counted), or "" when the answer cannot be placed (too old, or forged),
+// and the stream it names. A target that no listed stream captures is
+// learned, so later deliveries to it wait for the stream, when the answer
+// names a listed stream. Anyone who sees a delivery's reply subject can
+// answer on it, so an unlisted name is believed only once the list, read
+// again (at most once a second), names it; while the list cannot be read
+// at all, answers are believed as they come.
+func (c *captors) heard(target string, a verdict, reason, stream string, late bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if (target == "" || late) && a == refused {
@@ -265,31 +304,65 @@ func (c *captors) heard(target string, a verdict, reason string, late bool) {
 				c.log.Warn("a stream refused a core delivery after its batch was confirmed, or an answer was forged: "+
 					"if it was not forged, that delivery is lost", "error", reason, "count", n)
 			} else {
-				c.log.Warn("a stream refused a core delivery after its batch was confirmed: that delivery is lost "+
-					"(later deliveries to the target wait for the stream's answer)", "target", target, "error", reason, "count", n)
+				c.log.Warn("a stream refused a core delivery after its batch was confirmed, or its consumer forged "+
+					"the answer: if it was not forged, that delivery is lost", "target", target, "error", reason, "count", n)
 			}
 		}
 	}
 	switch {
-	case target == "":
-	case c.memo[target] != matchAck:
-		c.learned[target] = time.Now()
+	case target == "" || c.matchLocked(target) == matchAck:
+		return
+	case c.names[stream] || c.failing != nil:
+		c.learned[target] = learnt{at: time.Now(), stream: stream}
 		delete(c.unheard, target)
-	default:
 		return
 	}
+	if len(c.unlisted) >= memoMax {
+		clear(c.unlisted)
+	}
+	c.unlisted[target] = unlisted{at: time.Now(), stream: stream}
+	c.pokeLocked()
+}
+
+// pokeLocked starts reading the list again unless a read is running or one
+// was asked for less than a second ago, and returns the read running, if
+// any. Under mu.
+func (c *captors) pokeLocked() chan struct{} {
 	if c.running == nil && time.Since(c.poked) >= time.Second {
 		c.poked = time.Now()
 		c.refreshLocked()
 	}
+	return c.running
 }
 
-// forget drops a learned target whose stream did not answer: it may have
-// been deleted, and a target without a stream must not wait for one.
-func (c *captors) forget(target string) {
+// gone is asked of a delivery whose awaited stream answer did not come in
+// time: it reads the list again (at most once a second; a deleted stream
+// answers nothing, and without this every delivery to its targets would
+// wait and fail until the next periodic read) and reports whether the
+// target is no longer captured, so that the flush's confirmation stands.
+// A target still captured is no longer learned from the stream's answers:
+// one that stopped answering must not hold later batches.
+func (c *captors) gone(ctx context.Context, target string) bool {
 	c.mu.Lock()
-	delete(c.learned, target)
+	running := c.pokeLocked()
 	c.mu.Unlock()
+	if running != nil {
+		select {
+		case <-running:
+		case <-ctx.Done():
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, learned := c.learned[target]
+	delete(c.learned, target)
+	switch {
+	case c.failing != nil:
+		return false // the list cannot be read: it cannot be told
+	case learned:
+		return !c.names[l.stream]
+	}
+	return c.matchLocked(target) != matchAck
 }
 
 // expire makes the next ready read the list again, and wait for it.

@@ -55,7 +55,7 @@ func TestOwnIntakeStreamProbesNothing(t *testing.T) {
 }
 
 // TestCoreOnlyNATSProbesNothing: on a NATS without JetStream no stream can
-// answer a delivery, so no first delivery to a target waits probeGrace for
+// answer a delivery, so no first delivery to a target waits answerWindow for
 // one. The stream list's request gets no responders there, which must read
 // as "no streams", not as "cannot list them" (that made every batch to a
 // new target a probe: p99 at 20k due/s went from 9 to 122 ms).

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,15 +53,14 @@ type interest struct {
 	// of a delivery of a waiting batch, or of one that ended lately (late
 	// set: the delivery was counted already), or "" for an answer that
 	// cannot be placed (too old, or forged).
-	heard func(target string, a verdict, reason string, late bool)
+	heard func(target string, a verdict, reason, stream string, late bool)
 
 	mu    sync.Mutex
 	sub   *nats.Subscription
 	taken int64 // messages of sub taken off ch
-	// woken is closed once taken reaches until: the batch being flushed
-	// waits for it. nil while none waits.
-	woken   chan struct{}
-	until   int64
+	// waiting: the batches whose flush returned, each until taken reaches
+	// what sub had delivered by then (flushed). Flushes overlap.
+	waiting []waiter
 	batches map[string]*batch // by token, until finished
 	// ended keeps the batches finished lately (by token, and in the order
 	// they ended), so that a stream's late answer still names its target.
@@ -88,6 +88,7 @@ const (
 
 // batch is one Publish call's deliveries, as the interest check sees them.
 type batch struct {
+	sub      *nats.Subscription // the answers' subscription when it began
 	token    string
 	replies  string // every reply subject, one after the other
 	ends     []int  // reply i is replies[ends[i-1]:ends[i]]
@@ -96,7 +97,6 @@ type batch struct {
 	reasons  []string // a refusal's text, by delivery
 	await    []bool   // waits for a stream's answer
 	pending  int      // awaited answers not in yet
-	settled  chan struct{}
 	// probe: a delivery to a target no listed stream captures, whose
 	// capture is unknown (a subject mapping of the account can route it
 	// to a stream): it waits for a stream's answer up to a short grace.
@@ -111,7 +111,7 @@ type batch struct {
 // cannot vouch for.
 const statusBuffer = 1 << 16
 
-func newInterest(nc *nats.Conn, refusals *Refusals, heard func(string, verdict, string, bool)) (*interest, error) {
+func newInterest(nc *nats.Conn, refusals *Refusals, heard func(string, verdict, string, string, bool)) (*interest, error) {
 	in := &interest{ch: make(chan *nats.Msg, statusBuffer), base: nc.NewInbox() + ".",
 		done: make(chan struct{}), refusals: refusals, heard: heard, batches: map[string]*batch{}, ended: map[string]*batch{}}
 	if err := in.subscribe(nc); err != nil {
@@ -124,7 +124,8 @@ func newInterest(nc *nats.Conn, refusals *Refusals, heard func(string, verdict, 
 // subscribe (again) to the answers: a subscription the server refused
 // (no permission) is not known to it, and stays unknown when the
 // permission is granted later, until the client subscribes again. The
-// caller makes sure no batch is in flight.
+// caller holds the publisher's send lock, so no batch is being written; a
+// batch flushed before finds the subscription changed (flushed).
 func (in *interest) subscribe(nc *nats.Conn) error {
 	mark := in.refusals.mark()
 	sub, err := nc.ChanSubscribe(in.base+">", in.ch)
@@ -134,6 +135,10 @@ func (in *interest) subscribe(nc *nats.Conn) error {
 	in.mu.Lock()
 	old := in.sub
 	in.sub, in.taken, in.subscribed = sub, 0, mark
+	for _, w := range in.waiting {
+		close(w.woken) // their batches find the subscription changed
+	}
+	in.waiting = nil
 	in.mu.Unlock()
 	if old != nil {
 		_ = old.Unsubscribe()
@@ -147,14 +152,11 @@ func (in *interest) run() {
 		case <-in.done:
 			return
 		case m := <-in.ch:
-			a, reason := classify(m)
+			a, reason, stream := classify(m)
 			in.mu.Lock()
 			if m.Sub == in.sub {
 				in.taken++
-				if in.woken != nil && in.taken >= in.until {
-					close(in.woken)
-					in.woken = nil
-				}
+				in.wake()
 			}
 			target, placed, late := in.take(m.Subject, a, reason)
 			in.mu.Unlock()
@@ -162,7 +164,7 @@ func (in *interest) run() {
 				if !placed {
 					target = ""
 				}
-				in.heard(target, a, reason, late)
+				in.heard(target, a, reason, stream, late)
 			}
 		}
 	}
@@ -221,9 +223,7 @@ func (in *interest) unawait(b *batch, i int) {
 	switch {
 	case b.await[i]:
 		b.await[i] = false
-		if b.pending--; b.pending == 0 {
-			close(b.settled)
-		}
+		b.pending--
 	case b.probe[i]:
 		b.probe[i] = false
 		b.probing--
@@ -242,15 +242,15 @@ func (in *interest) unawait(b *batch, i int) {
 // carries the stream's name). The no-responders status is an empty message
 // with "Status: 503", as nats.go's request API recognises it. Anything else
 // is a subscriber's reply, whatever it says.
-func classify(m *nats.Msg) (verdict, string) {
+func classify(m *nats.Msg) (a verdict, reason, stream string) {
 	if len(m.Data) == 0 {
 		if m.Header.Get("Status") == "503" {
-			return noResponders, ""
+			return noResponders, "", ""
 		}
-		return replied, ""
+		return replied, "", ""
 	}
 	if m.Data[0] != '{' {
-		return replied, ""
+		return replied, "", ""
 	}
 	var r struct {
 		Stream *string `json:"stream"`
@@ -262,16 +262,16 @@ func classify(m *nats.Msg) (verdict, string) {
 		} `json:"error"`
 	}
 	if json.Unmarshal(m.Data, &r) != nil || r.Stream == nil {
-		return replied, ""
+		return replied, "", ""
 	}
 	switch {
 	case r.Error != nil:
 		e := r.Error
-		return refused, fmt.Sprintf("stream %s refused it: %s (code %d, err_code %d)", *r.Stream, e.Description, e.Code, e.ErrCode)
+		return refused, fmt.Sprintf("stream %s refused it: %s (code %d, err_code %d)", *r.Stream, e.Description, e.Code, e.ErrCode), *r.Stream
 	case r.Seq != nil:
-		return stored, ""
+		return stored, "", *r.Stream
 	}
-	return replied, ""
+	return replied, "", ""
 }
 
 // Reply subjects: base64url, whose characters are all valid in a subject
@@ -286,7 +286,7 @@ var enc = base64.RawURLEncoding
 // begin registers a batch of ds, whose deliveries awaited (by index) wait
 // for a stream's answer (await: until the deadline; probe: a short grace),
 // and builds its reply subjects. The caller holds the publisher's send
-// lock until flushed or its batch is begun in vain.
+// lock while it writes the batch.
 func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) (await, probe bool)) (b *batch, dropped int) {
 	n := len(ds)
 	random := make([]byte, tokenBytes+keyBytes*n)
@@ -294,7 +294,7 @@ func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) (await, pr
 		panic(err) // crypto/rand never fails (Go 1.24+)
 	}
 	b = &batch{token: enc.EncodeToString(random[:tokenBytes]), ends: make([]int, n), targets: make([]string, n),
-		verdicts: make([]verdict, n), reasons: make([]string, n), await: make([]bool, n), settled: make(chan struct{}),
+		verdicts: make([]verdict, n), reasons: make([]string, n), await: make([]bool, n),
 		probe: make([]bool, n), allIn: make(chan struct{})}
 	// Every reply subject of the batch is cut from one string: one
 	// allocation per batch, not one per delivery.
@@ -319,17 +319,14 @@ func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) (await, pr
 		}
 	}
 	b.replies = string(s)
-	if b.pending == 0 {
-		close(b.settled)
-	}
 	if b.pending == 0 && b.probing == 0 {
 		close(b.allIn)
 	}
 	in.mu.Lock()
 	in.batches[b.token] = b
-	sub := in.sub
+	b.sub = in.sub
 	in.mu.Unlock()
-	dropped, _ = sub.Dropped()
+	dropped, _ = b.sub.Dropped()
 	return b, dropped
 }
 
@@ -342,40 +339,58 @@ func (b *batch) reply(i int) string {
 	return b.replies[start:b.ends[i]]
 }
 
-// flushed waits, after the batch's flush returned, until every message
+// flushed waits, after batch b's flush returned, until every message
 // delivered to the subscription by then is taken, so that every
 // no-responders status of the batch is recorded. ok is false when that
-// cannot be known: ctx ended first, or nats.go dropped a message since
-// begin.
-func (in *interest) flushed(ctx context.Context, dropped int) (ok bool) {
-	in.mu.Lock()
-	sub := in.sub
-	in.mu.Unlock()
-	delivered, err := sub.Delivered()
+// cannot be known: ctx ended first, nats.go dropped a message since
+// begin, or the subscription was made again meanwhile.
+func (in *interest) flushed(ctx context.Context, b *batch, dropped int) (ok bool) {
+	delivered, err := b.sub.Delivered()
 	ok = err == nil
 	if ok {
+		w := waiter{until: delivered, woken: make(chan struct{})}
 		in.mu.Lock()
-		var woken chan struct{}
-		if in.taken < delivered {
-			woken = make(chan struct{})
-			in.woken, in.until = woken, delivered
+		if in.sub != b.sub || in.taken >= delivered {
+			close(w.woken)
+		} else {
+			in.waiting = append(in.waiting, w)
 		}
 		in.mu.Unlock()
-		if woken != nil {
-			select {
-			case <-woken:
-			case <-ctx.Done():
-				ok = false
-			}
+		select {
+		case <-w.woken:
+		case <-ctx.Done():
+			ok = false
+			in.mu.Lock()
+			in.waiting = slices.DeleteFunc(in.waiting, func(o waiter) bool { return o.woken == w.woken })
+			in.mu.Unlock()
 		}
 	}
-	if now, err := sub.Dropped(); err != nil || now != dropped {
+	in.mu.Lock()
+	if in.sub != b.sub {
 		ok = false
 	}
-	in.mu.Lock()
-	in.woken = nil
 	in.mu.Unlock()
+	if now, err := b.sub.Dropped(); err != nil || now != dropped {
+		ok = false
+	}
 	return ok
+}
+
+// waiter is a batch waiting in flushed.
+type waiter struct {
+	until int64
+	woken chan struct{}
+}
+
+// wake ends the waits that taken has reached. Under mu.
+func (in *interest) wake() {
+	in.waiting = slices.DeleteFunc(in.waiting, func(w waiter) bool {
+		if in.taken < w.until {
+			return false
+		}
+		close(w.woken)
+		return true
+	})
 }
 
 // unawaited stops waiting for the stream answers of the deliveries that
@@ -396,19 +411,13 @@ func (in *interest) unawaited(b *batch, failed []error) {
 // heard, which awaited answers never came, and which probes heard no
 // stream.
 func (in *interest) settle(ctx context.Context, b *batch, grace time.Duration) (verdicts []verdict, reasons []string, missing, unheard []bool) {
+	t := time.NewTimer(grace)
 	select {
-	case <-b.settled:
+	case <-b.allIn:
+	case <-t.C:
 	case <-ctx.Done():
 	}
-	if ctx.Err() == nil {
-		t := time.NewTimer(grace)
-		select {
-		case <-b.allIn:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
-	}
+	t.Stop()
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	delete(in.batches, b.token)

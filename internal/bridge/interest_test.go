@@ -261,7 +261,7 @@ func TestEndedBatchesBoundedByDeliveries(t *testing.T) {
 	close(done)
 	end := func(token string, n int) {
 		b := &batch{token: token, ends: make([]int, n), targets: make([]string, n), verdicts: make([]verdict, n),
-			reasons: make([]string, n), await: make([]bool, n), probe: make([]bool, n), settled: done, allIn: done}
+			reasons: make([]string, n), await: make([]bool, n), probe: make([]bool, n), allIn: done}
 		in.batches[token] = b
 		in.settle(context.Background(), b, 0)
 	}

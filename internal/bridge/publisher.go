@@ -29,12 +29,18 @@ var errInboxUnproven = fmt.Errorf("not yet proven to receive on the NATS deliver
 // Publisher delivers due envelopes: over core NATS, or with the JetStream
 // API to targets matching the configured patterns.
 type Publisher struct {
-	// send serialises the sending part of concurrent batches (publish,
-	// flush, attributing refusals): the connection's refusal record is one
-	// for all of them, and a batch must see only its own refusals between
-	// its mark and its flush. Waiting for PubAcks and stream answers
-	// happens outside it, so a slow stream holds no other batch.
-	send       sync.Mutex
+	// send serialises the writing of concurrent batches, so that each
+	// batch's messages are contiguous and its refusal mark comes before
+	// them. Its flush round trip, the PubAcks and the stream answers are
+	// waited for outside it: on a slow path batches overlap, and a batch
+	// costs one round trip, not one per batch ahead of it (issue 36).
+	send sync.Mutex
+	// sent records the subjects batches published to: a refusal a batch
+	// sees of a subject it did not publish is placed when another batch,
+	// overlapping it, did (the server answers each batch's refusals before
+	// the PONG of its flush, which that batch then reads).
+	sentMu     sync.Mutex
+	sent       map[string]struct{}
 	nc         *nats.Conn
 	refusals   *Refusals
 	js         jetstream.JetStream
@@ -217,6 +223,8 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 			core++
 		}
 	}
+	p.noteSent(ds)
+	p.send.Unlock()
 	// A flush also when the batch is JetStream only: a refused JetStream
 	// publish gets no PubAck, and without the server's -ERR before the
 	// PONG its future would only end at the deadline, holding every
@@ -231,7 +239,6 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 					}
 				}
 				p.interest.unawaited(b, errs)
-				p.send.Unlock()
 				p.interest.settle(ctx, b, 0) // ends the batch: every delivery failed
 				return errs
 			}
@@ -249,7 +256,6 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	if checked > 0 {
 		p.noInterest(ctx, b, ds, kinds, errs, dropped)
 	}
-	p.send.Unlock()
 	p.streamAnswers(ctx, b, ds, kinds, errs)
 	for i, f := range futures {
 		if errs[i] != nil {
@@ -304,7 +310,7 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 		// own requests.
 		own := subj == streamList || subj == jsInfo || (subj != "" && (subj == p.inboxProbe || subj == p.probePrefix)) ||
 			strings.HasPrefix(subj, p.interest.base)
-		if !targets[subj] && !own {
+		if !targets[subj] && !own && !p.wasSent(subj) {
 			complete = false // refused something we cannot place
 		}
 	}
@@ -329,12 +335,34 @@ func (p *Publisher) permissionDenied(ctx context.Context, ds []envelope.Delivery
 	}
 }
 
+// noteSent records the subjects a batch published to (sent).
+func (p *Publisher) noteSent(ds []envelope.Delivery) {
+	p.sentMu.Lock()
+	defer p.sentMu.Unlock()
+	if p.sent == nil || len(p.sent) >= memoMax {
+		// Forgetting only makes a refusal of an overlapping batch
+		// unplaceable: its batch's core deliveries are retried.
+		p.sent = map[string]struct{}{}
+	}
+	for _, d := range ds {
+		p.sent[d.Target] = struct{}{}
+	}
+}
+
+// wasSent reports whether a batch published to subject.
+func (p *Publisher) wasSent(subject string) bool {
+	p.sentMu.Lock()
+	defer p.sentMu.Unlock()
+	_, ok := p.sent[subject]
+	return ok
+}
+
 // noInterest fails the checked deliveries of the batch that reached no
 // subscriber, once their statuses are all in. If that cannot be known, the
 // checked deliveries not failed already fail too, to be retried: a
 // duplicate is better than a delivery counted that reached no one.
 func (p *Publisher) noInterest(ctx context.Context, b *batch, ds []envelope.Delivery, kinds []kind, errs []error, dropped int) {
-	ok := p.interest.flushed(ctx, dropped)
+	ok := p.interest.flushed(ctx, b, dropped)
 	for i, d := range ds {
 		if kinds[i] != checkedCore || errs[i] != nil {
 			continue
@@ -355,7 +383,7 @@ func (p *Publisher) noInterest(ctx context.Context, b *batch, ds []envelope.Deli
 // answer that did not come by the deadline leaves the delivery unconfirmed:
 // failed, to be retried, as stored or refused is unknown.
 func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.Delivery, kinds []kind, errs []error) {
-	verdicts, reasons, missing, unheard := p.interest.settle(ctx, b, probeGrace)
+	verdicts, reasons, missing, unheard := p.interest.settle(ctx, b, answerWindow)
 	for i, d := range ds {
 		if kinds[i] != checkedCore || errs[i] != nil {
 			continue
@@ -363,10 +391,9 @@ func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.D
 		switch {
 		case verdicts[i] == refused:
 			errs[i] = fmt.Errorf("publish to %s: %s", d.Target, reasons[i])
-		case missing[i]:
-			errs[i] = fmt.Errorf("publish to %s: the stream that captures it did not answer in time (stored or refused is unknown): %w",
-				d.Target, context.Cause(ctx))
-			p.streams.forget(d.Target)
+		case missing[i] && !p.streams.gone(ctx, d.Target):
+			errs[i] = fmt.Errorf("publish to %s: the stream that captures it did not answer within %s (stored or refused is unknown)",
+				d.Target, answerWindow)
 		case unheard[i]:
 			p.streams.unanswered(d.Target)
 		}

@@ -74,7 +74,7 @@ func TestDeliverySizeMatchesTheMessage(t *testing.T) {
 // answered by a no-responders status). With a stream in the account (on
 // other subjects): stream_known_targets (every target probed once, then
 // known uncaptured) and stream_new_targets (every delivery to a target
-// never seen: each batch waits probeGrace for a stream's answer, the
+// never seen: each batch waits answerWindow for a stream's answer, the
 // worst case of the probe).
 func BenchmarkPublish(b *testing.B) {
 	for _, bc := range []struct {

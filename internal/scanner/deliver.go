@@ -18,13 +18,14 @@ import (
 // envelopes wait there under their lease, so it stays small.
 const stageDepth = 4
 
-// publishWorkers is how many batches may be publishing at once. One would
-// do for core NATS, whose confirmation is a flush round trip; but a
-// JetStream target whose PubAcks are slow would hold every batch behind it,
-// and a batch that waits spends its publish deadline (half the lease from
-// its claim) waiting: it would fail, and fail again, though every publish
-// it sends is acknowledged in time.
-const publishWorkers = 4
+// publishWorkers is how many batches may be publishing at once. Each
+// waits a round trip for its confirmation (a flush, PubAcks, a stream's
+// answer) while the batches behind it are written: on a slow path (200 ms
+// RTT) a batch that finds every worker busy waits up to one more round
+// trip, and with 4 workers deliveries were 0.4 s late there. A waiting
+// worker is a goroutine; what the batches hold is bounded by the claim
+// budget, not by this.
+const publishWorkers = 16
 
 // largeEnvelope is the stored size from which an envelope goes out after
 // the small ones of its batch (publish).
