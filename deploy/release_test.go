@@ -267,6 +267,26 @@ func TestOneVersionEverywhere(t *testing.T) {
 	if tag := dig(values, "image", "tag"); tag != "" && tag != want {
 		t.Errorf("values.yaml image.tag %v: leave it empty (the appVersion)", tag)
 	}
+	// An unstamped build (go build, go install, go run, a Dockerfile
+	// build without --build-arg VERSION) is a prerelease of the version
+	// the CHANGELOG is about: never older than the newest release.
+	for _, u := range []struct{ file, pattern string }{
+		{"../cmd/delayd/cli.go", `var version = "([^"]+)"`},
+		{"../internal/daemon/options.go", `const defaultVersion = "([^"]+)"`},
+		{"Dockerfile", `ARG VERSION=(\S+)`},
+	} {
+		b, err := os.ReadFile(u.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := "nothing"
+		if m := regexp.MustCompile(u.pattern).FindSubmatch(b); m != nil {
+			got = string(m[1])
+		}
+		if got != want+"-dev" {
+			t.Errorf("%s: an unstamped build reports %s, want %s-dev (the CHANGELOG's version, unreleased)", u.file, got, want)
+		}
+	}
 	manifests, _ := filepath.Glob("kubernetes/*.yaml")
 	for _, f := range manifests {
 		b, err := os.ReadFile(f)

@@ -20,7 +20,7 @@ import (
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3".
-var version = "0.1.0-dev"
+var version = "0.2.0-dev"
 
 // stdin is where `delayd schedule` reads a payload given as "-" or omitted.
 var stdin io.Reader = os.Stdin
@@ -145,7 +145,7 @@ func noArgs(cmd *cli.Command) error {
 }
 
 func buildVersion() string {
-	if version != "0.1.0-dev" {
+	if version != "0.2.0-dev" {
 		return version
 	}
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {

@@ -8,7 +8,7 @@ import (
 
 // defaultVersion is the version a daemon reports without WithVersion, the
 // one of an unreleased build.
-const defaultVersion = "0.1.0-dev"
+const defaultVersion = "0.2.0-dev"
 
 // Option changes what New builds.
 type Option func(*options)
