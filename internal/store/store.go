@@ -158,9 +158,10 @@ type Item struct {
 	// it already does not store it again (Schedule returns due 0).
 	StreamMsg string
 	// Request is the request's fingerprint (envelope.Request.Fingerprint)
-	// for a one-shot with a publisher's id, "" otherwise: an id not stored
-	// whose tombstone holds it is a resend of a delivered request
-	// (WithResendMemory), answered with its due time and not stored.
+	// for a one-shot with a publisher's id, "" otherwise: an id whose
+	// tombstone holds it is a resend of a delivered request
+	// (WithResendMemory), answered with its due time; it stores nothing
+	// and leaves a newer version of the id stored since as it is.
 	Request string
 }
 

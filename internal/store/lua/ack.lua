@@ -151,7 +151,8 @@ if #restamp > 0 then
 end
 if #tombs > 0 then
   -- Remembered before the data goes: a cut in between leaves a tombstone
-  -- beside a stored id, which a resend ignores (it replaces the id).
+  -- beside the delivered version, out of every index (check's repair
+  -- makes it due now), and a resend is answered from the tombstone.
   chunks('ZADD', done, tombs)
 end
 if #acked > 0 then

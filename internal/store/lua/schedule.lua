@@ -17,10 +17,10 @@
 -- Returns the due time in ms of each envelope, or 0 for a stream message
 -- this shard stored already (a redelivery after a lost ack: storing it
 -- again would deliver it twice, or bring back an older version), or minus
--- the due time it had for a resend: an id that is not stored, whose
--- tombstone (keys.go, done) holds the same fingerprint within the window
--- of its time,
--- was delivered for this very request, and is not scheduled again. The
+-- the due time it had for a resend: an id whose tombstone (keys.go, done)
+-- holds the same fingerprint within the window of its time was delivered
+-- for this very request, and is not scheduled again, nor does it replace
+-- a newer version stored since (docs/protocol.md, Resends). The
 -- due time is rounded up to the millisecond so that a claim at "now ms" is
 -- never early.
 -- A replace drops any claim in flight for the id: the older delivery may
@@ -62,19 +62,19 @@ for j = 1, n do
   local id = ARGV[i+1]
   local msg = ARGV[i+5]
   local fp = ARGV[i+6]
-  local exists = nil
   local again, resent = false, nil
   if fp ~= '' and remember > 0 then
     local was = redis.call('ZSCORE', KEYS[k + 9], fp .. id)
     if was and tonumber(was) + remember >= nowms then
-      exists = storing[id] or redis.call('HEXISTS', data, id) == 1
-      if not exists then
-        -- Answered with the due time it had: a Delayd-At's is its own
-        -- (the same request names the same time; the tombstone's time is
-        -- when it was accepted, if later), a delay's is the tombstone's.
-        resent = tonumber(was)
-        if ARGV[i+2] == 'v' then resent = math.max(math.ceil(tonumber(ARGV[i+3]) / 1000), 1) end
-      end
+      -- Answered with the due time it had: a Delayd-At's is its own (the
+      -- same request names the same time; the tombstone's time is when it
+      -- was accepted, if later), a delay's is the tombstone's. Whatever is
+      -- stored for the id is left alone: the ack that wrote the tombstone
+      -- deleted this request's version, so a version stored now is a newer
+      -- request, already answered, that a resend of an older one must not
+      -- drop.
+      resent = tonumber(was)
+      if ARGV[i+2] == 'v' then resent = math.max(math.ceil(tonumber(ARGV[i+3]) / 1000), 1) end
     end
   end
   local mine = nil
@@ -97,8 +97,7 @@ for j = 1, n do
     local c = (stores[k] or 0) + 1
     stores[k] = c
     if c <= perId then
-      if exists == nil then exists = storing[id] or redis.call('HEXISTS', data, id) == 1 end
-      if exists then replaces[k] = true end
+      if storing[id] or redis.call('HEXISTS', data, id) == 1 then replaces[k] = true end
     end
     storing[id] = true
   end
