@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/urfave/cli/v3"
 
+	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/store"
 )
@@ -87,10 +88,12 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	cancel()
 	if err != nil {
+		// The addresses may be redis:// URLs with a password: named
+		// redacted, as the daemon and `delayd config` do.
 		return fmt.Errorf("doctor: cannot reach Redis at %s (redis.addrs): %w\n"+
 			"  give the address of delayd's Redis with --redis-addrs HOST:PORT (or DELAYD_REDIS_ADDRS, or redis.addrs in --config);\n"+
 			"  a daemon run with --embedded logs the doctor command for its Redis emulation at start",
-			strings.Join(c.Redis.Addrs, ","), err)
+			config.RedactURL(strings.Join(c.Redis.Addrs, ",")), err)
 	}
 	if rep.Formats, err = st.Formats(ctx); err != nil {
 		return err

@@ -213,3 +213,54 @@ func TestConfigDumpRedactsSecrets(t *testing.T) {
 		t.Errorf("config dump does not mark redactions:\n%s", out.String())
 	}
 }
+
+// TestDoctorNoSecret: doctor, which reads Redis itself, names the address
+// it could not use without the password in it, plain and --json, for a
+// single Redis, Sentinel and Cluster addresses, a wrong password and an
+// unreachable host. The address it names once carried the password.
+func TestDoctorNoSecret(t *testing.T) {
+	t.Parallel()
+	const (
+		pass  = "docSECRET1"
+		wrong = "docSECRET2"
+	)
+	r := testutil.StartRedis(t)
+	if err := r.Client().ConfigSet(context.Background(), "requirepass", pass).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dead := func() string { return fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)) }
+	for _, tc := range []struct {
+		name  string
+		addrs string
+		set   []string
+	}{
+		{name: "single, wrong password", addrs: "redis://:" + wrong + "@" + r.Addr},
+		{name: "single, unreachable", addrs: "redis://:" + pass + "@" + dead()},
+		{name: "sentinel, unreachable", addrs: "redis://:" + pass + "@" + dead() + ",redis://:" + pass + "@" + dead(),
+			set: []string{"--set", "redis.master_name=mymaster"}},
+		{name: "cluster, unreachable", addrs: "redis://:" + pass + "@" + dead() + ",redis://:" + pass + "@" + dead()},
+		{name: "cluster of one, wrong password", addrs: "redis://user:" + wrong + "@" + r.Addr,
+			set: []string{"--set", "redis.cluster=true"}},
+	} {
+		for _, asJSON := range []bool{false, true} {
+			args := append([]string{"delayd", "doctor"}, tc.set...)
+			if asJSON {
+				args = append(args, "--json")
+			}
+			env := map[string]string{"DELAYD_REDIS_ADDRS": tc.addrs}
+			var out syncBuffer
+			err := run(context.Background(), args, func(k string) string { return env[k] }, &out, &out)
+			if code := exitCode(err, &out); code != 1 {
+				t.Errorf("%s (json %v): exit %d, want 1:\n%s", tc.name, asJSON, code, out.String())
+			}
+			if !strings.Contains(out.String(), "cannot reach Redis at ") {
+				t.Errorf("%s (json %v): the address is not named:\n%s", tc.name, asJSON, out.String())
+			}
+			for _, s := range []string{pass, wrong} {
+				if strings.Contains(out.String(), s) {
+					t.Errorf("%s (json %v): %s is in the output:\n%s", tc.name, asJSON, s, out.String())
+				}
+			}
+		}
+	}
+}

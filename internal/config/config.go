@@ -395,7 +395,7 @@ func Loopback(addr string) bool {
 // Redacted returns a copy safe to log or print: passwords and tokens
 // replaced, and credentials in URLs hidden.
 func (c Config) Redacted() Config {
-	for _, p := range []*string{&c.Redis.Password, &c.NATS.Password, &c.NATS.Token, &c.UI.BasicAuthPassword, &c.UI.BearerToken} {
+	for _, p := range c.secrets() {
 		if *p != "" {
 			*p = redacted
 		}
@@ -433,3 +433,20 @@ func RedactURL(s string) string {
 // SecretKeys are the keys whose values are credentials: Redacted hides
 // them, and no error ever quotes their values, whatever their type.
 var SecretKeys = []string{"nats.password", "nats.token", "redis.password", "ui.basic_auth_password", "ui.bearer_token"}
+
+// secrets are the fields of SecretKeys, by key.
+func (c *Config) secrets() map[string]*string {
+	return map[string]*string{"nats.password": &c.NATS.Password, "nats.token": &c.NATS.Token,
+		"redis.password": &c.Redis.Password, "ui.basic_auth_password": &c.UI.BasicAuthPassword,
+		"ui.bearer_token": &c.UI.BearerToken}
+}
+
+// redactedCreds reports whether the credentials of a URL (or of a
+// user@host:port address) are the mark RedactURL puts there.
+func redactedCreds(s string) bool {
+	if _, rest, ok := strings.Cut(s, "://"); ok {
+		s = rest
+	}
+	at := strings.LastIndex(s, "@")
+	return at >= 0 && s[:at] == redacted
+}

@@ -95,3 +95,44 @@ func TestSecretKeysRedacted(t *testing.T) {
 		t.Errorf("nats.token not redacted:\n%s", b)
 	}
 }
+
+// TestSecretRedactedRefused: what `delayd config` prints for a secret (a
+// secret key, or the credentials of a URL) does not load as one. A daemon
+// started from that output once authenticated with the word REDACTED and
+// retried WRONGPASS forever; now the load fails, naming the key and where
+// the real secret goes.
+func TestSecretRedactedRefused(t *testing.T) {
+	secrets := map[string]map[string]string{
+		"nats.url":    {"nats.url": "nats://u:sEcReT@h:4222"},
+		"redis.addrs": {"redis.addrs": "redis://:sEcReT@h:6379,h2:6379"},
+	}
+	for _, key := range SecretKeys {
+		secrets[key] = map[string]string{key: "sEcReT"}
+	}
+	secrets["ui.basic_auth_password"]["ui.basic_auth_user"] = "u"
+	for key, flags := range secrets {
+		t.Run(key, func(t *testing.T) {
+			c, err := Load(Sources{Flags: flags})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := c.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Load(Sources{Path: writeYAML(t, string(b))})
+			if err == nil {
+				t.Fatalf("the output of delayd config loads with %s REDACTED:\n%s", key, b)
+			}
+			for _, want := range []string{key + ":", "REDACTED", EnvName(key)} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the error does not say %q: %v", want, err)
+				}
+			}
+		})
+	}
+	// A secret that merely contains the word is a secret.
+	if _, err := Load(Sources{Flags: map[string]string{"redis.password": "notREDACTEDatall", "redis.addrs": "redis://REDACTEDx:pw@h:6379"}}); err != nil {
+		t.Errorf("a secret containing REDACTED refused: %v", err)
+	}
+}

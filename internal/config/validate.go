@@ -57,6 +57,7 @@ func (c Config) Validate() error {
 			bad("nats.url", "%s: %v", RedactURL(strings.TrimSpace(u)), err)
 		}
 	}
+	c.validateNotRedacted(bad)
 	auth := 0
 	for _, set := range []bool{c.NATS.User != "" || c.NATS.Password != "", c.NATS.Token != "", c.NATS.NKeySeedFile != "", c.NATS.CredsFile != ""} {
 		if set {
@@ -277,4 +278,30 @@ func checkNATSURL(s string) error {
 		return fmt.Errorf("does not parse as a URL: %w", err)
 	}
 	return nil
+}
+
+// validateNotRedacted refuses the marks `delayd config` prints in place of
+// secrets: a daemon started from that output would authenticate with the
+// word REDACTED and retry the refusal forever, with no hint why.
+func (c Config) validateNotRedacted(bad func(key, format string, args ...any)) {
+	for _, key := range SecretKeys {
+		if *c.secrets()[key] == redacted {
+			bad(key, "is REDACTED, the mark `delayd config` prints in place of a secret: give the secret itself "+
+				"(in the config file, %s or --set %s=...)", EnvName(key), key)
+		}
+	}
+	for _, u := range []struct {
+		key, list, creds string
+	}{
+		{"nats.url", c.NATS.URL, "nats.user and nats.password, or nats.token"},
+		{"redis.addrs", strings.Join(c.Redis.Addrs, ","), "redis.username and redis.password"},
+	} {
+		for _, a := range strings.Split(u.list, ",") {
+			if redactedCreds(strings.TrimSpace(a)) {
+				bad(u.key, "%s: its credentials are REDACTED, the mark `delayd config` prints in place of them: "+
+					"give the URL with the real ones (in the config file, %s or --set %s=...), or the credentials in %s",
+					strings.TrimSpace(a), EnvName(u.key), u.key, u.creds)
+			}
+		}
+	}
 }
