@@ -87,7 +87,7 @@ func TestNoSecretInLogs(t *testing.T) {
 			steps: []step{{"delayd: ready", nil}, {"NATS connected", nil}}},
 		{name: "flags, wrong password, unreachable Redis",
 			args:   append([]string{"run", "--nats-url", creds(userNATS, user+":"+wrongPass), "--redis-addrs", deadRedis}, listen...),
-			steps:  []step{{"Authorization Violation", nil}, {"Redis not reachable yet", nil}, {"cannot deliver: giving up the shards", nil}, {"the NATS delivery connection is down", nil}},
+			steps:  []step{{"Authorization Violation", nil}, {"Redis not reachable yet", nil}, {"NATS still not reachable", nil}, {"the NATS delivery connection is down", nil}},
 			anyErr: true},
 		{name: "flags, embedded",
 			args:  append([]string{"run", "--embedded", "--nats-url", fmt.Sprintf("nats://%s@127.0.0.1:%d", token, testutil.FreePort(t))}, listen...),

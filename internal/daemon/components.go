@@ -141,11 +141,9 @@ func (p *parts) background() []component {
 	}
 	return append(comps,
 		component{"ready", func(ctx context.Context) error {
-			up := p.out.IsConnected
-			if p.c.Mode != "intake" {
-				up = p.pub.Connected // its inbox proven too
-			}
-			waitReady(ctx, p.st, p.c.Redis.Addrs, up, p.log)
+			// The publisher's Down covers its inbox proof (not in mode
+			// intake) and natsReady the intake connection.
+			waitReady(ctx, p.st, p.c.Redis.Addrs, func() error { return p.natsReady(ctx) }, p.log)
 			<-ctx.Done()
 			return nil
 		}},

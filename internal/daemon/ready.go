@@ -17,10 +17,11 @@ import (
 var stillUnreachable = []time.Duration{5 * time.Second, 15 * time.Second, 30 * time.Second, time.Minute}
 
 // waitReady logs "ready" once Redis answers with the scripts loaded and NATS
-// is connected, retrying with backoff so an unreachable Redis at start is a
-// logged wait, not a crash. addrs names the Redis servers tried, for the
-// log.
-func waitReady(ctx context.Context, st *store.Store, addrs []string, natsUp func() bool, log hclog.Logger) {
+// is connected (natsDown nil), retrying with backoff so an unreachable
+// Redis or NATS at start is a logged wait, not a crash: each is said again
+// on the stillUnreachable schedule. addrs names the Redis servers tried,
+// for the log.
+func waitReady(ctx context.Context, st *store.Store, addrs []string, natsDown func() error, log hclog.Logger) {
 	// A redis:// address may carry a password: never logged. Each one
 	// alone, as a URL parser reads one.
 	redacted := make([]string, len(addrs))
@@ -28,40 +29,43 @@ func waitReady(ctx context.Context, st *store.Store, addrs []string, natsUp func
 		redacted[i] = config.RedactURL(a)
 	}
 	shown := strings.Join(redacted, ",")
-	backoff := 50 * time.Millisecond
 	start := time.Now()
-	next := 0 // the reminder due next, in stillUnreachable
-	for failed := false; ; {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := st.Ping(pctx)
-		cancel()
-		if err == nil {
-			if failed {
-				log.Info("Redis reachable", "addrs", shown, "after", time.Since(start).Round(time.Millisecond))
+	backoff, nextPing := 50*time.Millisecond, start
+	redisUp, failed := false, false
+	// The NATS connection logs its own failures as they come (nats.go's
+	// errors), and the first proof of the delivery inbox takes a moment on
+	// a healthy start: only the reminders are said here, beside Redis'.
+	remindRedis, remindNATS := reminder{start: start}, reminder{start: start}
+	for {
+		if !redisUp && !time.Now().Before(nextPing) {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := st.Ping(pctx)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err == nil:
+				redisUp = true
+				if failed {
+					log.Info("Redis reachable", "addrs", shown, "after", time.Since(start).Round(time.Millisecond))
+				}
+			case !failed:
+				log.Warn("Redis not reachable yet, retrying", "addrs", shown, "error", err)
+				failed = true
+			case remindRedis.due():
+				log.Warn("Redis still not reachable: nothing is stored or delivered; check redis.addrs (--redis-addrs, DELAYD_REDIS_ADDRS) and the credentials",
+					"addrs", shown, "waited", time.Since(start).Round(time.Second), "error", err)
 			}
+			nextPing, backoff = time.Now().Add(backoff), min(2*backoff, 5*time.Second)
+		}
+		natsErr := natsDown()
+		if redisUp && natsErr == nil {
 			break
 		}
-		if ctx.Err() != nil {
-			return
+		if natsErr != nil && remindNATS.due() {
+			log.Warn("NATS still not reachable: nothing is delivered and no request is taken; check nats.url (--nats-url, DELAYD_NATS_URL) and the credentials",
+				"waited", time.Since(start).Round(time.Second), "error", natsErr)
 		}
-		waited := time.Since(start)
-		switch {
-		case !failed:
-			log.Warn("Redis not reachable yet, retrying", "addrs", shown, "error", err)
-			failed = true
-		case waited >= stillUnreachable[min(next, len(stillUnreachable)-1)]+time.Duration(max(0, next-len(stillUnreachable)+1))*time.Minute:
-			log.Warn("Redis still not reachable: nothing is stored or delivered; check redis.addrs (--redis-addrs, DELAYD_REDIS_ADDRS) and the credentials",
-				"addrs", shown, "waited", waited.Round(time.Second), "error", err)
-			next++
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-	for !natsUp() {
 		select {
 		case <-ctx.Done():
 			return
@@ -69,4 +73,22 @@ func waitReady(ctx context.Context, st *store.Store, addrs []string, natsUp func
 		}
 	}
 	log.Info("ready")
+}
+
+// reminder is the schedule of "still not reachable": stillUnreachable
+// from start, then once a minute.
+type reminder struct {
+	start time.Time
+	next  int // the reminder due next, in stillUnreachable
+}
+
+// due reports whether the next reminder is due, and if so counts it said.
+func (r *reminder) due() bool {
+	last := len(stillUnreachable) - 1
+	at := stillUnreachable[min(r.next, last)] + time.Duration(max(0, r.next-last))*time.Minute
+	if time.Since(r.start) < at {
+		return false
+	}
+	r.next++
+	return true
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -35,7 +36,7 @@ func TestWaitReadyKeepsSayingRedisIsUnreachable(t *testing.T) {
 	log := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
 	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
 	defer cancel()
-	waitReady(ctx, st, []string{addr, second}, func() bool { return true }, log)
+	waitReady(ctx, st, []string{addr, second}, func() error { return nil }, log)
 
 	logs := out.String()
 	if n := strings.Count(logs, "Redis still not reachable"); n < 2 {
@@ -56,8 +57,36 @@ func TestWaitReadyKeepsSayingRedisIsUnreachable(t *testing.T) {
 	st2 := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 4)
 	defer st2.Close()
 	out.Reset()
-	waitReady(context.Background(), st2, []string{r.Addr}, func() bool { return true }, log)
+	waitReady(context.Background(), st2, []string{r.Addr}, func() error { return nil }, log)
 	if !strings.Contains(out.String(), "ready") || strings.Contains(out.String(), "not reachable") {
 		t.Errorf("a reachable Redis: %s", out.String())
+	}
+}
+
+// TestWaitReadyKeepsSayingNATSIsUnreachable: with NATS down at start the
+// daemon says so again on the same schedule as Redis, with the reason and
+// the key to fix; before, nothing after the first lines said it.
+func TestWaitReadyKeepsSayingNATSIsUnreachable(t *testing.T) {
+	saved := stillUnreachable
+	stillUnreachable = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
+	defer func() { stillUnreachable = saved }()
+	r := testutil.StartRedis(t)
+	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 4)
+	defer st.Close()
+	var out lockedBuffer
+	log := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
+	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
+	defer cancel()
+	down := errors.New("the NATS delivery connection is down (last disconnect: nats: Authorization Violation)")
+	waitReady(ctx, st, []string{r.Addr}, func() error { return down }, log)
+	logs := out.String()
+	if n := strings.Count(logs, "NATS still not reachable"); n < 2 {
+		t.Fatalf("%d reminders in 800 ms with reminders at 100 and 200 ms, want at least 2:\n%s", n, logs)
+	}
+	if !strings.Contains(logs, "--nats-url") || !strings.Contains(logs, "Authorization Violation") {
+		t.Errorf("the reminders must name the reason and how to change the address:\n%s", logs)
+	}
+	if strings.Contains(logs, "ready") {
+		t.Errorf("ready logged without NATS:\n%s", logs)
 	}
 }

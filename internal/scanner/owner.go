@@ -41,6 +41,11 @@ type Ownership struct {
 	// down; away: this daemon left the member set for it.
 	cut  int
 	away bool
+	// joined: this daemon could deliver since it started. Before, a stand
+	// down is the start waiting for its first proof (the inbox
+	// self-check, a second or two), not news: the bridge logs a failure
+	// of that proof itself, and daemon.waitReady a NATS still unreachable.
+	joined bool
 	// health, for Ready: guarded by mu.
 	mu        sync.Mutex
 	lastOK    time.Time
@@ -92,12 +97,14 @@ func (o *Ownership) round(ctx context.Context) {
 		}
 	} else {
 		if o.away {
-			o.log.Info("can deliver again: rejoining the member set")
+			if o.joined {
+				o.log.Info("can deliver again: rejoining the member set")
+			}
 			o.mu.Lock()
 			o.stoodDown = false
 			o.mu.Unlock()
 		}
-		o.cut, o.away = 0, false
+		o.cut, o.away, o.joined = 0, false, true
 	}
 	rctx, cancel := context.WithTimeout(ctx, o.ttl/3)
 	defer cancel()
@@ -168,9 +175,14 @@ func (o *Ownership) standDown() {
 		}
 	}
 	why := o.unready()
-	o.log.Warn("cannot deliver: giving up the shards and leaving the member set until it can",
-		"shards", n, "error", why)
-	o.leave()
+	if o.joined {
+		o.log.Warn("cannot deliver: giving up the shards and leaving the member set until it can",
+			"shards", n, "error", why)
+		o.leave()
+	} else {
+		// Never a member since it started: nothing to leave.
+		o.log.Debug("not delivering yet: joining the member set once it can", "error", why)
+	}
 	o.owned = make([]bool, len(o.owned))
 	o.mu.Lock()
 	o.lastErr, o.nOwned, o.stoodDown = why, 0, true
@@ -246,7 +258,9 @@ func (o *Ownership) leave() {
 	if _, _, err := o.st.Heartbeat(ctx, o.id, 0); err != nil {
 		o.log.Warn("leaving the member set failed", "error", err)
 	}
-	o.log.Info("released shards", "count", len(release))
+	if len(release) > 0 {
+		o.log.Info("released shards", "count", len(release))
+	}
 }
 
 // winner is the member with the highest rendezvous hash for shard.

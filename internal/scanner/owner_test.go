@@ -155,3 +155,42 @@ func TestOwnershipTakesNothingBeforeItCanDeliver(t *testing.T) {
 		t.Fatalf("once it can deliver a owns %d, b %d of 8", na, nb)
 	}
 }
+
+// A daemon that has not yet been able to deliver since it started (its
+// inbox self-check still on its first probe) waits for it silently: every
+// healthy start logged "cannot deliver: giving up the shards", cleared a
+// second later. Once it joined, losing NATS is a warning as before.
+func TestStartWaitsForDeliverySilently(t *testing.T) {
+	r := testutil.StartRedis(t)
+	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 4)
+	defer st.Close()
+	if err := st.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pub := newSwitchPub()
+	pub.down.Store(true)
+	var out testutil.Buffer
+	log := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
+	sc := New(st, pub, nil, Options{Shared: true, IdleInterval: time.Second}, log)
+	own := NewOwnership(st, sc, "a", time.Second, log)
+	ctx := context.Background()
+	own.round(ctx)
+	own.round(ctx)
+	if err := own.Ready(ctx); err == nil {
+		t.Fatal("ready before it can deliver")
+	}
+	pub.down.Store(false)
+	own.round(ctx)
+	if s := out.String(); strings.Contains(s, "[WARN]") || strings.Contains(s, "again") {
+		t.Fatalf("a start that waited for its first delivery proof logged:\n%s", s)
+	}
+	if n := len(sc.Owned()); n != 4 {
+		t.Fatalf("owns %d of 4 shards once it can deliver", n)
+	}
+	pub.down.Store(true)
+	own.round(ctx)
+	own.round(ctx)
+	if s := out.String(); !strings.Contains(s, "[WARN]") || !strings.Contains(s, "giving up the shards") {
+		t.Fatalf("NATS lost after the start: no warning:\n%s", s)
+	}
+}
