@@ -240,3 +240,28 @@ func TestBatchingOnTheDaemon(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// Two concurrent calls of one ID never share a batch, where the daemon
+// would refuse the second (400, "appears earlier in this batch"): each is
+// stored, the later replacing the earlier, as when sent alone.
+func TestBatchingOneIDTwice(t *testing.T) {
+	nc := connect(t)
+	defer nc.Close()
+	c := client.New(nc, client.Batching(100, client.MaxLinger))
+	defer c.Close()
+	var wg sync.WaitGroup
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			id := fmt.Sprintf("twice-%d", i/2)
+			if s, err := c.Schedule(context.Background(), "orders.batching", nil, client.Delay(time.Hour), client.ID(id)); err != nil || s.ID != id {
+				t.Errorf("call %d: %+v %v", i, s, err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	for i := 0; i < 50; i++ {
+		_, _ = c.Cancel(context.Background(), fmt.Sprintf("twice-%d", i))
+	}
+}

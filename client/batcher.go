@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -20,12 +22,16 @@ const batchesInFlight = 4
 // Batching makes Schedule (and each attempt of ScheduleRetrying) gather
 // concurrent calls into batch requests: up to size envelopes (default
 // 100 when size < 1; keep it within the daemon's intake.max_batch, 1000 by
-// default) and the NATS server's max_payload in bytes. A free batch waits
+// default), and within the NATS server's max_payload both in bytes and in
+// the most bytes the daemon's reply could take (docs/protocol.md, Batches).
+// Two calls of one ID never share a batch. A free batch waits
 // at most linger (0 to MaxLinger) for more calls; while every one of the
 // client's 4 batches in flight is out, calls queue and the next batch
 // takes them all. Each caller gets its own result and error, as without
-// batching, except that a batch refused as a whole refuses each of its
-// calls. Close stops the batching: call it also on a client made by New.
+// batching: a batch refused whole as too large (413, nothing stored) is
+// sent again in halves, and a call alone as a plain request; a batch
+// refused whole otherwise refuses each of its calls. Close stops the
+// batching: call it also on a client made by New.
 //
 // Batching pays where many goroutines schedule at once: one NATS message
 // and one reply for many envelopes. A single caller's Schedule gains
@@ -63,8 +69,10 @@ const (
 )
 
 type batchedCall struct {
-	entry []byte // its JSON, encoded by the caller's goroutine
+	msg   *nats.Msg // the request it is alone
+	entry []byte    // its JSON, encoded by the caller's goroutine
 	id    string
+	worst int // the most bytes of the batch's reply its result can take
 	state atomic.Int32
 	done  chan BatchResult // buffered: the batch never waits for the caller
 }
@@ -75,7 +83,7 @@ func (b *batcher) schedule(ctx context.Context, id string, m *nats.Msg) (Schedul
 	if err := ctx.Err(); err != nil {
 		return Scheduled{}, fmt.Errorf("delayd schedule: not sent: %w: %w", ErrUnavailable, err)
 	}
-	call := &batchedCall{entry: appendEntry(nil, m), id: id, done: make(chan BatchResult, 1)}
+	call := &batchedCall{msg: m, entry: appendEntry(nil, m), id: id, worst: worstResult(id), done: make(chan BatchResult, 1)}
 	select {
 	case b.queue <- call:
 	case <-b.stop:
@@ -106,8 +114,8 @@ func (b *batcher) schedule(ctx context.Context, id string, m *nats.Msg) (Schedul
 // queued, what is queued behind it, and what comes within linger.
 func (b *batcher) run() {
 	defer b.wg.Done()
-	limit := int(b.c.nc.MaxPayload()) - 1024 // room for the message's headers
-	var carry *batchedCall                   // did not fit the last batch
+	limit := int(b.c.nc.MaxPayload())
+	var carry *batchedCall // did not fit the last batch
 	for {
 		select {
 		case b.slots <- struct{}{}:
@@ -128,6 +136,8 @@ func (b *batcher) run() {
 		}
 		batch := []*batchedCall{first}
 		size := len(first.entry)
+		reply := len(`{"results":[]}`) + first.worst
+		ids := map[string]bool{first.id: true}
 		var wait <-chan time.Time
 		var timer *time.Timer
 		if b.linger > 0 {
@@ -149,12 +159,17 @@ func (b *batcher) run() {
 					break gather
 				}
 			}
-			if limit > 0 && size+len(next.entry)+1 > limit {
+			// The request keeps 1 kB for its headers. Two envelopes of
+			// one id in a batch: the daemon refuses the second.
+			if limit > 0 && (size+len(next.entry)+1 > limit-1024 || reply+next.worst+1 > limit) ||
+				next.id != "" && ids[next.id] {
 				carry = next
 				break
 			}
 			batch = append(batch, next)
 			size += len(next.entry) + 1
+			reply += next.worst + 1
+			ids[next.id] = true
 		}
 		if timer != nil {
 			timer.Stop()
@@ -176,16 +191,38 @@ func (b *batcher) send(batch []*batchedCall) {
 			calls = append(calls, call)
 		}
 	}
-	if len(calls) == 0 {
-		return
+	if len(calls) > 0 {
+		b.sendCalls(calls)
 	}
+}
+
+// sendCalls sends calls as one batch and answers each. A batch refused
+// whole as too large stored nothing (over intake.max_batch, a reply that
+// could outgrow max_payload, or a request over it: a payload grows by a
+// third in base64): its halves are sent, down to a call alone, which goes
+// as the plain request it is without batching.
+func (b *batcher) sendCalls(calls []*batchedCall) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.c.retryTimeout)
+	defer cancel()
 	entries := make([][]byte, len(calls))
 	for i, call := range calls {
 		entries[i] = call.entry
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.c.retryTimeout)
 	results, err := b.c.sendBatch(ctx, entries, "")
-	cancel()
+	if errors.Is(err, ErrTooLarge) {
+		cancel()
+		if len(calls) == 1 {
+			ctx, cancel := context.WithTimeout(context.Background(), b.c.retryTimeout)
+			defer cancel()
+			var out Scheduled
+			err := b.c.request(ctx, "schedule", calls[0].id, calls[0].msg, &out)
+			calls[0].done <- BatchResult{Scheduled: out, Err: err}
+			return
+		}
+		b.sendCalls(calls[:len(calls)/2])
+		b.sendCalls(calls[len(calls)/2:])
+		return
+	}
 	for i, call := range calls {
 		if err != nil {
 			callErr := err
@@ -198,6 +235,25 @@ func (b *batcher) send(batch []*batchedCall) {
 		}
 		call.done <- results[i]
 	}
+}
+
+// worstResult is the most bytes the daemon's reply to a batch can take
+// for one envelope of this id, an id it makes being a 22-byte NUID: 170
+// plus twice the id as JSON writes it (docs/protocol.md, Batches, Limits;
+// the daemon refuses a batch whole if their sum could exceed max_payload).
+func worstResult(id string) int {
+	n := len(id)
+	if id == "" {
+		n = 22
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(id)
+			n = len(b) - 2
+			break
+		}
+	}
+	return 170 + 2*n
 }
 
 // drain answers the calls left queued when the client closes.

@@ -4,7 +4,8 @@
 // Go toolchain of its go line, against a NATS server and a delayd that this
 // test starts in its own process. The client's tests cannot start those
 // themselves: nats-server and the daemon would become dependencies of the
-// client module.
+// client module. The tests that want a delayd or NATS server of their own
+// settings run the workspace's client in this process (batching_test.go).
 package clienttest
 
 import (

@@ -286,7 +286,7 @@ func (p *batchParser) headers(e *BatchEntry, bad func(string, ...any)) error {
 				return err
 			}
 			if !validHeaderValue(v) {
-				bad("header %s: its value is not UTF-8, or has a control character", k)
+				bad("header %s: its value has a control character", k)
 			}
 			// A name given twice: the last wins, as in every JSON parser.
 			e.Header[k] = []string{v}
@@ -309,7 +309,7 @@ func (p *batchParser) headers(e *BatchEntry, bad func(string, ...any)) error {
 						return err
 					}
 					if !validHeaderValue(v) {
-						bad("header %s: its value is not UTF-8, or has a control character", k)
+						bad("header %s: its value has a control character", k)
 					}
 					e.Header[k] = append(e.Header[k], v)
 				}
@@ -354,11 +354,11 @@ func validHeaderName(k string) bool {
 	return true
 }
 
-// validHeaderValue: UTF-8, no control character but tab.
+// validHeaderValue: no control character but tab (a line break would
+// forge headers of the delivered message). Bytes that are not UTF-8 are
+// kept as they are, as the request and stream intakes keep those of a
+// NATS header: a value travels to the target byte for byte.
 func validHeaderValue(v string) bool {
-	if !utf8.ValidString(v) {
-		return false
-	}
 	for i := 0; i < len(v); i++ {
 		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
 			return false

@@ -195,7 +195,7 @@ func TestLeaseExpiredBudget(t *testing.T) {
 	} {
 		pub := &countPub{}
 		s := New(&claimStore{shards: 1}, pub, nil, tc.opt, hclog.NewNullLogger())
-		settles := s.publish(context.Background(), []claimed{{shard: 0, at: time.Now(),
+		settles := s.publish(context.Background(), []claimed{{shard: 0, at: time.Now(), expired: true,
 			Claimed: store.Claimed{ID: "a", DueMs: 1000, Attempt: tc.try, Data: data, Token: "1.5"}}})
 		if sent := pub.n == 1; sent != tc.publish {
 			t.Errorf("try %d with %d tries without a subscriber: published %v, want %v (settled %+v)",

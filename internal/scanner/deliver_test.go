@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -256,6 +257,51 @@ func TestUnconfirmedClaim(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Past its budget, an envelope is buried unsent, and the reason says why:
+// re-claimed from an expired lease (the first Expired items of a shard's
+// claim), its daemons crashed or stalled; claimed from due, its last
+// attempt was retried under a larger budget, and scanner.max_attempts was
+// lowered since (a graceful restart with a lower setting buried retrying
+// envelopes as "lease expired", though nothing crashed).
+func TestOverBudgetReason(t *testing.T) {
+	clock := testutil.NewClock()
+	var once atomic.Bool
+	st := newClaimStore(1, func([]int) ([]store.ClaimResult, error) {
+		if once.Swap(true) {
+			return nil, nil
+		}
+		r := result(0, clock.Now().UnixMicro(), 2)
+		r.Expired = 1 // "id0"
+		for i := range r.Items {
+			r.Items[i].Attempt = 4
+		}
+		return []store.ClaimResult{r}, nil
+	})
+	pub := newSwitchPub()
+	opt := outcomeOpts
+	opt.IdleInterval = time.Hour
+	s := newTestScanner(st, pub, clock, opt)
+	run(t, s)
+	eventually(t, "both settled", func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return len(st.acks) > 0 && len(st.acks[0][0]) == 2
+	})
+	st.mu.Lock()
+	settles := st.acks[0][0]
+	st.mu.Unlock()
+	for _, x := range settles {
+		lease := strings.Contains(x.Error, "lease expired")
+		lowered := strings.Contains(x.Error, "max_attempts") && strings.Contains(x.Error, "lowered")
+		if x.Outcome != store.Bury || x.ID == "id0" && (!lease || lowered) || x.ID == "id1" && (lease || !lowered) {
+			t.Errorf("%s settled %q: %q", x.ID, x.Outcome, x.Error)
+		}
+	}
+	if n := pub.sent.Load(); n != 2 {
+		t.Errorf("published %d, want the 2 dead letters alone", n)
 	}
 }
 

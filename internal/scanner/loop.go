@@ -160,8 +160,8 @@ func (s *Scanner) scan(ctx context.Context, shards []int) error {
 		} else {
 			delete(s.unconfirmed, r.Shard)
 		}
-		for _, c := range r.Items {
-			items = append(items, claimed{shard: r.Shard, at: start, held: held, retryIn: retryIn, Claimed: c})
+		for i, c := range r.Items {
+			items = append(items, claimed{shard: r.Shard, at: start, held: held, retryIn: retryIn, expired: i < r.Expired, Claimed: c})
 		}
 		if r.Expired > 0 {
 			s.obs.Redelivered("lease_expiry", r.Expired)

@@ -295,5 +295,8 @@ type claimed struct {
 	// strict claim its wait did not confirm), due again in retryIn.
 	held    error
 	retryIn time.Duration
+	// expired: re-claimed because its lease expired unacked, not claimed
+	// from due (the first ClaimResult.Expired items of its shard).
+	expired bool
 	store.Claimed
 }

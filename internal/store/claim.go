@@ -35,7 +35,8 @@ type ClaimResult struct {
 	// they are dropped, and reported so nothing vanishes silently.
 	Missing int
 	// Expired counts the items re-claimed because their lease expired (a
-	// daemon died or stalled while delivering them).
+	// daemon died or stalled while delivering them): the first Expired of
+	// Items.
 	Expired int
 	// Oversize: this shard could hand out its first envelope beyond its
 	// share of ClaimOptions.Bytes.

@@ -247,6 +247,11 @@ func (r *mRunner) claim(o mOp) error {
 				return fmt.Errorf("claim of shard %d at %d: item %d is %s attempt %d/%d due %d occurrence %d data %q token %q, want %s attempt %d/%d due %d occurrence %d data %q",
 					shards[i], now, j, c.ID, c.Attempt, c.Base, c.DueMs, c.Occurrence, c.Data, c.Token, want[j], attempt, e.base, due, e.occurrence, e.data)
 			}
+			if (e.at == mInflight) != (j < cr.Expired) {
+				// The scanner tells an expired lease from a retry by it.
+				return fmt.Errorf("claim of shard %d at %d: item %d (%s) re-leased %v, but the first %d items are the expired leases",
+					shards[i], now, j, c.ID, e.at == mInflight, cr.Expired)
+			}
 			if e.at == mInflight {
 				expired++
 				r.seen["expired lease re-claimed"]++

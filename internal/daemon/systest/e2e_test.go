@@ -1,14 +1,17 @@
 package systest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/delayd/delayd/client"
@@ -264,5 +267,54 @@ func TestBadInput(t *testing.T) {
 	}
 	if n := e.Stored(c); n != 1 {
 		t.Fatalf("stored %d, want 1", n)
+	}
+}
+
+// A header value that is not UTF-8 is stored and delivered byte for byte
+// by every intake: a request, the durable intake, and a batch on either
+// (the batch's JSON string carries the raw bytes). A batch once refused
+// it with 400 while the durable intake stored it.
+func TestHeaderValueNotUTF8Delivered(t *testing.T) {
+	t.Parallel()
+	e := daemontest.NewEnv(t)
+	e.StartDaemon(e.Config())
+	nc := e.Conn()
+	defer nc.Close()
+	s := e.Sink(nc, "latin1.t")
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const v = "caf\xe9 \xff\xfe"
+	single := func(id string) nats.Header {
+		return daemontest.Hdr("Delayd-Target", "latin1.t", "Delayd-Delay", "10ms", "Delayd-Id", id, "X-Latin1", v)
+	}
+	batch := func(id string) []byte {
+		return []byte(`[{"headers":{"Delayd-Target":"latin1.t","Delayd-Delay":"10ms","Delayd-Id":"` + id + `","X-Latin1":"` + v + `"},"payload":""}]`)
+	}
+	if rep, err := daemontest.Schedule(nc, "delayd", single("request"), "x"); err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
+		t.Errorf("request: %v %v", err, rep.Header)
+	}
+	rep, err := nc.RequestMsg(&nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Batch", "json"), Data: batch("batch")}, 5*time.Second)
+	if err != nil || rep.Header.Get(micro.ErrorHeader) != "" || strings.Contains(string(rep.Data), `"code"`) {
+		t.Errorf("batch: %v %v %s", err, rep.Header, rep.Data)
+	}
+	for _, m := range []*nats.Msg{
+		{Subject: "delayd.intake", Header: single("stream")},
+		{Subject: "delayd.intake", Header: daemontest.Hdr("Delayd-Batch", "json"), Data: batch("stream-batch")},
+	} {
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := []string{"request", "batch", "stream", "stream-batch"}
+	s.WaitIDs(ids, 10*time.Second)
+	for _, id := range ids {
+		got := s.Get(id)
+		if len(got) == 0 {
+			t.Errorf("%s: not delivered", id)
+		} else if h := got[0].Header.Get("X-Latin1"); h != v {
+			t.Errorf("%s: X-Latin1 delivered as %q, want %q", id, h, v)
+		}
 	}
 }
