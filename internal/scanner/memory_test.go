@@ -1,8 +1,11 @@
 package scanner
 
 import (
+	"context"
 	"math"
 	"runtime/debug"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,4 +115,61 @@ func TestSettlesHoldTheBudgetUntilAcked(t *testing.T) {
 	}
 	open()
 	st.nextClaim(t)
+}
+
+// Settles that queued up behind a slow ack are written in one pipeline,
+// and free what every one of their batches held: a merge that kept only
+// its first batch's overhead left the others' held for good, and once
+// four claims' worth had leaked the clock never claimed again, silently.
+func TestMergedAcksFreeTheirBudget(t *testing.T) {
+	t.Parallel()
+	st := &ackStore{claimStore: claimStore{shards: 1}}
+	s := newTestScanner(st, newSwitchPub(), testutil.NewClock(), loopOpts)
+	in := make(chan settled, 3)
+	for i := range 3 {
+		id := "m" + strconv.Itoa(i)
+		items := []claimed{{Claimed: store.Claimed{ID: id, Token: "1.5", Data: []byte("payload")}}}
+		s.budget.take(bytesOf(items))
+		kept := int64(len(items)) * envelopeOverhead
+		s.budget.release(bytesOf(items) - kept) // published: the overhead waits for the ack
+		in <- settled{byShard: map[int][]store.Settle{0: {{ID: id, Token: "1.5", Outcome: store.Delivered}}}, held: kept}
+	}
+	close(in)
+	s.ackStage(context.Background(), in)
+	if st.calls != 1 {
+		t.Fatalf("%d acks, want the three queued batches merged into one", st.calls)
+	}
+	if n := s.budget.held.Load(); n != 0 {
+		t.Errorf("%d bytes still held after every settle was written, want 0", n)
+	}
+}
+
+// Every byte a claim takes is given back once its envelopes are published
+// and their settles written, however the batches were merged on the way:
+// several claims made while the acks were held, then nothing due.
+func TestBudgetBackToZeroAfterWork(t *testing.T) {
+	t.Parallel()
+	opt := loopOpts
+	opt.IdleInterval = time.Hour
+	opt.ClaimBytes = 1 << 20
+	const claims = 3
+	var n atomic.Int32
+	st := newClaimStore(1, func([]int) ([]store.ClaimResult, error) {
+		if n.Add(1) > claims {
+			return []store.ClaimResult{result(0, 3_000_000_000, 0)}, nil
+		}
+		return []store.ClaimResult{result(0, 3_000_000_000, opt.ClaimBatch)}, nil
+	})
+	st.ackGate = make(chan struct{})
+	pub := newSwitchPub()
+	s := newTestScanner(st, pub, testutil.NewClock(), opt)
+	run(t, s)
+	for range claims + 1 {
+		st.nextClaim(t)
+	}
+	eventually(t, "every claimed envelope published", func() bool {
+		return pub.sent.Load() == int64(claims*opt.ClaimBatch)
+	})
+	close(st.ackGate)
+	eventually(t, "the byte budget back to 0", func() bool { return s.budget.held.Load() == 0 })
 }
