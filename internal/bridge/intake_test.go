@@ -383,6 +383,9 @@ func TestScheduleOlderThanStoreTimeout(t *testing.T) {
 	if st.saw("late") {
 		t.Error("the request that waited past the store timeout was written")
 	}
+	// Answered, the stale request holds nothing: its bytes held for good
+	// would shrink intake.pending_bytes until every handler waited.
+	waitHeld(t, "request intake", e.intake.held)
 }
 
 // heldNow is how many bytes of requests h holds.
@@ -390,6 +393,17 @@ func heldNow(h *heldBytes) int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.held
+}
+
+// waitHeld waits up to 10 s for h to hold nothing (the replies go out
+// before the bytes are let go), and fails the test if it still holds some.
+func waitHeld(t *testing.T, what string, h *heldBytes) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); heldNow(h) != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%s: %d bytes still held after the work was done, want 0", what, heldNow(h))
+		}
+	}
 }
 
 // The four outcomes of a cancel, as answered and counted: cancelled (and
