@@ -5,9 +5,12 @@ import (
 	"math"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
@@ -26,7 +29,14 @@ func TestByteBudget(t *testing.T) {
 	if _, ok := b.next(); ok {
 		t.Fatal("430 held: no claim may start")
 	}
-	b.release(430)
+	b.published(430, 30)
+	if n, ok := b.next(); !ok || n != 100 {
+		t.Fatalf("30 held by settles: next claim %d %v, want a whole claim", n, ok)
+	}
+	b.acked(30)
+	if claims, settles := b.claims.Load(), b.settles.Load(); claims != 0 || settles != 0 {
+		t.Fatalf("all published and acked: claims %d, settles %d held", claims, settles)
+	}
 	select {
 	case <-b.freed:
 	default:
@@ -81,7 +91,9 @@ func TestSettlesHoldTheBudgetUntilAcked(t *testing.T) {
 	})
 	st.ackGate = make(chan struct{})
 	pub := newSwitchPub()
-	s := newTestScanner(st, pub, clock, opt)
+	var out testutil.Buffer
+	opt.Now = clock.Now
+	s := New(st, pub, nil, opt, hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info}))
 	run(t, s)
 	opened := false
 	open := func() {
@@ -113,6 +125,14 @@ func TestSettlesHoldTheBudgetUntilAcked(t *testing.T) {
 		t.Fatalf("claimed shards %v with %d claims' worth of settles not yet acked", sh, inflightFactor)
 	default:
 	}
+	// The gauges show where the bytes are, and the log says why the clock
+	// waits: once, however often it looked (its clock stood still).
+	if claims, settles := s.HeldBytes(); claims != 0 || settles != inflightFactor*opt.ClaimBytes {
+		t.Errorf("held: claims %d, settles %d; want 0 and %d", claims, settles, inflightFactor*opt.ClaimBytes)
+	}
+	if n := strings.Count(out.String(), "claims paused"); n != 1 {
+		t.Errorf("%d lines \"claims paused\", want 1:\n%s", n, out.String())
+	}
 	open()
 	st.nextClaim(t)
 }
@@ -131,7 +151,7 @@ func TestMergedAcksFreeTheirBudget(t *testing.T) {
 		items := []claimed{{Claimed: store.Claimed{ID: id, Token: "1.5", Data: []byte("payload")}}}
 		s.budget.take(bytesOf(items))
 		kept := int64(len(items)) * envelopeOverhead
-		s.budget.release(bytesOf(items) - kept) // published: the overhead waits for the ack
+		s.budget.published(bytesOf(items), kept)
 		in <- settled{byShard: map[int][]store.Settle{0: {{ID: id, Token: "1.5", Outcome: store.Delivered}}}, held: kept}
 	}
 	close(in)
@@ -139,8 +159,8 @@ func TestMergedAcksFreeTheirBudget(t *testing.T) {
 	if st.calls != 1 {
 		t.Fatalf("%d acks, want the three queued batches merged into one", st.calls)
 	}
-	if n := s.budget.held.Load(); n != 0 {
-		t.Errorf("%d bytes still held after every settle was written, want 0", n)
+	if claims, settles := s.HeldBytes(); claims != 0 || settles != 0 {
+		t.Errorf("held after every settle was written: claims %d, settles %d; want 0", claims, settles)
 	}
 }
 
@@ -171,5 +191,8 @@ func TestBudgetBackToZeroAfterWork(t *testing.T) {
 		return pub.sent.Load() == int64(claims*opt.ClaimBatch)
 	})
 	close(st.ackGate)
-	eventually(t, "the byte budget back to 0", func() bool { return s.budget.held.Load() == 0 })
+	eventually(t, "the claims' and the settles' bytes back to 0", func() bool {
+		claims, settles := s.HeldBytes()
+		return claims == 0 && settles == 0
+	})
 }
