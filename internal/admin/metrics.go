@@ -181,6 +181,28 @@ func (m *Metrics) WatchNATS(connected func() bool) {
 	}))
 }
 
+// HeldBudgets are the byte budgets a daemon exports, each as
+// delayd_<budget>_held_bytes (WatchHeld). Every one returns to 0 once the
+// work is done: one that stays up while nothing comes in or falls due is
+// bytes never given back, a stall in the making.
+var HeldBudgets = []string{"claims", "settles", "request_intake", "stream_intake"}
+
+var heldHelp = map[string]string{
+	"claims": "Bytes of claimed envelopes not yet published (stored bytes plus 1 KiB each); with the settles' bytes " +
+		"bounded by 4 x scanner.claim_bytes, no claim starts past it. 0 when idle.",
+	"settles": "Bytes held by published envelopes until their settles are written (1 KiB each), within the claims' " +
+		"bound. 0 when idle.",
+	"request_intake": "Bytes of schedule requests taken and not yet answered, bounded by intake.pending_bytes. 0 when idle.",
+	"stream_intake":  "Bytes of intake stream messages taken and not yet settled, bounded by intake.stream.pull_bytes. 0 when idle.",
+}
+
+// WatchHeld exports delayd_<budget>_held_bytes from held, read at scrape
+// time; budget is one of HeldBudgets.
+func (m *Metrics) WatchHeld(budget string, held func() int64) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "delayd_" + budget + "_held_bytes",
+		Help: heldHelp[budget]}, func() float64 { return float64(held()) }))
+}
+
 // WatchEvictionGuard exports delayd_redis_eviction_guard from state, read
 // at scrape time: 1 for the guard's state (store.GuardStates), 0 for the
 // others.

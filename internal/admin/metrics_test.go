@@ -96,3 +96,30 @@ func TestBuildInfoNamesTheMode(t *testing.T) {
 		}
 	}
 }
+
+// Every byte budget is a gauge read at scrape time, delayd_<budget>_held_bytes,
+// so an operator sees one that does not return to 0.
+func TestHeldBytesGauges(t *testing.T) {
+	m := NewMetrics("test", "all")
+	for i, b := range HeldBudgets {
+		n := int64(i + 1)
+		m.WatchHeld(b, func() int64 { return n })
+	}
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		if len(f.GetMetric()) == 1 && f.GetMetric()[0].GetGauge() != nil {
+			got[f.GetName()] = f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	want := map[string]float64{"delayd_claims_held_bytes": 1, "delayd_settles_held_bytes": 2,
+		"delayd_request_intake_held_bytes": 3, "delayd_stream_intake_held_bytes": 4}
+	for name, v := range want {
+		if got[name] != v {
+			t.Errorf("%s = %v, want %v", name, got[name], v)
+		}
+	}
+}

@@ -110,7 +110,7 @@ func TestBatchEnvelopesStandAlone(t *testing.T) {
 	if got := len(e.wakes.since(0)); got != 2 {
 		t.Errorf("woke %d shards, want one per stored envelope (2)", got)
 	}
-	if n := heldNow(e.intake.held); n != 0 {
+	if n := e.intake.held.bytes(); n != 0 {
 		t.Errorf("%d bytes still held after the reply", n)
 	}
 }

@@ -2,10 +2,13 @@ package bridge
 
 import (
 	"sync"
+	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/ratelog"
 )
 
 // heldBytes bounds the bytes of schedule requests taken but not yet
@@ -13,16 +16,30 @@ import (
 // payloads waits in the NATS client's pending buffer (bounded too, by the
 // endpoint's pending limits) instead of piling up in the batches. One
 // request larger than the bound still passes when nothing else is held.
+//
+// It is a budget that must return to zero once the work is done (the
+// delayd_..._held_bytes gauges read bytes): bytes never given back shrink
+// the bound until every handler waits for good. A wait is logged, at most
+// once per pauseLogEvery, so such a stall shows in the log too.
 type heldBytes struct {
-	bounded bool // limit > 0 at construction; never changes
-	mu      sync.Mutex
-	cond    *sync.Cond
-	limit   int64
-	held    int64
+	bounded  bool   // limit > 0 at construction; never changes
+	what     string // the intake, for the log: "request intake"
+	key      string // the bound's config key, for the log
+	log      hclog.Logger
+	pauseLog *ratelog.Limiter
+	mu       sync.Mutex
+	cond     *sync.Cond
+	limit    int64
+	held     int64 // counted when unbounded too, for the gauge
+	waiters  int
 }
 
-func newHeldBytes(limit int64) *heldBytes {
-	h := &heldBytes{bounded: limit > 0, limit: limit}
+// pauseLogEvery is the least time between two lines saying an intake
+// waits for its held bytes.
+const pauseLogEvery = 5 * time.Second
+
+func newHeldBytes(limit int64, what, key string, log hclog.Logger, now func() time.Time) *heldBytes {
+	h := &heldBytes{bounded: limit > 0, limit: limit, what: what, key: key, log: log, pauseLog: ratelog.New(pauseLogEvery, now)}
 	h.cond = sync.NewCond(&h.mu)
 	return h
 }
@@ -39,25 +56,53 @@ func (h *heldBytes) setLimit(limit int64) {
 }
 
 func (h *heldBytes) acquire(n int64) {
-	if !h.bounded {
-		return
-	}
 	h.mu.Lock()
-	for h.held > 0 && h.held+n > h.limit {
+	logged := false
+	for h.bounded && h.held > 0 && h.held+n > h.limit {
+		if !logged {
+			// Logged outside the lock, then the bound looked at again.
+			logged = true
+			held, limit := h.held, h.limit
+			h.mu.Unlock()
+			if ok, count := h.pauseLog.Note(1); ok {
+				h.log.Info(h.what+" paused: the bytes it holds are at their bound, "+h.key,
+					"held", held, "bound", limit, "waits", count)
+			}
+			h.mu.Lock()
+			continue
+		}
+		h.waiters++
 		h.cond.Wait()
+		h.waiters--
 	}
 	h.held += n
 	h.mu.Unlock()
 }
 
 func (h *heldBytes) release(n int64) {
-	if !h.bounded || n == 0 {
+	if n == 0 {
 		return
 	}
 	h.mu.Lock()
 	h.held -= n
 	h.mu.Unlock()
-	h.cond.Broadcast()
+	if h.bounded {
+		h.cond.Broadcast()
+	}
+}
+
+// bytes is how many bytes are held now.
+func (h *heldBytes) bytes() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held
+}
+
+// waiting is how many acquires wait for bytes to be released.
+func (h *heldBytes) waiting() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.waiters
 }
 
 // requestBytes is what a schedule request holds: its payload and headers.

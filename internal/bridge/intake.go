@@ -169,9 +169,14 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 		opt.MaxBatch = DefaultMaxBatch
 	}
 	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes), shortLog: ratelog.New(shortLogEvery, opt.Now),
+		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes, "request intake", "intake.pending_bytes", log, opt.Now), shortLog: ratelog.New(shortLogEvery, opt.Now),
 		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
 }
+
+// HeldBytes is how many bytes of schedule requests the intake holds now,
+// taken and not yet answered (intake.pending_bytes bounds it): 0 when it
+// is idle.
+func (in *Intake) HeldBytes() int64 { return in.held.bytes() }
 
 // adminSubject is the prefix of the operator endpoints (get, list, stats,
 // replay, purge): <prefix>.admin.

@@ -359,9 +359,9 @@ func TestScheduleOlderThanStoreTimeout(t *testing.T) {
 		<-st.in
 	}
 	// One more request comes in and waits for a pipeline...
-	held := heldNow(e.intake.held)
+	held := e.intake.held.bytes()
 	send("late")
-	for end := time.Now().Add(10 * time.Second); heldNow(e.intake.held) == held; time.Sleep(time.Millisecond) {
+	for end := time.Now().Add(10 * time.Second); e.intake.held.bytes() == held; time.Sleep(time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("the last request was not taken in")
 		}
@@ -383,13 +383,20 @@ func TestScheduleOlderThanStoreTimeout(t *testing.T) {
 	if st.saw("late") {
 		t.Error("the request that waited past the store timeout was written")
 	}
+	// Answered, the stale request holds nothing: its bytes held for good
+	// would shrink intake.pending_bytes until every handler waited.
+	waitHeld(t, "request intake", e.intake.held)
 }
 
-// heldNow is how many bytes of requests h holds.
-func heldNow(h *heldBytes) int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.held
+// waitHeld waits up to 10 s for h to hold nothing (the replies go out
+// before the bytes are let go), and fails the test if it still holds some.
+func waitHeld(t *testing.T, what string, h *heldBytes) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); h.bytes() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%s: %d bytes still held after the work was done, want 0", what, h.bytes())
+		}
+	}
 }
 
 // The four outcomes of a cancel, as answered and counted: cancelled (and

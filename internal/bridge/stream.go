@@ -171,9 +171,14 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 		opt.MaxBatch = DefaultMaxBatch
 	}
 	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan streamItem, 2*opt.Pull), held: newHeldBytes(opt.PullBytes),
+		queue: make(chan streamItem, 2*opt.Pull), held: newHeldBytes(opt.PullBytes, "stream intake", "intake.stream.pull_bytes", log, opt.Now),
 		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
 }
+
+// HeldBytes is how many bytes of stream messages the intake holds now,
+// taken and not yet settled (intake.stream.pull_bytes bounds it): 0 when
+// it is idle.
+func (s *StreamIntake) HeldBytes() int64 { return s.held.bytes() }
 
 // Run sets the stream and consumer up (retrying while NATS or JetStream is
 // away), then takes envelopes until ctx is done. On shutdown it stops

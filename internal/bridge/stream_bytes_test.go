@@ -74,6 +74,7 @@ func TestStreamIntakeBoundsTheBytesItHolds(t *testing.T) {
 	}
 	close(bs.release)
 	e.eventually("all stored", func() bool { return e.pending() == n })
+	waitHeld(t, "stream intake", e.si.held)
 }
 
 // A pull_bytes below one message, with limits.max_payload 0 (follow the

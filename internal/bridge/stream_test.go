@@ -31,7 +31,8 @@ type streamEnv struct {
 	redis *testutil.Redis
 	st    *store.Store
 	obs   *streamCounts
-	log   hclog.Logger // the intakes' logger, when set
+	log   hclog.Logger  // the intakes' logger, when set
+	si    *StreamIntake // the intake start ran last
 }
 
 func newStreamEnv(t *testing.T, natsOpts ...func(*server.Options)) *streamEnv {
@@ -96,6 +97,7 @@ func (e *streamEnv) start(st StreamStore, mod ...func(*StreamOptions)) (stop fun
 		log = hclog.New(&hclog.LoggerOptions{Level: hclog.Debug})
 	}
 	si := NewStreamIntake(nc, st, noWake{}, e.obs, opt, log)
+	e.si = si
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- si.Run(ctx) }()

@@ -39,3 +39,42 @@ func TestNotReplicatedWarningOncePerInterval(t *testing.T) {
 		t.Fatalf("one interval after the line: %d lines, want 2", lines())
 	}
 }
+
+// An intake that waits because what it holds fills its byte bound says so,
+// once per pauseLogEvery on its clock however often it waits: a bound
+// that never frees is a stall the log shows, not a silence.
+func TestHeldBytesPauseLoggedOncePerInterval(t *testing.T) {
+	t.Parallel()
+	clock := testutil.NewClock()
+	var out testutil.Buffer
+	h := newHeldBytes(100, "request intake", "intake.pending_bytes",
+		hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info}), clock.Now)
+	const line = "request intake paused"
+	pause := func(want int) {
+		t.Helper()
+		h.acquire(80)
+		done := make(chan struct{})
+		go func() { h.acquire(50); close(done) }()
+		for end := time.Now().Add(10 * time.Second); h.waiting() == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("the second acquire did not wait")
+			}
+		}
+		h.release(80)
+		<-done
+		h.release(50)
+		if n := strings.Count(out.String(), line); n != want {
+			t.Fatalf("%d lines %q, want %d:\n%s", n, line, want, out.String())
+		}
+	}
+	pause(1)
+	pause(1)
+	clock.Advance(pauseLogEvery)
+	pause(2)
+	if !strings.Contains(out.String(), "intake.pending_bytes") {
+		t.Errorf("the line does not name the bound's key:\n%s", out.String())
+	}
+	if n := h.bytes(); n != 0 {
+		t.Errorf("%d bytes held after every release, want 0", n)
+	}
+}

@@ -89,6 +89,7 @@ func (p *parts) intakes() ([]component, error) {
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: p.opt.now,
 		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c), Resends: c.Intake.DedupeWindow > 0,
 	}, p.log.Named("intake"))
+	p.metrics.WatchHeld("request_intake", in.HeldBytes)
 	return append(comps, component{"intake", in.Run}), nil
 }
 
@@ -106,16 +107,20 @@ func (p *parts) newStreamIntake() (*bridge.StreamIntake, error) {
 	}
 	p.onClose(nc.Close) // the stream intake closes it when it stops; this, when it never ran
 	s := c.Intake.Stream
-	return bridge.NewStreamIntake(nc, p.st, p.sc, p.metrics, bridge.StreamOptions{
+	si := bridge.NewStreamIntake(nc, p.st, p.sc, p.metrics, bridge.StreamOptions{
 		Subject: c.Subject, Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas,
 		WorkQueue: s.Retention == "workqueue", MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
 		Batch: c.Intake.Batch, MaxBatch: c.Intake.MaxBatch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now, Resends: c.Intake.DedupeWindow > 0,
-	}, p.log.Named("stream")), nil
+	}, p.log.Named("stream"))
+	p.metrics.WatchHeld("stream_intake", si.HeldBytes)
+	return si, nil
 }
 
 // scanning are the parts that deliver: ownership, the scanner, the wake
 // relay and the consistency checker (if scanner.check_interval is set).
 func (p *parts) scanning() []component {
+	p.metrics.WatchHeld("claims", func() int64 { n, _ := p.sc.HeldBytes(); return n })
+	p.metrics.WatchHeld("settles", func() int64 { _, n := p.sc.HeldBytes(); return n })
 	comps := []component{
 		{"ownership", p.own.Run},
 		{"scanner", p.sc.Run},

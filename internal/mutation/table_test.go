@@ -64,6 +64,10 @@ var mutations = []mutation{
 		Old: "if try == 1 ||", New: "if try == 0 ||",
 		Promise: "a failed ack is tried again before the envelope is left to redeliver",
 		Sys:     "TestRedisLinkCutMidPipeline|TestFaultRedisRestart"},
+	{Name: "merged-acks-keep-held", File: "internal/scanner/ack.go",
+		Old: "a.held += b.held", New: "a.held += 0 * b.held",
+		Promise: "never stalls: acks merged behind a slow one free every batch's bytes, so the clock claims again",
+		Sys:     "TestOrderScenario|TestSeriesEvery"},
 	{Name: "dead-letter-keeps-nats-headers", File: "internal/scanner/deliver.go",
 		Old: "if !envelope.IsNATSHeader(k) {", New: "if true {",
 		Promise: "a dead letter carries no Nats-* header meant for the target's stream",
@@ -130,4 +134,7 @@ var mutations = []mutation{
 		Old: "if errors.Is(err, store.ErrNotWritten) {", New: "if err != nil {",
 		Promise: "503 only when nothing was stored; a timeout is 504 with the id to retry with",
 		Sys:     "TestStoreTimeoutAnswers504WithID|TestResendAfter504"},
+	{Name: "stale-request-keeps-held", File: "internal/bridge/intake.go",
+		Old: "in.replied(p.start)\n\t\t\tin.held.release(p.bytes)", New: "in.replied(p.start)",
+		Promise: "never stalls: a request answered 503 for waiting too long frees its bytes of intake.pending_bytes"},
 }

@@ -30,7 +30,7 @@ func (s *Scanner) ackStage(ctx context.Context, in <-chan settled) {
 			return a
 		})
 		s.ack(ctx, b.byShard)
-		s.budget.release(b.held)
+		s.budget.acked(b.held)
 	}
 }
 

@@ -60,7 +60,7 @@ func (s *Scanner) publishStage(ctx context.Context, in <-chan []claimed, out cha
 			// free, and only ids and tokens go on to the ack, which frees
 			// the envelopes' overhead once they are written.
 			held := int64(len(items)) * envelopeOverhead
-			s.budget.release(bytesOf(items) - held)
+			s.budget.published(bytesOf(items), held)
 			out <- settled{byShard: settles, held: held}
 			<-busy
 		}()

@@ -69,6 +69,7 @@ func (s *Scanner) Run(ctx context.Context) error {
 		if _, ok := s.budget.next(); !ok {
 			// Claimed bytes are at their bound: claim again once a
 			// publish ends, so large payloads cannot pile up in memory.
+			s.claimsPaused()
 			select {
 			case <-ctx.Done():
 				return nil
@@ -89,6 +90,20 @@ func (s *Scanner) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// claimsPaused says, at most once per failLogEvery, that the clock waits
+// for claimed bytes to be published and settles to be written: under load
+// a short wait is the bound at work; the same line every few seconds with
+// nothing moving is a stall.
+func (s *Scanner) claimsPaused() {
+	ok, n := s.pauseLog.Note(1)
+	if !ok {
+		return
+	}
+	claims, settles := s.HeldBytes()
+	s.log.Info("claims paused: claimed and unsettled envelopes hold the claim byte budget",
+		"claims_held", claims, "settles_held", settles, "bound", inflightFactor*s.budget.limit, "waits", n)
 }
 
 // dueShards appends to due the owned shards whose plan has come at nowMs

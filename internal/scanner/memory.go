@@ -41,12 +41,17 @@ func AutoClaimBytes() int64 {
 	return max(min(maxClaimBytes, limit/16), 64<<10)
 }
 
-// byteBudget counts the bytes held between claim and publish, and the
-// overhead of envelopes between claim and ack.
+// byteBudget counts the bytes held between claim and publish (claims), and
+// the overhead of envelopes published and not yet acked (settles). Both
+// return to zero once the work is done: bytes never given back shrink the
+// room to claim until the clock stops for good, so they are gauges
+// (delayd_claims_held_bytes, delayd_settles_held_bytes), and a pause is
+// logged (loop.go).
 type byteBudget struct {
-	limit int64 // per claim; 0: no bound
-	held  atomic.Int64
-	freed chan struct{} // a release happened
+	limit   int64 // per claim; 0: no bound
+	claims  atomic.Int64
+	settles atomic.Int64
+	freed   chan struct{} // a release happened
 }
 
 func newByteBudget(claimBytes int64) *byteBudget {
@@ -59,20 +64,34 @@ func (b *byteBudget) next() (int64, bool) {
 	if b.limit <= 0 {
 		return 0, true
 	}
-	room := inflightFactor*b.limit - b.held.Load()
+	room := inflightFactor*b.limit - b.claims.Load() - b.settles.Load()
 	if room <= 0 {
 		return 0, false
 	}
 	return min(b.limit, room), true
 }
 
-func (b *byteBudget) take(n int64) { b.held.Add(n) }
+// take counts n bytes claimed.
+func (b *byteBudget) take(n int64) { b.claims.Add(n) }
 
-func (b *byteBudget) release(n int64) {
+// published frees the n bytes of a published (or given back) batch but
+// kept, which its settles hold until acked.
+func (b *byteBudget) published(n, kept int64) {
+	b.settles.Add(kept)
+	b.claims.Add(-n)
+	b.signal()
+}
+
+// acked frees what written settles held.
+func (b *byteBudget) acked(n int64) {
 	if n == 0 {
 		return
 	}
-	b.held.Add(-n)
+	b.settles.Add(-n)
+	b.signal()
+}
+
+func (b *byteBudget) signal() {
 	select {
 	case b.freed <- struct{}{}:
 	default:

@@ -1,10 +1,16 @@
 package scanner
 
 import (
+	"context"
 	"math"
 	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
@@ -23,7 +29,14 @@ func TestByteBudget(t *testing.T) {
 	if _, ok := b.next(); ok {
 		t.Fatal("430 held: no claim may start")
 	}
-	b.release(430)
+	b.published(430, 30)
+	if n, ok := b.next(); !ok || n != 100 {
+		t.Fatalf("30 held by settles: next claim %d %v, want a whole claim", n, ok)
+	}
+	b.acked(30)
+	if claims, settles := b.claims.Load(), b.settles.Load(); claims != 0 || settles != 0 {
+		t.Fatalf("all published and acked: claims %d, settles %d held", claims, settles)
+	}
 	select {
 	case <-b.freed:
 	default:
@@ -78,7 +91,9 @@ func TestSettlesHoldTheBudgetUntilAcked(t *testing.T) {
 	})
 	st.ackGate = make(chan struct{})
 	pub := newSwitchPub()
-	s := newTestScanner(st, pub, clock, opt)
+	var out testutil.Buffer
+	opt.Now = clock.Now
+	s := New(st, pub, nil, opt, hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info}))
 	run(t, s)
 	opened := false
 	open := func() {
@@ -110,6 +125,74 @@ func TestSettlesHoldTheBudgetUntilAcked(t *testing.T) {
 		t.Fatalf("claimed shards %v with %d claims' worth of settles not yet acked", sh, inflightFactor)
 	default:
 	}
+	// The gauges show where the bytes are, and the log says why the clock
+	// waits: once, however often it looked (its clock stood still).
+	if claims, settles := s.HeldBytes(); claims != 0 || settles != inflightFactor*opt.ClaimBytes {
+		t.Errorf("held: claims %d, settles %d; want 0 and %d", claims, settles, inflightFactor*opt.ClaimBytes)
+	}
+	if n := strings.Count(out.String(), "claims paused"); n != 1 {
+		t.Errorf("%d lines \"claims paused\", want 1:\n%s", n, out.String())
+	}
 	open()
 	st.nextClaim(t)
+}
+
+// Settles that queued up behind a slow ack are written in one pipeline,
+// and free what every one of their batches held: a merge that kept only
+// its first batch's overhead left the others' held for good, and once
+// four claims' worth had leaked the clock never claimed again, silently.
+func TestMergedAcksFreeTheirBudget(t *testing.T) {
+	t.Parallel()
+	st := &ackStore{claimStore: claimStore{shards: 1}}
+	s := newTestScanner(st, newSwitchPub(), testutil.NewClock(), loopOpts)
+	in := make(chan settled, 3)
+	for i := range 3 {
+		id := "m" + strconv.Itoa(i)
+		items := []claimed{{Claimed: store.Claimed{ID: id, Token: "1.5", Data: []byte("payload")}}}
+		s.budget.take(bytesOf(items))
+		kept := int64(len(items)) * envelopeOverhead
+		s.budget.published(bytesOf(items), kept)
+		in <- settled{byShard: map[int][]store.Settle{0: {{ID: id, Token: "1.5", Outcome: store.Delivered}}}, held: kept}
+	}
+	close(in)
+	s.ackStage(context.Background(), in)
+	if st.calls != 1 {
+		t.Fatalf("%d acks, want the three queued batches merged into one", st.calls)
+	}
+	if claims, settles := s.HeldBytes(); claims != 0 || settles != 0 {
+		t.Errorf("held after every settle was written: claims %d, settles %d; want 0", claims, settles)
+	}
+}
+
+// Every byte a claim takes is given back once its envelopes are published
+// and their settles written, however the batches were merged on the way:
+// several claims made while the acks were held, then nothing due.
+func TestBudgetBackToZeroAfterWork(t *testing.T) {
+	t.Parallel()
+	opt := loopOpts
+	opt.IdleInterval = time.Hour
+	opt.ClaimBytes = 1 << 20
+	const claims = 3
+	var n atomic.Int32
+	st := newClaimStore(1, func([]int) ([]store.ClaimResult, error) {
+		if n.Add(1) > claims {
+			return []store.ClaimResult{result(0, 3_000_000_000, 0)}, nil
+		}
+		return []store.ClaimResult{result(0, 3_000_000_000, opt.ClaimBatch)}, nil
+	})
+	st.ackGate = make(chan struct{})
+	pub := newSwitchPub()
+	s := newTestScanner(st, pub, testutil.NewClock(), opt)
+	run(t, s)
+	for range claims + 1 {
+		st.nextClaim(t)
+	}
+	eventually(t, "every claimed envelope published", func() bool {
+		return pub.sent.Load() == int64(claims*opt.ClaimBatch)
+	})
+	close(st.ackGate)
+	eventually(t, "the claims' and the settles' bytes back to 0", func() bool {
+		claims, settles := s.HeldBytes()
+		return claims == 0 && settles == 0
+	})
 }

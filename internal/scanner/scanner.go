@@ -157,8 +157,10 @@ type Scanner struct {
 	unconfirmed map[int]time.Duration
 	failLog     *ratelog.Limiter
 	// budget bounds the bytes of claimed envelopes until their publish
-	// ends.
-	budget *byteBudget
+	// ends, and their overhead until acked; pauseLog limits the line
+	// saying the clock waits for it.
+	budget   *byteBudget
+	pauseLog *ratelog.Limiter
 	// unknown holds the stored formats met that this daemon cannot read,
 	// each logged once. Only the Run loop touches it.
 	unknown map[int]bool
@@ -186,13 +188,21 @@ func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *
 		next: make([]atomic.Int64, n), owned: make([]atomic.Bool, n), announced: make([]atomic.Int64, n),
 		wake: make(chan struct{}, 1), failing: map[int]time.Duration{}, unconfirmed: map[int]time.Duration{},
 		noInterestTries: opt.noInterestTries(), noInterestLog: ratelog.New(failLogEvery, opt.Now),
-		failLog: ratelog.New(failLogEvery, opt.Now), shortLog: ratelog.New(failLogEvery, opt.Now),
+		failLog: ratelog.New(failLogEvery, opt.Now), shortLog: ratelog.New(failLogEvery, opt.Now), pauseLog: ratelog.New(failLogEvery, opt.Now),
 		budget: newByteBudget(opt.ClaimBytes), clock: newRedisClock(opt.Now)}
 	s.maxTries = max(opt.MaxAttempts, s.noInterestTries)
 	for i := range s.owned {
 		s.owned[i].Store(!opt.Shared)
 	}
 	return s // next is all zero: every owned shard is claimed at start
+}
+
+// HeldBytes is what the claim byte budget holds now: the bytes of claimed
+// envelopes not yet published (claims), and the overhead of published
+// ones whose settles are not yet written (settles). Both are 0 when the
+// scanner is idle.
+func (s *Scanner) HeldBytes() (claims, settles int64) {
+	return s.budget.claims.Load(), s.budget.settles.Load()
 }
 
 // Owned lists the shards this daemon scans now.

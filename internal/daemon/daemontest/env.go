@@ -3,11 +3,14 @@ package daemontest
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -186,7 +189,10 @@ func (s *Sink) Settle(t testing.TB) {
 // Quiet waits until nothing is stored under c's namespace (every envelope
 // delivered and acknowledged, none in flight), for at most 10 s, then
 // settles the sinks: past it, a delivery that has not arrived never will.
-// It asserts nothing, so the test's own checks say what went wrong.
+// It asserts nothing of that, so the test's own checks say what went
+// wrong. It does assert that every byte budget of the daemon serving
+// c.HTTP.Addr (its delayd_..._held_bytes gauges) is back to 0 within
+// 10 s: bytes never given back would stall that daemon for good later.
 func Quiet(t testing.TB, e *Env, c config.Config, sinks ...*Sink) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); e.Stored(c) > 0 && time.Now().Before(deadline); {
@@ -194,6 +200,42 @@ func Quiet(t testing.TB, e *Env, c config.Config, sinks ...*Sink) {
 	}
 	for _, s := range sinks {
 		s.Settle(t)
+	}
+	if held := waitBudgets(c.HTTP.Addr, 10*time.Second); len(held) > 0 {
+		t.Errorf("quiet, but byte budgets still held after 10 s: %s", strings.Join(held, ", "))
+	}
+}
+
+var heldRE = regexp.MustCompile(`(?m)^(delayd_\w+_held_bytes) (\S+)$`)
+
+// waitBudgets waits up to d for every delayd_..._held_bytes gauge of the
+// daemon at addr to read 0, and returns those that do not ("name value").
+// A daemon without an admin port of its own, or one that stopped, has
+// none to read.
+func waitBudgets(addr string, d time.Duration) []string {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "0" {
+		return nil
+	}
+	var held []string
+	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return nil
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return nil
+		}
+		held = held[:0]
+		for _, m := range heldRE.FindAllStringSubmatch(string(body), -1) {
+			if m[2] != "0" {
+				held = append(held, m[1]+" "+m[2])
+			}
+		}
+		if len(held) == 0 || time.Now().After(deadline) {
+			return held
+		}
 	}
 }
 

@@ -26,7 +26,8 @@ func TestMetricsMove(t *testing.T) {
 		"delayd_dead_envelopes", "delayd_oldest_overdue_seconds", "delayd_claim_duration_seconds_count",
 		"delayd_redis_errors_total", "delayd_nats_reconnects_total", "delayd_shards_owned", "delayd_build_info",
 		"delayd_shards", "delayd_nats_connected", "delayd_redis_connected", "delayd_cancels_total",
-		"delayd_redeliveries_total", "delayd_intake_duration_seconds_count"}
+		"delayd_redeliveries_total", "delayd_intake_duration_seconds_count",
+		"delayd_claims_held_bytes", "delayd_settles_held_bytes", "delayd_request_intake_held_bytes"}
 	for _, n := range names {
 		if _, ok := daemontest.Metric(before, n); !ok {
 			t.Errorf("metric %s missing", n)
