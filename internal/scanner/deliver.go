@@ -110,15 +110,16 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 			continue
 		}
 		d := envelope.Delivery{ID: c.ID, Due: time.UnixMilli(c.DueMs), Attempt: c.Attempt, Occurrence: c.Occurrence, Envelope: e}
+		over := c.Attempt-c.Base > s.maxTries
 		switch {
-		case c.Attempt-c.Base > s.maxTries && c.expired:
+		case over && c.expired:
 			// Claimed again after its leases expired without an ack: its
 			// daemons died or stalled while delivering it. (Base: the
 			// attempts before a replay, which granted a fresh budget.) The
 			// longer budget of deliveries that found no subscriber, since
 			// tries past MaxAttempts are expected then.
 			settle(c, &d, errLeaseExpired)
-		case c.Attempt-c.Base > s.maxTries:
+		case over:
 			// Claimed from due: its last attempt was retried under a
 			// larger budget than this daemon's.
 			settle(c, &d, fmt.Errorf("attempt %d is past the %d allowed now: scanner.max_attempts (or the no-interest retries) lowered since its last retry",
