@@ -18,7 +18,7 @@ import (
 // DELAYD_CALLGRIND_BATCH (default 4) a shard a claim and acked, then 1,500
 // schedule calls of 12 envelopes due in an hour, both over 16 shards with
 // 10,000 pending a day ahead. Redis' instructions per envelope are the
-// dumps' totals over 19,200 and 18,000 (docs/BENCHMARKS.md, the due
+// dumps' totals over 19,200 and 18,000 (docs/benchmarks-history.md, the due
 // buckets); DELAYD_BENCH_DUE_BUCKETS=1 runs it with the buckets.
 func BenchmarkCallgrindPhases(b *testing.B) {
 	pid := os.Getenv("DELAYD_CALLGRIND_PID")
