@@ -37,7 +37,7 @@ func nodeExample(t *testing.T) string {
 	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
-		needTool(t, "node not found (install Node 20): %v", err)
+		needTool(t, "node not found (install Node 18 or later): %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(examplesDir, "node", "node_modules", "@nats-io", "transport-node", "package.json")); err != nil {
 		needTool(t, "examples/node has no node_modules: run (cd examples/node && npm ci) or ./test.sh")
