@@ -70,17 +70,23 @@ fi
 # Pinned Go tools, built from the module proxy outside the checkout (go
 # install pkg@version ignores the workspace; running it from the tools dir
 # keeps it away from go.work.sum all the same).
-go_tool() { # dir-name binary version package
-	local dir="$tools/$1-$3"
+go_tool() { # dir-name binary package@version [go install flags]
+	local dir="$tools/$1"
 	[[ -x "$dir/$2" ]] && return
-	echo "test.sh: installing $1 $3 into $dir"
+	echo "test.sh: installing $3 into $dir"
 	mkdir -p "$tools"
-	(cd "$tools" && GOBIN="$dir" GOFLAGS= go install "$4@$3") ||
-		fail "could not install $1: run  GOBIN=$dir GOFLAGS= go install $4@$3"
+	(cd "$tools" && GOBIN="$dir" GOFLAGS= go install "${@:4}" "$3") ||
+		fail "could not install $1: run  (cd $tools && GOBIN=$dir GOFLAGS= go install $(printf '%q ' "${@:4}")$3)"
 }
-go_tool helm helm v3.21.4 helm.sh/helm/v3/cmd/helm              # deploy/tools_test.go
-go_tool natscli nats v0.5.0 github.com/nats-io/natscli/nats     # cmd/delayd/examples_test.go
-go_tool staticcheck staticcheck v0.8.2 honnef.co/go/tools/cmd/staticcheck
+# helm as its release is linked (deploy/tools_test.go, helmLDFlags): a plain
+# go install assumes Kubernetes 1.20, which the chart's kubeVersion refuses.
+helm_ldflags="-X helm.sh/helm/v3/internal/version.version=v3.21.4"
+for pkg in chartutil lint/rules; do
+	helm_ldflags+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=36"
+done
+go_tool helm-v3.21.4-k8s1.36 helm helm.sh/helm/v3/cmd/helm@v3.21.4 "-ldflags=$helm_ldflags"
+go_tool natscli-v0.5.0 nats github.com/nats-io/natscli/nats@v0.5.0 # cmd/delayd/examples_test.go
+go_tool staticcheck-v0.8.2 staticcheck honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 # examples/node's locked dependencies, again when package-lock.json changed.
 node_modules=examples/node/node_modules

@@ -257,7 +257,7 @@ func TestSchemaRefusesWhatDelaydRefuses(t *testing.T) {
 
 		values := filepath.Join(dir, fmt.Sprintf("values-%v-%d.yaml", refused, i))
 		writeFile(t, values, []byte("config: {"+c.config+"}\n"+c.values+"\n"))
-		out, err := tryRun(h, "template", "rel", chartDir, "--kube-version", kubeVersion, "-f", values)
+		out, err := tryRun(h, "template", "rel", chartDir, "-f", values)
 		switch {
 		case refused && err == nil:
 			t.Errorf("the chart renders %s, which delayd refuses (%s)", c.config, c.key)
