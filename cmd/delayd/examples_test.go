@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil/toollock"
 )
 
 // natscliVersion is the nats CLI examples/shell is written and checked
@@ -55,6 +56,7 @@ func natscli(t *testing.T) string {
 		cache = os.TempDir()
 	}
 	dir := filepath.Join(cache, "delayd-tools", "natscli-"+natscliVersion)
+	toollock.Lock(dir)() // ./test.sh may be building it in the background
 	if _, err := os.Stat(filepath.Join(dir, "nats")); err == nil {
 		return dir
 	}
