@@ -118,3 +118,41 @@ func TestManifestsStrict(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsSayHowToBuildTheImage: the chart and the manifests deploy
+// ghcr.io/delayd/delayd:<appVersion>, which is pushed only when that
+// version is tagged; a checkout always carries the coming version. So
+// where a user deploys from (the Deploying section, the chart's NOTES and
+// README, the manifests) says so and how to build the image.
+func TestDocsSayHowToBuildTheImage(t *testing.T) {
+	t.Parallel()
+	read := func(path string) string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Error(err)
+		}
+		return string(b)
+	}
+	ops := read("../docs/operations.md")
+	i := strings.Index(ops, "\n## Deploying\n")
+	if i < 0 {
+		t.Fatal("docs/operations.md has no Deploying section")
+	}
+	section := ops[i+1:]
+	if j := strings.Index(section[3:], "\n## "); j >= 0 {
+		section = section[:j+3]
+	}
+	for path, text := range map[string]string{
+		"docs/operations.md (Deploying)":  section,
+		"helm/delayd/templates/NOTES.txt": read(chartDir + "/templates/NOTES.txt"),
+		"helm/delayd/README.md":           read(chartDir + "/README.md"),
+		"kubernetes/fleet.yaml":           read("kubernetes/fleet.yaml"),
+		"kubernetes/sidecar.yaml":         read("kubernetes/sidecar.yaml"),
+	} {
+		for _, want := range []string{"docker build -f deploy/Dockerfile", "published"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s does not say %q: the image is pushed only at its release tag", path, want)
+			}
+		}
+	}
+}

@@ -8,11 +8,29 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/delayd/delayd/internal/testutil/toollock"
 )
 
 // helmVersion is the helm the chart is checked with; CI and developers
 // get the same binary, built from the module proxy into a cache dir.
 const helmVersion = "v3.21.4"
+
+// helmKubeMinor is the Kubernetes minor version of helmVersion's k8s.io
+// modules (v0.36.2): helm's Makefile links it in as the version helm
+// template and lint assume without a cluster. A plain go install leaves
+// 1.20, which the chart's kubeVersion (>= 1.29) refuses. ./test.sh builds
+// with the same flags (helmLDFlags) into the same dir.
+const helmKubeMinor = "36"
+
+// helmLDFlags are the -ldflags of the pinned helm build.
+var helmLDFlags = strings.Join([]string{
+	"-X helm.sh/helm/v3/internal/version.version=" + helmVersion,
+	"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1",
+	"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=" + helmKubeMinor,
+	"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1",
+	"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=" + helmKubeMinor,
+}, " ")
 
 var (
 	helmOnce sync.Once
@@ -54,15 +72,25 @@ func helm(t *testing.T) string {
 			helmPath = p
 			return
 		}
-		dir := filepath.Join(toolsDir(), "helm-"+helmVersion)
+		// The dir names the Kubernetes version too: a helm of the same
+		// version installed without the flags must not be taken.
+		dir := filepath.Join(toolsDir(), "helm-"+helmVersion+"-k8s1."+helmKubeMinor)
 		helmPath = filepath.Join(dir, "helm")
+		// ./test.sh may be building it in the background: wait for
+		// that rather than build it twice.
+		defer toollock.Lock(dir)()
 		if _, err := os.Stat(helmPath); err == nil {
 			return
 		}
-		cmd := exec.Command("go", "install", "helm.sh/helm/v3/cmd/helm@"+helmVersion)
+		cmd := exec.Command("go", "install", "-ldflags="+helmLDFlags, "helm.sh/helm/v3/cmd/helm@"+helmVersion)
+		cmd.Dir = toolsDir() // away from the checkout's go.work
 		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
+		if err := os.MkdirAll(cmd.Dir, 0o755); err != nil {
+			helmErr = err
+			return
+		}
 		if out, err := cmd.CombinedOutput(); err != nil {
-			helmErr = &toolError{"helm " + helmVersion + " (go install)", err, out}
+			helmErr = &toolError{"helm " + helmVersion + " (go install " + strings.Join(cmd.Args[2:], " ") + ")", err, out}
 		}
 	})
 	need(t, helmErr)
@@ -137,5 +165,25 @@ func copyDir(t *testing.T, src, dst string) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTestShBuildsThePinnedHelm: ./test.sh installs helm where helm()
+// looks, with the same Kubernetes version linked in, in the background,
+// saying how long it takes.
+func TestTestShBuildsThePinnedHelm(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../test.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// In the background, under the lock helm() takes (toollock), so a
+	// fresh machine reaches its first test minutes before helm is built.
+	for _, want := range []string{"go_tool_bg helm-" + helmVersion + "-k8s1." + helmKubeMinor + " helm helm.sh/helm/v3/cmd/helm@" + helmVersion,
+		`exec 9>"$1.lock" && flock 9`, "building $3 in the background (first run only, ~$4 min",
+		"k8sVersionMinor=" + helmKubeMinor, "version.version=" + helmVersion, "pkg in chartutil lint/rules"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("test.sh does not say %q", want)
+		}
 	}
 }

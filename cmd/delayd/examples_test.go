@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil/toollock"
 )
 
 // natscliVersion is the nats CLI examples/shell is written and checked
@@ -37,7 +38,7 @@ func nodeExample(t *testing.T) string {
 	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
-		needTool(t, "node not found (install Node 20): %v", err)
+		needTool(t, "node not found (install Node 18 or later): %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(examplesDir, "node", "node_modules", "@nats-io", "transport-node", "package.json")); err != nil {
 		needTool(t, "examples/node has no node_modules: run (cd examples/node && npm ci) or ./test.sh")
@@ -55,6 +56,7 @@ func natscli(t *testing.T) string {
 		cache = os.TempDir()
 	}
 	dir := filepath.Join(cache, "delayd-tools", "natscli-"+natscliVersion)
+	toollock.Lock(dir)() // ./test.sh may be building it in the background
 	if _, err := os.Stat(filepath.Join(dir, "nats")); err == nil {
 		return dir
 	}
