@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/bridge/intake"
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon"
 )
@@ -55,6 +56,6 @@ func migrateIntake(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	defer nc.Close()
 	s := c.Intake.Stream
-	return bridge.MigrateIntake(ctx, nc, bridge.StreamOptions{Subject: c.Subject, Name: s.Name, Replicas: s.Replicas,
+	return intake.MigrateIntake(ctx, nc, intake.StreamOptions{Subject: c.Subject, Name: s.Name, Replicas: s.Replicas,
 		WorkQueue: s.Retention == "workqueue", MaxAge: s.MaxAge, MaxBytes: s.MaxBytes}, newLogger(c, o.stderr).Named("migrate"))
 }

@@ -76,8 +76,8 @@ func refusedSubject(msg string) (string, bool) {
 	return s, err == nil
 }
 
-// mark is the position to collect refusals from.
-func (r *Refusals) mark() uint64 {
+// Mark is the position to collect refusals from.
+func (r *Refusals) Mark() uint64 {
 	if r == nil {
 		return 0
 	}
@@ -86,13 +86,13 @@ func (r *Refusals) mark() uint64 {
 	return r.seq
 }
 
-// since waits until last (the connection's last error, which the async
+// Since waits until last (the connection's last error, which the async
 // handler receives as the same value, after every earlier one) has been
 // recorded after mark, or ctx ends; with a nil last it does not wait. It returns every publish refusal after
-// mark by subject, and whether that record is complete: false when ctx
+// Mark by subject, and whether that record is complete: false when ctx
 // ended first, when the record overflowed, or when a permission violation
 // could not be read.
-func (r *Refusals) since(ctx context.Context, mark uint64, last error) (map[string]error, bool) {
+func (r *Refusals) Since(ctx context.Context, mark uint64, last error) (map[string]error, bool) {
 	if r == nil {
 		return nil, false
 	}
@@ -127,9 +127,9 @@ func (r *Refusals) since(ctx context.Context, mark uint64, last error) (map[stri
 	}
 }
 
-// refusedSince returns a channel closed at the next record, and the first
+// RefusedSince returns a channel closed at the next record, and the first
 // refusal of a publish to subject recorded after mark, if any.
-func (r *Refusals) refusedSince(mark uint64, subject string) (<-chan struct{}, error) {
+func (r *Refusals) RefusedSince(mark uint64, subject string) (<-chan struct{}, error) {
 	if r == nil {
 		return nil, nil
 	}
@@ -143,9 +143,9 @@ func (r *Refusals) refusedSince(mark uint64, subject string) (<-chan struct{}, e
 	return r.changed, nil
 }
 
-// after returns every error recorded after mark that the record still
+// After returns every error recorded after mark that the record still
 // keeps.
-func (r *Refusals) after(mark uint64) []error {
+func (r *Refusals) After(mark uint64) []error {
 	if r == nil {
 		return nil
 	}

@@ -33,26 +33,26 @@ func TestRefusalsCompleteness(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	r := NewRefusals()
-	mark := r.mark()
+	mark := r.Mark()
 	var last error
 	for i := range refusalsKept + 10 {
 		last = fmt.Errorf("%w: Permissions Violation for Publish to %q", nats.ErrPermissionViolation, fmt.Sprintf("s.%d", i))
 		r.record(last)
 	}
-	if _, complete := r.since(ctx, mark, last); complete {
+	if _, complete := r.Since(ctx, mark, last); complete {
 		t.Error("an overflowed record claims to be complete")
 	}
-	mark = r.mark()
+	mark = r.Mark()
 	last = fmt.Errorf("%w: Permissions Violation for Publish to garbled", nats.ErrPermissionViolation)
 	r.record(last)
-	if _, complete := r.since(ctx, mark, last); complete {
+	if _, complete := r.Since(ctx, mark, last); complete {
 		t.Error("an unreadable refusal claims to be complete")
 	}
-	mark = r.mark()
+	mark = r.Mark()
 	ok := fmt.Errorf("%w: Permissions Violation for Publish to %q", nats.ErrPermissionViolation, "a.b")
 	r.record(ok)
 	r.record(nats.ErrSlowConsumer) // a later error of another kind
-	got, complete := r.since(ctx, mark, nats.ErrSlowConsumer)
+	got, complete := r.Since(ctx, mark, nats.ErrSlowConsumer)
 	if !complete || got["a.b"] == nil {
 		t.Errorf("a refusal followed by another error: %v %v", got, complete)
 	}
@@ -64,11 +64,11 @@ func TestRefusalsCompleteness(t *testing.T) {
 func TestRefusalsSinceWithoutWaiting(t *testing.T) {
 	t.Parallel()
 	r := NewRefusals()
-	mark := r.mark()
+	mark := r.Mark()
 	r.record(fmt.Errorf("%w: Permissions Violation for Publish to %q", nats.ErrPermissionViolation, "a.b"))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // it must not need the context at all
-	got, complete := r.since(ctx, mark, nil)
+	got, complete := r.Since(ctx, mark, nil)
 	if !complete || got["a.b"] == nil {
 		t.Fatalf("since without a last error: %v %v", got, complete)
 	}

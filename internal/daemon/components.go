@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/bridge/intake"
 	"github.com/delayd/delayd/internal/scanner"
 )
 
@@ -84,7 +85,7 @@ func (p *parts) intakes() ([]component, error) {
 		comps = append(comps, component{"stream-intake", si.Run})
 	}
 	c := p.c
-	in := bridge.NewIntake(p.in, p.st, p.insp, p.sc, p.metrics, bridge.IntakeOptions{
+	in := intake.NewIntake(p.in, p.st, p.insp, p.sc, p.metrics, intake.IntakeOptions{
 		Subject: c.Subject, Version: p.opt.version, Batch: c.Intake.Batch, Linger: c.Intake.Linger, MaxBatch: c.Intake.MaxBatch,
 		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: p.opt.now,
 		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c), Resends: c.Intake.DedupeWindow > 0,
@@ -96,7 +97,7 @@ func (p *parts) intakes() ([]component, error) {
 // newStreamIntake builds the durable stream intake on a connection of its
 // own (so its pulls and acks do not queue behind request replies), or nil
 // when intake.stream.enabled is false.
-func (p *parts) newStreamIntake() (*bridge.StreamIntake, error) {
+func (p *parts) newStreamIntake() (*intake.StreamIntake, error) {
 	c := p.c
 	if !c.StreamEnabled() {
 		return nil, nil
@@ -107,7 +108,7 @@ func (p *parts) newStreamIntake() (*bridge.StreamIntake, error) {
 	}
 	p.onClose(nc.Close) // the stream intake closes it when it stops; this, when it never ran
 	s := c.Intake.Stream
-	si := bridge.NewStreamIntake(nc, p.st, p.sc, p.metrics, bridge.StreamOptions{
+	si := intake.NewStreamIntake(nc, p.st, p.sc, p.metrics, intake.StreamOptions{
 		Subject: c.Subject, Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas,
 		WorkQueue: s.Retention == "workqueue", MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
 		Batch: c.Intake.Batch, MaxBatch: c.Intake.MaxBatch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now, Resends: c.Intake.DedupeWindow > 0,

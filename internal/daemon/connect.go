@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/bridge/delivery"
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/tlsconf"
@@ -146,7 +147,7 @@ func (p *parts) newNATS() error {
 	}
 	p.onClose(p.out.Close)
 	p.metrics.WatchNATS(p.natsUp)
-	p.pub, err = bridge.NewPublisher(p.out, refusals, bridge.PublisherOptions{
+	p.pub, err = delivery.NewPublisher(p.out, refusals, delivery.PublisherOptions{
 		JetStream: c.Targets.JetStream, FireAndForget: c.Targets.FireAndForget, Log: p.log.Named("publish"),
 		IntakeStream: c.Intake.Stream.Name,
 		// A delivery's flush has half the lease from its claim; the wait

@@ -18,6 +18,7 @@ import (
 
 	"github.com/delayd/delayd/internal/admin"
 	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/bridge/delivery"
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/embedded"
 	"github.com/delayd/delayd/internal/scanner"
@@ -75,7 +76,7 @@ type parts struct {
 	st      *store.Store
 	auth    bridge.Auth
 	in, out *nats.Conn // the request intake's connection, and the one for deliveries and wake-ups
-	pub     *bridge.Publisher
+	pub     *delivery.Publisher
 	relay   *bridge.WakeRelay
 	sc      *scanner.Scanner
 	insp    inspector

@@ -189,3 +189,13 @@ func (p Policy) opens(first, target string) bool {
 	}
 	return false
 }
+
+// MatchAny reports whether subject matches one of the patterns.
+func MatchAny(patterns []string, subject string) bool {
+	for _, p := range patterns {
+		if Match(p, subject) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,110 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/scanner"
+	"github.com/delayd/delayd/internal/testutil"
+)
+
+// proven waits until p has proven it receives on its inbox.
+func proven(t testing.TB, p *Publisher) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !p.Connected() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the publisher never proved its inbox: %v", p.Down())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A publisher whose NATS user may not subscribe to its inbox cannot hear
+// that a delivery reached no one: it is not Connected (the scanner claims
+// nothing, the daemon holds no shard), says why with the server's
+// refusal, and sends nothing. Once the permission is granted (a config
+// reload), it subscribes again, proves its inbox and delivers, with the
+// interest check on. After a reconnect it proves the inbox again.
+func TestInboxCheck(t *testing.T) {
+	t.Parallel()
+	users := func(inbox bool) []*server.User {
+		sub := []string{"delayd.>"}
+		if inbox {
+			sub = append(sub, "_INBOX_d.>")
+		}
+		// Publish: targets and the internal subjects only, as in
+		// docs/security.md; neither its inbox nor $JS.API.INFO.
+		return []*server.User{{Username: "d", Password: "p", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"t.>", "delayd.internal.>"}},
+			Subscribe: &server.SubjectPermission{Allow: sub},
+		}}}
+	}
+	n := testutil.StartNATS(t, func(o *server.Options) { o.Users = users(false) })
+	ref := bridge.NewRefusals()
+	nc, err := bridge.Connect(n.URL(), "t", bridge.Auth{User: "d", Password: "p", InboxPrefix: "_INBOX_d"}, hclog.NewNullLogger(), nil, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := NewPublisher(nc, ref, PublisherOptions{InboxProbe: "delayd.internal.probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := p.Down()
+		if err != nil && strings.Contains(err.Error(), "Permissions Violation for Subscription to") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Down does not give the refused subscription: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if p.Connected() {
+		t.Fatal("Connected while the inbox is refused")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Publish(ctx, deliveries("t.nobody"))[0]; !errors.Is(err, scanner.ErrUnreachable) {
+		t.Fatalf("a delivery with the inbox refused: %v, want unreachable (nothing sent)", err)
+	}
+
+	// The operator grants the subscription.
+	opts := n.Opts.Clone()
+	opts.Users = users(true)
+	if err := n.Srv.ReloadOptions(opts); err != nil {
+		t.Fatal(err)
+	}
+	n.Opts = opts
+	proven(t, p)
+	if err := p.Down(); err != nil {
+		t.Fatalf("Down once proven: %v", err)
+	}
+	if err := p.Publish(ctx, deliveries("t.nobody"))[0]; !errors.Is(err, scanner.ErrNoInterest) {
+		t.Fatalf("a delivery nobody hears: %v, want no interest", err)
+	}
+
+	// A restart of the server: proven again after the reconnect.
+	n.Stop()
+	for nc.IsConnected() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if p.Connected() {
+		t.Fatal("Connected while NATS is down")
+	}
+	n.Start()
+	proven(t, p)
+	if err := p.Publish(ctx, deliveries("t.nobody"))[0]; !errors.Is(err, scanner.ErrNoInterest) {
+		t.Fatalf("after the reconnect, a delivery nobody hears: %v, want no interest", err)
+	}
+}

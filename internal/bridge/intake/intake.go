@@ -1,0 +1,572 @@
+package intake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
+
+	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/bridge"
+	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/ratelog"
+	"github.com/delayd/delayd/internal/store"
+)
+
+// Store is what the intake needs from the delay set.
+type Store interface {
+	Schedule(ctx context.Context, items []store.Item) ([]int64, []error)
+	Cancel(ctx context.Context, id string) (store.Cancelled, error)
+	Shard(id string) int
+}
+
+// Waker is told the due time of each stored envelope so the scanner can
+// wake early for it.
+type Waker interface {
+	Wake(shard int, dueMs int64)
+}
+
+// IntakeObserver counts intake outcomes for metrics.
+type IntakeObserver interface {
+	// Received counts a schedule request by its code (0 = stored).
+	Received(code int)
+	// Replied observes a schedule request that reached Redis, from
+	// receipt to reply.
+	Replied(took time.Duration)
+	// Cancelled counts a cancel request: cancelled, not_found,
+	// bad_request or unavailable.
+	Cancelled(result string)
+	// Redelivered counts envelopes replayed from the dead set.
+	Redelivered(cause string, n int)
+	RedisError(op string)
+}
+
+// IntakeOptions configure the service.
+type IntakeOptions struct {
+	// Subject is the prefix of the endpoints: publishers use
+	// <Subject>.schedule and <Subject>.cancel, operators <Subject>.admin.*.
+	Subject string
+	Version string
+	Batch   int
+	Linger  time.Duration
+	// MaxBatch bounds the envelopes of one batch request (intake.max_batch;
+	// 0: DefaultMaxBatch). A larger batch is refused whole.
+	MaxBatch int
+	Limits   envelope.Limits
+	Policy   envelope.Policy
+	// RedactHeaders are headers whose values the get endpoint never returns.
+	RedactHeaders []string
+	// storeTimeout bounds one Redis pipeline; past it callers get 504.
+	storeTimeout time.Duration
+	// JetStream are the target patterns delivered with JetStream (their
+	// deliveries carry a Nats-Msg-Id, which counts against max_payload).
+	JetStream []string
+	// Resends: delivered requests are remembered by the store
+	// (intake.dedupe_window), so a one-shot with a publisher's id carries
+	// its request's fingerprint, and a resend is answered, not stored.
+	Resends bool
+	// Now is the local clock, used only for the coarse limit checks on
+	// Delayd-At and to time a request from receipt to reply; due times are
+	// Redis time. Injected so tests can skew it.
+	Now func() time.Time
+	// PendingBytes bounds the bytes of schedule requests taken but not yet
+	// answered, and of those waiting in the NATS client for the handler
+	// (0: no bound).
+	PendingBytes int64
+	// trace, when set (by the latency-budget benchmark), is told when each
+	// schedule request reached each stage inside delayd: "handler",
+	// "queued", "flush" (its batch's Redis call starts), "stored" and
+	// "replied".
+	trace func(id, stage string, at time.Time)
+}
+
+// unknownReply is the body of a 504 answer: the outcome is unknown, and a
+// retry with this id (as Delayd-Id) replaces rather than duplicates.
+type unknownReply struct {
+	ID string `json:"id"`
+}
+
+// codeOutcomeUnknown answers a request whose write may or may not have
+// happened (Redis timed out after the request was sent).
+const codeOutcomeUnknown = 504
+
+// Intake is the delayd micro service.
+type Intake struct {
+	// nc carries the service subscriptions and the replies. Replies must go
+	// out on the connection that received the request: NATS grants a user
+	// with allow_responses permission to publish to a reply subject only on
+	// that connection.
+	nc    *nats.Conn
+	store Store
+	insp  Inspector
+	waker Waker
+	obs   IntakeObserver
+	opt   IntakeOptions
+	log   hclog.Logger
+	queue chan pending
+	check validator
+	// shortLog limits the warning about writes the replicas did not
+	// confirm to one line per shortLogEvery.
+	shortLog *ratelog.Limiter
+	// late counts the error replies micro cannot see (answer).
+	late lateErrors
+	// held bounds the bytes of requests between handler and reply.
+	held *heldBytes
+	gate sendGate // handlers' sends to queue, until Run closes it
+}
+
+type pending struct {
+	item  store.Item
+	reply answer
+	start time.Time // when the request was received
+	bytes int64     // held until answered
+	// group is the batch request the envelope came in (nil for a single
+	// request), idx its place there: the batch answers, not the envelope.
+	group *batchGroup
+	idx   int
+}
+
+// traceBatch tells opt.trace that every request of batch reached stage.
+func (in *Intake) traceBatch(batch []pending, stage string) {
+	if in.opt.trace == nil {
+		return
+	}
+	at := time.Now()
+	for _, p := range batch {
+		in.opt.trace(p.item.ID, stage, at)
+	}
+}
+
+// nopIntakeObserver is the observer of an intake built without one.
+type nopIntakeObserver struct{}
+
+func (nopIntakeObserver) Received(int)            {}
+func (nopIntakeObserver) Replied(time.Duration)   {}
+func (nopIntakeObserver) Cancelled(string)        {}
+func (nopIntakeObserver) Redelivered(string, int) {}
+func (nopIntakeObserver) RedisError(string)       {}
+
+// NewIntake builds the service on its own connection nc, which it closes
+// when it stops. A nil obs counts nothing.
+func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObserver, opt IntakeOptions, log hclog.Logger) *Intake {
+	if obs == nil {
+		obs = nopIntakeObserver{}
+	}
+	if opt.storeTimeout == 0 {
+		opt.storeTimeout = 5 * time.Second
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.MaxBatch < 1 {
+		opt.MaxBatch = DefaultMaxBatch
+	}
+	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
+		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes, "request intake", "intake.pending_bytes", log, opt.Now), shortLog: ratelog.New(shortLogEvery, opt.Now),
+		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
+}
+
+// HeldBytes is how many bytes of schedule requests the intake holds now,
+// taken and not yet answered (intake.pending_bytes bounds it): 0 when it
+// is idle.
+func (in *Intake) HeldBytes() int64 { return in.held.bytes() }
+
+// adminSubject is the prefix of the operator endpoints (get, list, stats,
+// replay, purge): <prefix>.admin.
+func adminSubject(prefix string) string { return prefix + ".admin" }
+
+// Run serves until ctx is done, then stops taking requests, stores and
+// answers every request already taken, and returns.
+func (in *Intake) Run(ctx context.Context) error {
+	svc, err := micro.AddService(in.nc, micro.Config{
+		Name:        "delayd",
+		Version:     bridge.ServiceVersion(in.opt.Version),
+		Description: "Delayed delivery of NATS messages",
+		QueueGroup:  "delayd",
+		// A schedule's Redis outcome (503, 504) is answered after its
+		// handler returned, where micro's num_errors cannot count it.
+		StatsHandler: func(e *micro.Endpoint) any {
+			if e.Name == "schedule" {
+				return in.late.stats()
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("bridge: add service: %w", err)
+	}
+	g := svc.AddGroup(in.opt.Subject)
+	var pend []micro.EndpointOpt
+	if in.opt.PendingBytes > 0 {
+		// Past this, the NATS client drops requests (the publisher times
+		// out and retries) rather than buffer without bound. Never below
+		// one request of the server's max_payload: the client would drop
+		// that one every time, and its publisher retry forever.
+		limit := max(in.opt.PendingBytes, largestMessage(in.nc, in.opt.Limits))
+		pend = append(pend, micro.WithEndpointPendingLimits(-1, int(limit)))
+	}
+	if err := g.AddEndpoint("schedule", micro.HandlerFunc(in.handleSchedule), pend...); err != nil {
+		return fmt.Errorf("bridge: add schedule endpoint: %w", err)
+	}
+	if err := g.AddEndpoint("cancel", micro.HandlerFunc(in.handleCancel)); err != nil {
+		return fmt.Errorf("bridge: add cancel endpoint: %w", err)
+	}
+	// Operator endpoints live apart from the publisher's, so that NATS
+	// permissions tell the two roles apart.
+	if err := in.addInspect(svc.AddGroup(adminSubject(in.opt.Subject))); err != nil {
+		return fmt.Errorf("bridge: add inspection endpoints: %w", err)
+	}
+	subjects := []any{"schedule", in.opt.Subject + ".schedule", "cancel", in.opt.Subject + ".cancel",
+		"admin", adminSubject(in.opt.Subject) + ".>"}
+	if in.nc.IsConnected() {
+		in.log.Info("intake serving", subjects...)
+	} else {
+		// The subscriptions wait in the client until the connection is
+		// up (the NATS connection logs that): nothing is served yet.
+		in.log.Warn("intake set up, not serving until NATS is connected", subjects...)
+	}
+
+	drained := pipeline(in.queue, in.opt.Batch, in.opt.Linger, in.flush)
+
+	<-ctx.Done()
+	if err := svc.Stop(); err != nil {
+		in.log.Warn("stopping service", "error", err)
+	}
+	// Stop drains the service's subscriptions: the handlers still run for
+	// every message already received. Only when the last subscription is
+	// gone is it safe to close the queue they write to. The connection
+	// stays open for the replies of what was taken in.
+	for wait := time.Now().Add(5 * time.Second); in.nc.NumSubscriptions() > 0 && !in.nc.IsClosed() && time.Now().Before(wait); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	in.gate.close(func() { close(in.queue) })
+	drained()
+	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = in.nc.FlushWithContext(fctx)
+	cancel()
+	in.nc.Close()
+	in.log.Info("intake stopped")
+	return nil
+}
+
+func (in *Intake) flush(batch []pending) {
+	// A request that waited longer than the store timeout (Redis stalled
+	// and every pipeline was busy) is dropped unwritten with 503: its
+	// client has likely given up and may already have retried or
+	// cancelled, and a late write would overtake that.
+	fresh := batch[:0]
+	for _, p := range batch {
+		if in.opt.Now().Sub(p.start) > in.opt.storeTimeout {
+			in.count(envelope.CodeUnavailable)
+			if p.group != nil {
+				in.settleBatched(p, failureResult("", envelope.CodeUnavailable, staleMsg))
+				continue
+			}
+			in.fail(p.reply, envelope.CodeUnavailable, staleMsg)
+			in.replied(p.start)
+			in.held.release(p.bytes)
+			continue
+		}
+		fresh = append(fresh, p)
+	}
+	batch = fresh
+	if len(batch) == 0 {
+		return
+	}
+	items := make([]store.Item, len(batch))
+	for i, p := range batch {
+		items[i] = p.item
+	}
+	in.traceBatch(batch, "flush")
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
+	due, errs := in.store.Schedule(ctx, items)
+	cancel()
+	in.traceBatch(batch, "stored")
+	// Every outcome is woken and counted before its reply goes out, so a
+	// client holding its reply finds the metric and the scanner's plan
+	// already there. The success replies then go out back to back,
+	// encoded beforehand: nats.go's flusher writes whatever is buffered
+	// when it wakes, so a tight run of publishes leaves in one or two
+	// writes instead of one per reply (each write is a read, a parse and a
+	// flush in nats-server too: the latency budget's CPU split).
+	replies := make([][]byte, len(batch))
+	logged := false
+	for i, p := range batch {
+		err := errs[i]
+		if err == nil {
+			at := due[i]
+			if at < 0 {
+				// A resend of a request delivered already: answered with
+				// the due time it had, nothing stored.
+				at = -at
+				in.resent(p.item.ID)
+			} else {
+				in.waker.Wake(in.store.Shard(p.item.ID), at)
+			}
+			in.count(0)
+			if p.reply.subject != "" || p.group != nil {
+				replies[i] = appendScheduled(make([]byte, 0, 56+len(p.item.ID)), p.item.ID, at)
+			}
+			continue
+		}
+		if errors.Is(err, store.ErrNotReplicated) {
+			// On the master and due there: wake its scanner, though the
+			// client hears 504 (a failover may still lose it).
+			in.waker.Wake(in.store.Shard(p.item.ID), due[i])
+			in.notReplicated(err)
+		} else if !logged {
+			in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
+			in.redisError(store.OpSchedule)
+			logged = true
+		}
+		in.count(failedCode(err))
+		if p.group != nil {
+			code, msg, _ := storeFailure(p.item.ID, err)
+			id := ""
+			if code == codeOutcomeUnknown {
+				id = p.item.ID
+			}
+			replies[i] = failureResult(id, code, msg)
+			continue
+		}
+		in.storeFailed(p.reply, p.item.ID, err)
+	}
+	for i, p := range batch {
+		if p.group != nil {
+			in.settleBatched(p, replies[i])
+			continue
+		}
+		if replies[i] != nil {
+			if err := in.nc.Publish(p.reply.subject, replies[i]); err != nil {
+				in.log.Warn("reply failed", "error", err)
+			}
+		}
+	}
+	for i, p := range batch {
+		if p.group != nil {
+			continue
+		}
+		if in.opt.trace != nil && errs[i] == nil {
+			in.opt.trace(p.item.ID, "replied", time.Now())
+		}
+		in.replied(p.start)
+		in.held.release(p.bytes)
+	}
+}
+
+// failedCode is what a request whose write failed with err is answered:
+// 503 when nothing was written, so a retry cannot duplicate; 504 when the
+// write may have happened.
+func failedCode(err error) int {
+	if errors.Is(err, store.ErrNotWritten) {
+		return envelope.CodeUnavailable
+	}
+	return codeOutcomeUnknown
+}
+
+// storeFailed answers a request whose write failed with failedCode: 504
+// with the id, so a retry with that id replaces what may be stored.
+func (in *Intake) storeFailed(reply answer, id string, err error) {
+	code, msg, body := storeFailure(id, err)
+	in.failWith(reply, code, msg, body)
+}
+
+// storeFailure is the answer to a write of id that failed with err: its
+// code, message and body (the id, for a 504).
+func storeFailure(id string, err error) (int, string, []byte) {
+	if failedCode(err) == envelope.CodeUnavailable {
+		return envelope.CodeUnavailable, "store unavailable, nothing stored", nil
+	}
+	b, _ := json.Marshal(unknownReply{ID: id})
+	msg := "store timed out: the envelope may or may not be stored; retry with Delayd-Id " + id
+	if errors.Is(err, store.ErrNotReplicated) {
+		msg = notReplicatedMsg + id
+	}
+	return codeOutcomeUnknown, msg, b
+}
+
+// The store's answers that do not depend on the request (but for the id
+// the longest ends with): worstResult sizes a batch's reply with them.
+const (
+	staleMsg         = "store unavailable: waited too long for Redis, nothing stored"
+	notReplicatedMsg = "not confirmed by the Redis replicas redis.wait_replicas asks for: written on the master, but a failover may lose it; retry with Delayd-Id "
+)
+
+// shortLogEvery is the least time between two warnings that requests get
+// 504 because the replicas did not confirm their writes.
+const shortLogEvery = 5 * time.Second
+
+// notReplicated warns, at most every shortLogEvery, that requests get 504
+// because the replicas did not confirm their writes.
+func (in *Intake) notReplicated(err error) {
+	if ok, _ := in.shortLog.Note(1); !ok {
+		return
+	}
+	in.log.Warn("requests answered 504: the Redis replicas did not confirm their writes (redis.wait_replicas); "+
+		"they are on the master and will be delivered unless it fails over first", "error", err)
+}
+
+func (in *Intake) handleSchedule(req micro.Request) {
+	h := requestHeaders(req.Headers())
+	if _, ok := envelope.IsBatch(h); ok {
+		in.handleBatch(req, h)
+		return
+	}
+	start := in.opt.Now()
+	it, err := in.check.item(h, req.Data(), func() (string, error) { return nuid.Next(), nil })
+	if err != nil {
+		in.count(envelope.CodeOf(err))
+		in.reject(now(req), err)
+		return
+	}
+	if !in.gate.enter() {
+		in.count(envelope.CodeUnavailable)
+		in.reject(now(req), &envelope.Error{Code: envelope.CodeUnavailable, Msg: "delayd is stopping: nothing stored, retry"})
+		return
+	}
+	defer in.gate.leave()
+	n := requestBytes(req.Data(), req.Headers())
+	in.held.acquire(n)
+	if in.opt.trace != nil {
+		in.opt.trace(it.ID, "handler", start)
+		in.opt.trace(it.ID, "queued", time.Now())
+	}
+	in.queue <- pending{item: it, reply: later(req.Reply()), start: start, bytes: n}
+}
+
+func (in *Intake) handleCancel(req micro.Request) {
+	id, err := envelope.ParseID(req.Headers(), in.opt.Limits)
+	if err != nil {
+		in.cancelled("bad_request")
+		in.reject(now(req), err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
+	c, err := in.store.Cancel(ctx, id)
+	cancel()
+	if err != nil {
+		if errors.Is(err, store.ErrNotReplicated) {
+			in.notReplicated(err)
+		} else {
+			in.log.Error("cancel failed", "id", id, "error", err)
+			in.redisError(store.OpCancel)
+		}
+		// Counted before the reply, like every outcome.
+		if failedCode(err) == codeOutcomeUnknown {
+			in.cancelled("outcome_unknown")
+		} else {
+			in.cancelled("unavailable")
+		}
+		in.storeFailed(now(req), id, err)
+		return
+	}
+	if c.Existed {
+		in.cancelled("cancelled")
+	} else {
+		in.cancelled("not_found")
+	}
+	in.respond(now(req), client.Cancelled{ID: id, Cancelled: c.Existed, InFlight: c.InFlight})
+}
+
+func (in *Intake) reject(reply answer, err error) {
+	code := envelope.CodeOf(err)
+	if reply.subject == "" {
+		in.log.Warn("rejected a request without a reply subject", "code", code, "error", err)
+	}
+	in.fail(reply, code, err.Error())
+}
+
+// answer is where a reply goes: the micro request while its handler runs,
+// so micro counts an error reply in $SRV.STATS (num_errors, last_error), or
+// a reply subject for a reply sent after the handler returned (a batched
+// schedule), whose errors the intake counts itself (lateErrors).
+type answer struct {
+	req     micro.Request // nil once the handler returned
+	subject string
+}
+
+// now answers req from within its handler.
+func now(req micro.Request) answer { return answer{req: req, subject: req.Reply()} }
+
+// later answers a request after its handler returned.
+func later(subject string) answer { return answer{subject: subject} }
+
+// fail answers with the NATS micro error convention. It counts nothing in
+// delayd's metrics: each endpoint counts its own outcomes.
+func (in *Intake) fail(reply answer, code int, msg string) {
+	in.failWith(reply, code, msg, nil)
+}
+
+// failWith is fail with a body (the id of a 504).
+func (in *Intake) failWith(reply answer, code int, msg string, body []byte) {
+	if reply.req != nil {
+		// Counted by micro even without a reply subject (a plain
+		// publish), as the refusal it is.
+		if err := reply.req.Error(strconv.Itoa(code), msg, body); err != nil && reply.subject != "" {
+			in.log.Warn("error reply failed", "error", err)
+		}
+		return
+	}
+	in.late.record(code, msg)
+	if reply.subject == "" {
+		return
+	}
+	m := &nats.Msg{Subject: reply.subject, Data: body, Header: nats.Header{
+		micro.ErrorHeader:     []string{msg},
+		micro.ErrorCodeHeader: []string{strconv.Itoa(code)},
+	}}
+	if err := in.nc.PublishMsg(m); err != nil {
+		in.log.Warn("error reply failed", "error", err)
+	}
+}
+
+// lateErrors counts the error replies sent after their handler returned,
+// which micro cannot see: they are reported in the schedule endpoint's
+// stats data (late_errors, last_late_error).
+type lateErrors struct {
+	mu   sync.Mutex
+	n    int
+	last string
+}
+
+func (l *lateErrors) record(code int, msg string) {
+	l.mu.Lock()
+	l.n++
+	l.last = strconv.Itoa(code) + ": " + msg
+	l.mu.Unlock()
+}
+
+func (l *lateErrors) stats() map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return map[string]any{"late_errors": l.n, "last_late_error": l.last}
+}
+
+func (in *Intake) redisError(op string) {
+	in.obs.RedisError(op)
+}
+
+func (in *Intake) replied(start time.Time) {
+	in.obs.Replied(in.opt.Now().Sub(start))
+}
+
+func (in *Intake) cancelled(result string) {
+	in.obs.Cancelled(result)
+}
+
+func (in *Intake) count(code int) {
+	in.obs.Received(code)
+}
+
+// resent logs a resend of a delivered request, answered without storing.
+func (in *Intake) resent(id string) {
+	in.log.Debug("a resend of a request delivered already: answered with its due time, not stored again", "id", id)
+}
