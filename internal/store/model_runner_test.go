@@ -160,9 +160,13 @@ func (r *mRunner) schedule(items []mItem) error {
 	if r.buckets {
 		by = r.whole
 	}
-	due, errs := by.Schedule(r.ctx, storeItems(items))
+	res, errs := by.Schedule(r.ctx, storeItems(items))
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	due := make([]int64, len(res))
+	for i, x := range res {
+		due[i] = wire(x)
 	}
 	for i, it := range items {
 		// AtMicros 1000 is due at 1 ms; an hour from now is after

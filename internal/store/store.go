@@ -155,7 +155,7 @@ type Item struct {
 	Data   []byte
 	// StreamMsg names the intake stream message the item came from
 	// (sequence and publish time), "" for a request: a shard that stored
-	// it already does not store it again (Schedule returns due 0).
+	// it already does not store it again (Schedule answers StoredBefore).
 	StreamMsg string
 	// Request is the request's fingerprint (envelope.Request.Fingerprint)
 	// for a one-shot with a publisher's id, "" otherwise: an id whose
@@ -165,15 +165,38 @@ type Item struct {
 	Request string
 }
 
-// Schedule upserts items and returns each one's due time in ms since the
-// epoch (0 for a stream message stored already, which is left as it is;
-// the due time it had, negated, for a resend of a delivered request),
+// ScheduleKind is what Schedule did with one item.
+type ScheduleKind uint8
+
+const (
+	// NotWritten: the item's script did not run (its error says why).
+	NotWritten ScheduleKind = iota
+	// Stored: written now, due at DueMs. With ErrNotReplicated it is on
+	// the master and falls due there, unconfirmed by the replicas.
+	Stored
+	// StoredBefore: a stream message (Item.StreamMsg) a shard stored
+	// already; left as it is, DueMs 0.
+	StoredBefore
+	// Resend: a resend of a delivered request (Item.Request); nothing
+	// stored, DueMs is the due time the delivered one had.
+	Resend
+)
+
+// Scheduled is Schedule's answer for one item, decided here once from
+// the script's reply (whose sign carries the kind) so that no caller
+// decodes it.
+type Scheduled struct {
+	Kind  ScheduleKind
+	DueMs int64 // ms since the epoch; see the kinds
+}
+
+// Schedule upserts items and returns what it did with each (Scheduled),
 // and per item the error that kept it from being stored (nil when
 // stored). An error wraps ErrNotWritten when the item is certainly not
 // stored, else ErrOutcomeUnknown. On a single Redis the whole batch is one
 // script call; under Cluster it is one call per shard (a script must stay
 // in one slot), all in one pipeline, and a failed node fails only its shards.
-func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
+func (s *Store) Schedule(ctx context.Context, items []Item) ([]Scheduled, []error) {
 	var calls []scheduleArgs
 	var idx [][]int          // per call, the items it carries
 	byShard := map[int]int{} // shard → call
@@ -228,27 +251,39 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]int64, []error) {
 		}
 	}
 	res, _ := exec(ctx, s, OpSchedule, calls)
-	due := make([]int64, len(items))
+	out := make([]Scheduled, len(items))
 	errs := make([]error, len(items))
 	for ci, r := range res {
 		for j, i := range idx[ci] {
-			due[i] = -1
 			if r.ran {
 				// Written but not confirmed: the due time is still
 				// returned, the envelope is on the master and falls due
 				// there.
-				due[i] = r.reply.due[j]
+				out[i] = scheduledOf(r.reply.due[j])
 			}
-			if err := r.errFor(due[i] > 0); err != nil {
+			if err := r.errFor(out[i].Kind == Stored); err != nil {
 				errs[i] = fmt.Errorf("store: schedule: %w", err)
 			}
-			if due[i] > 0 && len(items[i].Data) > largeValue {
+			if out[i].Kind == Stored && len(items[i].Data) > largeValue {
 				// Due already (a time in the past) counts from now.
-				s.markLarge(s.Shard(items[i].ID), max(due[i], time.Now().UnixMilli()))
+				s.markLarge(s.Shard(items[i].ID), max(out[i].DueMs, time.Now().UnixMilli()))
 			}
 		}
 	}
-	return due, errs
+	return out, errs
+}
+
+// scheduledOf reads the schedule script's answer for one item
+// (lua/schedule.lua): > 0 stored at that due time, 0 a stream message
+// stored before, < 0 a resend, the due time it had negated.
+func scheduledOf(due int64) Scheduled {
+	switch {
+	case due > 0:
+		return Scheduled{Kind: Stored, DueMs: due}
+	case due == 0:
+		return Scheduled{Kind: StoredBefore}
+	}
+	return Scheduled{Kind: Resend, DueMs: -due}
 }
 
 // largeValue is the stored size over which a value is read alone, after

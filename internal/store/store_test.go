@@ -43,16 +43,52 @@ func count(t *testing.T, s *Store, shard int) Counts {
 	return st[0].Counts
 }
 
-// schedule stores items and fails the test on any error.
+// schedule stores items and fails the test on any error. It returns each
+// answer in the schedule script's own form (wire), which the tests of the
+// script's semantics compare.
 func schedule(t testing.TB, s *Store, items ...Item) []int64 {
 	t.Helper()
-	due, errs := s.Schedule(context.Background(), items)
+	res, errs := s.Schedule(context.Background(), items)
 	for _, err := range errs {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
+	due := make([]int64, len(res))
+	for i, r := range res {
+		due[i] = wire(r)
+	}
 	return due
+}
+
+// wire is r as lua/schedule.lua answers it: > 0 stored at that due time,
+// 0 stored before, < 0 a resend (its due time negated); -1 not written.
+// Schedule reads it once (scheduledOf); TestScheduledOfWire holds the two
+// together.
+func wire(r Scheduled) int64 {
+	switch r.Kind {
+	case Stored:
+		return r.DueMs
+	case StoredBefore:
+		return 0
+	case Resend:
+		return -r.DueMs
+	}
+	return -1
+}
+
+func TestScheduledOfWire(t *testing.T) {
+	for _, due := range []int64{1, 1_700_000_000_000, 0, -1, -1_700_000_000_000} {
+		if got := wire(scheduledOf(due)); got != due {
+			t.Errorf("scheduledOf(%d) = %+v, back to %d", due, scheduledOf(due), got)
+		}
+	}
+	if r := scheduledOf(0); r.Kind != StoredBefore {
+		t.Errorf("0: %+v, want StoredBefore", r)
+	}
+	if r := scheduledOf(-5); r.Kind != Resend || r.DueMs != 5 {
+		t.Errorf("-5: %+v, want Resend at 5", r)
+	}
 }
 
 // settle acks or releases one claimed envelope; it returns how many settled.

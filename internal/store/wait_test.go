@@ -103,8 +103,8 @@ func TestWaitReplicas(t *testing.T) {
 	if !errors.Is(errs[0], ErrNotReplicated) || !errors.Is(errs[0], ErrOutcomeUnknown) {
 		t.Fatalf("schedule with the replica stopped: %v, want ErrNotReplicated (an unknown outcome)", errs[0])
 	}
-	if due[0] <= 0 {
-		t.Errorf("an unconfirmed schedule's due time %d, want it returned", due[0])
+	if due[0].Kind != Stored || due[0].DueMs <= 0 {
+		t.Errorf("an unconfirmed schedule: %+v, want it stored with its due time", due[0])
 	}
 	if mc.HExists(ctx, s.keys[s.Shard("b")].data, "b").Val() != true {
 		t.Error("the unconfirmed envelope is not on the master")
@@ -209,8 +209,8 @@ func TestWaitFencesCallsThatWriteNothing(t *testing.T) {
 		WithWait(WaitOptions{Replicas: 1, Timeout: 200 * time.Millisecond}))
 	defer s2.Close()
 	due, errs := s2.Schedule(ctx, []Item{msg})
-	if due[0] != 0 {
-		t.Fatalf("redelivery stored again (due %d)", due[0])
+	if due[0].Kind != StoredBefore {
+		t.Fatalf("redelivery stored again (%+v)", due[0])
 	}
 	if !errors.Is(errs[0], ErrNotReplicated) {
 		t.Errorf("redelivery of a message stored but not replicated: %v, want ErrNotReplicated", errs[0])
@@ -223,8 +223,8 @@ func TestWaitFencesCallsThatWriteNothing(t *testing.T) {
 	}
 	r.Resume()
 	testutil.WaitReplicas(t, m, 1, 5*time.Second)
-	if due, errs := s2.Schedule(ctx, []Item{msg}); due[0] != 0 || errs[0] != nil {
-		t.Errorf("redelivery once replicated: due %d, %v; want 0, nil", due[0], errs[0])
+	if due, errs := s2.Schedule(ctx, []Item{msg}); due[0].Kind != StoredBefore || errs[0] != nil {
+		t.Errorf("redelivery once replicated: %+v, %v; want stored before, nil", due[0], errs[0])
 	}
 }
 
@@ -340,11 +340,11 @@ func TestWaitFailedFenceLeavesOnlyWhatWroteNothingUnconfirmed(t *testing.T) {
 		t.Fatalf("first delivery of the stream message (written, its fence refused): %v", errs[0])
 	}
 	due, errs := s.Schedule(ctx, []Item{msg, {ID: "n1", DelayMicros: 3600e6, Data: enc("x")}})
-	if due[0] != 0 || !errors.Is(errs[0], ErrNotReplicated) || !strings.Contains(errs[0].Error(), "fence") {
-		t.Errorf("redelivery with its fence refused: due %d, %v; want 0 and the fence's ErrNotReplicated", due[0], errs[0])
+	if due[0].Kind != StoredBefore || !errors.Is(errs[0], ErrNotReplicated) || !strings.Contains(errs[0].Error(), "fence") {
+		t.Errorf("redelivery with its fence refused: %+v, %v; want 0 and the fence's ErrNotReplicated", due[0], errs[0])
 	}
-	if due[1] <= 0 || errs[1] != nil {
-		t.Errorf("a new envelope in the same call: due %d, %v; want stored and confirmed", due[1], errs[1])
+	if due[1].Kind != Stored || errs[1] != nil {
+		t.Errorf("a new envelope in the same call: %+v, %v; want stored and confirmed", due[1], errs[1])
 	}
 	if _, err := s.Cancel(ctx, "nosuch"); !errors.Is(err, ErrNotReplicated) {
 		t.Errorf("cancel of an id not stored, its fence refused: %v, want ErrNotReplicated", err)

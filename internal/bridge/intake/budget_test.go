@@ -24,10 +24,10 @@ import (
 // intake's own cost without the Redis round trip.
 type instantStore struct{}
 
-func (instantStore) Schedule(_ context.Context, items []store.Item) ([]int64, []error) {
-	due, errs := make([]int64, len(items)), make([]error, len(items))
+func (instantStore) Schedule(_ context.Context, items []store.Item) ([]store.Scheduled, []error) {
+	due, errs := make([]store.Scheduled, len(items)), make([]error, len(items))
 	for i := range due {
-		due[i] = time.Now().Add(time.Hour).UnixMilli()
+		due[i] = store.Scheduled{Kind: store.Stored, DueMs: time.Now().Add(time.Hour).UnixMilli()}
 	}
 	return due, errs
 }

@@ -23,7 +23,7 @@ import (
 
 // Store is what the intake needs from the delay set.
 type Store interface {
-	Schedule(ctx context.Context, items []store.Item) ([]int64, []error)
+	Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error)
 	Cancel(ctx context.Context, id string) (store.Cancelled, error)
 	Shard(id string) int
 }
@@ -287,7 +287,7 @@ func (in *Intake) flush(batch []pending) {
 	}
 	in.traceBatch(batch, "flush")
 	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
-	due, errs := in.store.Schedule(ctx, items)
+	res, errs := in.store.Schedule(ctx, items)
 	cancel()
 	in.traceBatch(batch, "stored")
 	// Every outcome is woken and counted before its reply goes out, so a
@@ -302,11 +302,10 @@ func (in *Intake) flush(batch []pending) {
 	for i, p := range batch {
 		err := errs[i]
 		if err == nil {
-			at := due[i]
-			if at < 0 {
+			at := res[i].DueMs
+			if res[i].Kind == store.Resend {
 				// A resend of a request delivered already: answered with
 				// the due time it had, nothing stored.
-				at = -at
 				in.resent(p.item.ID)
 			} else {
 				in.waker.Wake(in.store.Shard(p.item.ID), at)
@@ -320,7 +319,9 @@ func (in *Intake) flush(batch []pending) {
 		if errors.Is(err, store.ErrNotReplicated) {
 			// On the master and due there: wake its scanner, though the
 			// client hears 504 (a failover may still lose it).
-			in.waker.Wake(in.store.Shard(p.item.ID), due[i])
+			if res[i].Kind == store.Stored {
+				in.waker.Wake(in.store.Shard(p.item.ID), res[i].DueMs)
+			}
 			in.notReplicated(err)
 		} else if !logged {
 			in.log.Error("storing envelopes failed", "count", len(batch), "error", err)

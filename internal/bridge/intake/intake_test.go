@@ -45,8 +45,8 @@ func (f *intakeStore) Shard(id string) int {
 	return len(id) % 4
 }
 
-func (f *intakeStore) Schedule(_ context.Context, items []store.Item) ([]int64, []error) {
-	due, errs := make([]int64, len(items)), make([]error, len(items))
+func (f *intakeStore) Schedule(_ context.Context, items []store.Item) ([]store.Scheduled, []error) {
+	due, errs := make([]store.Scheduled, len(items)), make([]error, len(items))
 	for i, it := range items {
 		f.mu.Lock()
 		f.seen = append(f.seen, it.ID)
@@ -58,12 +58,12 @@ func (f *intakeStore) Schedule(_ context.Context, items []store.Item) ([]int64, 
 		if err != nil {
 			panic(err)
 		}
-		due[i] = 1_800_000_000_123
+		due[i] = store.Scheduled{Kind: store.Stored, DueMs: 1_800_000_000_123}
 		switch e.Target {
 		case "t.notwritten":
-			due[i], errs[i] = 0, errNotWritten
+			due[i], errs[i] = store.Scheduled{}, errNotWritten
 		case "t.unknown":
-			due[i], errs[i] = 0, errUnknown
+			due[i], errs[i] = store.Scheduled{}, errUnknown
 		case "t.notreplicated":
 			errs[i] = errShortWait
 		}

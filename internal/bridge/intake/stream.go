@@ -19,7 +19,7 @@ import (
 
 // StreamStore is what the stream intake needs from the delay set.
 type StreamStore interface {
-	Schedule(ctx context.Context, items []store.Item) ([]int64, []error)
+	Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error)
 	Shard(id string) int
 	// IntakeFloor and SaveIntakeFloor keep the stream's floor
 	// (stream_floor.go).

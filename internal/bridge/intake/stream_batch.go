@@ -109,21 +109,21 @@ func (s *StreamIntake) rejectEntry(m jetstream.Msg, i int, e envelope.BatchEntry
 // settleGrouped records a batched envelope's outcome (and counts it like
 // flush counts a single message's); the last of its message acks it, or
 // offers it again if any envelope was not stored.
-func (s *StreamIntake) settleGrouped(b streamItem, due int64, err error, stored, failed, again int) (int, int, int) {
+func (s *StreamIntake) settleGrouped(b streamItem, r store.Scheduled, err error, stored, failed, again int) (int, int, int) {
 	g := b.group
 	switch {
 	case err != nil:
-		if errors.Is(err, store.ErrNotReplicated) && due > 0 {
+		if errors.Is(err, store.ErrNotReplicated) && r.Kind == store.Stored {
 			// Written but not confirmed by the replicas: due on the master.
-			s.waker.Wake(s.store.Shard(b.item.ID), due)
+			s.waker.Wake(s.store.Shard(b.item.ID), r.DueMs)
 		}
 		g.failed.Store(true)
 		failed++
-	case due <= 0:
+	case r.Kind != store.Stored:
 		again++
 		stored++
 	default:
-		s.waker.Wake(s.store.Shard(b.item.ID), due)
+		s.waker.Wake(s.store.Shard(b.item.ID), r.DueMs)
 		stored++
 	}
 	if g.left.Add(-1) != 0 {

@@ -21,7 +21,7 @@ type blockedStore struct {
 	release chan struct{}
 }
 
-func (b blockedStore) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+func (b blockedStore) Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error) {
 	<-b.release
 	return b.StreamStore.Schedule(context.Background(), items)
 }
@@ -140,7 +140,7 @@ type calledStore struct {
 	called chan struct{}
 }
 
-func (c calledStore) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+func (c calledStore) Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error) {
 	select {
 	case c.called <- struct{}{}:
 	default:

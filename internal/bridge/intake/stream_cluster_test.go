@@ -39,8 +39,8 @@ func (h *holding) release(id string) {
 	h.mu.Unlock()
 }
 
-func (h *holding) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
-	due, errs := make([]int64, len(items)), make([]error, len(items))
+func (h *holding) Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error) {
+	due, errs := make([]store.Scheduled, len(items)), make([]error, len(items))
 	var pass []store.Item
 	var at []int
 	h.mu.Lock()

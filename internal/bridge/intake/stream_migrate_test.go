@@ -33,11 +33,11 @@ func countWrites(st StreamStore) *storeCounts {
 	return &storeCounts{StreamStore: st, written: map[string]int{}}
 }
 
-func (c *storeCounts) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+func (c *storeCounts) Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error) {
 	due, errs := c.StreamStore.Schedule(ctx, items)
 	c.mu.Lock()
 	for i, it := range items {
-		if errs[i] == nil && due[i] > 0 {
+		if errs[i] == nil && due[i].Kind == store.Stored {
 			c.written[it.ID]++
 		}
 	}
@@ -272,9 +272,9 @@ type refusing struct {
 	down atomic.Bool
 }
 
-func (r *refusing) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+func (r *refusing) Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error) {
 	if r.down.Load() {
-		due, errs := make([]int64, len(items)), make([]error, len(items))
+		due, errs := make([]store.Scheduled, len(items)), make([]error, len(items))
 		for i := range errs {
 			errs[i] = fmt.Errorf("redis down: %w", store.ErrNotWritten)
 		}

@@ -196,7 +196,7 @@ func (s *StreamIntake) flush(batch []streamItem) {
 		items[i] = b.item
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opt.storeTimeout)
-	due, errs := s.store.Schedule(ctx, items)
+	res, errs := s.store.Schedule(ctx, items)
 	cancel()
 	stored, failed, again := 0, 0, 0
 	var firstErr error
@@ -204,17 +204,17 @@ func (s *StreamIntake) flush(batch []streamItem) {
 		s.held.release(b.bytes)
 		if b.group != nil {
 			// A batch message is settled once, by its last envelope.
-			stored, failed, again = s.settleGrouped(b, due[i], errs[i], stored, failed, again)
+			stored, failed, again = s.settleGrouped(b, res[i], errs[i], stored, failed, again)
 			if errs[i] != nil && firstErr == nil {
 				firstErr = errs[i]
 			}
 			continue
 		}
 		if errs[i] != nil {
-			if errors.Is(errs[i], store.ErrNotReplicated) && due[i] > 0 {
+			if errors.Is(errs[i], store.ErrNotReplicated) && res[i].Kind == store.Stored {
 				// On the master and due there; the message comes again and
 				// is acked once a replica confirms it.
-				s.waker.Wake(s.store.Shard(b.item.ID), due[i])
+				s.waker.Wake(s.store.Shard(b.item.ID), res[i].DueMs)
 			}
 			failed++
 			if firstErr == nil {
@@ -225,12 +225,12 @@ func (s *StreamIntake) flush(batch []streamItem) {
 			}
 			continue
 		}
-		if due[i] <= 0 {
+		if res[i].Kind != store.Stored {
 			// Stored by an earlier delivery whose ack was lost, or a resend
-			// of a request delivered already (its due time, negated).
+			// of a request delivered already.
 			again++
 		} else {
-			s.waker.Wake(s.store.Shard(b.item.ID), due[i])
+			s.waker.Wake(s.store.Shard(b.item.ID), res[i].DueMs)
 		}
 		if err := b.msg.Ack(); err != nil {
 			// Stored; the stream offers it again after ack_wait and the

@@ -281,7 +281,7 @@ type unknownOnce struct {
 	failed atomic.Bool
 }
 
-func (u *unknownOnce) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+func (u *unknownOnce) Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error) {
 	due, errs := u.Store.Schedule(ctx, items)
 	if u.failed.CompareAndSwap(false, true) {
 		for i := range errs {
@@ -316,7 +316,7 @@ type deliveredThenLost struct {
 	failed atomic.Bool
 }
 
-func (s *deliveredThenLost) Schedule(ctx context.Context, items []store.Item) ([]int64, []error) {
+func (s *deliveredThenLost) Schedule(ctx context.Context, items []store.Item) ([]store.Scheduled, []error) {
 	due, errs := s.Store.Schedule(ctx, items)
 	for _, it := range items {
 		if _, err := s.Cancel(ctx, it.ID); err != nil {
