@@ -56,6 +56,6 @@ func migrateIntake(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	defer nc.Close()
 	s := c.Intake.Stream
-	return intake.MigrateIntake(ctx, nc, intake.StreamOptions{Subject: c.Subject, Name: s.Name, Replicas: s.Replicas,
-		WorkQueue: s.Retention == "workqueue", MaxAge: s.MaxAge, MaxBytes: s.MaxBytes}, newLogger(c, o.stderr).Named("migrate"))
+	return intake.MigrateIntake(ctx, nc, intake.StreamOptions{Options: intake.Options{Subject: c.Subject},
+		Name: s.Name, Replicas: s.Replicas, WorkQueue: s.Retention == "workqueue", MaxAge: s.MaxAge, MaxBytes: s.MaxBytes}, newLogger(c, o.stderr).Named("migrate"))
 }

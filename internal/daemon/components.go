@@ -85,13 +85,19 @@ func (p *parts) intakes() ([]component, error) {
 		comps = append(comps, component{"stream-intake", si.Run})
 	}
 	c := p.c
-	in := intake.NewIntake(p.in, p.st, p.insp, p.sc, p.metrics, intake.IntakeOptions{
-		Subject: c.Subject, Version: p.opt.version, Batch: c.Intake.Batch, Linger: c.Intake.Linger, MaxBatch: c.Intake.MaxBatch,
-		Limits: c.EnvelopeLimits(), Policy: c.Policy(), RedactHeaders: c.UI.RedactHeaders, Now: p.opt.now,
-		JetStream: c.Targets.JetStream, PendingBytes: intakeBytes(c), Resends: c.Intake.DedupeWindow > 0,
-	}, p.log.Named("intake"))
+	in := intake.NewIntake(p.in, p.st, p.insp, p.sc, p.metrics, intake.IntakeOptions{Options: p.intakeOptions(),
+		Version: p.opt.version, Linger: c.Intake.Linger, RedactHeaders: c.UI.RedactHeaders, PendingBytes: intakeBytes(c)}, p.log.Named("intake"))
 	p.metrics.WatchHeld("request_intake", in.HeldBytes)
 	return append(comps, component{"intake", in.Run}), nil
+}
+
+// intakeOptions are what both intakes take alike, from one reading of
+// the config.
+func (p *parts) intakeOptions() intake.Options {
+	c := p.c
+	return intake.Options{Subject: c.Subject, Batch: c.Intake.Batch, MaxBatch: c.Intake.MaxBatch,
+		Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now,
+		Resends: c.Intake.DedupeWindow > 0}
 }
 
 // newStreamIntake builds the durable stream intake on a connection of its
@@ -108,11 +114,8 @@ func (p *parts) newStreamIntake() (*intake.StreamIntake, error) {
 	}
 	p.onClose(nc.Close) // the stream intake closes it when it stops; this, when it never ran
 	s := c.Intake.Stream
-	si := intake.NewStreamIntake(nc, p.st, p.sc, p.metrics, intake.StreamOptions{
-		Subject: c.Subject, Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas,
-		WorkQueue: s.Retention == "workqueue", MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay,
-		Batch: c.Intake.Batch, MaxBatch: c.Intake.MaxBatch, Limits: c.EnvelopeLimits(), Policy: c.Policy(), JetStream: c.Targets.JetStream, Now: p.opt.now, Resends: c.Intake.DedupeWindow > 0,
-	}, p.log.Named("stream"))
+	si := intake.NewStreamIntake(nc, p.st, p.sc, p.metrics, intake.StreamOptions{Options: p.intakeOptions(),
+		Name: s.Name, Required: s.Enabled == "true", Replicas: s.Replicas, WorkQueue: s.Retention == "workqueue", MaxAge: s.MaxAge, MaxBytes: s.MaxBytes, Pull: s.Pull, PullBytes: streamBytes(c), AckWait: s.AckWait, RetryDelay: s.RetryDelay}, p.log.Named("stream"))
 	p.metrics.WatchHeld("stream_intake", si.HeldBytes)
 	return si, nil
 }

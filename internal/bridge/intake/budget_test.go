@@ -195,9 +195,8 @@ func BenchmarkScheduleCall(b *testing.B) {
 			traces[v.prefix] = tr
 			trace = tr.record
 		}
-		in := NewIntake(nc, v.st, noInspect{}, noWake{}, nil, IntakeOptions{Subject: v.prefix, Version: "0.0.0", Batch: 256, storeTimeout: 5 * time.Second,
-			Limits: envelope.Limits{MaxPayload: 1 << 20, MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: 24 * time.Hour},
-			trace:  trace}, hclog.NewNullLogger())
+		in := NewIntake(nc, v.st, noInspect{}, noWake{}, nil, IntakeOptions{Options: Options{Subject: v.prefix, Batch: 256, storeTimeout: 5 * time.Second, Limits: envelope.Limits{MaxPayload: 1 << 20, MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: 24 * time.Hour}},
+			Version: "0.0.0", trace: trace}, hclog.NewNullLogger())
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- in.Run(ctx) }()

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -49,23 +47,20 @@ type IntakeObserver interface {
 	RedisError(op string)
 }
 
-// IntakeOptions configure the service.
-type IntakeOptions struct {
-	// Subject is the prefix of the endpoints: publishers use
-	// <Subject>.schedule and <Subject>.cancel, operators <Subject>.admin.*.
+// Options are what both intakes take alike; the daemon fills them once.
+type Options struct {
+	// Subject is delayd's prefix: publishers use <Subject>.schedule,
+	// <Subject>.cancel and <Subject>.intake(.>), operators
+	// <Subject>.admin.*; stream rejects go to <Subject>.rejected.
 	Subject string
-	Version string
-	Batch   int
-	Linger  time.Duration
-	// MaxBatch bounds the envelopes of one batch request (intake.max_batch;
-	// 0: DefaultMaxBatch). A larger batch is refused whole.
+	// Batch bounds one Redis pipeline.
+	Batch int
+	// MaxBatch bounds the envelopes of one batch request or message
+	// (intake.max_batch; 0: DefaultMaxBatch). A larger batch is refused
+	// whole.
 	MaxBatch int
 	Limits   envelope.Limits
 	Policy   envelope.Policy
-	// RedactHeaders are headers whose values the get endpoint never returns.
-	RedactHeaders []string
-	// storeTimeout bounds one Redis pipeline; past it callers get 504.
-	storeTimeout time.Duration
 	// JetStream are the target patterns delivered with JetStream (their
 	// deliveries carry a Nats-Msg-Id, which counts against max_payload).
 	JetStream []string
@@ -77,6 +72,36 @@ type IntakeOptions struct {
 	// Delayd-At and to time a request from receipt to reply; due times are
 	// Redis time. Injected so tests can skew it.
 	Now func() time.Time
+	// storeTimeout bounds one Redis pipeline; past it callers get 504.
+	storeTimeout time.Duration
+}
+
+// filled is o with its defaults set.
+func (o Options) filled() Options {
+	if o.storeTimeout == 0 {
+		o.storeTimeout = 5 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.MaxBatch < 1 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	return o
+}
+
+// validator is the check both intakes make of an envelope, on nc.
+func (o Options) validator(nc *nats.Conn) validator {
+	return validator{nc: nc, limits: o.Limits, policy: o.Policy, jetStream: o.JetStream, now: o.Now, resends: o.Resends}
+}
+
+// IntakeOptions configure the service.
+type IntakeOptions struct {
+	Options
+	Version string
+	Linger  time.Duration
+	// RedactHeaders are headers whose values the get endpoint never returns.
+	RedactHeaders []string
 	// PendingBytes bounds the bytes of schedule requests taken but not yet
 	// answered, and of those waiting in the NATS client for the handler
 	// (0: no bound).
@@ -160,18 +185,10 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 	if obs == nil {
 		obs = nopIntakeObserver{}
 	}
-	if opt.storeTimeout == 0 {
-		opt.storeTimeout = 5 * time.Second
-	}
-	if opt.Now == nil {
-		opt.Now = time.Now
-	}
-	if opt.MaxBatch < 1 {
-		opt.MaxBatch = DefaultMaxBatch
-	}
+	opt.Options = opt.Options.filled()
 	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes, "request intake", "intake.pending_bytes", log, opt.Now), shortLog: ratelog.New(shortLogEvery, opt.Now),
-		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
+		check: opt.validator(nc)}
 }
 
 // HeldBytes is how many bytes of schedule requests the intake holds now,
@@ -475,80 +492,6 @@ func (in *Intake) handleCancel(req micro.Request) {
 		in.cancelled("not_found")
 	}
 	in.respond(now(req), client.Cancelled{ID: id, Cancelled: c.Existed, InFlight: c.InFlight})
-}
-
-func (in *Intake) reject(reply answer, err error) {
-	code := envelope.CodeOf(err)
-	if reply.subject == "" {
-		in.log.Warn("rejected a request without a reply subject", "code", code, "error", err)
-	}
-	in.fail(reply, code, err.Error())
-}
-
-// answer is where a reply goes: the micro request while its handler runs,
-// so micro counts an error reply in $SRV.STATS (num_errors, last_error), or
-// a reply subject for a reply sent after the handler returned (a batched
-// schedule), whose errors the intake counts itself (lateErrors).
-type answer struct {
-	req     micro.Request // nil once the handler returned
-	subject string
-}
-
-// now answers req from within its handler.
-func now(req micro.Request) answer { return answer{req: req, subject: req.Reply()} }
-
-// later answers a request after its handler returned.
-func later(subject string) answer { return answer{subject: subject} }
-
-// fail answers with the NATS micro error convention. It counts nothing in
-// delayd's metrics: each endpoint counts its own outcomes.
-func (in *Intake) fail(reply answer, code int, msg string) {
-	in.failWith(reply, code, msg, nil)
-}
-
-// failWith is fail with a body (the id of a 504).
-func (in *Intake) failWith(reply answer, code int, msg string, body []byte) {
-	if reply.req != nil {
-		// Counted by micro even without a reply subject (a plain
-		// publish), as the refusal it is.
-		if err := reply.req.Error(strconv.Itoa(code), msg, body); err != nil && reply.subject != "" {
-			in.log.Warn("error reply failed", "error", err)
-		}
-		return
-	}
-	in.late.record(code, msg)
-	if reply.subject == "" {
-		return
-	}
-	m := &nats.Msg{Subject: reply.subject, Data: body, Header: nats.Header{
-		micro.ErrorHeader:     []string{msg},
-		micro.ErrorCodeHeader: []string{strconv.Itoa(code)},
-	}}
-	if err := in.nc.PublishMsg(m); err != nil {
-		in.log.Warn("error reply failed", "error", err)
-	}
-}
-
-// lateErrors counts the error replies sent after their handler returned,
-// which micro cannot see: they are reported in the schedule endpoint's
-// stats data (late_errors, last_late_error).
-type lateErrors struct {
-	mu   sync.Mutex
-	n    int
-	last string
-}
-
-func (l *lateErrors) record(code int, msg string) {
-	l.mu.Lock()
-	l.n++
-	l.last = strconv.Itoa(code) + ": " + msg
-	l.mu.Unlock()
-}
-
-func (l *lateErrors) stats() map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return map[string]any{"late_errors": l.n, "last_late_error": l.last}
 }
 
 func (in *Intake) redisError(op string) {

@@ -188,8 +188,8 @@ func startIntakeWith(t *testing.T, st *intakeStore, insp Inspector, mod ...func(
 // startIntakeOn is startIntakeWith on the NATS server n.
 func startIntakeOn(t *testing.T, n *testutil.NATS, st *intakeStore, insp Inspector, mod ...func(*IntakeOptions)) *intakeEnv {
 	t.Helper()
-	opt := IntakeOptions{Subject: "delayd", Version: "0.0.0-test", Batch: 16, storeTimeout: 5 * time.Second, Policy: envelope.Policy{Prefix: "delayd"},
-		Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}}
+	opt := IntakeOptions{Options: Options{Subject: "delayd", Batch: 16, storeTimeout: 5 * time.Second, Policy: envelope.Policy{Prefix: "delayd"}, Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}},
+		Version: "0.0.0-test"}
 	for _, m := range mod {
 		m(&opt)
 	}

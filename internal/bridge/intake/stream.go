@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -38,9 +37,7 @@ type StreamObserver interface {
 
 // StreamOptions configure the durable stream intake.
 type StreamOptions struct {
-	// Subject is delayd's prefix: the stream captures <Subject>.intake and
-	// <Subject>.intake.>, rejects go to <Subject>.rejected.
-	Subject string
+	Options
 	// Name is the stream's and the shared durable consumer's name.
 	Name string
 	// Required makes a server without JetStream an error; otherwise the
@@ -63,18 +60,6 @@ type StreamOptions struct {
 	AckWait   time.Duration
 	// RetryDelay is the Nak delay of a message Redis did not store.
 	RetryDelay time.Duration
-	// Batch bounds one Redis pipeline.
-	Batch int
-	// MaxBatch bounds the envelopes of one batch message (0:
-	// DefaultMaxBatch); a larger one is rejected whole.
-	MaxBatch     int
-	storeTimeout time.Duration
-	Limits       envelope.Limits
-	Policy       envelope.Policy
-	JetStream    []string
-	Now          func() time.Time
-	// Resends: as IntakeOptions.Resends.
-	Resends bool
 	// afterStep, in tests, is called after each step of a migration
 	// (MigrateIntake).
 	afterStep func(step string)
@@ -155,24 +140,16 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 	if obs == nil {
 		obs = nopStreamObserver{}
 	}
-	if opt.storeTimeout == 0 {
-		opt.storeTimeout = 5 * time.Second
-	}
-	if opt.Now == nil {
-		opt.Now = time.Now
-	}
+	opt.Options = opt.Options.filled()
 	if opt.Batch < 1 {
 		opt.Batch = 256
 	}
 	if opt.Pull < 1 {
 		opt.Pull = 1024
 	}
-	if opt.MaxBatch < 1 {
-		opt.MaxBatch = DefaultMaxBatch
-	}
 	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
 		queue: make(chan streamItem, 2*opt.Pull), held: newHeldBytes(opt.PullBytes, "stream intake", "intake.stream.pull_bytes", log, opt.Now),
-		check: validator{nc: nc, limits: opt.Limits, policy: opt.Policy, jetStream: opt.JetStream, now: opt.Now, resends: opt.Resends}}
+		check: opt.validator(nc)}
 }
 
 // HeldBytes is how many bytes of stream messages the intake holds now,

@@ -138,7 +138,8 @@ func (p *publisher) end() {
 }
 
 func migrateOptions() StreamOptions {
-	return StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1}
+	return StreamOptions{Options: Options{Subject: "delayd"},
+		Name: "DELAYD_INTAKE", Replicas: 1}
 }
 
 // migrate runs MigrateIntake on a connection of its own.

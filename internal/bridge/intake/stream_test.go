@@ -79,9 +79,8 @@ func (e *streamEnv) conn() *nats.Conn {
 // start runs a stream intake over st until the returned stop is called.
 func (e *streamEnv) start(st StreamStore, mod ...func(*StreamOptions)) (stop func()) {
 	e.t.Helper()
-	opt := StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1, Pull: 64, AckWait: 30 * time.Second,
-		RetryDelay: 50 * time.Millisecond, Batch: 32, storeTimeout: 2 * time.Second,
-		Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}}
+	opt := StreamOptions{Options: Options{Subject: "delayd", Batch: 32, storeTimeout: 2 * time.Second, Limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}},
+		Name: "DELAYD_INTAKE", Replicas: 1, Pull: 64, AckWait: 30 * time.Second, RetryDelay: 50 * time.Millisecond}
 	for _, m := range mod {
 		m(&opt)
 	}
@@ -385,8 +384,8 @@ func TestStreamIntakeNameClash(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc, _ := nats.Connect(e.nats.URL())
-	si := NewStreamIntake(nc, e.st, noWake{}, e.obs, StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1,
-		AckWait: time.Second, RetryDelay: time.Second}, hclog.NewNullLogger())
+	si := NewStreamIntake(nc, e.st, noWake{}, e.obs, StreamOptions{Options: Options{Subject: "delayd"},
+		Name: "DELAYD_INTAKE", Replicas: 1, AckWait: time.Second, RetryDelay: time.Second}, hclog.NewNullLogger())
 	if err := si.Run(context.Background()); !errors.Is(err, errStreamClash) {
 		t.Fatalf("Run on a clashing stream: %v", err)
 	}
@@ -509,8 +508,8 @@ func TestStreamIntakeConsumerWaitsForTheFloor(t *testing.T) {
 	fd := &floorDown{StreamStore: e.st}
 	fd.down.Store(true)
 	nc := e.conn()
-	si := NewStreamIntake(nc, fd, noWake{}, e.obs, StreamOptions{Subject: "delayd", Name: "DELAYD_INTAKE", Replicas: 1,
-		AckWait: time.Second, RetryDelay: time.Second}, hclog.NewNullLogger())
+	si := NewStreamIntake(nc, fd, noWake{}, e.obs, StreamOptions{Options: Options{Subject: "delayd"},
+		Name: "DELAYD_INTAKE", Replicas: 1, AckWait: time.Second, RetryDelay: time.Second}, hclog.NewNullLogger())
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- si.Run(rctx) }()

@@ -19,7 +19,7 @@ func TestNotReplicatedWarningOncePerInterval(t *testing.T) {
 	t.Parallel()
 	clock := testutil.NewClock()
 	var out bytes.Buffer // notReplicated runs on this goroutine only
-	in := NewIntake(nil, nil, nil, nil, nil, IntakeOptions{Batch: 1, Now: clock.Now},
+	in := NewIntake(nil, nil, nil, nil, nil, IntakeOptions{Options: Options{Batch: 1, Now: clock.Now}},
 		hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info}))
 	lines := func() int { return strings.Count(out.String(), "requests answered 504") }
 	for range 10 {
