@@ -150,6 +150,17 @@ func (s *Store) everyMaster(ctx context.Context, f func(context.Context, redis.C
 	return f(ctx, s.rdb)
 }
 
+// unknownFCall: the call did not run because the server does not know
+// FCALL.
+func unknownFCall(err error) bool {
+	var re redis.Error
+	if !asRedisError(err, &re) {
+		return false
+	}
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "unknown command `fcall`") || strings.Contains(msg, "unknown command 'fcall'")
+}
+
 // missingFunction: the call did not run because its function is not on
 // the server (FUNCTION FLUSH, a restart without persistence, a new node).
 func missingFunction(err error) bool {

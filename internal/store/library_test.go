@@ -136,20 +136,26 @@ func TestTwoLibraryVersions(t *testing.T) {
 }
 
 // The embedded emulation has no functions: the store finds out at its
-// first load (here Ready's) and sends scripts from then on.
+// first call (delayd doctor sends one without Ping) or load (Ready's
+// here), and sends scripts from then on.
 func TestNoFunctionsOnTheEmulation(t *testing.T) {
 	t.Parallel()
 	mr := miniredis.RunT(t)
+	ctx := context.Background()
+	first := New(NewClient(Options{Addrs: []string{mr.Addr()}}), "e", 4)
+	defer first.Close()
+	schedule(t, first, Item{ID: "e1", Data: enc("x")})
 	s := New(NewClient(Options{Addrs: []string{mr.Addr()}}), "e", 4)
 	defer s.Close()
-	ctx := context.Background()
 	if err := s.Ready(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !s.noFunctions.Load() {
-		t.Fatal("the emulation taken for a server with functions")
+	for _, s := range []*Store{first, s} {
+		if !s.noFunctions.Load() {
+			t.Fatal("the emulation taken for a server with functions")
+		}
 	}
-	schedule(t, s, Item{ID: "e1", Data: enc("x")}, Item{ID: "e2", Data: enc("y")})
+	schedule(t, s, Item{ID: "e2", Data: enc("y")})
 	got := claimAll(t, s, time.Minute)
 	if len(got) != 2 {
 		t.Fatalf("claimed %+v", got)

@@ -44,7 +44,7 @@ func notWritten(err error, cluster bool) bool {
 				return true
 			}
 		}
-		if missingFunction(err) {
+		if missingFunction(err) || unknownFCall(err) {
 			return true
 		}
 		return false

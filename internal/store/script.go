@@ -144,7 +144,13 @@ func (s *Store) send(ctx context.Context, sc *script, calls []call, fences []str
 	var redo []call
 	var at []int
 	for i, c := range cmds {
-		if reload && c.Err() != nil && (redis.HasErrorPrefix(c.Err(), "NOSCRIPT") || missingFunction(c.Err())) {
+		if fn != "" && unknownFCall(c.Err()) {
+			// A server without functions that the store has loaded
+			// nothing on yet (delayd doctor sends without Ping): scripts
+			// from now on, reload loads this one.
+			s.noFunctions.Store(true)
+		}
+		if reload && c.Err() != nil && (redis.HasErrorPrefix(c.Err(), "NOSCRIPT") || missingFunction(c.Err()) || unknownFCall(c.Err())) {
 			redo = append(redo, calls[i])
 			at = append(at, i)
 		}
