@@ -3,8 +3,7 @@ package store
 // The shard scripts as one Redis Functions library (Redis 7.0+): loaded
 // once, so a call runs only its own script. Sent as scripts (EVALSHA),
 // each carries the prelude, which Redis runs again at every call before
-// the script starts: some 28,000 instructions, more than a claim and ack
-// of 4 envelopes a shard cost besides.
+// the script starts: some 28,000 instructions a call.
 
 import (
 	"context"

@@ -108,8 +108,8 @@ type call struct {
 }
 
 // send runs calls of one script in a pipeline, with FCALL (a function of
-// the library) or EVALSHA, followed by a
-// fence for each key in fences, whose errors it records in fenceErrs. If
+// the library) or EVALSHA, followed by a fence for each key in fences,
+// whose errors it records in fenceErrs. If
 // Redis lost its functions or script cache (restart, failover, FUNCTION
 // or SCRIPT FLUSH) it loads the library or script and resends only the
 // calls that failed with "Function not found" or NOSCRIPT (with the
