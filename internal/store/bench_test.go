@@ -202,7 +202,7 @@ func benchClaim(b *testing.B, pending, per int, held bool) {
 	b.ReportMetric(work.calls/float64(claimed), "calls/envelope")
 }
 
-// redisWork is what INFO counts: the µs spent in EVALSHA (wall time, so it
+// redisWork is what INFO counts: the µs spent in EVALSHA and FCALL (wall time, so it
 // grows when other processes take the CPU), the commands called (from
 // scripts, as nothing else runs meanwhile), and the CPU time of Redis' main
 // thread in µs (steadier on a busy machine).
@@ -231,9 +231,9 @@ func readWork(info string) redisWork {
 			fields[k], _ = strconv.ParseFloat(v, 64)
 		}
 		switch name {
-		case "cmdstat_evalsha":
-			w.scriptUs = fields["usec"]
-		case "cmdstat_eval", "cmdstat_info", "cmdstat_script|load":
+		case "cmdstat_evalsha", "cmdstat_fcall":
+			w.scriptUs += fields["usec"]
+		case "cmdstat_eval", "cmdstat_info", "cmdstat_script|load", "cmdstat_function|load":
 		default:
 			w.calls += fields["calls"]
 		}

@@ -401,6 +401,13 @@ func TestBucketsUnderClusterAndACL(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if ok, err := s.libraryLoaded(ctx); err != nil || !ok || s.noFunctions.Load() {
+		t.Fatalf("the library is not on every master under this ACL: %v %v", ok, err)
+	}
+	// One master loses its functions: its calls load the library again.
+	if err := cl.Nodes[0].Client().FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 	s.write.Store(FormatDueBuckets)
 	now := time.Now()
 	var items []Item

@@ -421,12 +421,23 @@ func (s *Store) Stats(ctx context.Context, shards ...int) ([]ShardStats, int64, 
 	return out, now.Val().UnixMilli(), nil
 }
 
-// Ready reports whether Redis answers and still has every script cached
-// (a restart or SCRIPT FLUSH empties the cache; the next call reloads it).
+// Ready reports whether Redis answers and still has the library and
+// every script cached (a restart, FUNCTION FLUSH or SCRIPT FLUSH empties
+// them; the next call reloads them).
 func (s *Store) Ready(ctx context.Context) error {
-	shas := make([]string, len(allScripts))
-	for i, sc := range allScripts {
-		shas[i] = s.pick(sc).Hash()
+	if s.lib != nil && !s.noFunctions.Load() {
+		switch loaded, err := s.libraryLoaded(ctx); {
+		case err == nil && !loaded, err != nil && noFunctions(err):
+			return s.Ping(ctx) // (re)load, or find there are no functions; then ready
+		case err != nil:
+			return fmt.Errorf("redis: %w", err)
+		}
+	}
+	var shas []string
+	for _, sc := range allScripts {
+		if s.fn(sc) == "" {
+			shas = append(shas, s.pick(sc).Hash())
+		}
 	}
 	ok, err := s.rdb.ScriptExists(ctx, shas...).Result()
 	if err != nil {

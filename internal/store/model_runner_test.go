@@ -116,7 +116,11 @@ func (r *mRunner) apply(o mOp) error {
 	case opPurge:
 		return r.purge(o.ids)
 	case opFlush:
-		return r.rc.ScriptFlush(r.ctx).Err()
+		// Both caches: the scripts outside the library, and the library.
+		if err := r.rc.ScriptFlush(r.ctx).Err(); err != nil {
+			return err
+		}
+		return r.rc.FunctionFlush(r.ctx).Err()
 	case opFraction:
 		if err := r.s.fractionLeases(r.ctx); err != nil {
 			return err

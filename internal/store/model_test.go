@@ -322,7 +322,7 @@ func (o mOp) String() string {
 	case opPurge:
 		return fmt.Sprintf("purge %v", o.ids)
 	case opFlush:
-		return "SCRIPT FLUSH"
+		return "SCRIPT FLUSH and FUNCTION FLUSH"
 	case opFraction:
 		return "whole lease scores rewritten as fractions"
 	case opFault:

@@ -109,7 +109,7 @@ func TestEveryOperationHasAPolicy(t *testing.T) {
 	}
 
 	// Scripts run through exec only, for an operation of the table.
-	send := []string{"EvalSha", "Eval", "EvalRO", "EvalShaRO", "Run", "RunRO"}
+	send := []string{"EvalSha", "Eval", "EvalRO", "EvalShaRO", "Run", "RunRO", "FCall", "FCallRo", "FCallRO"}
 	for name, f := range files {
 		ast.Inspect(f, func(n ast.Node) bool {
 			if d, ok := n.(*ast.FuncDecl); ok && d.Name.Name == "exec1" {

@@ -44,6 +44,9 @@ func notWritten(err error, cluster bool) bool {
 				return true
 			}
 		}
+		if missingFunction(err) || unknownFCall(err) {
+			return true
+		}
 		return false
 	}
 	if cluster {

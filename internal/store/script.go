@@ -37,15 +37,18 @@ type script struct {
 	// name is its file's, lua/<name>.lua.
 	name           string
 	flagged, plain *redis.Script
-	// shard: its KEYS are shard keys in list's order (a shard script).
-	shard bool
+	// shard: its KEYS are shard keys in list's order (a shard script),
+	// and it is a function of the library too (library.go), of body and
+	// flags.
+	shard       bool
+	body, flags string
 }
 
 // newScript builds a shard script: the prelude, then body. flags may be
 // empty (the script then only gets Redis 7's refuse-whole-when-OOM).
 func newScript(name, flags, body string) *script {
 	sc := newRawScript(name, flags, prelude+body)
-	sc.shard = true
+	sc.shard, sc.body, sc.flags = true, body, flags
 	return sc
 }
 
@@ -66,10 +69,17 @@ func (s *Store) pick(sc *script) *redis.Script {
 	return sc.flagged
 }
 
-// load loads sc into the server's script cache. If the server refuses the
-// flagged build as a script it cannot compile, it has no script flags: the
-// store switches to the plain builds for good.
+// load loads sc: the library, where sc is one of its functions and the
+// server has functions, else sc into the server's script cache. If the
+// server refuses the flagged build as a script it cannot compile, it has
+// no script flags: the store switches to the plain builds for good.
 func (s *Store) load(ctx context.Context, sc *script) error {
+	if s.fn(sc) != "" {
+		// Without functions (found out now), the script instead.
+		if err := s.loadLibrary(ctx); err != nil || s.fn(sc) != "" {
+			return err
+		}
+	}
 	err := s.pick(sc).Load(ctx, s.rdb).Err()
 	if err != nil && isCompileError(err) {
 		// Another caller may have switched already: either way, plain.
@@ -97,20 +107,26 @@ type call struct {
 	fence string
 }
 
-// send runs calls of one script in a pipeline with EVALSHA, followed by a
-// fence for each key in fences, whose errors it records in fenceErrs. If
-// Redis lost its script cache (restart, failover, SCRIPT FLUSH) it loads
-// the script and resends only the calls that failed with NOSCRIPT (with
-// the fences again): those did not run, while the others did and must
-// not run twice. Each command keeps its own result: under Cluster one node
+// send runs calls of one script in a pipeline, with FCALL (a function of
+// the library) or EVALSHA, followed by a fence for each key in fences,
+// whose errors it records in fenceErrs. If
+// Redis lost its functions or script cache (restart, failover, FUNCTION
+// or SCRIPT FLUSH) it loads the library or script and resends only the
+// calls that failed with "Function not found" or NOSCRIPT (with the
+// fences again): those did not run, while the others did and must not
+// run twice. Each command keeps its own result: under Cluster one node
 // can fail while the others answer. Only exec calls it.
 func (s *Store) send(ctx context.Context, sc *script, calls []call, fences []string, fenceErrs map[string]error,
 	reload bool) []*redis.Cmd {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
-	rs := s.pick(sc)
+	rs, fn := s.pick(sc), s.fn(sc)
 	for i, c := range calls {
-		cmds[i] = rs.EvalSha(ctx, pipe, c.keys, c.argv...)
+		if fn != "" {
+			cmds[i] = pipe.FCall(ctx, fn, c.keys, c.argv...)
+		} else {
+			cmds[i] = rs.EvalSha(ctx, pipe, c.keys, c.argv...)
+		}
 	}
 	fenced := make([]*redis.Cmd, len(fences))
 	for i, key := range fences {
@@ -128,7 +144,13 @@ func (s *Store) send(ctx context.Context, sc *script, calls []call, fences []str
 	var redo []call
 	var at []int
 	for i, c := range cmds {
-		if reload && c.Err() != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+		if fn != "" && unknownFCall(c.Err()) {
+			// A server without functions that the store has loaded
+			// nothing on yet (delayd doctor sends without Ping): scripts
+			// from now on, reload loads this one.
+			s.noFunctions.Store(true)
+		}
+		if reload && c.Err() != nil && (redis.HasErrorPrefix(c.Err(), "NOSCRIPT") || missingFunction(c.Err()) || unknownFCall(c.Err())) {
 			redo = append(redo, calls[i])
 			at = append(at, i)
 		}

@@ -27,6 +27,10 @@ type Store struct {
 	lastReload atomic.Int64
 	// noFlags: the server does not know Lua script flags (see script).
 	noFlags atomic.Bool
+	// lib is the library of the shard scripts (library.go); noFunctions:
+	// the server has no functions, and the store sends scripts.
+	lib         *library
+	noFunctions atomic.Bool
 	// newest is the newest stored format this daemon reads; write is the
 	// format it writes now (AgreeFormats).
 	newest int
@@ -97,7 +101,7 @@ func WithResendMemory(d time.Duration) Option {
 func New(rdb redis.UniversalClient, ns string, shards int, opts ...Option) *Store {
 	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Store{rdb: rdb, ns: ns, shards: shards, keys: make([]shardKeys, shards), cluster: cluster,
-		newest: newestFormat, hint: func() int { return 1 + rand.IntN(991) }, seenFor: 5 * time.Minute}
+		newest: newestFormat, hint: func() int { return 1 + rand.IntN(991) }, seenFor: 5 * time.Minute, lib: shardLibrary()}
 	for _, o := range opts {
 		o(s)
 	}
@@ -127,13 +131,19 @@ func (s *Store) Shard(id string) int { return ShardOf(id, s.shards) }
 // Close closes the Redis client.
 func (s *Store) Close() error { return s.rdb.Close() }
 
-// Ping checks that Redis answers and loads the scripts, so the first
-// requests do not pay for NOSCRIPT round trips.
+// Ping checks that Redis answers and loads the library and the scripts,
+// so the first requests do not pay for reloading round trips.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("store: ping: %w", err)
 	}
+	if err := s.loadLibrary(ctx); err != nil {
+		return fmt.Errorf("store: load the library: %w", err)
+	}
 	for _, sc := range allScripts {
+		if s.fn(sc) != "" {
+			continue
+		}
 		if err := s.load(ctx, sc); err != nil {
 			return fmt.Errorf("store: load scripts: %w", err)
 		}

@@ -211,7 +211,7 @@ func (r *waitReq) process(ctx context.Context, cmds []redis.Cmder, next redis.Pr
 		// an earlier wait too: they are not sent again.
 		if !r.ours[c] {
 			calls = append(calls, c)
-			scripts = scripts || c.Name() == "evalsha" || c.Name() == "eval"
+			scripts = scripts || c.Name() == "fcall" || c.Name() == "evalsha" || c.Name() == "eval"
 		}
 	}
 	r.mu.Unlock()

@@ -282,10 +282,16 @@ func BenchmarkScheduleCall(b *testing.B) {
 					tr.report(b)
 				}
 				if target == "redis" || target == "untraced" {
-					// Redis' own time in the schedule script, per call.
+					// Redis' own time in the schedule script, per call: a
+					// function of the library, or a script where the
+					// server has no functions.
 					stats := rc.Info(context.Background(), "commandstats").Val()
 					for _, line := range strings.Split(stats, "\r\n") {
-						if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+						rest, ok := strings.CutPrefix(line, "cmdstat_fcall:")
+						if !ok {
+							rest, ok = strings.CutPrefix(line, "cmdstat_evalsha:")
+						}
+						if ok {
 							for _, kv := range strings.Split(rest, ",") {
 								if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
 									f, _ := strconv.ParseFloat(v, 64)

@@ -83,8 +83,9 @@ func TestFaultRedisRestart(t *testing.T) {
 	f.Verify(t, 20*time.Second)
 }
 
-// TestFaultScriptFlush flushes Redis' script cache mid-run, then restarts
-// Redis (which empties it again); the daemon reloads and carries on.
+// TestFaultScriptFlush flushes Redis' script cache and functions mid-run,
+// then restarts Redis (which empties the script cache again); the daemon
+// reloads and carries on.
 func TestFaultScriptFlush(t *testing.T) {
 	t.Parallel()
 	e := daemontest.NewEnv(t, "--appendonly", "yes", "--appendfsync", "always")
@@ -99,6 +100,7 @@ func TestFaultScriptFlush(t *testing.T) {
 		defer close(restarted)
 		time.Sleep(1500 * time.Millisecond)
 		_ = e.Redis.Client().ScriptFlush(context.Background()).Err()
+		_ = e.Redis.Client().FunctionFlush(context.Background()).Err()
 		time.Sleep(1500 * time.Millisecond)
 		e.Redis.Kill()
 		e.Redis.Start()

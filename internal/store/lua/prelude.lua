@@ -1,4 +1,6 @@
--- The prelude of every shard script: script.go puts it before each one.
+-- The prelude of every shard script: script.go puts it before each one
+-- sent as a script, and library.go at the top of the Functions library,
+-- where it runs once, when the library loads: so it only defines locals.
 -- A shard script's KEYS are one shard's keys in the order of keys.go
 -- (shardKeys.list): due, inflight, data, attempts, dead, errors, lease,
 -- seen, done, pending; the schedule script takes several shards' keys, one shard after
@@ -227,7 +229,8 @@ local function bucketOf(index, due)
 end
 -- counts: per pending key, entries added (+) or removed (-) by this call
 -- (tally); countBuckets writes them (last: a cut leaves the count off,
--- which Check repairs).
+-- which Check repairs). New at every call: a script's run of the prelude
+-- makes it, and each function of the library (library.go) when it starts.
 local counts = {}
 local function tally(index, n)
   if n ~= 0 then counts[index] = (counts[index] or 0) + n end
