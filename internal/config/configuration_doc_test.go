@@ -20,7 +20,7 @@ func TestConfigurationTableHasEveryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	inDoc := map[string]bool{}
-	first := regexp.MustCompile("(?m)^\\| ([^|]+) \\|")
+	first := regexp.MustCompile(`(?m)^\| ([^|]+) \|`)
 	name := regexp.MustCompile("`([a-z_.]+)`")
 	for _, row := range first.FindAllStringSubmatch(string(b), -1) {
 		parent := ""

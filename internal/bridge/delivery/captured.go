@@ -39,8 +39,12 @@ type captors struct {
 	patterns []capture       // from the last list read
 	names    map[string]bool // the streams of the last list read
 	memo     map[string]match
-	learned  map[string]learnt    // answered by a listed stream its subjects do not match
-	unlisted map[string]unlisted  // answered by a stream the list did not name (yet)
+	learned  map[string]answer // answered by a listed stream its subjects do not match
+	// unlisted: answered by a stream the list did not name when the answer
+	// came. Anyone who sees a delivery's reply subject can answer on it,
+	// so the target is learned only once a list read after it names the
+	// stream.
+	unlisted map[string]answer
 	unheard  map[string]time.Time // probed: no stream answered
 	anyAck   bool                 // a listed stream answers (not no_ack)
 	listed   time.Time            // when the last list was asked for
@@ -50,16 +54,9 @@ type captors struct {
 	lateLog  *ratelog.Limiter     // late refusals: one line per lateLogEvery
 }
 
-// learnt is a target a stream answered for: when, and which stream.
-type learnt struct {
-	at     time.Time
-	stream string
-}
-
-// unlisted is an answer naming a stream the list did not name when it
-// came: the target is learned once a list read after it names the stream,
-// since anyone who sees a delivery's reply subject can answer on it.
-type unlisted struct {
+// answer is a stream's answer for a target: when, and which stream it
+// named.
+type answer struct {
 	at     time.Time
 	stream string
 }
@@ -102,14 +99,21 @@ const (
 	// than this is late: the target is learned, but that delivery was
 	// counted (its refusal is logged as a loss).
 	answerWindow = 100 * time.Millisecond
+	// listedWindow is how long a delivery to a target that a listed stream
+	// captures waits for its answer: longer than answerWindow, since a
+	// loaded server answers later and a delivery failed for it goes out
+	// again (stored twice). The list comes from the account, not from
+	// answers, so no consumer can make its target wait this long; a
+	// deleted stream costs its batches this once (gone).
+	listedWindow = time.Second
 	// lateLogEvery is the least time between two lines about late
 	// refusals.
 	lateLogEvery = 10 * time.Second
 )
 
 func newCaptors(js jetstream.JetStream, refusals *bridge.Refusals, log hclog.Logger, own string) *captors {
-	return &captors{js: js, refusals: refusals, log: log, own: own, memo: map[string]match{}, learned: map[string]learnt{},
-		unlisted: map[string]unlisted{}, unheard: map[string]time.Time{}, lateLog: ratelog.New(lateLogEvery, nil)}
+	return &captors{js: js, refusals: refusals, log: log, own: own, memo: map[string]match{}, learned: map[string]answer{},
+		unlisted: map[string]answer{}, unheard: map[string]time.Time{}, lateLog: ratelog.New(lateLogEvery, nil)}
 }
 
 // streamList is the subject of the list request, which needs delayd's
@@ -171,7 +175,7 @@ func (c *captors) refreshLocked() chan struct{} {
 		for target, u := range c.unlisted {
 			switch {
 			case names[u.stream]:
-				c.learned[target] = learnt{at: u.at, stream: u.stream}
+				c.learned[target] = u
 				delete(c.unheard, target)
 			case u.at.After(began):
 				continue // came after this read began: the next one decides
@@ -223,35 +227,50 @@ func (c *captors) list() ([]capture, map[string]bool, error) {
 	return out, names, err
 }
 
-// captured reports whether a delivery to target should wait for a
-// stream's answer until its deadline (await: a listed stream without
-// no_ack captures it, or a stream answered for it lately), or up to
-// answerWindow (probe: no listed stream matches it, but the account has a
-// stream that answers, or its streams cannot be listed, and no probe of
-// it went unanswered lately).
-func (c *captors) captured(target string) (await, probe bool) {
+// wait is how a delivery waits for a stream's answer after its flush.
+type wait uint8
+
+const (
+	noWait      wait = iota
+	waitProbe        // no listed stream matches it, but one may through a mapping: up to answerWindow
+	waitLearned      // a stream answered for it lately: up to answerWindow
+	waitListed       // a listed stream without no_ack captures it: up to listedWindow
+)
+
+// waitFor says how a delivery to target waits for a stream's answer: a
+// probe when no listed stream matches it, but the account has a stream
+// that answers (or its streams cannot be listed) and no probe of it went
+// unanswered lately.
+func (c *captors) waitFor(target string) wait {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	m := c.matchLocked(target)
+	if m == matchAck {
+		return waitListed
+	}
 	if l, ok := c.learned[target]; ok {
 		if time.Since(l.at) < learnedFor {
-			return true, false
+			return waitLearned
 		}
 		delete(c.learned, target)
 	}
-	m := c.matchLocked(target)
-	switch {
-	case m == matchAck:
-		return true, false
-	case m == matchNoAck || (!c.anyAck && c.failing == nil):
-		return false, false
+	if m == matchNoAck || (!c.anyAck && c.failing == nil) {
+		return noWait
 	}
 	if at, ok := c.unheard[target]; ok {
 		if time.Since(at) < learnedFor {
-			return false, false
+			return noWait
 		}
 		delete(c.unheard, target)
 	}
-	return false, true
+	return waitProbe
+}
+
+// captured reports whether a delivery to target waits for a stream's
+// answer, failing without one (await), or is a probe (waitFor).
+func (c *captors) captured(target string) (await, probe bool) {
+	w := c.waitFor(target)
+	return w == waitLearned || w == waitListed, w == waitProbe
 }
 
 // matchLocked is what the listed streams say of target. Under mu.
@@ -314,14 +333,14 @@ func (c *captors) heard(target string, a verdict, reason, stream string, late bo
 	case target == "" || c.matchLocked(target) == matchAck:
 		return
 	case c.names[stream] || c.failing != nil:
-		c.learned[target] = learnt{at: time.Now(), stream: stream}
+		c.learned[target] = answer{at: time.Now(), stream: stream}
 		delete(c.unheard, target)
 		return
 	}
 	if len(c.unlisted) >= memoMax {
 		clear(c.unlisted)
 	}
-	c.unlisted[target] = unlisted{at: time.Now(), stream: stream}
+	c.unlisted[target] = answer{at: time.Now(), stream: stream}
 	c.pokeLocked()
 }
 

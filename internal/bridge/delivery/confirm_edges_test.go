@@ -119,7 +119,7 @@ func TestForgedLateRefusalTeachesNothing(t *testing.T) {
 	if errs[1] != nil {
 		t.Errorf("victim.x beside a forger's target: %v", errs[1])
 	}
-	if errs[0] == nil || !strings.Contains(errs[0].Error(), "did not answer within") {
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "did not answer in time") {
 		t.Errorf("forge.x, learned from a forged answer, answered by no stream: %v", errs[0])
 	}
 	if await, _ := p.streams.captured("forge.x"); await {

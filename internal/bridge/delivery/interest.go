@@ -98,6 +98,11 @@ type batch struct {
 	reasons  []string // a refusal's text, by delivery
 	await    []bool   // waits for a stream's answer
 	pending  int      // awaited answers not in yet
+	listed   []bool   // of those, to a target a listed stream captures
+	listing  int      // listed answers not in yet
+	// listedIn is closed when listing is 0: a listed stream's answer is
+	// waited for longer (listedWindow) than the others.
+	listedIn chan struct{}
 	// probe: a delivery to a target no listed stream captures, whose
 	// capture is unknown (a subject mapping of the account can route it
 	// to a stream): it waits for a stream's answer up to a short grace.
@@ -225,6 +230,12 @@ func (in *interest) unawait(b *batch, i int) {
 	case b.await[i]:
 		b.await[i] = false
 		b.pending--
+		if b.listed[i] {
+			b.listed[i] = false
+			if b.listing--; b.listing == 0 {
+				close(b.listedIn)
+			}
+		}
 	case b.probe[i]:
 		b.probe[i] = false
 		b.probing--
@@ -288,15 +299,15 @@ var enc = base64.RawURLEncoding
 // for a stream's answer (await: until the deadline; probe: a short grace),
 // and builds its reply subjects. The caller holds the publisher's send
 // lock while it writes the batch.
-func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) (await, probe bool)) (b *batch, dropped int) {
+func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) wait) (b *batch, dropped int) {
 	n := len(ds)
 	random := make([]byte, tokenBytes+keyBytes*n)
 	if _, err := rand.Read(random); err != nil {
 		panic(err) // crypto/rand never fails (Go 1.24+)
 	}
 	b = &batch{token: enc.EncodeToString(random[:tokenBytes]), ends: make([]int, n), targets: make([]string, n),
-		verdicts: make([]verdict, n), reasons: make([]string, n), await: make([]bool, n),
-		probe: make([]bool, n), allIn: make(chan struct{})}
+		verdicts: make([]verdict, n), reasons: make([]string, n), await: make([]bool, n), listed: make([]bool, n),
+		listedIn: make(chan struct{}), probe: make([]bool, n), allIn: make(chan struct{})}
 	// Every reply subject of the batch is cut from one string: one
 	// allocation per batch, not one per delivery.
 	size := n * (len(in.base) + enc.EncodedLen(tokenBytes) + enc.EncodedLen(keyBytes) + 2 + 4)
@@ -310,16 +321,23 @@ func (in *interest) begin(ds []envelope.Delivery, awaited func(i int) (await, pr
 		s = enc.AppendEncode(s, random[tokenBytes+keyBytes*i:tokenBytes+keyBytes*(i+1)])
 		b.ends[i] = len(s)
 		b.targets[i] = d.Target
-		switch await, probe := awaited(i); {
-		case await:
+		switch awaited(i) {
+		case waitListed:
+			b.listed[i] = true
+			b.listing++
+			fallthrough
+		case waitLearned:
 			b.await[i] = true
 			b.pending++
-		case probe:
+		case waitProbe:
 			b.probe[i] = true
 			b.probing++
 		}
 	}
 	b.replies = string(s)
+	if b.listing == 0 {
+		close(b.listedIn)
+	}
 	if b.pending == 0 && b.probing == 0 {
 		close(b.allIn)
 	}
@@ -406,16 +424,22 @@ func (in *interest) unawaited(b *batch, failed []error) {
 	}
 }
 
-// settle waits until every awaited stream answer is in, or ctx ends, and
-// the probes' answers up to grace more, then ends the batch: a later
-// answer is only told to heard, as late. It returns what each delivery
-// heard, which awaited answers never came, and which probes heard no
-// stream.
-func (in *interest) settle(ctx context.Context, b *batch, grace time.Duration) (verdicts []verdict, reasons []string, missing, unheard []bool) {
-	t := time.NewTimer(grace)
+// settle waits until every stream answer the batch waits for is in, up
+// to short, and those of listed streams up to long, or until ctx ends,
+// then ends the batch: a later answer is only told to heard, as late. It
+// returns what each delivery heard, which awaited answers never came, and
+// which probes heard no stream.
+func (in *interest) settle(ctx context.Context, b *batch, short, long time.Duration) (verdicts []verdict, reasons []string, missing, unheard []bool) {
+	t := time.NewTimer(short)
 	select {
 	case <-b.allIn:
 	case <-t.C:
+		t.Reset(long - short)
+		select {
+		case <-b.listedIn:
+		case <-t.C:
+		case <-ctx.Done():
+		}
 	case <-ctx.Done():
 	}
 	t.Stop()

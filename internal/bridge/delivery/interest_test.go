@@ -240,10 +240,10 @@ func TestNoInterestUnknownIsNotDelivered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ds := deliveries("a.x", "b.x")
-	b, dropped := p.interest.begin(ds, func(int) (bool, bool) { return false, false })
+	b, dropped := p.interest.begin(ds, func(int) wait { return noWait })
 	errs := make([]error, len(ds))
 	p.noInterest(ctx, b, ds, []kind{checkedCore, checkedCore}, errs, dropped+1)
-	p.interest.settle(ctx, b, 0)
+	p.interest.settle(ctx, b, 0, 0)
 	for i, err := range errs {
 		if err == nil || errors.Is(err, scanner.ErrNoInterest) || !strings.Contains(err.Error(), "unknown") {
 			t.Errorf("#%d: got %v, want failed as unknown", i, err)
@@ -262,9 +262,9 @@ func TestEndedBatchesBoundedByDeliveries(t *testing.T) {
 	close(done)
 	end := func(token string, n int) {
 		b := &batch{token: token, ends: make([]int, n), targets: make([]string, n), verdicts: make([]verdict, n),
-			reasons: make([]string, n), await: make([]bool, n), probe: make([]bool, n), allIn: done}
+			reasons: make([]string, n), await: make([]bool, n), probe: make([]bool, n), allIn: done, listedIn: done}
 		in.batches[token] = b
-		in.settle(context.Background(), b, 0)
+		in.settle(context.Background(), b, 0, 0)
 	}
 	kept := func(token string) bool { _, ok := in.ended[token]; return ok }
 	end("a", endedKeptDeliveries/2+1)

@@ -201,11 +201,11 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 	// then after the mark, where since looks for it.
 	mark := p.refusals.Mark()
 	lastErr := p.nc.LastError()
-	b, dropped := p.interest.begin(ds, func(i int) (await, probe bool) {
+	b, dropped := p.interest.begin(ds, func(i int) wait {
 		if kinds[i] != checkedCore {
-			return false, false
+			return noWait
 		}
-		return p.streams.captured(ds[i].Target)
+		return p.streams.waitFor(ds[i].Target)
 	})
 	futures := map[int]jetstream.PubAckFuture{}
 	for i, d := range ds {
@@ -240,7 +240,7 @@ func (p *Publisher) Publish(ctx context.Context, ds []envelope.Delivery) []error
 					}
 				}
 				p.interest.unawaited(b, errs)
-				p.interest.settle(ctx, b, 0) // ends the batch: every delivery failed
+				p.interest.settle(ctx, b, 0, 0) // ends the batch: every delivery failed
 				return errs
 			}
 			// Unconfirmed: the messages were handed to the connection and
@@ -384,7 +384,7 @@ func (p *Publisher) noInterest(ctx context.Context, b *batch, ds []envelope.Deli
 // answer that did not come by the deadline leaves the delivery unconfirmed:
 // failed, to be retried, as stored or refused is unknown.
 func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.Delivery, kinds []kind, errs []error) {
-	verdicts, reasons, missing, unheard := p.interest.settle(ctx, b, answerWindow)
+	verdicts, reasons, missing, unheard := p.interest.settle(ctx, b, answerWindow, listedWindow)
 	for i, d := range ds {
 		if kinds[i] != checkedCore || errs[i] != nil {
 			continue
@@ -393,8 +393,8 @@ func (p *Publisher) streamAnswers(ctx context.Context, b *batch, ds []envelope.D
 		case verdicts[i] == refused:
 			errs[i] = fmt.Errorf("publish to %s: %s", d.Target, reasons[i])
 		case missing[i] && !p.streams.gone(ctx, d.Target):
-			errs[i] = fmt.Errorf("publish to %s: the stream that captures it did not answer within %s (stored or refused is unknown)",
-				d.Target, answerWindow)
+			errs[i] = fmt.Errorf("publish to %s: the stream that captures it did not answer in time (stored or refused is unknown)",
+				d.Target)
 		case unheard[i]:
 			p.streams.unanswered(d.Target)
 		}

@@ -433,7 +433,21 @@ func (m *migration) done(ctx context.Context, info *jetstream.StreamInfo) error 
 		cfg.Metadata = maps.Clone(cfg.Metadata)
 		delete(cfg.Metadata, migratedKey)
 		if _, err := m.js.UpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("bridge: take the migration's mark off stream %s: %w", cfg.Name, err)
+			// Two migrations that finish together both take the mark off,
+			// and a standalone nats-server can fail one of two concurrent
+			// updates of a stream (code 500, writing its meta file): off
+			// already is done; else once more.
+			st, rerr := m.js.Stream(ctx, cfg.Name)
+			if rerr == nil {
+				if _, marked := st.CachedInfo().Config.Metadata[migratedKey]; !marked {
+					m.log.Info("migrated: the intake stream has the limits layout", "stream", cfg.Name)
+					return nil
+				}
+				_, err = m.js.UpdateStream(ctx, cfg)
+			}
+			if err != nil {
+				return fmt.Errorf("bridge: take the migration's mark off stream %s: %w", cfg.Name, err)
+			}
 		}
 		m.log.Info("migrated: the intake stream has the limits layout", "stream", cfg.Name)
 		return nil
