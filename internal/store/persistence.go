@@ -245,14 +245,19 @@ func (g *Guard) OnConnect(ctx context.Context, cn *redis.Conn) error {
 	return nil
 }
 
-// Check reads c's settings, logs them when they change, and reports an
-// evicting policy, or one Redis will not tell unless that is accepted. It
+// Check reads c's settings, logs them when they change, and reports a
+// Redis older than MinRedis, an evicting policy, or one Redis will not
+// tell unless that is accepted. It
 // returns the error it reported, if any; a Redis it could not ask
 // (unreachable, a timeout) is warned about and left to the next check.
 func (g *Guard) Check(ctx context.Context, c Conn) error {
 	p, err := ReadPersistence(ctx, c)
 	if errors.Is(err, errSentinel) {
 		return nil
+	}
+	if verr := CheckVersion(ctx, c); verr != nil {
+		g.report(verr)
+		return verr
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

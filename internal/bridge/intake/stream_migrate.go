@@ -374,7 +374,11 @@ func (m *migration) barrier(ctx context.Context, name string, created time.Time)
 		if err == nil {
 			return ack.Sequence, nil
 		}
-		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		// A publish's own timeout (no PubAck in 5 s, while ctx goes on)
+		// too: the stream may have been deleted under it by another
+		// migration run at the same time, which moved looks for.
+		timedOut := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) && !timedOut {
 			return 0, fmt.Errorf("bridge: publish the barrier into stream %s: %w", name, err)
 		}
 		if m.moved(ctx, name, created) {
