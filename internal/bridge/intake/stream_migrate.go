@@ -374,11 +374,7 @@ func (m *migration) barrier(ctx context.Context, name string, created time.Time)
 		if err == nil {
 			return ack.Sequence, nil
 		}
-		// A publish's own timeout (no PubAck in 5 s, while ctx goes on)
-		// too: the stream may have been deleted under it by another
-		// migration run at the same time, which moved looks for.
-		timedOut := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
-		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) && !timedOut {
+		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return 0, fmt.Errorf("bridge: publish the barrier into stream %s: %w", name, err)
 		}
 		if m.moved(ctx, name, created) {
@@ -437,21 +433,7 @@ func (m *migration) done(ctx context.Context, info *jetstream.StreamInfo) error 
 		cfg.Metadata = maps.Clone(cfg.Metadata)
 		delete(cfg.Metadata, migratedKey)
 		if _, err := m.js.UpdateStream(ctx, cfg); err != nil {
-			// Two migrations that finish together both take the mark off,
-			// and a standalone nats-server can fail one of two concurrent
-			// updates of a stream (code 500, writing its meta file): off
-			// already is done; else once more.
-			st, rerr := m.js.Stream(ctx, cfg.Name)
-			if rerr == nil {
-				if _, marked := st.CachedInfo().Config.Metadata[migratedKey]; !marked {
-					m.log.Info("migrated: the intake stream has the limits layout", "stream", cfg.Name)
-					return nil
-				}
-				_, err = m.js.UpdateStream(ctx, cfg)
-			}
-			if err != nil {
-				return fmt.Errorf("bridge: take the migration's mark off stream %s: %w", cfg.Name, err)
-			}
+			return fmt.Errorf("bridge: take the migration's mark off stream %s: %w", cfg.Name, err)
 		}
 		m.log.Info("migrated: the intake stream has the limits layout", "stream", cfg.Name)
 		return nil
