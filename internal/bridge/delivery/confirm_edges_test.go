@@ -38,11 +38,7 @@ func TestForgedLateRefusalTeachesNothing(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "REAL", Subjects: []string{"real.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	forger, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer forger.Close()
+	forger := clientConn(t, n)
 	var mu sync.Mutex
 	var replies []string
 	if _, err := forger.Subscribe("forge.x", func(m *nats.Msg) {
@@ -52,23 +48,14 @@ func TestForgedLateRefusalTeachesNothing(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	victim, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer victim.Close()
+	victim := clientConn(t, n)
 	if _, err := victim.Subscribe("victim.x", func(*nats.Msg) {}); err != nil {
 		t.Fatal(err)
 	}
 	_ = forger.Flush()
 	_ = victim.Flush()
 
-	p, err := NewPublisher(nc, bridge.NewRefusals(), PublisherOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	proven(t, p)
+	p := provenPublisher(t, nc)
 	if errs := p.Publish(ctx, deliveries("forge.x")); errs[0] != nil {
 		t.Fatalf("first delivery to forge.x: %v", errs[0])
 	}
@@ -143,22 +130,13 @@ func TestDeletedStreamCostsNoCopy(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "GONE", Subjects: []string{"gone.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	sub, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
+	sub := clientConn(t, n)
 	got, err := sub.SubscribeSync("gone.x")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = sub.Flush()
-	p, err := NewPublisher(nc, bridge.NewRefusals(), PublisherOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	proven(t, p)
+	p := provenPublisher(t, nc)
 	if errs := p.Publish(ctx, deliveries("gone.x")); errs[0] != nil {
 		t.Fatalf("a delivery to gone.x while GONE captures it: %v", errs[0])
 	}
@@ -195,22 +173,13 @@ func TestSlowPathPipelinesBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	sub, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
+	sub := clientConn(t, n)
 	arrived := make(chan string, 4)
 	if _, err := sub.Subscribe("slow.*", func(m *nats.Msg) { arrived <- m.Subject }); err != nil {
 		t.Fatal(err)
 	}
 	_ = sub.Flush()
-	p, err := NewPublisher(nc, bridge.NewRefusals(), PublisherOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	proven(t, p)
+	p := provenPublisher(t, nc)
 	proxy.Set(testutil.Up, testutil.Fault{Latency: 50 * time.Millisecond})
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 600 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -247,4 +216,28 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// clientConn is a plain client of n, closed when the test ends.
+func clientConn(t *testing.T, n *testutil.NATS) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// provenPublisher is a publisher on nc with default options, its inbox
+// proven, closed when the test ends.
+func provenPublisher(t *testing.T, nc *nats.Conn) *Publisher {
+	t.Helper()
+	p, err := NewPublisher(nc, bridge.NewRefusals(), PublisherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	proven(t, p)
+	return p
 }
