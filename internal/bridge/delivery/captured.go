@@ -55,10 +55,12 @@ type captors struct {
 }
 
 // answer is a stream's answer for a target: when, and which stream it
-// named.
+// named. missed: an answer awaited since did not come (gone), so later
+// deliveries do not wait for it, while gone still judges by its stream.
 type answer struct {
 	at     time.Time
 	stream string
+	missed bool
 }
 
 type capture struct {
@@ -154,6 +156,11 @@ func (c *captors) refreshLocked() chan struct{} {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.running = nil
+		if errors.Is(err, nats.ErrNoResponders) && len(c.names) == 0 {
+			// No JetStream server answers and none ever listed a stream:
+			// a core-only NATS, where no stream can answer a delivery.
+			err = nil
+		}
 		if err != nil {
 			if c.failing == nil || c.failing.Error() != err.Error() {
 				c.log.Warn("cannot list the JetStream streams: a stream that captures a core target is known only "+
@@ -218,10 +225,11 @@ func (c *captors) list() ([]capture, map[string]bool, error) {
 		}
 	}
 	err := l.Err()
-	// No responders: no server of the account runs JetStream (the lister,
-	// unlike AccountInfo, does not say so), so no stream can answer.
-	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
-		errors.Is(err, nats.ErrNoResponders) {
+	// A server that says JetStream is off speaks for the account. No
+	// responders says only that no JetStream server is reachable now (a
+	// core-only NATS, or a leaf node whose link to the hub is down): the
+	// caller tells the two apart by what it listed before.
+	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
 		return nil, nil, nil
 	}
 	return out, names, err
@@ -249,10 +257,12 @@ func (c *captors) waitFor(target string) wait {
 		return waitListed
 	}
 	if l, ok := c.learned[target]; ok {
-		if time.Since(l.at) < learnedFor {
+		switch {
+		case time.Since(l.at) >= learnedFor:
+			delete(c.learned, target)
+		case !l.missed:
 			return waitLearned
 		}
-		delete(c.learned, target)
 	}
 	if m == matchNoAck || (!c.anyAck && c.failing == nil) {
 		return noWait
@@ -333,6 +343,9 @@ func (c *captors) heard(target string, a verdict, reason, stream string, late bo
 	case target == "" || c.matchLocked(target) == matchAck:
 		return
 	case c.names[stream] || c.failing != nil:
+		if len(c.learned) >= memoMax {
+			clear(c.learned)
+		}
 		c.learned[target] = answer{at: time.Now(), stream: stream}
 		delete(c.unheard, target)
 		return
@@ -359,30 +372,44 @@ func (c *captors) pokeLocked() chan struct{} {
 // time: it reads the list again (at most once a second; a deleted stream
 // answers nothing, and without this every delivery to its targets would
 // wait and fail until the next periodic read) and reports whether the
-// target is no longer captured, so that the flush's confirmation stands.
-// A target still captured is no longer learned from the stream's answers:
-// one that stopped answering must not hold later batches.
+// stream that captured target is gone, so that the flush's confirmation
+// stands. Its verdict depends on the state alone, never on an earlier
+// call for the same target (a batch may carry several): still captured
+// by a listed stream's subjects, or learned from a stream still listed,
+// is not gone; a read that failed or is not in within answerWindow cannot
+// tell, and is not gone either. A learned target is marked missed: later
+// deliveries to it do not wait for the stream that stopped answering.
 func (c *captors) gone(ctx context.Context, target string) bool {
 	c.mu.Lock()
 	running := c.pokeLocked()
 	c.mu.Unlock()
 	if running != nil {
+		t := time.NewTimer(answerWindow)
+		defer t.Stop()
 		select {
 		case <-running:
+		case <-t.C:
+			return false
 		case <-ctx.Done():
+			return false
 		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l, learned := c.learned[target]
-	delete(c.learned, target)
+	if learned && !l.missed {
+		l.missed = true
+		c.learned[target] = l
+	}
 	switch {
 	case c.failing != nil:
-		return false // the list cannot be read: it cannot be told
+		return false
+	case c.matchLocked(target) == matchAck:
+		return false
 	case learned:
 		return !c.names[l.stream]
 	}
-	return c.matchLocked(target) != matchAck
+	return true
 }
 
 // expire makes the next ready read the list again, and wait for it.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -240,4 +241,72 @@ func provenPublisher(t *testing.T, nc *nats.Conn) *Publisher {
 	t.Cleanup(p.Close)
 	proven(t, p)
 	return p
+}
+
+// Every delivery of a batch to a target learned from a listed stream that
+// then misses its answer fails, not only the first: gone used to forget
+// the target on its first call and count the others delivered, unanswered
+// ("[did not answer in time, <nil>, <nil>]").
+func TestSilentLearnedStreamFailsEveryDelivery(t *testing.T) {
+	t.Parallel()
+	n := testutil.StartNATS(t)
+	nc := daemonConn(t, n)
+	js := jsOf(t, nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "REAL", Subjects: []string{"real.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	sub := clientConn(t, n)
+	if _, err := sub.Subscribe("mapped.x", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	_ = sub.Flush()
+	p := provenPublisher(t, nc)
+	// As if REAL had answered for mapped.x through a mapping: learned.
+	p.streams.heard("mapped.x", stored, "", "REAL", true)
+	if await, _ := p.streams.captured("mapped.x"); !await {
+		t.Fatal("mapped.x not learned from REAL's answer")
+	}
+	errs := p.Publish(ctx, deliveries("mapped.x", "mapped.x", "mapped.x"))
+	for i, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "did not answer in time") {
+			t.Errorf("delivery %d to a learned target whose listed stream did not answer: %v, want failed", i, err)
+		}
+	}
+}
+
+// The list of streams answered by no responders after it named streams
+// (a leaf node's link to the JetStream hub down) is a failed read, not an
+// account without streams: the streams it named still count, and a missed
+// answer is not taken for a deleted stream.
+func TestNoRespondersAfterStreamsIsAFailedRead(t *testing.T) {
+	t.Parallel()
+	n := testutil.StartNATS(t)
+	nc := daemonConn(t, n)
+	js := jsOf(t, nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAP", Subjects: []string{"cap.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := newCaptors(js, bridge.NewRefusals(), hclog.NewNullLogger(), "")
+	c.ready(ctx)
+	if await, _ := c.captured("cap.x"); !await {
+		t.Fatal("cap.x not captured by the listed CAP")
+	}
+	// JetStream out of reach (the API gets no responders): as if the
+	// account's JetStream servers were behind a link that went down.
+	core := testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })
+	c.js = jsOf(t, clientConn(t, core))
+	c.mu.Lock()
+	done := c.refreshLocked()
+	c.mu.Unlock()
+	<-done
+	if await, _ := c.captured("cap.x"); !await {
+		t.Error("cap.x no longer awaited after a list read that got no responders")
+	}
+	if c.gone(ctx, "cap.x") {
+		t.Error("a missed answer from CAP taken for a deleted stream after a read that got no responders")
+	}
 }
