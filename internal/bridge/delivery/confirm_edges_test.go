@@ -30,15 +30,8 @@ const forgedRefusal = `{"error":{"code":503,"err_code":10077,"description":"maxi
 // waited until its deadline.
 func TestForgedLateRefusalTeachesNothing(t *testing.T) {
 	t.Parallel()
-	n := testutil.StartNATS(t)
-	nc := daemonConn(t, n)
-	js := jsOf(t, nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	// A stream of the user's, on other subjects: new targets are probed.
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "REAL", Subjects: []string{"real.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	n, nc, _, ctx := withStream(t, "REAL", "real.>")
 	forger := clientConn(t, n)
 	var mu sync.Mutex
 	var replies []string
@@ -123,14 +116,7 @@ func TestForgedLateRefusalTeachesNothing(t *testing.T) {
 // ("did not answer in time"), 715 copies of 500 ids.
 func TestDeletedStreamCostsNoCopy(t *testing.T) {
 	t.Parallel()
-	n := testutil.StartNATS(t)
-	nc := daemonConn(t, n)
-	js := jsOf(t, nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "GONE", Subjects: []string{"gone.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	n, nc, js, ctx := withStream(t, "GONE", "gone.>")
 	sub := clientConn(t, n)
 	got, err := sub.SubscribeSync("gone.x")
 	if err != nil {
@@ -249,14 +235,7 @@ func provenPublisher(t *testing.T, nc *nats.Conn) *Publisher {
 // ("[did not answer in time, <nil>, <nil>]").
 func TestSilentLearnedStreamFailsEveryDelivery(t *testing.T) {
 	t.Parallel()
-	n := testutil.StartNATS(t)
-	nc := daemonConn(t, n)
-	js := jsOf(t, nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "REAL", Subjects: []string{"real.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	n, nc, _, ctx := withStream(t, "REAL", "real.>")
 	sub := clientConn(t, n)
 	if _, err := sub.Subscribe("mapped.x", func(*nats.Msg) {}); err != nil {
 		t.Fatal(err)
@@ -282,14 +261,7 @@ func TestSilentLearnedStreamFailsEveryDelivery(t *testing.T) {
 // answer is not taken for a deleted stream.
 func TestNoRespondersAfterStreamsIsAFailedRead(t *testing.T) {
 	t.Parallel()
-	n := testutil.StartNATS(t)
-	nc := daemonConn(t, n)
-	js := jsOf(t, nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAP", Subjects: []string{"cap.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	_, _, js, ctx := withStream(t, "CAP", "cap.>")
 	c := newCaptors(js, bridge.NewRefusals(), hclog.NewNullLogger(), "")
 	c.ready(ctx)
 	if await, _ := c.captured("cap.x"); !await {
@@ -309,4 +281,20 @@ func TestNoRespondersAfterStreamsIsAFailedRead(t *testing.T) {
 	if c.gone(ctx, "cap.x") {
 		t.Error("a missed answer from CAP taken for a deleted stream after a read that got no responders")
 	}
+}
+
+// withStream starts a NATS server whose account has the stream name on
+// subject, and returns it with the daemon's connection, its JetStream and
+// a context of 30 s ended with the test.
+func withStream(t *testing.T, name, subject string) (*testutil.NATS, *nats.Conn, jetstream.JetStream, context.Context) {
+	t.Helper()
+	n := testutil.StartNATS(t)
+	nc := daemonConn(t, n)
+	js := jsOf(t, nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}}); err != nil {
+		t.Fatal(err)
+	}
+	return n, nc, js, ctx
 }
