@@ -276,13 +276,6 @@ func (c *captors) waitFor(target string) wait {
 	return waitProbe
 }
 
-// captured reports whether a delivery to target waits for a stream's
-// answer, failing without one (await), or is a probe (waitFor).
-func (c *captors) captured(target string) (await, probe bool) {
-	w := c.waitFor(target)
-	return w == waitLearned || w == waitListed, w == waitProbe
-}
-
 // matchLocked is what the listed streams say of target. Under mu.
 func (c *captors) matchLocked(target string) match {
 	m, ok := c.memo[target]
@@ -410,11 +403,4 @@ func (c *captors) gone(ctx context.Context, target string) bool {
 		return !c.names[l.stream]
 	}
 	return true
-}
-
-// expire makes the next ready read the list again, and wait for it.
-func (c *captors) expire() {
-	c.mu.Lock()
-	c.listed = time.Time{}
-	c.mu.Unlock()
 }

@@ -86,3 +86,17 @@ func TestCoreOnlyNATSProbesNothing(t *testing.T) {
 		t.Errorf("on a core-only NATS the stream list failed (%v): it is empty", failing)
 	}
 }
+
+// captured reports whether a delivery to target waits for a stream's
+// answer, failing without one (await), or is a probe (waitFor).
+func (c *captors) captured(target string) (await, probe bool) {
+	w := c.waitFor(target)
+	return w == waitLearned || w == waitListed, w == waitProbe
+}
+
+// expire makes the next ready read the list again, and wait for it.
+func (c *captors) expire() {
+	c.mu.Lock()
+	c.listed = time.Time{}
+	c.mu.Unlock()
+}
