@@ -123,14 +123,15 @@ func newCaptors(js jetstream.JetStream, refusals *bridge.Refusals, log hclog.Log
 const streamList = "$JS.API.STREAM.LIST"
 
 // ready reads the list of streams when it is older than captorsEvery. It
-// waits for it (bounded by ctx and captorsTimeout) only when no list was
-// ever read: later reads go on beside the deliveries, so a slow JetStream
+// waits for it (bounded by ctx and captorsTimeout) only until a first read
+// is in, read or failed (every caller meanwhile, not only the one that
+// began it): later reads go on beside the deliveries, so a slow JetStream
 // API never holds them (the list is then up to captorsEvery plus one read
 // old).
 func (c *captors) ready(ctx context.Context) {
 	c.mu.Lock()
 	running := c.running
-	wait := c.listed.IsZero()
+	wait := c.names == nil && c.failing == nil
 	if running == nil && time.Since(c.listed) >= captorsEvery {
 		running = c.refreshLocked()
 	}

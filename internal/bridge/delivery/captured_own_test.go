@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"time"
 
@@ -99,4 +100,57 @@ func (c *captors) expire() {
 	c.mu.Lock()
 	c.listed = time.Time{}
 	c.mu.Unlock()
+}
+
+// TestFirstListReadHoldsEveryCaller: until the first list read is in, every
+// delivery waits for it, not only the one that began it. A second batch
+// that went on without it would take a target a stream captures for a core
+// one, and count that stream's refusal as delivered.
+func TestFirstListReadHoldsEveryCaller(t *testing.T) {
+	t.Parallel()
+	n := testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// A slow JetStream API: the list answers after 300 ms.
+	if _, err := nc.Subscribe(streamList, func(m *nats.Msg) {
+		time.Sleep(300 * time.Millisecond)
+		_ = m.Respond([]byte(`{"type":"io.nats.jetstream.api.v1.stream_list_response","total":0,"offset":0,"limit":256,"streams":[]}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCaptors(js, bridge.NewRefusals(), hclog.NewNullLogger(), "DELAYD_INTAKE")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first := make(chan struct{})
+	go func() {
+		c.ready(ctx)
+		close(first)
+	}()
+	for {
+		c.mu.Lock()
+		began := c.running != nil
+		c.mu.Unlock()
+		if began {
+			break
+		}
+		runtime.Gosched()
+	}
+	c.ready(ctx) // a second batch while the first read is on its way
+	c.mu.Lock()
+	in := c.names != nil
+	c.mu.Unlock()
+	if !in {
+		t.Error("a second caller went on before the first list read was in")
+	}
+	<-first
 }
