@@ -27,12 +27,22 @@ func TestIntakeMigrateCommand(t *testing.T) {
 	c.HTTP.Addr = ""
 	old := c
 	old.Intake.Stream.Retention = "workqueue"
-	if err := e.StartDaemon(old)(); err != nil { // makes the work queue, then stops
-		t.Fatal(err)
-	}
+	stopOld := e.StartDaemon(old) // makes the work queue, then stops
 	nc := e.Conn()
 	js, err := jetstream.New(nc)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// Without an admin port StartDaemon waits only until requests are
+	// served: the stream intake may not have made its stream yet.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := js.Stream(context.Background(), c.Intake.Stream.Name); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the old daemon made no intake stream: %v", err)
+		}
+	}
+	if err := stopOld(); err != nil {
 		t.Fatal(err)
 	}
 	got := e.Sink(nc, "mig.t")

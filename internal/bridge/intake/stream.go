@@ -63,6 +63,11 @@ type StreamOptions struct {
 	// afterStep, in tests, is called after each step of a migration
 	// (MigrateIntake).
 	afterStep func(step string)
+	// lockStale, in tests, replaces lockStale; unlocked runs a migration
+	// without the lock, as a run whose lock was taken over while it still
+	// ran does (stream_migrate_lock.go).
+	lockStale time.Duration
+	unlocked  bool
 }
 
 // pullSize is how much the consumer keeps requested: Pull messages, and

@@ -60,6 +60,9 @@ const (
 // drainPoll is how often a migration reads the drained stream's consumer.
 const drainPoll = 250 * time.Millisecond
 
+// barrierWait is how long a migration waits for one barrier's PubAck.
+const barrierWait = 2 * time.Second
+
 // maxStreamName is the longest JetStream stream name (the server's
 // JSMaxNameLen): a migration of a name whose stream between would be longer
 // is refused before it changes anything.
@@ -183,7 +186,7 @@ func MigrateIntake(ctx context.Context, nc *nats.Conn, opt StreamOptions, log hc
 	if opt.WorkQueue {
 		return errors.New("bridge: intake.stream.retention is workqueue: the migration makes the limits layout (set intake.stream.retention: limits)")
 	}
-	if len(interimName(opt.Name)) > maxStreamName {
+	if len(interimName(opt.Name)) > maxStreamName { // and lockName(opt.Name), shorter
 		return fmt.Errorf("bridge: intake.stream.name is %d characters: the migration creates %s, and a JetStream name is %d at most (the name %d at most); nothing changed",
 			len(opt.Name), interimName("<name>"), maxStreamName, maxStreamName-len(interimName("")))
 	}
@@ -195,11 +198,19 @@ func MigrateIntake(ctx context.Context, nc *nats.Conn, opt StreamOptions, log hc
 	if m.hook == nil {
 		m.hook = func(string) {}
 	}
+	if !opt.unlocked {
+		l, err := m.lock(ctx)
+		if err != nil {
+			return err
+		}
+		defer l.release()
+	}
 	return m.run(ctx)
 }
 
 func (m *migration) run(ctx context.Context) error {
 	name, between := m.names[0], m.names[1]
+	failed := 0
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -223,7 +234,9 @@ func (m *migration) run(ctx context.Context) error {
 		case rt == roleParked:
 			err = m.drain(ctx, t)
 		case rn == roleHolds && limitsLayout(n) && rt == roleAbsent:
-			return m.done(ctx, n)
+			if err = m.done(ctx, n); err == nil {
+				return nil
+			}
 		case rn == roleHolds && n.Config.Retention == jetstream.WorkQueuePolicy && rt == roleAbsent:
 			if err = m.park(ctx, n, between); err == nil && ctx.Err() == nil {
 				err = m.create(ctx, between, "")
@@ -242,10 +255,33 @@ func (m *migration) run(ctx context.Context) error {
 			return fmt.Errorf("bridge: streams %s (subjects %v) and %s (subjects %v) are not what a migration leaves: %w",
 				name, subjectsOf(n), between, subjectsOf(t), errStreamClash)
 		}
+		if err != nil && serverFailed(err) && failed < maxServerFailures {
+			// Two migrations changing one stream at once can make the
+			// server fail one change (it writes the stream's metadata
+			// file in place): every step is chosen again from what the
+			// streams are now, so it is tried again.
+			failed++
+			m.log.Warn("the server failed a change of the intake streams; looking again", "error", err)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(drainPoll):
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
 	}
+}
+
+// maxServerFailures is how many server failures a migration retries.
+const maxServerFailures = 5
+
+// serverFailed: err is a JetStream API error of the server's own (500).
+func serverFailed(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.Code == 500
 }
 
 func subjectsOf(info *jetstream.StreamInfo) []string {
@@ -367,14 +403,22 @@ func (m *migration) drain(ctx context.Context, parked *jetstream.StreamInfo) err
 // parked subject, and returns its sequence. Every message the stream took
 // on the intake subjects is ahead of it: one the server had received when
 // the subjects changed is stored before it, so a drain past it misses
-// none. Until the stream has its parked subject nothing answers: retried.
+// none. Until the stream has its parked subject nothing answers, and a
+// stream another migration deletes meanwhile never answers (the publish
+// times out): retried after looking whether it moved. A barrier stored
+// whose answer was lost is harmless: the next one is behind it.
 func (m *migration) barrier(ctx context.Context, name string, created time.Time) (uint64, error) {
 	for {
-		ack, err := m.js.Publish(ctx, parkSubject(m.opt.Subject, name), nil, jetstream.WithExpectStream(name))
+		pctx, cancel := context.WithTimeout(ctx, barrierWait)
+		ack, err := m.js.Publish(pctx, parkSubject(m.opt.Subject, name), nil, jetstream.WithExpectStream(name))
+		cancel()
 		if err == nil {
 			return ack.Sequence, nil
 		}
-		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, context.DeadlineExceeded) {
 			return 0, fmt.Errorf("bridge: publish the barrier into stream %s: %w", name, err)
 		}
 		if m.moved(ctx, name, created) {

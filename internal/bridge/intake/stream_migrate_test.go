@@ -83,10 +83,11 @@ func (c *storeCounts) missing(ids []string) int {
 // until stopped, retrying a publish nothing answers (the subjects between
 // two streams) as a publisher would, and records what a PubAck confirmed.
 type publisher struct {
-	mu    sync.Mutex
-	acked []string
-	stop  chan struct{}
-	done  chan struct{}
+	mu      sync.Mutex
+	acked   []string
+	lastErr error // the last publish that failed, for a failure's message
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 func startPublisher(t *testing.T, js jetstream.JetStream, prefix string) *publisher {
@@ -105,11 +106,13 @@ func startPublisher(t *testing.T, js jetstream.JetStream, prefix string) *publis
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_, err := js.PublishMsg(ctx, m, jetstream.WithRetryAttempts(50), jetstream.WithRetryWait(20*time.Millisecond))
 			cancel()
+			p.mu.Lock()
 			if err == nil {
-				p.mu.Lock()
 				p.acked = append(p.acked, id)
-				p.mu.Unlock()
+			} else {
+				p.lastErr = err
 			}
+			p.mu.Unlock()
 		}
 	}()
 	t.Cleanup(p.end)
@@ -118,8 +121,20 @@ func startPublisher(t *testing.T, js jetstream.JetStream, prefix string) *publis
 
 // waitAcked waits until n more publishes than now are acknowledged.
 func (p *publisher) waitAcked(e *streamEnv, n int) {
+	e.t.Helper()
 	base := len(p.ids())
-	e.eventually(fmt.Sprintf("%d more publishes acknowledged", n), func() bool { return len(p.ids()) >= base+n })
+	for deadline := time.Now().Add(20 * time.Second); len(p.ids()) < base+n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting until %d more publishes acknowledged (after %d, %d now; the last publish error: %v)",
+				n, base, len(p.ids()), p.failure())
+		}
+	}
+}
+
+func (p *publisher) failure() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastErr
 }
 
 func (p *publisher) ids() []string {
@@ -336,7 +351,10 @@ func TestStreamIntakeMigrationBesideAnother(t *testing.T) {
 		acked = append(acked, id)
 	}
 	deleted := make(chan struct{})
+	// Two runs overlapping, as a run whose lock was taken over while it
+	// still ran does with the next one.
 	first, second := migrateOptions(), migrateOptions()
+	first.unlocked, second.unlocked = true, true
 	first.afterStep = func(s string) {
 		if s == "deleted DELAYD_INTAKE" {
 			close(deleted)
@@ -391,6 +409,7 @@ func TestStreamIntakeMigrationOvertakenKeepsTheLiveStream(t *testing.T) {
 	send("o-", 20)
 	var live time.Time
 	first := migrateOptions()
+	first.unlocked = true // overtaken as after its lock was taken over
 	// The first finds the parked stream not drained; meanwhile the second
 	// runs the whole migration and the live stream settles more messages
 	// than the first's barrier sequence; then the first looks again.
