@@ -25,6 +25,10 @@ type inboxCheck struct {
 	reconnects uint64 // the connection's reconnects when it did
 	err        error  // why the last probe failed; nil before the first
 	off        bool   // PublisherOptions.NoInboxCheck
+	// mark: the server's refusals after it (Refusals.Mark, taken before
+	// the probe that proved the inbox) are read for the inbox
+	// subscription's: a config reload can take it away (revoked).
+	mark uint64
 }
 
 const (
@@ -106,8 +110,19 @@ func (p *Publisher) checkInbox(done <-chan struct{}) {
 			wait = 0
 		case <-time.After(wait):
 		}
+		if p.inbox.verified(p.nc) {
+			if err := p.revoked(); err != nil {
+				p.inbox.mu.Lock()
+				p.inbox.ok, p.inbox.err = false, err
+				p.inbox.mu.Unlock()
+				p.log.Error("the server took the delivery inbox subscription away: delivering nothing and holding no shard until it works",
+					"error", err)
+				failures = 1 // subscribe again, then probe
+				continue
+			}
+		}
 		if !p.nc.IsConnected() || p.inbox.verified(p.nc) {
-			wait = time.Second // a missed status change is caught within a second
+			wait = time.Second // a missed status change or a revocation is caught within a second
 			continue
 		}
 		if failures > 0 {
@@ -120,7 +135,7 @@ func (p *Publisher) checkInbox(done <-chan struct{}) {
 				p.log.Warn("subscribing to the delivery inbox again failed", "error", err)
 			}
 		}
-		reconnects := p.nc.Stats().Reconnects
+		reconnects, mark := p.nc.Stats().Reconnects, p.refusals.Mark()
 		err := p.probeInbox(done)
 		if err == nil {
 			// Read the list of streams before the first delivery needs it.
@@ -130,7 +145,7 @@ func (p *Publisher) checkInbox(done <-chan struct{}) {
 		}
 		p.inbox.mu.Lock()
 		if err == nil {
-			p.inbox.ok, p.inbox.reconnects, p.inbox.err = true, reconnects, nil
+			p.inbox.ok, p.inbox.reconnects, p.inbox.err, p.inbox.mark = true, reconnects, nil, mark
 		} else {
 			p.inbox.ok, p.inbox.err = false, err
 		}
@@ -151,6 +166,21 @@ func (p *Publisher) checkInbox(done <-chan struct{}) {
 			wait = min(time.Duration(failures)*time.Second, inboxProbeEvery)
 		}
 	}
+}
+
+// revoked returns the server's refusal of the inbox subscription since the
+// inbox was proven, nil for none: a config reload that takes the
+// permission away drops the subscription and says so.
+func (p *Publisher) revoked() error {
+	p.inbox.mu.Lock()
+	mark := p.inbox.mark
+	p.inbox.mu.Unlock()
+	for _, err := range p.refusals.After(mark) {
+		if strings.Contains(err.Error(), `Subscription to "`+p.interest.base) {
+			return err
+		}
+	}
+	return nil
 }
 
 // probeInbox sends requests the server answers with a fresh subject of the

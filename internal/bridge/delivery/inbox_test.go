@@ -108,3 +108,60 @@ func TestInboxCheck(t *testing.T) {
 		t.Fatalf("after the reconnect, a delivery nobody hears: %v, want no interest", err)
 	}
 }
+
+// A config reload that takes the inbox subscription away (the server drops
+// it and says so) makes the publisher unproven again: it sends nothing
+// whose answer could not come back, and says why. Granted back, it
+// subscribes again and delivers.
+func TestInboxRevokedByReload(t *testing.T) {
+	t.Parallel()
+	users := func(inbox bool) []*server.User {
+		sub := []string{"delayd.>"}
+		if inbox {
+			sub = append(sub, "_INBOX_d.>")
+		}
+		return []*server.User{{Username: "d", Password: "p", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"t.>", "delayd.internal.>"}},
+			Subscribe: &server.SubjectPermission{Allow: sub},
+		}}}
+	}
+	n := testutil.StartNATS(t, func(o *server.Options) { o.Users = users(true) })
+	ref := bridge.NewRefusals()
+	nc, err := bridge.Connect(n.URL(), "t", bridge.Auth{User: "d", Password: "p", InboxPrefix: "_INBOX_d"}, hclog.NewNullLogger(), nil, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p, err := NewPublisher(nc, ref, PublisherOptions{InboxProbe: "delayd.internal.probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	proven(t, p)
+	reload := func(inbox bool) {
+		opts := n.Opts.Clone()
+		opts.Users = users(inbox)
+		if err := n.Srv.ReloadOptions(opts); err != nil {
+			t.Fatal(err)
+		}
+		n.Opts = opts
+	}
+	reload(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Connected() {
+		if time.Now().After(deadline) {
+			t.Fatal("still Connected after a reload took the inbox subscription away")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := p.Down(); err == nil || !strings.Contains(err.Error(), "Subscription to") {
+		t.Errorf("Down does not say the inbox subscription was refused: %v", err)
+	}
+	reload(true)
+	proven(t, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Publish(ctx, deliveries("t.nobody"))[0]; !errors.Is(err, scanner.ErrNoInterest) {
+		t.Fatalf("granted back, a delivery nobody hears: %v, want no interest", err)
+	}
+}
