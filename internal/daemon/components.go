@@ -19,7 +19,7 @@ func (p *parts) newScanner() {
 		ClaimBatch: c.Scanner.ClaimBatch, ClaimBytes: claimBytes(c, p.log), Lease: c.Scanner.Lease, IdleInterval: c.Scanner.IdleInterval,
 		RetryBackoff: c.Scanner.RetryBackoff, RetryBackoffMax: c.Scanner.RetryBackoffMax,
 		MaxAttempts: c.Scanner.MaxAttempts, NoInterestRetryFor: c.Scanner.NoInterestRetryFor, Shared: true,
-		StrictClaims: c.Redis.WaitClaims == "strict",
+		StrictClaims: c.Redis.WaitClaims == "strict", Acked: p.opt.acked,
 	}
 	if c.Dead.Publish {
 		opts.DeadSubject = c.Subject + ".dead"

@@ -17,6 +17,7 @@ type options struct {
 	version string
 	now     func() time.Time // the local wall clock (nil: time.Now); Redis time decides due times
 	store   []store.Option
+	acked   func(ids []string) // scanner.Options.Acked
 }
 
 // WithVersion is the version the daemon reports: in its log, as the
@@ -37,4 +38,11 @@ func WithNewestFormat(f int) Option {
 // a skewed local clock cannot make anything fire early. For tests.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.now = now }
+}
+
+// WithAcked tells acked the ids of each batch of settles the scanner's
+// store wrote (scanner.Options.Acked), so a test waits for an ack nothing
+// outside the daemon shows instead of sleeping. For tests.
+func WithAcked(acked func(ids []string)) Option {
+	return func(o *options) { o.acked = acked }
 }

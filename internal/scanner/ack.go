@@ -77,6 +77,7 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 			}
 		}
 	}
+	all := settles
 	for try := 0; ; try++ {
 		a, err := s.store.Ack(actx, settles, s.opt.RetryBackoff)
 		// Counted as the store confirms: a stale settle (replaced,
@@ -92,6 +93,7 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 			for sh, due := range nexts {
 				s.WakeLocal(sh, due)
 			}
+			s.signalAcked(all)
 			return
 		}
 		s.obs.RedisError(store.OpAck)
@@ -109,6 +111,20 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 		}
 		sleepCtx(actx, time.Duration(try+1)*50*time.Millisecond)
 	}
+}
+
+// signalAcked tells Options.Acked of the ids of settles written.
+func (s *Scanner) signalAcked(settles map[int][]store.Settle) {
+	if s.opt.Acked == nil {
+		return
+	}
+	var ids []string
+	for _, v := range settles {
+		for _, st := range v {
+			ids = append(ids, st.ID)
+		}
+	}
+	s.opt.Acked(ids)
 }
 
 // sleepCtx sleeps for d or until ctx is done.

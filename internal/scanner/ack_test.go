@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -178,5 +179,41 @@ func TestLeaseExpiredBuriedUnsent(t *testing.T) {
 	defer pub.mu.Unlock()
 	if len(pub.got) != 1 || len(pub.got[0]) != 1 || pub.got[0][0].Target != "delayd.dead.orders.x" {
 		t.Errorf("published %+v, want only the dead letter", pub.got)
+	}
+}
+
+// Options.Acked is told the ids of every settle the store wrote, once the
+// whole batch is written (after a retry too), and never of a batch left to
+// the leases: it is what a test waits on for an ack nothing outside shows.
+func TestAckedSignalsWrittenSettles(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		st   *ackStore
+		want []string
+	}{
+		{"written", &ackStore{claimStore: claimStore{shards: 2}, acked: store.Acked{Settled: 1, NowMs: 1_000_000}},
+			[]string{"a", "b"}},
+		{"written on the retry", &ackStore{claimStore: claimStore{shards: 2}, err: errors.New("store: ack: shard 1 failed"),
+			acked: store.Acked{Settled: 1, NowMs: 1_000_000, Unsettled: map[int][]store.Settle{1: {{ID: "b", Outcome: store.Delivered}}}},
+			then:  &store.Acked{Settled: 1, NowMs: 1_000_000}}, []string{"a", "b"}},
+		{"failed twice", &ackStore{claimStore: claimStore{shards: 2}, err: errors.New("store: ack: i/o timeout"),
+			acked: store.Acked{Unsettled: map[int][]store.Settle{0: {{ID: "a", Outcome: store.Delivered}}, 1: {{ID: "b", Outcome: store.Delivered}}}}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			opt := defaultOpts
+			opt.Acked = func(ids []string) { got = append(got, ids...) }
+			s := New(tc.st, newSwitchPub(), nil, opt, hclog.NewNullLogger())
+			// a is stale (replaced meanwhile, the store ignores it): written all the same.
+			s.ack(context.Background(), map[int][]store.Settle{
+				0: {{ID: "a", Outcome: store.Delivered}},
+				1: {{ID: "b", Outcome: store.Delivered}},
+			})
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("Acked told of %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

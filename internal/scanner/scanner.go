@@ -121,6 +121,12 @@ type Options struct {
 	// Announce, if set, tells the owner of a shard this daemon does not
 	// own that an envelope falls due there (a cross-daemon wake-up).
 	Announce func(shard int, dueMs int64)
+	// Acked, if set, is told the ids of each batch of settles once the
+	// store has written them all (applied, or ignored as stale: replaced,
+	// cancelled or re-claimed meanwhile); never of a batch left to the
+	// leases. Tests wait on it for an ack nothing outside the daemon
+	// shows. It runs on the ack stage: it must not block.
+	Acked func(ids []string)
 	// Now is the local clock (default time.Now). Due times are Redis time;
 	// the local clock only measures how long ago Redis said what time it
 	// was. Injected so tests can move it.

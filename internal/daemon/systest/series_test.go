@@ -130,7 +130,8 @@ func TestSeriesUntil(t *testing.T) {
 }
 
 func TestSeriesCancel(t *testing.T) {
-	_, nc, s := seriesDaemon(t, "series.cancel")
+	acks := daemontest.NewAcks()
+	_, nc, s := seriesDaemon(t, "series.cancel", acks.Option())
 	cl := client.New(nc)
 	daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.cancel", "Delayd-Every", "1s", "Delayd-Id", "ca"), "c")
 
@@ -146,8 +147,8 @@ func TestSeriesCancel(t *testing.T) {
 	t.Logf("cancelled with in_flight=%v", r.InFlight)
 	if r.InFlight {
 		// The occurrence in flight is settled by an ack nothing outside
-		// shows: give it the time it had.
-		time.Sleep(2500 * time.Millisecond)
+		// shows: wait for it.
+		acks.Wait(t, "ca", 1, 5*time.Second)
 	}
 	s.Settle(t) // not in flight: the cancel removed all there was
 	if ds := s.Get("ca"); len(ds) != 1 {
@@ -186,7 +187,8 @@ func TestSeriesReplace(t *testing.T) {
 }
 
 func TestSeriesGetPending(t *testing.T) {
-	_, nc, s := seriesDaemon(t, "series.get")
+	acks := daemontest.NewAcks()
+	_, nc, s := seriesDaemon(t, "series.get", acks.Option())
 	cl := client.New(nc)
 	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.get", "Delayd-Every", "1s", "Delayd-Count", "3", "Delayd-Id", "ge"), "g")
 
@@ -208,13 +210,9 @@ func TestSeriesGetPending(t *testing.T) {
 		t.Fatal("occurrence 1 not delivered")
 	}
 	// Once occurrence 1 is acknowledged, the same entry is occurrence 2.
-	deadline := time.Now().Add(800 * time.Millisecond)
-	for {
-		en, err = cl.Get(context.Background(), "ge")
-		if err == nil && en.State == "pending" && en.Occurrence == 2 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	acks.Wait(t, "ge", 1, 5*time.Second)
+	if en, err = cl.Get(context.Background(), "ge"); err != nil {
+		t.Fatal(err)
 	}
 	check(en, 2, ds[0].Due.Add(time.Second))
 	if _, err := cl.Cancel(context.Background(), "ge"); err != nil {
@@ -227,8 +225,10 @@ func TestSeriesGetPending(t *testing.T) {
 // so each flush, and with it the ack of each delivery, lags the delivery by
 // 400 ms: a cancel or replace sent when an occurrence arrives reaches Redis
 // while that occurrence is still in flight.
-func slowAckFleet(t *testing.T) (*daemontest.Env, config.Config) {
+// The scanner reports its acks to the returned Acks.
+func slowAckFleet(t *testing.T) (*daemontest.Env, config.Config, *daemontest.Acks) {
 	e := daemontest.NewEnv(t)
+	acks := daemontest.NewAcks()
 	c := e.Config()
 	ci := c
 	ci.Mode = "intake"
@@ -238,16 +238,16 @@ func slowAckFleet(t *testing.T) (*daemontest.Env, config.Config) {
 	cs.Mode = "scanner"
 	cs.NATS.URL = "nats://" + proxy.Addr()
 	cs.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
-	e.StartDaemon(cs)
+	e.StartDaemon(cs, acks.Option())
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 400 * time.Millisecond})
-	return e, c
+	return e, c, acks
 }
 
 // A cancel that lands while an occurrence is in flight ends the series: the
 // in-flight occurrence's ack must not move it to a next occurrence.
 func TestSeriesCancelWhileInFlight(t *testing.T) {
 	t.Parallel()
-	e, c := slowAckFleet(t)
+	e, c, acks := slowAckFleet(t)
 	nc := e.Conn()
 	defer nc.Close()
 	cl := client.New(nc)
@@ -260,7 +260,7 @@ func TestSeriesCancelWhileInFlight(t *testing.T) {
 	if err != nil || !r.Cancelled || !r.InFlight {
 		t.Fatalf("cancel: %+v, %v; want cancelled and in flight", r, err)
 	}
-	time.Sleep(2500 * time.Millisecond)
+	acks.Wait(t, "cif", 1, 5*time.Second) // occurrence 1's, the only one
 	if ds := s.Get("cif"); len(ds) != 1 {
 		t.Errorf("series cancelled in flight delivered again: %s", daemontest.Describe(ds))
 	}
@@ -275,7 +275,7 @@ func TestSeriesCancelWhileInFlight(t *testing.T) {
 // series runs from occurrence 1.
 func TestSeriesReplaceWhileInFlight(t *testing.T) {
 	t.Parallel()
-	e, c := slowAckFleet(t)
+	e, c, acks := slowAckFleet(t)
 	nc := e.Conn()
 	defer nc.Close()
 	st := e.InspectStore(c)
@@ -288,7 +288,11 @@ func TestSeriesReplaceWhileInFlight(t *testing.T) {
 		t.Fatalf("occurrence 1 no longer in flight when replaced (%+v, %v): the test missed the race", en, err)
 	}
 	sr := daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "series.rif", "Delayd-Every", "1s", "Delayd-Count", "2", "Delayd-Id", "rif"), "new")
-	time.Sleep(500 * time.Millisecond) // the old occurrence's ack has come and gone
+	acks.Wait(t, "rif", 1, 5*time.Second)
+	if ds := s.Get("rif"); len(ds) != 1 {
+		// The new series' first ack comes after its delivery.
+		t.Fatalf("the first ack written came after the new series delivered (%s): the old occurrence's was lost", daemontest.Describe(ds))
+	}
 	en, err := client.New(nc).Get(context.Background(), "rif")
 	if got, _ := time.Parse(time.RFC3339Nano, en.Due); err != nil || en.Occurrence != 1 || !got.Equal(sr.DeliverAt) || en.Series != "every 1s, count 2" {
 		t.Errorf("after the old ack: %+v, %v; want the new series, occurrence 1, due %s", en, err, sr.DeliverAt.Format(time.RFC3339Nano))
@@ -489,11 +493,11 @@ func TestSeriesBadInput(t *testing.T) {
 
 // seriesDaemon starts a parallel test's servers and daemon, a connection,
 // and a sink on target.
-func seriesDaemon(t *testing.T, target string) (*daemontest.Env, *nats.Conn, *daemontest.Sink) {
+func seriesDaemon(t *testing.T, target string, opts ...daemon.Option) (*daemontest.Env, *nats.Conn, *daemontest.Sink) {
 	t.Helper()
 	t.Parallel()
 	e := daemontest.NewEnv(t)
-	e.StartDaemon(e.Config())
+	e.StartDaemon(e.Config(), opts...)
 	nc := e.Conn()
 	t.Cleanup(nc.Close)
 	return e, nc, e.Sink(nc, target)
