@@ -75,8 +75,10 @@ func ScheduleMany(t testing.TB, nc *nats.Conn, n, workers int, prefix string, se
 				ids[i] = prefix + strconv.Itoa(i)
 				h := Hdr("Delayd-Id", ids[i])
 				set(i, h)
-				if rep, err := Schedule(nc, "delayd", h, "x"); err != nil || rep.Header.Get(micro.ErrorHeader) != "" {
-					t.Errorf("schedule %s: %v %v", ids[i], err, rep.Header)
+				if rep, err := Schedule(nc, "delayd", h, "x"); err != nil {
+					t.Errorf("schedule %s: %v", ids[i], err)
+				} else if rep.Header.Get(micro.ErrorHeader) != "" {
+					t.Errorf("schedule %s: %v", ids[i], rep.Header)
 				}
 			}
 		}()
