@@ -56,12 +56,13 @@ func exportedMetrics(t *testing.T) []string {
 		close(done)
 	}()
 	defer func() { cancel(); <-done }()
-	for {
+	var names []string
+	testutil.Wait(t, 10*time.Second, "the first sample exports delayd_shards_unowned", func() bool {
 		fams, err := m.Registry.Gather()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var names []string
+		names = nil
 		for _, f := range fams {
 			n := f.GetName()
 			names = append(names, n)
@@ -69,11 +70,9 @@ func exportedMetrics(t *testing.T) []string {
 				names = append(names, n+"_bucket", n+"_sum", n+"_count")
 			}
 		}
-		if slices.Contains(names, "delayd_shards_unowned") {
-			return names
-		}
-		time.Sleep(10 * time.Millisecond) // the first sample is on its way
-	}
+		return slices.Contains(names, "delayd_shards_unowned")
+	})
+	return names
 }
 
 // metricRef finds metric names in PromQL: identifiers followed by a

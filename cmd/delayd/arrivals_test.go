@@ -1,11 +1,17 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/delayd/delayd/client"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // arrival is what reached a subscriber for one Delayd-Id.
@@ -18,6 +24,7 @@ type arrival struct {
 // arrivals records the deliveries on a subject by Delayd-Id, for the
 // tests that run several builds side by side (a rolling upgrade).
 type arrivals struct {
+	nc  *nats.Conn
 	mu  sync.Mutex
 	got map[string]*arrival
 }
@@ -25,7 +32,7 @@ type arrivals struct {
 // recordArrivals subscribes to subject on nc and records what arrives.
 func recordArrivals(t *testing.T, nc *nats.Conn, subject string) *arrivals {
 	t.Helper()
-	a := &arrivals{got: map[string]*arrival{}}
+	a := &arrivals{nc: nc, got: map[string]*arrival{}}
 	if _, err := nc.Subscribe(subject, func(m *nats.Msg) {
 		now := time.Now()
 		a.mu.Lock()
@@ -53,21 +60,19 @@ func recordArrivals(t *testing.T, nc *nats.Conn, subject string) *arrivals {
 // wait waits until each of ids arrived, failing the test after within.
 func (a *arrivals) wait(t *testing.T, ids []string, within time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+	n := 0
+	if !testutil.Eventually(within, func() bool {
 		a.mu.Lock()
-		n := 0
+		defer a.mu.Unlock()
+		n = 0
 		for _, id := range ids {
 			if a.got[id] != nil {
 				n++
 			}
 		}
-		a.mu.Unlock()
-		if n == len(ids) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d delivered after %s", n, len(ids), within)
-		}
+		return n == len(ids)
+	}) {
+		t.Fatalf("%d of %d delivered after %s", n, len(ids), within)
 	}
 }
 
@@ -76,7 +81,18 @@ func (a *arrivals) wait(t *testing.T, ids []string, within time.Duration) {
 func (a *arrivals) once(t *testing.T, ids []string, attempt string) {
 	t.Helper()
 	a.wait(t, ids, 30*time.Second)
-	time.Sleep(200 * time.Millisecond) // a duplicate would follow closely
+	// A duplicate would come from a claim not yet settled: once no id is
+	// kept by delayd any more, a flush brings all that was sent before.
+	cl := client.New(a.nc)
+	testutil.Wait(t, 10*time.Second, "every id delivered gone from delayd", func() bool {
+		return !slices.ContainsFunc(ids, func(id string) bool {
+			_, err := cl.Get(context.Background(), id)
+			return !errors.Is(err, client.ErrNotFound)
+		})
+	})
+	if err := a.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, id := range ids {

@@ -72,15 +72,14 @@ func TestBinaryFlagsAndSignals(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if b, _ := os.ReadFile(log); strings.Contains(string(b), "delayd: ready") {
-				return cmd
-			}
-			if time.Now().After(deadline) {
-				b, _ := os.ReadFile(log)
-				t.Fatalf("delayd run did not log ready:\n%s", b)
-			}
+		if !testutil.Eventually(15*time.Second, func() bool {
+			b, _ := os.ReadFile(log)
+			return strings.Contains(string(b), "delayd: ready")
+		}) {
+			b, _ := os.ReadFile(log)
+			t.Fatalf("delayd run did not log ready:\n%s", b)
 		}
+		return cmd
 	}
 	stop := func(cmd *exec.Cmd, sig os.Signal) {
 		t.Helper()

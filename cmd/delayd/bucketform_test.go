@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -69,14 +70,10 @@ func TestDueBucketsBesideThePreviousBuild(t *testing.T) {
 	// waitLog waits for the k-th line of d's log that says what.
 	waitLog := func(d *testutil.Daemon, what string, k int) {
 		t.Helper()
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if b, _ := os.ReadFile(d.Log); strings.Count(string(b), what) >= k {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not log %q", d.Log, what)
-			}
-		}
+		testutil.Wait(t, 15*time.Second, fmt.Sprintf("%s logs %q %d times", d.Log, what, k), func() bool {
+			b, _ := os.ReadFile(d.Log)
+			return strings.Count(string(b), what) >= k
+		})
 	}
 
 	// This version's daemons run with the due buckets on (the older build

@@ -240,17 +240,17 @@ func chaosStream(t *testing.T, nc *nats.Conn, replicas int) jetstream.Stream {
 	// A cluster that just elected its meta leader may not yet know every
 	// peer online: an R3 stream waits for them (JetStream's 10005, no
 	// suitable peers for placement).
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CHAOS", Subjects: []string{"chaos.>"},
+	var s jetstream.Stream
+	testutil.Eventually(20*time.Second, func() bool {
+		s, err = js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "CHAOS", Subjects: []string{"chaos.>"},
 			Duplicates: 100 * time.Millisecond, Storage: jetstream.FileStorage, Replicas: replicas})
 		var api *jetstream.APIError
-		if err == nil || !errors.As(err, &api) || api.ErrorCode != 10005 || time.Now().After(deadline) {
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
-		}
+		return err == nil || !errors.As(err, &api) || api.ErrorCode != 10005
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return s
 }
 
 // soakParams reads a soak's duration (60 s, or DELAYD_CHAOS_DURATION) and
@@ -294,15 +294,11 @@ func (w *chaosWorkload) settle(stream jetstream.Stream, consumer *chaosConsumer)
 	w.mu.Lock()
 	acked, lastDue := len(w.acked), w.lastDue
 	w.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	testutil.Eventually(30*time.Second, func() bool {
 		info, err := stream.Info(context.Background())
-		if err == nil && info.State.Msgs+uint64(len(consumer.received())) >= uint64(acked) &&
-			time.Now().After(lastDue.Add(3*time.Second)) {
-			return
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return err == nil && info.State.Msgs+uint64(len(consumer.received())) >= uint64(acked) &&
+			time.Now().After(lastDue.Add(3*time.Second))
+	})
 }
 
 // span is a time window of a fault.

@@ -124,11 +124,7 @@ func TestChaosSoakTopology(t *testing.T) {
 			w.mu.Lock()
 			w.lagging = append(w.lagging, span{from, time.Now().Add(time.Second)})
 			w.mu.Unlock()
-			deadline := time.Now().Add(30 * time.Second)
-			for sn.MasterAddr(t) != replica.Addr && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Millisecond)
-			}
-			if sn.MasterAddr(t) != replica.Addr {
+			if !testutil.Eventually(30*time.Second, func() bool { return sn.MasterAddr(t) == replica.Addr }) {
 				t.Errorf("the sentinel did not fail over to %s within 30 s", replica.Addr)
 			}
 			// The old master comes back with its AOF; the sentinel turns
@@ -181,19 +177,12 @@ func TestChaosSoakTopology(t *testing.T) {
 // waitReplicaOf waits until r is a replica with its link to its master up.
 func waitReplicaOf(r *testutil.Redis, d time.Duration) {
 	c := r.Client()
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	testutil.Eventually(d, func() bool {
 		info, _ := c.Info(context.Background(), "replication").Result()
-		if strings.Contains(info, "role:slave") && strings.Contains(info, "master_link_status:up") {
-			return
-		}
-	}
+		return strings.Contains(info, "role:slave") && strings.Contains(info, "master_link_status:up")
+	})
 }
 
 func waitCaughtUp(master *testutil.Redis, d time.Duration) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if testutil.CaughtUpReplicas(master) >= 1 {
-			return true
-		}
-	}
-	return false
+	return testutil.Eventually(d, func() bool { return testutil.CaughtUpReplicas(master) >= 1 })
 }

@@ -67,16 +67,11 @@ func startProcEnv(e *daemontest.Env, bin string, c config.Config, extra ...strin
 			e.T.Logf("daemon log %s:\n%s", logPath, b)
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "delayd: ready") {
-			return p
-		}
-		if time.Now().After(deadline) {
-			e.T.Fatal("daemon process did not log ready")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Wait(e.T, 10*time.Second, "the daemon process logs ready", func() bool {
+		b, _ := os.ReadFile(logPath)
+		return strings.Contains(string(b), "delayd: ready")
+	})
+	return p
 }
 
 func (p *proc) kill() {
@@ -246,27 +241,24 @@ func TestTenDaemonsThreeKilled(t *testing.T) {
 	st := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)
 	defer st.Close()
 	// Every shard owned, spread over the daemons.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		owners, err := st.Owners(context.Background())
-		if err != nil {
+	var owners []string
+	distinct := map[string]bool{}
+	if !testutil.Eventually(10*time.Second, func() bool {
+		var err error
+		if owners, err = st.Owners(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		distinct := map[string]bool{}
+		clear(distinct)
 		for _, o := range owners {
 			if o != "" {
 				distinct[o] = true
 			}
 		}
-		if !slices.Contains(owners, "") && len(distinct) >= 6 {
-			t.Logf("16 shards over %d daemons", len(distinct))
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("shards not spread: %v", owners)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return !slices.Contains(owners, "") && len(distinct) >= 6
+	}) {
+		t.Fatalf("shards not spread: %v", owners)
 	}
+	t.Logf("16 shards over %d daemons", len(distinct))
 	nc := e.Conn()
 	defer nc.Close()
 	start := time.Now().Add(2 * time.Second)
@@ -280,23 +272,15 @@ func TestTenDaemonsThreeKilled(t *testing.T) {
 		procs[i].kill()
 	}
 	killedAt := time.Now()
-	for {
-		owners, _ := st.Owners(context.Background())
-		orphan := false
-		for _, o := range owners {
-			if o == "" || strings.HasPrefix(o, "d1-") || strings.HasPrefix(o, "d4-") || strings.HasPrefix(o, "d7-") {
-				orphan = true
-			}
-		}
-		if !orphan {
-			t.Logf("orphaned shards taken over %s after the kills (lease TTL %s)", time.Since(killedAt).Round(time.Millisecond), c.Ownership.TTL)
-			break
-		}
-		if time.Since(killedAt) > 2*c.Ownership.TTL+time.Second {
-			t.Fatalf("orphaned shards not taken over within the lease: %v", owners)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Eventually(time.Until(killedAt.Add(2*c.Ownership.TTL+time.Second)), func() bool {
+		owners, _ = st.Owners(context.Background())
+		return !slices.ContainsFunc(owners, func(o string) bool {
+			return o == "" || strings.HasPrefix(o, "d1-") || strings.HasPrefix(o, "d4-") || strings.HasPrefix(o, "d7-")
+		})
+	}) {
+		t.Fatalf("orphaned shards not taken over within the lease: %v", owners)
 	}
+	t.Logf("orphaned shards taken over %s after the kills (lease TTL %s)", time.Since(killedAt).Round(time.Millisecond), c.Ownership.TTL)
 	<-done
 	dups := f.Verify(t, 30*time.Second)
 	t.Logf("duplicates (redeliveries of leases in flight at the kills): %d", dups)
@@ -426,10 +410,7 @@ func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 		t.Fatal("kill did not land between publish and ack")
 	}
 	startProcEnv(e, bin, c, "DELAYD_TARGETS_JETSTREAM=jsc.>")
-	deadline := time.Now().Add(10 * time.Second)
-	for e.Stored(c) > 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(10*time.Second, func() bool { return e.Stored(c) == 0 })
 	if left := e.Stored(c); left != 0 {
 		t.Fatalf("%d envelopes not delivered after restart", left)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // TestDeadLetters: deliveries that keep failing (a JetStream target without
@@ -81,18 +82,13 @@ func TestDeadLetters(t *testing.T) {
 		}
 		return out
 	}
-	deadline := time.Now().Add(10 * time.Second)
 	var list string
-	for {
+	if !testutil.Eventually(10*time.Second, func() bool {
 		list, _ = try("dead", "list")
-		if strings.Contains(list, "d-js") && strings.Contains(list, "d-big") {
-			break
-		}
-		if time.Now().After(deadline) {
-			g, _ := try("get", "d-big")
-			t.Fatalf("dead list:\n%s\nget d-big:\n%s", list, g)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(list, "d-js") && strings.Contains(list, "d-big")
+	}) {
+		g, _ := try("get", "d-big")
+		t.Fatalf("dead list:\n%s\nget d-big:\n%s", list, g)
 	}
 	if !strings.Contains(list, "maximum payload") && !strings.Contains(list, "max payload") {
 		t.Errorf("too-large error not recorded:\n%s", list)
@@ -107,10 +103,7 @@ func TestDeadLetters(t *testing.T) {
 	if out := cli("dead", "replay", "d-js"); !strings.Contains(out, "replayed 1") {
 		t.Fatalf("replay: %s", out)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for daemontest.StreamMsgs(t, st) != 1 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(10*time.Second, func() bool { return daemontest.StreamMsgs(t, st) == 1 })
 	if daemontest.StreamMsgs(t, st) != 1 {
 		t.Fatal("replayed envelope not delivered")
 	}

@@ -32,12 +32,8 @@ func TestEmbeddedRun(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"delayd", "run", "--embedded", "--nats-url", url, "--set", "http.addr=127.0.0.1:0", "--set", "ui.addr=127.0.0.1:0"}, func(string) string { return "" }, &logs, &logs)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "delayd: ready") {
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready:\n%s", logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, func() bool { return strings.Contains(logs.String(), "delayd: ready") }) {
+		t.Fatalf("not ready:\n%s", logs.String())
 	}
 	if !strings.Contains(logs.String(), "NOTHING IS DURABLE") {
 		t.Errorf("embedded mode must say plainly that nothing is durable:\n%s", logs.String())
@@ -187,12 +183,10 @@ func TestStreamIntakeEmbedded(t *testing.T) {
 	// emulation (Lua in Go, with -race) made the start take 9 s of the
 	// delivery's 10, and the test failed "not delivered" half a second
 	// after "ready". This bound is only against a hang.
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(logs.String(), "stream intake serving") || !daemontest.Readyz(admin) {
-		if time.Now().After(deadline) {
-			t.Fatalf("stream intake not serving, or not ready:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testutil.Eventually(60*time.Second, func() bool {
+		return strings.Contains(logs.String(), "stream intake serving") && daemontest.Readyz(admin)
+	}) {
+		t.Fatalf("stream intake not serving, or not ready:\n%s", logs.String())
 	}
 	nc, err := nats.Connect(url)
 	if err != nil {

@@ -63,15 +63,14 @@ func BenchmarkIdleCPU(b *testing.B) {
 	bin := delaydBinary(b)
 	for i := 0; i < b.N; i++ {
 		cmd, url := startForFootprint(b, bin, e)
-		for {
-			if resp, err := http.Get(url); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == 200 {
-					break
-				}
+		testutil.Wait(b, 10*time.Second, "/readyz answers 200", func() bool {
+			resp, err := http.Get(url)
+			if err != nil {
+				return false
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		})
 		time.Sleep(2 * time.Second) // past start-up work
 		c0, t0 := cpuTicks(b, cmd.Process.Pid), time.Now()
 		time.Sleep(20 * time.Second)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // delayd intake migrate moves a work-queue intake stream (made by a daemon
@@ -35,12 +36,11 @@ func TestIntakeMigrateCommand(t *testing.T) {
 	}
 	// Without an admin port StartDaemon waits only until requests are
 	// served: the stream intake may not have made its stream yet.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := js.Stream(context.Background(), c.Intake.Stream.Name); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the old daemon made no intake stream: %v", err)
-		}
+	if !testutil.Eventually(10*time.Second, func() bool {
+		_, err = js.Stream(context.Background(), c.Intake.Stream.Name)
+		return err == nil
+	}) {
+		t.Fatalf("the old daemon made no intake stream: %v", err)
 	}
 	if err := stopOld(); err != nil {
 		t.Fatal(err)
@@ -115,12 +115,11 @@ func TestIntakeMigrateUnderThePermissionBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := mig.Consumer(context.Background(), "DELAYD_INTAKE", "DELAYD_INTAKE"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the work-queue daemon set up no intake stream: %v", err)
-		}
+	if !testutil.Eventually(10*time.Second, func() bool {
+		_, err = mig.Consumer(context.Background(), "DELAYD_INTAKE", "DELAYD_INTAKE")
+		return err == nil
+	}) {
+		t.Fatalf("the work-queue daemon set up no intake stream: %v", err)
 	}
 	if err := d.Stop(); err != nil { // the work queue stays
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,8 +118,9 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 		for _, id := range ids {
 			want[id] = true
 		}
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			out := map[string]float64{}
+		var out map[string]float64
+		if !testutil.Eventually(10*time.Second, func() bool {
+			out = map[string]float64{}
 			for s := range shards {
 				zs, err := rdb.ZRangeWithScores(ctx, fmt.Sprintf("{delayd:%d}:inflight", s), 0, -1).Result()
 				if err != nil {
@@ -132,13 +132,11 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 					}
 				}
 			}
-			if len(out) == len(ids) {
-				return out
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d in flight after 10 s: %v", len(out), len(ids), out)
-			}
+			return len(out) == len(ids)
+		}) {
+			t.Fatalf("%d of %d in flight after 10 s: %v", len(out), len(ids), out)
 		}
+		return out
 	}
 	// delivered waits until each of ids arrived once, as attempt 2 (its
 	// first lease expired), never early.
@@ -151,16 +149,24 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 		}
 		return strings.Join(v, " ")
 	}
+	// waitOwners waits until every shard is owned, by k daemons; it
+	// returns the owners it saw last if they never were.
+	waitOwners := func(d time.Duration, k int) map[string]bool {
+		var owners map[string]bool
+		if testutil.Eventually(d, func() bool {
+			owners = map[string]bool{}
+			for s := range shards {
+				owners[rdb.Get(ctx, fmt.Sprintf("{delayd:%d}:owner", s)).Val()] = true
+			}
+			return len(owners) == k && !owners[""]
+		}) {
+			return nil
+		}
+		return owners
+	}
 	waitLog := func(d *testutil.Daemon, what string) {
 		t.Helper()
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if b, _ := os.ReadFile(d.Log); strings.Contains(string(b), what) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not log %q", d.Log, what)
-			}
-		}
+		testutil.Wait(t, 15*time.Second, fmt.Sprintf("%s logs %q", d.Log, what), func() bool { return d.Logged(what) })
 	}
 
 	// The older scanner and this version's, each behind a proxy.
@@ -168,17 +174,8 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	older := testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_MODE=scanner", via(pOld))...)
 	newer := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner", via(pNew))...)
 	waitLog(newer, "writes=2")
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		owners := map[string]bool{}
-		for s := range shards {
-			owners[rdb.Get(ctx, fmt.Sprintf("{delayd:%d}:owner", s)).Val()] = true
-		}
-		if len(owners) == 2 && !owners[""] {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the two scanners do not share the shards: owners %v", owners)
-		}
+	if owners := waitOwners(10*time.Second, 2); owners != nil {
+		t.Fatalf("the two scanners do not share the shards: owners %v", owners)
 	}
 	if f := formats(); !strings.Contains(f, "2:") || !strings.Contains(f, "3:") {
 		t.Fatalf("announced formats %q, want a 2 and a 3", f)
@@ -219,17 +216,8 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 	pLast := testutil.StartProxy(t, natsAddr)
 	last := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner", via(pLast), longLease)...)
 	after.Stop()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		owners := map[string]bool{}
-		for s := range shards {
-			owners[rdb.Get(ctx, fmt.Sprintf("{delayd:%d}:owner", s)).Val()] = true
-		}
-		if len(owners) == 1 && !owners[""] {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("one scanner does not own every shard: owners %v", owners)
-		}
+	if owners := waitOwners(15*time.Second, 1); owners != nil {
+		t.Fatalf("one scanner does not own every shard: owners %v", owners)
 	}
 	third := schedule("back", 40, pLast)
 	for id, score := range leases(third) {
@@ -238,19 +226,17 @@ func TestLeaseScoresBesideThePreviousBuild(t *testing.T) {
 		}
 	}
 	testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_MODE=scanner")...)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		whole := 0
+	whole := 0
+	if !testutil.Eventually(10*time.Second, func() bool {
+		whole = 0
 		for _, score := range leases(third) {
 			if score > 1e14 {
 				whole++
 			}
 		}
-		if whole == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d whole lease scores left 10 s after the older build joined", whole)
-		}
+		return whole == 0
+	}) {
+		t.Fatalf("%d whole lease scores left 10 s after the older build joined", whole)
 	}
 	last.Kill()
 	delivered(third)

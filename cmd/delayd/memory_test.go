@@ -16,6 +16,7 @@ import (
 	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/envelope"
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // TestLargePayloadsUnderMemoryLimit: 200 envelopes of 900 kB fall due at
@@ -58,10 +59,7 @@ func TestLargePayloadsUnderMemoryLimit(t *testing.T) {
 	}
 	_ = nc.Flush()
 	p := startProcEnv(e, bin, c, "GOMEMLIMIT=96MiB")
-	deadline := time.Now().Add(60 * time.Second)
-	for got.Load() < n && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(60*time.Second, func() bool { return got.Load() >= n })
 	peak := peakRSS(t, p.cmd.Process.Pid)
 	// The throughput of large payloads, from the first delivery to the
 	// last (the daemon starts after they fell due), for BENCHMARKS.

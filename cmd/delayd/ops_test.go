@@ -12,6 +12,7 @@ import (
 
 	"github.com/delayd/delayd/client"
 	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 func TestReadyzFollowsRedis(t *testing.T) {
@@ -22,17 +23,15 @@ func TestReadyzFollowsRedis(t *testing.T) {
 	base := "http://" + c.HTTP.Addr
 	waitStatus := func(path string, want int) string {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			code, body := daemontest.HTTPGet(t, base+path)
-			if code == want {
-				return body
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d %q, want %d", path, code, body, want)
-			}
-			time.Sleep(50 * time.Millisecond)
+		var code int
+		var body string
+		if !testutil.Eventually(10*time.Second, func() bool {
+			code, body = daemontest.HTTPGet(t, base+path)
+			return code == want
+		}) {
+			t.Fatalf("%s: %d %q, want %d", path, code, body, want)
 		}
+		return body
 	}
 	healthcheck := func() error {
 		noEnv := func(string) string { return "" }

@@ -191,25 +191,15 @@ func TestPermissionBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		_, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: "delayd.intake", Data: []byte("x"),
+	if !testutil.Eventually(10*time.Second, func() bool { // the daemon creates the stream
+		_, err = js.PublishMsg(context.Background(), &nats.Msg{Subject: "delayd.intake", Data: []byte("x"),
 			Header: daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "1h", "Delayd-Id", "s-1")})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) { // the daemon creates the stream
-			t.Fatalf("publisher into delayd.intake: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil
+	}) {
+		t.Fatalf("publisher into delayd.intake: %v", err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if _, err := cli("get", "s-1"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream envelope not stored under the daemon block:\n%s", logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, func() bool { _, err := cli("get", "s-1"); return err == nil }) {
+		t.Fatalf("stream envelope not stored under the daemon block:\n%s", logs.String())
 	}
 
 	// Daemon: its block lets it deliver (acknowledged only after the
@@ -220,16 +210,12 @@ func TestPermissionBlocks(t *testing.T) {
 	consumer := connect("consumer", "con-pw")
 	got := e.Sink(consumer, "orders.cancel")
 	daemontest.ScheduleServed(t, pub, daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "10ms", "Delayd-Id", "r-3"))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, err := cli("get", "r-3")
-		if err != nil && strings.Contains(err.Error(), "404") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("r-3 not delivered under the daemon block: %v %s\n%s", err, out, logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	var out string
+	if !testutil.Eventually(10*time.Second, func() bool {
+		out, err = cli("get", "r-3")
+		return err != nil && strings.Contains(err.Error(), "404")
+	}) {
+		t.Fatalf("r-3 not delivered under the daemon block: %v %s\n%s", err, out, logs.String())
 	}
 	if got.WaitCount(1, 5*time.Second) != 1 || len(got.Get("r-3")) != 1 {
 		t.Errorf("the consumer block got %d deliveries, want r-3 once", got.Count())

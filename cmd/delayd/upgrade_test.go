@@ -67,10 +67,8 @@ func TestReplayBesideThePreviousRelease(t *testing.T) {
 		}
 		return false
 	}
-	for deadline := time.Now().Add(20 * time.Second); !dead(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("u1 not dead after 20 s (attempts %q)", attempts())
-		}
+	if !testutil.Eventually(20*time.Second, dead) {
+		t.Fatalf("u1 not dead after 20 s (attempts %q)", attempts())
 	}
 
 	js, err := jetstream.New(nc)
@@ -105,22 +103,13 @@ func TestReplayBesideThePreviousRelease(t *testing.T) {
 	// over, and the replay goes through.
 	oldScanner.Stop()
 	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner")...)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if err = replay(); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replay once the previous release left: %v %s", err, errOut.String())
-		}
+	if !testutil.Eventually(10*time.Second, func() bool { err = replay(); return err == nil }) {
+		t.Fatalf("replay once the previous release left: %v %s", err, errOut.String())
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if info, err := s.Info(context.Background()); err == nil && info.State.Msgs > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the replayed envelope was not delivered within 20 s")
-		}
-	}
+	testutil.Wait(t, 20*time.Second, "the replayed envelope delivered", func() bool {
+		info, err := s.Info(context.Background())
+		return err == nil && info.State.Msgs > 0
+	})
 	msg, err := s.GetMsg(context.Background(), 1)
 	if err != nil {
 		t.Fatal(err)

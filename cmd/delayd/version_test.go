@@ -78,24 +78,22 @@ func TestBuiltBinariesStart(t *testing.T) {
 
 			// Started means serving: the micro service answers with the
 			// version the build carries, mapped to SemVer.
-			deadline := time.Now().Add(30 * time.Second)
-			for {
+			if !testutil.Eventually(30*time.Second, func() bool {
 				select {
 				case err := <-exited:
 					exited <- err
 					t.Fatalf("%s exited: %v\n%s", bin, err, logs.String())
 				default:
 				}
-				if info, ok := serviceInfo(url); ok {
+				info, ok := serviceInfo(url)
+				if ok {
 					if want := bridge.ServiceVersion(version); info.Version != want {
 						t.Fatalf("service version %q, want %q (from %q)", info.Version, want, version)
 					}
-					return
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("no service info within 30 s:\n%s", logs.String())
-				}
-				time.Sleep(50 * time.Millisecond)
+				return ok
+			}) {
+				t.Fatalf("no service info within 30 s:\n%s", logs.String())
 			}
 		})
 	}

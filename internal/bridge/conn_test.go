@@ -31,9 +31,7 @@ func TestConnectRetriesAfterAuthorizationErrors(t *testing.T) {
 	if err := n.Srv.ReloadOptions(opts); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); !nc.IsConnected(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) || nc.IsClosed() {
-			t.Fatalf("not connected 10 s after the credentials were fixed (closed: %v)", nc.IsClosed())
-		}
+	if !testutil.Eventually(10*time.Second, func() bool { return nc.IsConnected() || nc.IsClosed() }) || nc.IsClosed() {
+		t.Fatalf("not connected 10 s after the credentials were fixed (closed: %v)", nc.IsClosed())
 	}
 }

@@ -114,9 +114,7 @@ func TestBatchingKeepsTheReplyUnderMaxPayload(t *testing.T) {
 	if err := tap.Drain(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); tap.IsValid() && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(10*time.Second, func() bool { return !tap.IsValid() })
 	mu.Lock()
 	defer mu.Unlock()
 	for _, o := range over {

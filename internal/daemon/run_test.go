@@ -66,10 +66,8 @@ func TestRunReturnsAStartError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "address already in use") || ctx.Err() != nil {
 		t.Fatalf("got %v, want the admin server's listen error at once", err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); n.Srv.NumClients() > before; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d NATS connections left open", n.Srv.NumClients()-before)
-		}
+	if !testutil.Eventually(5*time.Second, func() bool { return n.Srv.NumClients() <= before }) {
+		t.Fatalf("%d NATS connections left open", n.Srv.NumClients()-before)
 	}
 }
 
@@ -80,9 +78,14 @@ func TestShutdownKeepsItsDeadlineWithNATSDown(t *testing.T) {
 	n, r := testutil.StartNATS(t), testutil.StartRedis(t)
 	c := daemontest.Config(n, r)
 	c.Shutdown.Timeout = 500 * time.Millisecond
+	c.HTTP.Addr = fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	d := daemontest.Start(t, c)
 	n.Stop()
-	time.Sleep(300 * time.Millisecond) // the connections notice
+	testutil.Wait(t, 5*time.Second, "the daemon's NATS connections notice", func() bool {
+		_, body := daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/metrics")
+		v, ok := daemontest.Metric(body, "delayd_nats_connected")
+		return ok && v == 0
+	})
 	start := time.Now()
 	_ = d.Stop() // may report the deadline: the intake could not drain
 	if took := time.Since(start); took > c.Shutdown.Timeout+700*time.Millisecond {

@@ -122,13 +122,8 @@ func newTestScanner(st Store, pub Publisher, clock *testutil.Clock, opt Options)
 	return New(st, pub, nil, opt, hclog.NewNullLogger())
 }
 
-// eventually waits up to 10s for cond, checking every millisecond.
+// eventually waits up to 10s for cond.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(end) {
-			t.Fatalf("not within 10s: %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Wait(t, 10*time.Second, what, cond)
 }

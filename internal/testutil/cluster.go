@@ -55,26 +55,18 @@ func (c *Cluster) Addrs() []string {
 // WaitOK waits until every live node reports cluster_state:ok.
 func (c *Cluster) WaitOK(t testing.TB, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok := true
+	Wait(t, d, "every live node of the cluster says cluster_state:ok", func() bool {
 		for _, n := range c.Nodes {
 			if n.cmd == nil {
 				continue
 			}
 			info, err := n.Client().ClusterInfo(context.Background()).Result()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				ok = false
+				return false
 			}
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("cluster not ok in time")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return true
+	})
 }
 
 // Client is a cluster client for inspection.

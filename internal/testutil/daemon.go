@@ -50,16 +50,17 @@ func StartDaemon(t testing.TB, bin string, n *NATS, r *Redis, extra ...string) *
 			t.Logf("delayd log %s:\n%s", d.Log, b)
 		}
 	})
-	for deadline := time.Now().Add(15 * time.Second); ; {
-		if b, _ := os.ReadFile(d.Log); strings.Contains(string(b), "delayd: ready") {
-			return d
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(d.Log)
-			t.Fatalf("delayd did not log ready:\n%s", b)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !Eventually(15*time.Second, func() bool { return d.Logged("delayd: ready") }) {
+		b, _ := os.ReadFile(d.Log)
+		t.Fatalf("delayd did not log ready:\n%s", b)
 	}
+	return d
+}
+
+// Logged reports whether the daemon's log holds what.
+func (d *Daemon) Logged(what string) bool {
+	b, _ := os.ReadFile(d.Log)
+	return strings.Contains(string(b), what)
 }
 
 // Stop stops the daemon with SIGTERM (a graceful shutdown) and waits,

@@ -3,6 +3,7 @@ package testutil
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -39,18 +40,10 @@ func StartNATSCluster(t testing.TB, n int) []*NATS {
 	for _, nd := range nodes {
 		nd.Start()
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		for _, nd := range nodes {
-			if nd.Srv != nil && nd.Srv.JetStreamIsLeader() {
-				return nodes
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("NATS cluster: no JetStream meta leader")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	Wait(t, 20*time.Second, "a JetStream meta leader in the NATS cluster", func() bool {
+		return slices.ContainsFunc(nodes, func(nd *NATS) bool { return nd.Srv != nil && nd.Srv.JetStreamIsLeader() })
+	})
+	return nodes
 }
 
 // startNATSNoWait configures a node like StartNATS without starting it.

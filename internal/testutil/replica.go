@@ -41,12 +41,12 @@ func FastReplication(t testing.TB, master *Redis) {
 // acknowledged all it wrote (what a WAIT then finds at once).
 func WaitReplicas(t testing.TB, master *Redis, n int, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
+	start := time.Now()
 	c := redis.NewClient(&redis.Options{Addr: master.Addr, TLSConfig: master.tls})
 	defer c.Close()
-	for {
+	if Eventually(d, func() bool {
 		if CaughtUpReplicas(master) >= n {
-			return
+			return true
 		}
 		// INFO shows the offsets replicas acknowledged last, once a second;
 		// with the master's own pings to its replicas, also once a second
@@ -55,17 +55,17 @@ func WaitReplicas(t testing.TB, master *Redis, n int, d time.Duration) {
 		// second of that, WAIT asks the online replicas for their offset
 		// at once (REPLCONF GETACK), as the store's waits do; not sooner,
 		// so a replica that has just synced settles first.
-		if time.Until(deadline) < d-time.Second {
+		if time.Since(start) > time.Second {
 			if got, err := c.Do(context.Background(), "WAIT", n, 200).Int(); err == nil && got >= n {
-				return
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			info, _ := master.Client().Info(context.Background(), "replication").Result()
-			t.Fatalf("redis %s: %d replicas caught up not reached in %s:\n%s", master.Addr, n, d, info)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		return
 	}
+	info, _ := master.Client().Info(context.Background(), "replication").Result()
+	t.Fatalf("redis %s: %d replicas caught up not reached in %s:\n%s", master.Addr, n, d, info)
 }
 
 // CaughtUpReplicas counts master's online replicas that have acknowledged

@@ -48,18 +48,16 @@ func StartSentinel(t testing.TB) *Sentinel {
 	})
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
 	defer sc.Close()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		addr, err := sc.GetMasterAddrByName(context.Background(), "mymaster").Result()
+	var err error
+	if !Eventually(15*time.Second, func() bool {
+		var addr []string
+		addr, err = sc.GetMasterAddrByName(context.Background(), "mymaster").Result()
 		rep, _ := r.Client().Info(context.Background(), "replication").Result()
-		if err == nil && len(addr) == 2 && strings.Contains(rep, "master_link_status:up") {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sentinel not ready: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err == nil && len(addr) == 2 && strings.Contains(rep, "master_link_status:up")
+	}) {
+		t.Fatalf("sentinel not ready: %v", err)
 	}
+	return s
 }
 
 // MasterAddr is the master the sentinel currently names.

@@ -95,16 +95,9 @@ func (r *Redis) Start() {
 	}
 	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, TLSConfig: r.tls})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		// LOADING errors mean the AOF is being replayed: keep waiting.
-		if err := c.Ping(context.Background()).Err(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("redis-server on %s did not become ready", r.Addr)
-		}
-		time.Sleep(20 * time.Millisecond)
+	// LOADING errors mean the AOF is being replayed: keep waiting.
+	if !Eventually(10*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil }) {
+		r.t.Fatalf("redis-server on %s did not become ready", r.Addr)
 	}
 }
 

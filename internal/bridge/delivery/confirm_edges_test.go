@@ -196,12 +196,8 @@ func TestSlowPathPipelinesBatches(t *testing.T) {
 // waitFor polls cond until it holds, for at most 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 10s: not %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, cond) {
+		t.Fatalf("after 10s: not %s", what)
 	}
 }
 

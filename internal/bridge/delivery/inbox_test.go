@@ -18,12 +18,8 @@ import (
 // proven waits until p has proven it receives on its inbox.
 func proven(t testing.TB, p *Publisher) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !p.Connected() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the publisher never proved its inbox: %v", p.Down())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, p.Connected) {
+		t.Fatalf("the publisher never proved its inbox: %v", p.Down())
 	}
 }
 
@@ -59,16 +55,12 @@ func TestInboxCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := p.Down()
-		if err != nil && strings.Contains(err.Error(), "Permissions Violation for Subscription to") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Down does not give the refused subscription: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var down error
+	if !testutil.Eventually(10*time.Second, func() bool {
+		down = p.Down()
+		return down != nil && strings.Contains(down.Error(), "Permissions Violation for Subscription to")
+	}) {
+		t.Fatalf("Down does not give the refused subscription: %v", down)
 	}
 	if p.Connected() {
 		t.Fatal("Connected while the inbox is refused")
@@ -96,9 +88,7 @@ func TestInboxCheck(t *testing.T) {
 
 	// A restart of the server: proven again after the reconnect.
 	n.Stop()
-	for nc.IsConnected() {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Wait(t, 10*time.Second, "the connection notices the server stopped", func() bool { return !nc.IsConnected() })
 	if p.Connected() {
 		t.Fatal("Connected while NATS is down")
 	}
@@ -147,13 +137,7 @@ func TestInboxRevokedByReload(t *testing.T) {
 		n.Opts = opts
 	}
 	reload(false)
-	deadline := time.Now().Add(10 * time.Second)
-	for p.Connected() {
-		if time.Now().After(deadline) {
-			t.Fatal("still Connected after a reload took the inbox subscription away")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Wait(t, 10*time.Second, "not Connected once a reload took the inbox subscription away", func() bool { return !p.Connected() })
 	if err := p.Down(); err == nil || !strings.Contains(err.Error(), "Subscription to") {
 		t.Errorf("Down does not say the inbox subscription was refused: %v", err)
 	}

@@ -212,13 +212,12 @@ func TestNoInterestStreamIsInterest(t *testing.T) {
 	// The flush confirms the server took the messages; the stream stores
 	// them a moment later (its PubAcks are what tells).
 	var msgs uint64
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	testutil.Eventually(5*time.Second, func() bool {
 		if info, err := s.Info(ctx); err == nil {
-			if msgs = info.State.Msgs; msgs >= 20 {
-				break
-			}
+			msgs = info.State.Msgs
 		}
-	}
+		return msgs >= 20
+	})
 	if msgs != 20 {
 		t.Fatalf("stream holds %d messages, want 20", msgs)
 	}

@@ -83,10 +83,8 @@ func TestSilentPathFlushTimeoutIsUnreachable(t *testing.T) {
 		t.Fatalf("while silent: %v", err)
 	}
 	proxy.Clear()
-	for deadline := time.Now().Add(10 * time.Second); !p.Connected(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still silent 10 s after the path healed: %v", p.whySilent())
-		}
+	if !testutil.Eventually(10*time.Second, p.Connected) {
+		t.Fatalf("still silent 10 s after the path healed: %v", p.whySilent())
 	}
 	if err := publishWithin(p, 5*time.Second); err != nil {
 		t.Fatalf("after the path healed: %v", err)

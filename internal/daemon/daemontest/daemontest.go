@@ -110,12 +110,11 @@ func waitService(t testing.TB, url, subject string, d *Daemon) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testutil.Wait(t, 10*time.Second, "the delayd service on "+subject+" answers", func() bool {
 		m := nats.NewMsg(subject + ".cancel")
 		m.Header.Set(envelope.HeaderID, "probe")
 		if _, err := nc.RequestMsg(m, 200*time.Millisecond); err == nil {
-			return
+			return true
 		}
 		if d != nil {
 			select {
@@ -125,7 +124,6 @@ func waitService(t testing.TB, url, subject string, d *Daemon) {
 			default:
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatal("delayd service did not come up")
+		return false
+	})
 }

@@ -86,17 +86,16 @@ func (e *Env) StartServing(c config.Config, opts ...daemon.Option) (stop func() 
 // shards, which readiness waits for.
 func (e *Env) WaitReady(c config.Config) {
 	e.T.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		resp, err := http.Get("http://" + c.HTTP.Addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+	var err error
+	if !testutil.Eventually(10*time.Second, func() bool {
+		var resp *http.Response
+		if resp, err = http.Get("http://" + c.HTTP.Addr + "/readyz"); err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			e.T.Fatalf("/readyz on %s not 200 within 10 s (%v)", c.HTTP.Addr, err)
-		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}) {
+		e.T.Fatalf("/readyz on %s not 200 within 10 s (%v)", c.HTTP.Addr, err)
 	}
 }
 
@@ -195,9 +194,7 @@ func (s *Sink) Settle(t testing.TB) {
 // 10 s: bytes never given back would stall that daemon for good later.
 func Quiet(t testing.TB, e *Env, c config.Config, sinks ...*Sink) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); e.Stored(c) > 0 && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(10*time.Second, func() bool { return e.Stored(c) == 0 })
 	for _, s := range sinks {
 		s.Settle(t)
 	}
@@ -217,26 +214,25 @@ func waitBudgets(addr string, d time.Duration) []string {
 		return nil
 	}
 	var held []string
-	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+	testutil.Eventually(d, func() bool {
+		held = nil
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
-			return nil
+			return true
 		}
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil {
-			return nil
+			return true
 		}
-		held = held[:0]
 		for _, m := range heldRE.FindAllStringSubmatch(string(body), -1) {
 			if m[2] != "0" {
 				held = append(held, m[1]+" "+m[2])
 			}
 		}
-		if len(held) == 0 || time.Now().After(deadline) {
-			return held
-		}
-	}
+		return len(held) == 0
+	})
+	return held
 }
 
 // WaitIDs waits until every one of ids has arrived at least once, or d
@@ -416,15 +412,12 @@ func Soak(t testing.TB, what string) {
 // back), failing the test after 10 s.
 func ScheduleServed(t testing.TB, nc *nats.Conn, h nats.Header) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		rep, err := Schedule(nc, "delayd", h, "x")
-		if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("schedule not served: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var err error
+	if !testutil.Eventually(10*time.Second, func() bool {
+		var rep *nats.Msg
+		rep, err = Schedule(nc, "delayd", h, "x")
+		return err == nil && rep.Header.Get("Nats-Service-Error") == ""
+	}) {
+		t.Fatalf("schedule not served: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // TestReplayCarriesTheNextAttempt: an envelope (and a series' occurrence)
@@ -54,10 +55,7 @@ func TestReplayCarriesTheNextAttempt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for daemontest.StreamMsgs(t, s) < 2 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(10*time.Second, func() bool { return daemontest.StreamMsgs(t, s) >= 2 })
 	for _, subject := range []string{"later.once", "later.every"} {
 		m, err := s.GetLastMsgForSubject(context.Background(), subject)
 		if err != nil {
@@ -72,17 +70,13 @@ func TestReplayCarriesTheNextAttempt(t *testing.T) {
 		t.Fatalf("the series after its replayed occurrence: %+v", en)
 	}
 	// dead_total (3) - replays (2) - purges (1) = the dead set (0).
-	deadline = time.Now().Add(5 * time.Second)
-	for {
-		m := scrape(t, c.HTTP.Addr)
+	var m map[string]float64
+	if !testutil.Eventually(5*time.Second, func() bool {
+		m = scrape(t, c.HTTP.Addr)
 		sum := m["delayd_envelopes_dead_total"] - m[`delayd_redeliveries_total{cause="replay"}`] - m["delayd_envelopes_purged_total"]
-		if m["delayd_envelopes_dead_total"] == 3 && sum == m["delayd_dead_envelopes"] && sum == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dead-set counters disagree: %v", m)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return m["delayd_envelopes_dead_total"] == 3 && sum == m["delayd_dead_envelopes"] && sum == 0
+	}) {
+		t.Fatalf("dead-set counters disagree: %v", m)
 	}
 }
 

@@ -76,8 +76,7 @@ func streamRefusals(t *testing.T, e *daemontest.Env, subject, target string) {
 	// both: nothing is stored any more once each is settled.
 	var inStream map[string]bool
 	var dead []store.Entry
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	if !testutil.Eventually(20*time.Second, func() bool {
 		// Redis first: an envelope gone from it was confirmed, so the
 		// stream had it before; read after, it is in the stream read.
 		settled, gone := true, map[string]bool{}
@@ -118,13 +117,9 @@ func streamRefusals(t *testing.T, e *daemontest.Env, subject, target string) {
 				t.Fatalf("%s is gone from Redis but not in the stream: counted delivered, and lost", id)
 			}
 		}
-		if settled {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not settled: in the stream %v, dead %d", inStream, len(dead))
-		}
-		time.Sleep(50 * time.Millisecond)
+		return settled
+	}) {
+		t.Fatalf("not settled: in the stream %v, dead %d", inStream, len(dead))
 	}
 	if len(inStream) != 2 || len(dead) != 2 {
 		t.Fatalf("in the stream %v, dead %+v: want 2 and 2", inStream, dead)
@@ -184,21 +179,18 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 	daemontest.ScheduleServed(t, app, daemontest.Hdr("Delayd-Target", "orders.nobody", "Delayd-Delay", "10ms", "Delayd-Id", "unheard"))
 
 	readyz := "http://" + c.HTTP.Addr + "/readyz"
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		code, body := daemontest.HTTPGet(t, readyz)
-		if code == http.StatusServiceUnavailable && strings.Contains(body, "Permissions Violation for Subscription to") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz with the inbox refused: %d %q, want 503 with the refusal", code, body)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var code int
+	var body string
+	if !testutil.Eventually(15*time.Second, func() bool {
+		code, body = daemontest.HTTPGet(t, readyz)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "Permissions Violation for Subscription to")
+	}) {
+		t.Fatalf("/readyz with the inbox refused: %d %q, want 503 with the refusal", code, body)
 	}
 	if !strings.Contains(logs.String(), "cannot receive on the delivery inbox") {
 		t.Errorf("the log does not say it cannot receive on its inbox:\n%s", logs.String())
 	}
-	_, body := daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/metrics")
+	_, body = daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/metrics")
 	if v, ok := daemontest.Metric(body, "delayd_shards_owned"); !ok || v != 0 {
 		t.Errorf("delayd_shards_owned = %v (present %v), want 0", v, ok)
 	}
@@ -214,16 +206,11 @@ func TestDaemonDeniedItsInbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.NATS.Opts = opts
-	deadline = time.Now().Add(15 * time.Second)
-	for {
-		code, body := daemontest.HTTPGet(t, readyz)
-		if code == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz once the inbox is granted: %d %q", code, body)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Eventually(15*time.Second, func() bool {
+		code, body = daemontest.HTTPGet(t, readyz)
+		return code == http.StatusOK
+	}) {
+		t.Fatalf("/readyz once the inbox is granted: %d %q", code, body)
 	}
 	// The interest check works: nobody listens, so the envelope is tried
 	// and goes dead as "no subscriber", never counted delivered.

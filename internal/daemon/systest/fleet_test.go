@@ -89,15 +89,7 @@ func crossDaemonRun(t testing.TB, n int) []time.Duration {
 	s := e.Sink(nc, "cross.target")
 	// The scanner takes every shard.
 	st := e.InspectStore(c)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		owners, err := st.Owners(context.Background())
-		if err == nil && !slices.Contains(owners, "") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("shards not all owned: %v %v", owners, err)
-		}
-	}
+	waitOwned(t, st)
 	ids := daemontest.ScheduleMany(t, nc, n, 16, "x", func(i int, h nats.Header) {
 		h.Set("Delayd-Target", "cross.target")
 		h.Set("Delayd-Delay", strconv.Itoa(50+i%900)+"ms")
@@ -144,15 +136,16 @@ func waitSettled(t *testing.T, st *store.Store, ttl time.Duration) {
 	t.Helper()
 	var last []string
 	changed := time.Now()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		owners, err := st.Owners(context.Background())
+	var err error
+	if !testutil.Eventually(30*time.Second, func() bool {
+		var owners []string
+		owners, err = st.Owners(context.Background())
 		if err != nil || slices.Contains(owners, "") || !slices.Equal(owners, last) {
 			last, changed = owners, time.Now()
-		} else if time.Since(changed) >= ttl {
-			return
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ownership did not settle: %v %v", owners, err)
-		}
+		return time.Since(changed) >= ttl
+	}) {
+		t.Fatalf("ownership did not settle: %v %v", last, err)
 	}
 }

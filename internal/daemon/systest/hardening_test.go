@@ -51,17 +51,22 @@ func runDaemon(t *testing.T, c config.Config) (*testutil.Buffer, <-chan error, c
 // waitState polls until the envelope id is in state, or fails the test.
 func waitState(t *testing.T, st *store.Store, id string, state store.State, d time.Duration) store.Entry {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		e, err := st.Get(context.Background(), id)
-		if err == nil && e.State == state {
-			return e
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: want state %s, have %+v (%v)", id, state, e, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	return waitEntry(t, st, id, d, "state "+string(state), func(e store.Entry) bool { return e.State == state })
+}
+
+// waitEntry waits up to d until ok holds for the entry of id, and returns
+// the entry; want says what ok waits for.
+func waitEntry(t *testing.T, st *store.Store, id string, d time.Duration, want string, ok func(store.Entry) bool) store.Entry {
+	t.Helper()
+	var e store.Entry
+	var err error
+	if !testutil.Eventually(d, func() bool {
+		e, err = st.Get(context.Background(), id)
+		return err == nil && ok(e)
+	}) {
+		t.Fatalf("%s: want %s, have %+v (%v)", id, want, e, err)
 	}
+	return e
 }
 
 // Defect 2: with several refused targets in one flush window, only the last
@@ -142,17 +147,15 @@ func TestSlowPathIsDownNotAttempts(t *testing.T) {
 	// probe within a quarter.
 	proxy.Set(testutil.Down, testutil.Fault{Latency: 2 * time.Second})
 	// The daemon gives its shards up, and says why it is not ready.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		owners, err := st.Owners(context.Background())
-		if err != nil {
+	var owners []string
+	if !testutil.Eventually(30*time.Second, func() bool {
+		var err error
+		if owners, err = st.Owners(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if !slices.ContainsFunc(owners, func(o string) bool { return o != "" }) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still owns shards behind a 2 s path: %v", owners)
-		}
+		return !slices.ContainsFunc(owners, func(o string) bool { return o != "" })
+	}) {
+		t.Fatalf("still owns shards behind a 2 s path: %v", owners)
 	}
 	if code, body := daemontest.HTTPGet(t, "http://"+c.HTTP.Addr+"/readyz"); code != 503 || !strings.Contains(body, "NATS") {
 		t.Fatalf("readyz behind a 2 s path: %d %s", code, body)
@@ -323,12 +326,8 @@ func TestDeliveryMustFitMaxPayload(t *testing.T) {
 		t.Fatal("want the small one delivered and the big one never")
 	}
 	// The delivery can reach the sink a moment before its ack lands.
-	deadline := time.Now().Add(5 * time.Second)
-	for n := e.Stored(c); n != 0; n = e.Stored(c) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d envelopes stored; the refused one must not be", n)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testutil.Eventually(5*time.Second, func() bool { return e.Stored(c) == 0 }) {
+		t.Fatalf("%d envelopes stored; the refused one must not be", e.Stored(c))
 	}
 }
 
@@ -356,17 +355,9 @@ func TestRetryBackoffAndReplayWakeTheClock(t *testing.T) {
 	}
 	// Dead again after three fresh attempts (4, 5, 6: attempts only go
 	// up): the replay woke the clock.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		en, err := st.Get(context.Background(), "r")
-		if err == nil && en.State == store.StateDead && en.Attempts == 6 && en.DueMs > first.DueMs {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replayed envelope not retried promptly: %+v %v", en, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitEntry(t, st, "r", 10*time.Second, "dead after attempt 6, retried promptly", func(en store.Entry) bool {
+		return en.State == store.StateDead && en.Attempts == 6 && en.DueMs > first.DueMs
+	})
 }
 
 // A Redis that answers slower than the client's read timeout: the write
@@ -506,19 +497,17 @@ func TestNATSLinkCutBetweenPublishAndFlush(t *testing.T) {
 }
 
 // waitOwned waits until every shard has an owner.
-func waitOwned(t *testing.T, st *store.Store) {
+func waitOwned(t testing.TB, st *store.Store) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		owners, err := st.Owners(context.Background())
-		if err != nil {
+	var owners []string
+	if !testutil.Eventually(20*time.Second, func() bool {
+		var err error
+		if owners, err = st.Owners(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Contains(owners, "") {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("shards without an owner: %v", owners)
-		}
+		return !slices.Contains(owners, "")
+	}) {
+		t.Fatalf("shards without an owner: %v", owners)
 	}
 }
 
@@ -560,17 +549,10 @@ func TestCancelAfterUnconfirmedAttemptSaysInFlight(t *testing.T) {
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "slow.cancel", "Delayd-Delay", "1s", "Delayd-Id", "sc"))
 	proxy.Set(testutil.Up, testutil.Fault{Latency: 2 * time.Second})
 	st := e.InspectStore(c)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		en, err := st.Get(context.Background(), "sc")
-		if err == nil && en.State == store.StatePending && en.Attempts == 1 {
-			break // attempt 1 made, unconfirmed, waiting for its retry
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never released after an unconfirmed attempt: %+v %v", en, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// Attempt 1 made, unconfirmed, waiting for its retry.
+	waitEntry(t, st, "sc", 10*time.Second, "released pending after an unconfirmed attempt 1", func(en store.Entry) bool {
+		return en.State == store.StatePending && en.Attempts == 1
+	})
 	proxy.Clear()
 	m := nats.NewMsg("delayd.cancel")
 	m.Header.Set("Delayd-Id", "sc")

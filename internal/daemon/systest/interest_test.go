@@ -12,6 +12,7 @@ import (
 	"github.com/delayd/delayd/internal/config"
 	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/store"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // A consumer that subscribes 5 s after its timers fell due (a deployment
@@ -153,12 +154,8 @@ func TestNoSubscriberReachesDeadSet(t *testing.T) {
 // every envelope delivered and acknowledged.
 func waitGone(t *testing.T, e *daemontest.Env, c config.Config) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.Stored(c) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d envelopes still stored", e.Stored(c))
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, func() bool { return e.Stored(c) == 0 }) {
+		t.Fatalf("%d envelopes still stored", e.Stored(c))
 	}
 }
 

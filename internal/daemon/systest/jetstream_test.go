@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 func TestJetStreamTarget(t *testing.T) {
@@ -27,10 +28,7 @@ func TestJetStreamTarget(t *testing.T) {
 		h.Set("Delayd-Target", "js.orders.cancel")
 		h.Set("Delayd-Delay", "200ms")
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for daemontest.StreamMsgs(t, st) < uint64(len(ids)) && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(10*time.Second, func() bool { return daemontest.StreamMsgs(t, st) >= uint64(len(ids)) })
 	if n := daemontest.StreamMsgs(t, st); n != uint64(len(ids)) {
 		t.Fatalf("stream holds %d messages, want %d", n, len(ids))
 	}
@@ -83,10 +81,7 @@ func TestSlowJetStreamTargetDoesNotStall(t *testing.T) {
 		at := start.Add(time.Duration(i) * 300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
 		daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "slowjs.x", "Delayd-At", at, "Delayd-Id", "slow-"+strconv.Itoa(i)), "x")
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for e.Stored(c) != 0 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-	}
+	testutil.Eventually(15*time.Second, func() bool { return e.Stored(c) == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	for i := range n {

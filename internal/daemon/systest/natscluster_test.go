@@ -24,18 +24,17 @@ import (
 // consumer (where acks are kept) once it has one.
 func waitConsumerLeader(t *testing.T, js jetstream.JetStream, stream, consumer string) string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var leader string
+	testutil.Wait(t, 20*time.Second, "a leader of stream "+stream, func() bool {
 		if c, err := js.Consumer(context.Background(), stream, consumer); err == nil {
 			if info, err := c.Info(context.Background()); err == nil && info.Cluster != nil && info.Cluster.Leader != "" {
-				return info.Cluster.Leader
+				leader = info.Cluster.Leader
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream %s has no leader", stream)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
+	return leader
 }
 
 // TestNATSClusterIntakeLeaderKilled: the leader of the R3 intake stream's
@@ -110,13 +109,14 @@ func TestNATSClusterIntakeLeaderKilled(t *testing.T) {
 	// Room for redeliveries of lost acks to come (after ack_wait) and
 	// show as duplicates: over once the intake consumer has nothing left
 	// to deliver or redeliver, and what it handed out is delivered.
-	for deadline := time.Now().Add(10 * c.Intake.Stream.AckWait); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if cons, err := js.Consumer(context.Background(), c.Intake.Stream.Name, c.Intake.Stream.Name); err == nil {
-			if info, err := cons.Info(context.Background()); err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
-				break
-			}
+	testutil.Eventually(10*c.Intake.Stream.AckWait, func() bool {
+		cons, err := js.Consumer(context.Background(), c.Intake.Stream.Name, c.Intake.Stream.Name)
+		if err != nil {
+			return false
 		}
-	}
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
 	daemontest.Quiet(t, e.Env, c, got)
 	lost, sameAttempt := 0, 0
 	for _, id := range acked {
@@ -173,18 +173,13 @@ func TestNATSClusterDelaydNodeKilled(t *testing.T) {
 	t.Log("stopped delayd's node n1 mid-delivery")
 	time.Sleep(time.Second)
 	e.Nodes[1].Start()
-	deadline := time.Now().Add(60 * time.Second)
 	var msgs uint64
-	for {
-		info, err := target.Info(context.Background())
-		if err == nil {
+	testutil.Eventually(60*time.Second, func() bool {
+		if info, err := target.Info(context.Background()); err == nil {
 			msgs = info.State.Msgs
 		}
-		if msgs >= uint64(len(ids)) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return msgs >= uint64(len(ids))
+	})
 	if msgs != uint64(len(ids)) {
 		t.Fatalf("the target stream holds %d messages for %d acknowledged envelopes", msgs, len(ids))
 	}
@@ -225,14 +220,12 @@ func TestDaemonWithoutNATSGivesUpItsShards(t *testing.T) {
 	// Both started; the bad one takes no shard, or gives them up: the
 	// healthy one comes to own every shard.
 	st := e.InspectStore(c)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		owners, err := st.Owners(context.Background())
-		if err == nil && len(owners) == c.Shards && owners[0] != "" && !slices.ContainsFunc(owners, func(o string) bool { return o != owners[0] }) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no single daemon owns every shard: %v %v", owners, err)
-		}
+	var owners []string
+	if !testutil.Eventually(10*time.Second, func() bool {
+		owners, err = st.Owners(context.Background())
+		return err == nil && len(owners) == c.Shards && owners[0] != "" && !slices.ContainsFunc(owners, func(o string) bool { return o != owners[0] })
+	}) {
+		t.Fatalf("no single daemon owns every shard: %v %v", owners, err)
 	}
 	got := e.Sink(nc, "np.t")
 	due := time.Now().Add(2 * time.Second)

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 func TestMetricsMove(t *testing.T) {
@@ -54,19 +55,16 @@ func TestMetricsMove(t *testing.T) {
 	// The counters move once a delivery is confirmed, the gauges once a
 	// sample is taken after it: wait until both show the 10 delivered.
 	var after string
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testutil.Eventually(5*time.Second, func() bool {
 		_, after = daemontest.HTTPGet(t, base+"/metrics")
-		settled := true
 		for _, n := range []string{"delayd_envelopes_delivered_total", "delayd_delivery_lateness_seconds_count",
 			"delayd_pending_envelopes", `delayd_backlog_envelopes{state="pending"}`} {
 			if v, _ := daemontest.Metric(after, n); v != 10 {
-				settled = false
+				return false
 			}
 		}
-		if settled || time.Now().After(deadline) {
-			break
-		}
-	}
+		return true
+	})
 	for _, tc := range []struct {
 		name string
 		want float64

@@ -30,16 +30,11 @@ func TestRedisDownAtStart(t *testing.T) {
 		t.Fatalf("want 503 while Redis is down, got %v %v", err, rep.Header)
 	}
 	e.Redis.Start()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !testutil.Eventually(10*time.Second, func() bool {
 		rep, err = daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "outage.target", "Delayd-Delay", "100ms", "Delayd-Id", "o2"), "x")
-		if err == nil && rep.Header.Get(micro.ErrorHeader) == "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("intake did not recover: %v %v", err, rep.Header)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err == nil && rep.Header.Get(micro.ErrorHeader) == ""
+	}) {
+		t.Fatalf("intake did not recover: %v %v", err, rep.Header)
 	}
 	if s.WaitCount(1, 10*time.Second) != 1 || len(s.Get("o2")) != 1 || len(s.Get("o1")) != 0 {
 		t.Fatalf("after recovery: o1=%d o2=%d", len(s.Get("o1")), len(s.Get("o2")))
@@ -60,10 +55,8 @@ func TestNATSDownAtStart(t *testing.T) {
 		done <- daemon.New(c, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})).Run(ctx)
 	}()
 	// Nothing is served while NATS is down, and the log must not say so.
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "not serving until NATS is connected"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("with NATS down the log does not say it is not serving:\n%s", logs.String())
-		}
+	if !testutil.Eventually(10*time.Second, func() bool { return strings.Contains(logs.String(), "not serving until NATS is connected") }) {
+		t.Fatalf("with NATS down the log does not say it is not serving:\n%s", logs.String())
 	}
 	if l := logs.String(); strings.Contains(l, "intake serving") {
 		t.Errorf("with NATS down the log says:\n%s", l)

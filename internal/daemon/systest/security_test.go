@@ -69,16 +69,12 @@ func TestNATSAuthTLSAndPermissions(t *testing.T) {
 	defer app.Close()
 	s := e.Sink(app, "orders.>")
 	paid := e.Sink(app, "payments.>")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		rep, err := daemontest.Schedule(app, "delayd", daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "100ms", "Delayd-Id", "ok-1"), "x")
-		if err == nil && rep.Header.Get("Nats-Service-Error") == "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("schedule over TLS with auth: %v\n%s", err, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, func() bool {
+		var rep *nats.Msg
+		rep, err = daemontest.Schedule(app, "delayd", daemontest.Hdr("Delayd-Target", "orders.cancel", "Delayd-Delay", "100ms", "Delayd-Id", "ok-1"), "x")
+		return err == nil && rep.Header.Get("Nats-Service-Error") == ""
+	}) {
+		t.Fatalf("schedule over TLS with auth: %v\n%s", err, logs.String())
 	}
 	if s.WaitCount(1, 5*time.Second) != 1 {
 		t.Fatalf("not delivered over TLS with auth:\n%s", logs.String())
@@ -88,12 +84,8 @@ func TestNATSAuthTLSAndPermissions(t *testing.T) {
 	if _, err := daemontest.Schedule(app, "delayd", daemontest.Hdr("Delayd-Target", "payments.charge", "Delayd-Delay", "10ms", "Delayd-Id", "denied-1"), "x"); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "envelope moved to the dead set") {
-		if time.Now().After(deadline) {
-			t.Fatalf("refused publish was not failed:\n%s", logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, func() bool { return strings.Contains(logs.String(), "envelope moved to the dead set") }) {
+		t.Fatalf("refused publish was not failed:\n%s", logs.String())
 	}
 	if paid.Count() != 0 {
 		t.Fatal("a publish the server refused was delivered")

@@ -101,24 +101,19 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 	}
 
 	// B says why it is not ready.
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		code, body := daemontest.HTTPGet(t, "http://"+b.HTTP.Addr+"/readyz")
-		if code == 503 && strings.Contains(body, "NATS") {
-			t.Logf("B: %s", strings.TrimSpace(body))
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("B still ready 20 s into the blackhole: %d %s", code, body)
-		}
+	var code int
+	var body string
+	if !testutil.Eventually(20*time.Second, func() bool {
+		code, body = daemontest.HTTPGet(t, "http://"+b.HTTP.Addr+"/readyz")
+		return code == 503 && strings.Contains(body, "NATS")
+	}) {
+		t.Fatalf("B still ready 20 s into the blackhole: %d %s", code, body)
 	}
+	t.Logf("B: %s", strings.TrimSpace(body))
 
 	// Once the server dropped B's silent connections (its own PINGs
 	// unanswered), no request is routed to B: all are answered.
-	for deadline := time.Now().Add(20 * time.Second); serverHas(t, e.NATS, b.NATS.Name); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the server kept B's connections 20 s into the blackhole")
-		}
-	}
+	testutil.Wait(t, 20*time.Second, "the server drops B's connections in the blackhole", func() bool { return !serverHas(t, e.NATS, b.NATS.Name) })
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Add(1)
@@ -137,12 +132,15 @@ func TestSilentPathIsAnOutage(t *testing.T) {
 // owner ids start with prefix and some by another, and returns its shards.
 func waitSplit(t *testing.T, st *store.Store, prefix string) map[int]bool {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		owners, err := st.Owners(context.Background())
-		if err != nil {
+	var owners []string
+	var mine map[int]bool
+	if !testutil.Eventually(20*time.Second, func() bool {
+		var err error
+		if owners, err = st.Owners(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		mine, others := map[int]bool{}, 0
+		var others int
+		mine, others = map[int]bool{}, 0
 		for sh, o := range owners {
 			switch {
 			case o == "":
@@ -153,13 +151,11 @@ func waitSplit(t *testing.T, st *store.Store, prefix string) map[int]bool {
 				others++
 			}
 		}
-		if len(mine) > 0 && others > 0 {
-			return mine
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("shards not split between two daemons: %v", owners)
-		}
+		return len(mine) > 0 && others > 0
+	}) {
+		t.Fatalf("shards not split between two daemons: %v", owners)
 	}
+	return mine
 }
 
 // serverHas reports whether the server still has a client connection

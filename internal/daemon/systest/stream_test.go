@@ -72,12 +72,8 @@ func TestStreamIntakeWithoutJetStream(t *testing.T) {
 	nc := e.Conn()
 	defer nc.Close()
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr(envelope.HeaderTarget, "orders.x", envelope.HeaderDelay, "1h"))
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "has no JetStream") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no warning about JetStream:\n%s", logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testutil.Eventually(10*time.Second, func() bool { return strings.Contains(logs.String(), "has no JetStream") }) {
+		t.Fatalf("no warning about JetStream:\n%s", logs.String())
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -134,14 +130,10 @@ func TestStreamIntakeSourcedAndRepublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if info, err := intake.Info(ctx); err == nil && info.State.Msgs == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the intake stream never sourced ORIGIN's warm-up message")
-		}
-	}
+	testutil.Wait(t, 10*time.Second, "the intake stream sources ORIGIN's warm-up message", func() bool {
+		info, err := intake.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	})
 	if err := intake.DeleteMsg(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

@@ -89,16 +89,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "ui.later", "Delayd-Delay", "1h", "Delayd-Id", "ui-cancel-me", "X-Order", "42"))
 	daemontest.ScheduleServed(t, nc, daemontest.Hdr("Delayd-Target", "uistream.orders", "Delayd-Delay", "10ms", "Delayd-Id", "ui-dead"))
 	s.WaitCount(12, 5*time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if en, err := st.Get(context.Background(), "ui-dead"); err == nil && en.State == store.StateDead {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("ui-dead did not go dead")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitState(t, st, "ui-dead", store.StateDead, 10*time.Second)
 
 	ctx, shots := browser(t, bin)
 	// Accept the console's confirm() dialogs, from another goroutine: the
@@ -190,13 +181,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`document.querySelector('#dead-status').textContent.includes('replayed 1')`)); err != nil {
 		t.Fatalf("replay status: %v", err)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for daemontest.StreamMsgs(t, js) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("replayed dead letter not delivered")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Wait(t, 10*time.Second, "the replayed dead letter delivered", func() bool { return daemontest.StreamMsgs(t, js) == 1 })
 
 	// 4. Targets.
 	step("targets", chromedp.Navigate(base+"#targets"), chromedp.WaitVisible(`#targets-table tbody tr`))

@@ -171,13 +171,7 @@ func sentinelWithWait(t *testing.T) (*testutil.Sentinel, *daemontest.Env, string
 
 func waitFailover(t *testing.T, sn *testutil.Sentinel, to string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for sn.MasterAddr(t) != to {
-		if time.Now().After(deadline) {
-			t.Fatalf("no failover to %s", to)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testutil.Wait(t, 30*time.Second, "a failover to "+to, func() bool { return sn.MasterAddr(t) == to })
 }
 
 // A Sentinel failover with a stopped replica (the reproduction):
@@ -288,12 +282,10 @@ func TestWaitCleanFailoverNoReplicaLeft(t *testing.T) {
 	// The daemon follows the failover within a moment; until then a
 	// schedule gets 503 (nothing written) and is retried.
 	var after map[string]string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	testutil.Eventually(10*time.Second, func() bool {
 		after = answers(t, nc, idsOf("after", 20), "wc.x", func(int) time.Time { return time.Now().Add(500 * time.Millisecond) })
-		if !slices.Contains(slices.Collect(maps.Values(after)), "503") || time.Now().After(deadline) {
-			break
-		}
-	}
+		return !slices.Contains(slices.Collect(maps.Values(after)), "503")
+	})
 	t.Logf("after the failover, without a replica: %d schedules answered 504", countCode(after, "504"))
 	for id, code := range after {
 		if code != "504" && code != "" {
@@ -331,11 +323,12 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 	defer nc.Close()
 	got := e.Sink(nc, "ws.x")
 	js, _ := jetstream.New(nc)
-	intake, err := js.Stream(context.Background(), "DELAYD_INTAKE")
-	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	var intake jetstream.Stream
+	var err error
+	if !testutil.Eventually(10*time.Second, func() bool {
 		intake, err = js.Stream(context.Background(), "DELAYD_INTAKE")
-	}
-	if err != nil {
+		return err == nil
+	}) {
 		t.Fatal(err)
 	}
 	inStream := func() uint64 {
@@ -351,21 +344,15 @@ func TestWaitStreamIntakeAcksOnlyReplicated(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Several offers, each stored and not confirmed.
-	for deadline := time.Now().Add(10 * time.Second); offers(t, js, c.Intake.Stream.Name) < 3; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the intake offered s1 %d times in 10 s, want 3", offers(t, js, c.Intake.Stream.Name))
-		}
+	if !testutil.Eventually(10*time.Second, func() bool { return offers(t, js, c.Intake.Stream.Name) >= 3 }) {
+		t.Fatalf("the intake offered s1 %d times in 10 s, want 3", offers(t, js, c.Intake.Stream.Name))
 	}
 	if n := inStream(); n != 1 {
 		t.Fatalf("%d messages in the intake stream with the replica stopped, want 1 (not acked)", n)
 	}
 	r.Resume()
 	testutil.WaitReplicas(t, m, 1, 10*time.Second)
-	for deadline := time.Now().Add(10 * time.Second); inStream() != 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the message was not acked after SIGCONT")
-		}
-	}
+	testutil.Wait(t, 10*time.Second, "the message acked after SIGCONT", func() bool { return inStream() == 0 })
 	got.WaitCount(1, 10*time.Second)
 	daemontest.Quiet(t, e, c, got)
 	if n := len(got.Get("s1")); n != 1 {
