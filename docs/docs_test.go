@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -72,5 +73,53 @@ func TestNamedTestsExist(t *testing.T) {
 			t.Errorf("%s names tests no _test.go file defines (deleted or renamed? update the doc): %s",
 				filepath.Base(doc), strings.Join(missing, ", "))
 		}
+	}
+}
+
+// TestFixedSleepsCounted: CONTRIBUTING.md's count of the fixed sleeps in
+// code only tests use is the count in the code. A test waits on events;
+// each fixed sleep is the point of its test and named in that list, so a
+// new one changes the count here and its entry there together.
+func TestFixedSleepsCounted(t *testing.T) {
+	root := ".."
+	testOnly := regexp.MustCompile(`^internal/(testutil|daemon/daemontest|clienttest|mutation)/`)
+	n := 0
+	var where []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") && path != root) {
+			return filepath.SkipDir
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() || !strings.HasSuffix(rel, ".go") || !strings.HasSuffix(rel, "_test.go") && !testOnly.MatchString(rel) {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if k := strings.Count(string(b), "time."+"Sleep("); k > 0 { // split: this file is counted too
+			n += k
+			where = append(where, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "CONTRIBUTING.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("```\n\n(\\d+) of them \\(").FindSubmatch(b)
+	if m == nil {
+		t.Fatal("CONTRIBUTING.md gives no count of the fixed sleeps (\"N of them (\" after the command that counts them)")
+	}
+	if string(m[1]) != strconv.Itoa(n) {
+		t.Errorf("%d fixed sleeps in code only tests use, CONTRIBUTING.md says %s: wait for an event with testutil.Eventually, "+
+			"or name the sleep in CONTRIBUTING's list and update its count (files: %s)", n, m[1], strings.Join(where, " "))
 	}
 }
