@@ -11,8 +11,10 @@
 #     chromium, prometheus (promtool), systemd (systemd-analyze), minisign, nodejs and
 #     npm, gcc (for -race);
 #   - pinned Go tools, built with go install into the user's cache dir
-#     (delayd-tools/<tool>-<version>, where the tests look): helm, natscli
-#     (in the background: the tests that use them wait), staticcheck;
+#     (delayd-tools/<tool>-<version>, where the tests look; DELAYD_TOOLS_DIR
+#     names another dir, e.g. an empty one to time a first run): helm,
+#     natscli and staticcheck, in the background while the tests run (the
+#     tests that use helm or natscli wait for them; staticcheck runs last);
 #   - examples/node's locked modules (npm ci into examples/node/node_modules,
 #     which git ignores).
 # What it cannot install stops it, with the exact command to run.
@@ -27,12 +29,14 @@ fail() {
 command -v go >/dev/null 2>&1 || fail "go not found: install Go 1.26.8 or later (https://go.dev/dl/)"
 command -v git >/dev/null 2>&1 || fail "git not found: apt-get install -y git"
 
-# The tests find pinned tools in os.UserCacheDir()/delayd-tools.
+# The tests find pinned tools in os.UserCacheDir()/delayd-tools, or in
+# DELAYD_TOOLS_DIR (toollock.Dir).
 case "$(uname -s)" in
 Darwin) cache="$HOME/Library/Caches" ;;
 *) cache="${XDG_CACHE_HOME:-$HOME/.cache}" ;;
 esac
-tools="$cache/delayd-tools"
+tools="${DELAYD_TOOLS_DIR:-$cache/delayd-tools}"
+export DELAYD_TOOLS_DIR="$tools"
 
 # A run must leave the checkout as it found it (go.work.sum complete, tools
 # and modules outside it or ignored): snapshot it now, compare at the end.
@@ -44,36 +48,48 @@ before=$(tree_status) before_sum=$(tree_sum)
 # install pkg@version ignores the workspace; running it from the tools dir
 # keeps it away from go.work.sum all the same). First, so that the
 # background builds overlap the Debian packages' downloads.
-# helm and natscli take minutes to build on a fresh machine (~10 each on two
-# cores) and only one test package each needs them: they build in the
-# background, holding <dir>.lock (flock), while staticcheck and the other
-# tests run; deploy's and cmd/delayd's tests take the same lock, so they
-# wait for the build instead of starting their own.
+# On a fresh machine they take minutes to build (on two cores helm ~10 min,
+# natscli ~10, staticcheck ~4), and nothing before the tests needs them:
+# they build in the background, niced, each holding <dir>.lock (flock),
+# while the tests run. deploy's and cmd/delayd's tests take the same lock,
+# so they wait for helm and natscli instead of starting their own build;
+# staticcheck runs after the tests, once its build is done. Each says when
+# it starts, who waits for it, and when it is done, how long it took.
 building=()
-go_tool_bg() { # dir-name binary package@version minutes [go install flags]
+go_tool_bg() { # dir-name binary package@version minutes who-waits [go install flags]
 	local dir="$tools/$1"
 	[[ -x "$dir/$2" ]] && return
-	command -v flock >/dev/null 2>&1 && command -v setsid >/dev/null 2>&1 || { go_tool "$1" "$2" "$3" "${@:5}"; return; }
-	echo "test.sh: building $3 in the background (first run only, ~$4 min; the tests that use it wait for it; log: $dir.log)"
+	command -v flock >/dev/null 2>&1 && command -v setsid >/dev/null 2>&1 || { go_tool "$1" "$2" "$3" "${@:6}"; return; }
+	local what="${1%%-v[0-9]*} ${3##*@}" # helm v3.21.4
+	echo "test.sh: installing $what in the background (first run only: about $4 min on 2 cores; $5; log: $dir.log)"
 	mkdir -p "$tools"
-	local t0=$SECONDS
-	setsid bash -c 'exec 9>"$1.lock" && flock 9 && { [[ -x "$1/$2" ]] || (cd "$(dirname "$1")" && GOBIN="$1" GOFLAGS= nice go install "${@:5}" "$3"); }' \
-		- "$dir" "$2" "$3" "$4" "${@:5}" >"$dir.log" 2>&1 &
-	building+=("$!:$1:$t0")
+	# The build's output goes to its log, the line saying it is done (fd 3)
+	# here.
+	setsid bash -c 'exec 9>"$1.lock" && flock 9 && { [[ -x "$1/$2" ]] || (cd "$(dirname "$1")" && GOBIN="$1" GOFLAGS= nice go install "${@:5}" "$3"); } &&
+		echo "test.sh: $4 installed, ${SECONDS}s after test.sh started it" >&3' \
+		- "$dir" "$2" "$3" "$what" "${@:6}" 3>&1 >"$dir.log" 2>&1 &
+	building+=("$!:$1")
 }
-# At the end: report each background build; one a targeted run never needed
-# is stopped (Go's build cache keeps what it compiled for the next run).
+# wait_tool waits for the background build of a tool this run needs now.
+wait_tool() { # dir-name binary
+	local dir="$tools/$1"
+	if [[ ! -x "$dir/$2" ]] && command -v flock >/dev/null 2>&1; then
+		echo "test.sh: waiting for $1's build to finish (log: $dir.log)"
+		flock "$dir.lock" true
+	fi
+	[[ -x "$dir/$2" ]] || fail "could not install $1: see $dir.log"
+}
+# At the end: a build a targeted run never needed is stopped (Go's build
+# cache keeps what it compiled for the next run); a failed one is named.
 finish_builds() {
-	local b pid name t0
+	local b pid name
 	for b in ${building[@]+"${building[@]}"}; do
-		IFS=: read -r pid name t0 <<<"$b"
+		IFS=: read -r pid name <<<"$b"
 		if kill -0 "$pid" 2>/dev/null; then
 			kill -- "-$pid" 2>/dev/null || true
-			echo "test.sh: stopped building $name, which this run did not use (the next run goes on from Go's build cache)"
-		elif wait "$pid"; then
-			echo "test.sh: built $name in $((SECONDS - t0))s"
-		else
-			echo "test.sh: building $name failed: see $tools/$name.log" >&2
+			echo "test.sh: stopped installing $name, which this run did not use (the next run goes on from Go's build cache)"
+		elif ! wait "$pid"; then
+			echo "test.sh: installing $name failed: see $tools/$name.log" >&2
 		fi
 	done
 }
@@ -93,9 +109,9 @@ helm_ldflags="-X helm.sh/helm/v3/internal/version.version=v3.21.4"
 for pkg in chartutil lint/rules; do
 	helm_ldflags+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=36"
 done
-go_tool_bg helm-v3.21.4-k8s1.36 helm helm.sh/helm/v3/cmd/helm@v3.21.4 10 "-ldflags=$helm_ldflags"
-go_tool_bg natscli-v0.5.0 nats github.com/nats-io/natscli/nats@v0.5.0 10 # cmd/delayd/examples_test.go
-go_tool staticcheck-v0.8.2 staticcheck honnef.co/go/tools/cmd/staticcheck@v0.8.2
+go_tool_bg helm-v3.21.4-k8s1.36 helm helm.sh/helm/v3/cmd/helm@v3.21.4 10 "the deploy tests wait for it" "-ldflags=$helm_ldflags"
+go_tool_bg natscli-v0.5.0 nats github.com/nats-io/natscli/nats@v0.5.0 10 "cmd/delayd's TestExamples waits for it"
+go_tool_bg staticcheck-v0.8.2 staticcheck honnef.co/go/tools/cmd/staticcheck@v0.8.2 4 "it runs after the tests"
 
 # Debian packages, by the command each one provides.
 missing=()
@@ -132,7 +148,7 @@ if [[ ! -f $node_modules/.package-lock.json || examples/node/package-lock.json -
 	(cd examples/node && npm ci --no-audit --no-fund) || fail "npm ci failed: run  (cd examples/node && npm ci)"
 fi
 
-echo "test.sh: set-up took $((SECONDS))s; running the tests"
+echo "test.sh: set-up took $((SECONDS))s; running the tests${building[*]:+ (what installs in the background says when it is done)}"
 export CI=true
 if (($#)); then
 	go test "$@"
@@ -141,6 +157,7 @@ else
 	# type-checks everything from source first); both always run.
 	rc=0
 	go test -race -count=1 -timeout 30m ./... || rc=$?
+	wait_tool staticcheck-v0.8.2 staticcheck
 	echo "test.sh: staticcheck"
 	"$tools/staticcheck-v0.8.2/staticcheck" ./... || rc=$?
 	((rc == 0)) || exit "$rc"

@@ -54,14 +54,8 @@ func need(t *testing.T, err error) {
 	t.Skip(err)
 }
 
-// toolsDir is where pinned tools are installed: .ci/run uses the same.
-func toolsDir() string {
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		dir = os.TempDir()
-	}
-	return filepath.Join(dir, "delayd-tools")
-}
+// toolsDir is where pinned tools are installed: ./test.sh uses the same.
+func toolsDir() string { return toollock.Dir() }
 
 // helm returns the pinned helm binary, installing it with go install
 // (through the module proxy) the first time.

@@ -51,11 +51,7 @@ func nodeExample(t *testing.T) string {
 // version (examples/shell depends on its flags and output).
 func natscli(t *testing.T) string {
 	t.Helper()
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "delayd-tools", "natscli-"+natscliVersion)
+	dir := filepath.Join(toollock.Dir(), "natscli-"+natscliVersion)
 	toollock.Lock(dir)() // ./test.sh may be building it in the background
 	if _, err := os.Stat(filepath.Join(dir, "nats")); err == nil {
 		return dir

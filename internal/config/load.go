@@ -32,7 +32,7 @@ var OtherEnv = []string{
 	// Test and CI knobs.
 	"DELAYD_TEST_LOG", "DELAYD_BENCH_BIG", "DELAYD_CHAOS_DURATION", "DELAYD_CHAOS_SEED",
 	"DELAYD_MODEL_STEPS", "DELAYD_MODEL_SEED", "DELAYD_SCREENSHOTS", "DELAYD_HELM", "DELAYD_SOAK",
-	"DELAYD_CLIENT_TEST_NATS_URL",
+	"DELAYD_CLIENT_TEST_NATS_URL", "DELAYD_TOOLS_DIR",
 }
 
 // Sources are the layers Load reads, lowest first after the defaults.

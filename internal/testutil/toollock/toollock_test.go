@@ -1,6 +1,7 @@
 package toollock
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 )
@@ -21,4 +22,21 @@ func TestLockWaitsForRelease(t *testing.T) {
 	}
 	unlock()
 	<-got
+}
+
+// Dir is DELAYD_TOOLS_DIR when set (./test.sh sets it to where it
+// installs), else delayd-tools in the user's cache dir.
+func TestDir(t *testing.T) {
+	t.Setenv("DELAYD_TOOLS_DIR", "")
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Skip(err)
+	}
+	if got := Dir(); got != filepath.Join(cache, "delayd-tools") {
+		t.Errorf("Dir() = %q without DELAYD_TOOLS_DIR, want %q", got, filepath.Join(cache, "delayd-tools"))
+	}
+	t.Setenv("DELAYD_TOOLS_DIR", "/tmp/cold-tools")
+	if got := Dir(); got != "/tmp/cold-tools" {
+		t.Errorf("Dir() = %q, want DELAYD_TOOLS_DIR's /tmp/cold-tools", got)
+	}
 }
