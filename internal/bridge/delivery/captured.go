@@ -265,6 +265,14 @@ func (c *captors) waitFor(target string) wait {
 			return waitLearned
 		}
 	}
+	if _, ok := c.unlisted[target]; ok && c.running != nil && m != matchNoAck {
+		// A stream the list did not name answered for it, and the list
+		// read that answer asked for is on its way: until it is in, a
+		// delivery waits as a probe, or a stream created since would have
+		// its refusals counted as delivered. A forged answer costs its own
+		// target this, and only while one read runs.
+		return waitProbe
+	}
 	if m == matchNoAck || (!c.anyAck && c.failing == nil) {
 		return noWait
 	}

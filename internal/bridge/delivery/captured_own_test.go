@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,4 +154,62 @@ func TestFirstListReadHoldsEveryCaller(t *testing.T) {
 		t.Error("a second caller went on before the first list read was in")
 	}
 	<-first
+}
+
+// TestUnlistedAnswerWaitsForItsRead: once a stream the list does not name
+// answered a delivery to a target, later deliveries to it wait as probes
+// until the list read that answer asked for is in; then the list decides.
+// Without the wait, every delivery in between to a stream created since
+// (discard new, full) counted as delivered what it refused.
+func TestUnlistedAnswerWaitsForItsRead(t *testing.T) {
+	t.Parallel()
+	n := testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var slow atomic.Bool
+	if _, err := nc.Subscribe(streamList, func(m *nats.Msg) {
+		if !slow.Load() {
+			_ = m.Respond([]byte(`{"type":"io.nats.jetstream.api.v1.stream_list_response","total":0,"offset":0,"limit":256,"streams":[]}`))
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+		_ = m.Respond([]byte(`{"type":"io.nats.jetstream.api.v1.stream_list_response","total":1,"offset":0,"limit":256,` +
+			`"streams":[{"config":{"name":"NEW","subjects":["new.>"],"retention":"limits","storage":"file","num_replicas":1},` +
+			`"created":"2026-12-05T00:00:00Z","state":{"messages":0}}]}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCaptors(js, bridge.NewRefusals(), hclog.NewNullLogger(), "DELAYD_INTAKE")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.ready(ctx)
+	if w := c.waitFor("new.a"); w != noWait {
+		t.Fatalf("no stream listed: wait %d, want none", w)
+	}
+	slow.Store(true)
+	c.heard("new.a", stored, "", "NEW", true) // a stream created since answered
+	if w := c.waitFor("new.a"); w != waitProbe {
+		t.Errorf("while the list read it asked for runs: wait %d, want a probe's", w)
+	}
+	if w := c.waitFor("other.b"); w != noWait {
+		t.Errorf("another target meanwhile: wait %d, want none", w)
+	}
+	testutil.Wait(t, 5*time.Second, "the list read is in", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.running == nil
+	})
+	if w := c.waitFor("new.a"); w != waitListed {
+		t.Errorf("once listed: wait %d, want a listed stream's", w)
+	}
 }

@@ -281,9 +281,21 @@ func TestStreamRefusalNewStream(t *testing.T) {
 	}
 	p.streams.expire() // as after the refresh interval
 	ok := 0
-	for range 10 {
+	for i := range 10 {
 		if p.Publish(ctx, deliveries("late.a"))[0] == nil {
 			ok++
+		}
+		if i == 0 {
+			// The first one's answer comes after its flush: a delivery
+			// sent before it was heard cannot know of the stream, unless
+			// the list read it began is in.
+			testutil.Wait(t, 5*time.Second, "the stream's answer heard or the stream listed", func() bool {
+				p.streams.mu.Lock()
+				defer p.streams.mu.Unlock()
+				_, unlisted := p.streams.unlisted["late.a"]
+				_, learned := p.streams.learned["late.a"]
+				return unlisted || learned || p.streams.names["LATE"]
+			})
 		}
 	}
 	if got := streamMsgs(t, s); ok != 1 || got != 1 {
