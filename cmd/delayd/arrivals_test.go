@@ -101,3 +101,15 @@ func (a *arrivals) once(t *testing.T, ids []string, attempt string) {
 		}
 	}
 }
+
+// none fails the test if any of ids arrived.
+func (a *arrivals) none(t *testing.T, ids []string) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, id := range ids {
+		if d := a.got[id]; d != nil {
+			t.Errorf("%s: delivered before its lease ended", id)
+		}
+	}
+}

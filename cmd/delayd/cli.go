@@ -87,7 +87,7 @@ func newApp(o cliIO) *cli.Command {
 		Commands: []*cli.Command{
 			runCommand(o), scheduleCommand(o), cancelCommand(o), getCommand(o), listCommand(o),
 			statsCommand(o), deadCommand(o), doctorCommand(o), benchCommand(o), configCommand(o),
-			healthcheckCommand(o), intakeCommand(o),
+			healthcheckCommand(o), intakeCommand(o), migrateCommand(o),
 			{
 				Name:  "version",
 				Usage: "print the version",

@@ -25,20 +25,18 @@ type doctorReport struct {
 	Repaired    bool                   `json:"repaired"`
 	Persistence *store.Persistence     `json:"persistence,omitempty"`
 	// Formats counts the stored values by format (1: before the value
-	// header, 2: this version's, higher: written by a newer version).
+	// header, 3: the header, which formats 2 to 4 share, higher: written
+	// by a newer version).
 	Formats map[int]int `json:"formats"`
 	// Unreadable counts the values that are no envelope of any format
 	// this version reads (corrupt, or not written by delayd).
 	Unreadable int `json:"unreadable"`
-	// Leases counts the leases in flight by the form of their score.
-	Leases leaseForms `json:"leases"`
-}
-
-// leaseForms counts leases by score form: whole (format 3) and
-// fractional (format 2).
-type leaseForms struct {
-	Whole      int64 `json:"whole"`
-	Fractional int64 `json:"fractional"`
+	// Retired counts the data of the retired formats 1 and 2, which
+	// delayd migrate moves.
+	Retired store.Legacy `json:"retired"`
+	// Schema is the namespace's record of the oldest format it may hold
+	// (0: none yet).
+	Schema int `json:"schema"`
 }
 
 // doctorCommand checks the delay set in Redis against the store's invariants:
@@ -100,7 +98,10 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	}
 	rep.Unreadable = rep.Formats[store.FormatUnreadable]
 	delete(rep.Formats, store.FormatUnreadable)
-	if rep.Leases.Whole, rep.Leases.Fractional, err = st.LeaseForms(ctx); err != nil {
+	if rep.Retired, err = st.Legacy(ctx); err != nil {
+		return err
+	}
+	if rep.Schema, err = st.Schema(ctx); err != nil {
 		return err
 	}
 	for sh := range c.Shards {
@@ -123,6 +124,11 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 		}
 	} else {
 		printDoctor(stdout, rep)
+	}
+	// The retired formats first: their lease scores are no tokens
+	// (inflight_without_claim), which a repair does not move.
+	if n := rep.Retired.Total(); n > 0 {
+		return fmt.Errorf("%d entries of a retired stored format: stop the daemons of older builds, then run delayd migrate", n)
 	}
 	if len(rep.Found) > 0 && !repair {
 		return fmt.Errorf("%d kinds of inconsistency found; run delayd doctor --repair", len(rep.Found))
@@ -151,15 +157,15 @@ func printDoctor(w io.Writer, rep doctorReport) {
 		note := ""
 		switch {
 		case f == store.FormatBare:
-			note = " (written before the value header; rewritten at its next claim)"
-		case f > store.FormatHeader:
+			note = " (retired: written before the value header)"
+		case f > store.FormatDueBuckets:
 			note = " (written by a newer version: this version leaves them alone)"
 		}
 		fmt.Fprintf(w, "stored format %d: %d values%s\n", f, rep.Formats[f], note)
 	}
-	if l := rep.Leases; l.Whole+l.Fractional > 0 {
-		fmt.Fprintf(w, "leases in flight: %d with whole scores (format 3; a version before it never re-leases them), %d fractional\n",
-			l.Whole, l.Fractional)
+	if l := rep.Retired; l.Total() > 0 {
+		fmt.Fprintf(w, "retired formats: %s\n", l)
+		fmt.Fprintln(w, "  no daemon of this version starts on them: stop the daemons of older builds, then run delayd migrate")
 	}
 	if rep.Unreadable > 0 {
 		fmt.Fprintf(w, "unreadable: %d values that are no envelope of any format (corrupt, or not written by delayd)\n", rep.Unreadable)

@@ -47,7 +47,7 @@ func TestDoctor(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := doctor(); err != nil || !strings.Contains(out, "stored format 2: 4 values") {
+	if out, err := doctor(); err != nil || !strings.Contains(out, "stored format 3: 4 values") {
 		t.Fatalf("counts per format: %v\n%s", err, out)
 	}
 	st := e.InspectStore(c)

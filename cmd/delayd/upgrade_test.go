@@ -3,118 +3,179 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayd/delayd/internal/daemon/daemontest"
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-// TestReplayBesideThePreviousRelease runs this version's intake beside a
-// scanner of the release before the format switch (built from git), as a
-// rolling upgrade does. An envelope that died after 3 attempts on the old
-// scanner and is replayed must be delivered as attempt 4. This version's
-// replay used to write the attempts entry as "3/3", which the old release
-// reads as 0: it delivered the replay as attempt 1. It has no form that
-// keeps both the count and a fresh budget (a plain "3" makes it bury the
-// envelope again at its first claim), so a replay is refused, changing
-// nothing, while one of its daemons lives, and works once it has left.
-func TestReplayBesideThePreviousRelease(t *testing.T) {
+// TestPreReleaseDataRefusedThenMigrated runs a build of a retired stored
+// format (0.1.0, and the last build before format 3: both write lease
+// scores as the expiry plus a fraction) until it holds leases of a claim
+// it could not publish (cut off from NATS, then killed) and pending
+// envelopes. This version refuses to start on that data, naming delayd
+// migrate, and so does doctor; delayd migrate moves it; then this version
+// delivers each envelope once, never early: the leased ones as attempt 2,
+// only once their lease ended (a lease score of format 2 read as a token
+// would have ended in 1973), the pending ones as attempt 1. (It replaces
+// the rolling upgrades from those builds: their formats are retired.)
+func TestPreReleaseDataRefusedThenMigrated(t *testing.T) {
 	t.Parallel()
-	old := releaseBinary(t, previousRelease)
+	for _, build := range []struct{ name, commit string }{{"0.1.0", previousRelease}, {"format2", beforeIntegerLeases}} {
+		t.Run(build.name, func(t *testing.T) {
+			t.Parallel()
+			preReleaseMigrated(t, releaseBinary(t, build.commit))
+		})
+	}
+}
+
+func preReleaseMigrated(t *testing.T, old string) {
 	bin := delaydBinary(t)
 	r := testutil.StartRedis(t)
 	n := testutil.StartNATS(t)
-	common := []string{"DELAYD_TARGETS_JETSTREAM=up.>", "DELAYD_SCANNER_MAX_ATTEMPTS=3",
-		"DELAYD_SCANNER_RETRY_BACKOFF=20ms"}
-	oldScanner := testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_MODE=scanner")...)
-	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=intake")...)
-
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	const shards = 16
+	// A lease of 8 s: the scanner cut off from NATS would give its claim
+	// back unsent at 6 s; it is killed well before.
+	common := []string{fmt.Sprintf("DELAYD_SHARDS=%d", shards), "DELAYD_OWNERSHIP_TTL=3s", "DELAYD_SCANNER_LEASE=8s"}
 	nc, err := nats.Connect(n.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	// No stream captures up.> yet: every JetStream publish fails, and the
-	// old scanner counts three attempts, then buries the envelope.
-	m, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "up.x", "Delayd-Delay", "0s", "Delayd-Id", "u1"), "p")
-	if err != nil {
-		t.Fatalf("schedule: %v", err)
-	}
-	if e := m.Header.Get("Nats-Service-Error"); e != "" {
-		t.Fatalf("schedule: %s", e)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
-	defer rdb.Close()
-	attempts := func() string {
-		for s := range 4 {
-			if v, err := rdb.HGet(context.Background(), fmt.Sprintf("{delayd:%d}:attempts", s), "u1").Result(); err == nil {
-				return v
-			}
+	got := recordArrivals(t, nc, "up.>")
+	send := func(ids []string, at time.Time) {
+		t.Helper()
+		errs := make([]error, len(ids))
+		var wg sync.WaitGroup
+		for i, id := range ids {
+			wg.Go(func() {
+				m, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "up.x",
+					"Delayd-At", at.UTC().Format(time.RFC3339Nano), "Delayd-Id", id), id)
+				if err == nil && m.Header.Get("Nats-Service-Error") != "" {
+					err = fmt.Errorf("%v", m.Header)
+				}
+				errs[i] = err
+			})
 		}
-		return ""
-	}
-	dead := func() bool {
-		for s := range 4 {
-			if rdb.ZScore(context.Background(), fmt.Sprintf("{delayd:%d}:dead", s), "u1").Err() == nil {
-				return true
-			}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("schedule: %v", err)
 		}
-		return false
 	}
-	if !testutil.Eventually(20*time.Second, dead) {
-		t.Fatalf("u1 not dead after 20 s (attempts %q)", attempts())
+	ids := func(prefix string, k int) []string {
+		out := make([]string, k)
+		for i := range out {
+			out[i] = fmt.Sprintf("%s%d", prefix, i)
+		}
+		return out
 	}
 
-	js, err := jetstream.New(nc)
-	if err != nil {
+	intake := testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_MODE=intake")...)
+	proxy := testutil.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", n.Opts.Port))
+	older := testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_MODE=scanner", "DELAYD_NATS_URL=nats://"+proxy.Addr())...)
+	// Pending: due after the older build is gone and the data moved.
+	later := ids("later", 20)
+	send(later, time.Now().Add(6*time.Second))
+	// Leased: due in 1 s, the scanner cut off from NATS 250 ms before.
+	leased := ids("leased", 20)
+	due := time.Now().Add(time.Second)
+	send(leased, due)
+	time.Sleep(time.Until(due) - 250*time.Millisecond)
+	proxy.Set(testutil.Up, testutil.Fault{Drop: true})
+	if time.Now().After(due) {
+		t.Skip("the cut came after the due time: the machine is too slow for this test's timing")
+	}
+	var leaseEnd time.Time
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, fractional := 0, 0
+		for s := range shards {
+			for _, z := range rdb.ZRangeWithScores(ctx, fmt.Sprintf("{delayd:%d}:inflight", s), 0, -1).Val() {
+				n++
+				if z.Score != math.Trunc(z.Score) && z.Score < 1e14 {
+					fractional++
+				}
+				if end := time.UnixMilli(int64(z.Score)); leaseEnd.IsZero() || end.Before(leaseEnd) {
+					leaseEnd = end
+				}
+			}
+		}
+		if n == len(leased) {
+			if fractional != n {
+				t.Fatalf("%d of %d lease scores fractional: the older build should write format 2", fractional, n)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d leased after 10 s", n, len(leased))
+		}
+	}
+	older.Kill()
+	intake.Kill()
+
+	// This version refuses to start, naming the command.
+	start := exec.Command(bin, "run")
+	start.Env = append(os.Environ(), append(common, "DELAYD_NATS_URL="+n.URL(), "DELAYD_REDIS_ADDRS="+r.Addr,
+		"DELAYD_HTTP_ADDR=127.0.0.1:0", "DELAYD_UI_ADDR=127.0.0.1:0")...)
+	var stderr bytes.Buffer
+	start.Stderr = &stderr
+	done := make(chan error, 1)
+	if err := start.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "UP", Subjects: []string{"up.>"}})
-	if err != nil {
-		t.Fatal(err)
+	go func() { done <- start.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(stderr.String(), "delayd migrate") ||
+			!strings.Contains(stderr.String(), fmt.Sprintf("%d lease scores of formats 1 and 2", len(leased))) {
+			t.Fatalf("start on format 2's data: %v, want a refusal naming delayd migrate and the leases:\n%s", err, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		_ = start.Process.Kill()
+		t.Fatalf("this version started on format 2's data:\n%s", stderr.String())
 	}
-	var out, errOut bytes.Buffer
+
 	getenv := func(k string) string {
-		if k == "DELAYD_NATS_URL" {
-			return n.URL()
-		}
-		return ""
+		return map[string]string{"DELAYD_REDIS_ADDRS": r.Addr, "DELAYD_SHARDS": fmt.Sprint(shards)}[k]
 	}
-	replay := func() error {
+	var out bytes.Buffer
+	err = run(ctx, []string{"delayd", "doctor"}, getenv, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "delayd migrate") || !strings.Contains(out.String(), "retired formats:") {
+		t.Fatalf("doctor on format 2's data: %v\n%s", err, out.String())
+	}
+	// The killed scanner counts as live until its heartbeat ends.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		out.Reset()
-		errOut.Reset()
-		return run(context.Background(), []string{"delayd", "dead", "replay", "u1"}, getenv, &out, &errOut)
+		err := run(ctx, []string{"delayd", "migrate"}, getenv, &out, &out)
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "stop it first") || time.Now().After(deadline) {
+			t.Fatalf("migrate: %v\n%s", err, out.String())
+		}
 	}
-	err = replay()
-	if err == nil || !bytes.Contains([]byte(err.Error()+errOut.String()), []byte("finish the rolling upgrade")) {
-		t.Fatalf("replay beside the previous release's scanner: err %v, stdout %q, stderr %q; want it refused", err, out.String(), errOut.String())
-	}
-	if !dead() || attempts() != "3" {
-		t.Fatalf("a refused replay changed u1: dead %v, attempts %q", dead(), attempts())
+	out.Reset()
+	if err := run(ctx, []string{"delayd", "doctor"}, getenv, &out, &out); err != nil {
+		t.Fatalf("doctor after migrate: %v\n%s", err, out.String())
 	}
 
-	// The rollout finishes: the old scanner leaves, this version's takes
-	// over, and the replay goes through.
-	oldScanner.Stop()
-	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner")...)
-	if !testutil.Eventually(10*time.Second, func() bool { err = replay(); return err == nil }) {
-		t.Fatalf("replay once the previous release left: %v %s", err, errOut.String())
+	testutil.StartDaemon(t, bin, n, r, common...)
+	got.once(t, later, "1")
+	if time.Now().Before(leaseEnd) {
+		got.none(t, leased)
 	}
-	testutil.Wait(t, 20*time.Second, "the replayed envelope delivered", func() bool {
-		info, err := s.Info(context.Background())
-		return err == nil && info.State.Msgs > 0
-	})
-	msg, err := s.GetMsg(context.Background(), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := msg.Header.Get("Delayd-Attempt"); got != "4" {
-		t.Fatalf("replayed after 3 attempts, delivered by the previous release as attempt %s, want 4", got)
-	}
+	got.once(t, leased, "2")
 }

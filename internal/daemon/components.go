@@ -152,7 +152,9 @@ func (p *parts) background() []component {
 		component{"ready", func(ctx context.Context) error {
 			// The publisher's Down covers its inbox proof (not in mode
 			// intake) and natsReady the intake connection.
-			waitReady(ctx, p.st, p.c.Redis.Addrs, func() error { return p.natsReady(ctx) }, p.log)
+			if err := waitReady(ctx, p.st, p.c.Redis.Addrs, func() error { return p.natsReady(ctx) }, p.log); err != nil {
+				return err
+			}
 			<-ctx.Done()
 			return nil
 		}},

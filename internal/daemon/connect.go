@@ -80,6 +80,15 @@ func (p *parts) newStore(ctx context.Context) error {
 			return err
 		}
 	}
+	// Refuse to start on data of a retired stored format (one key read,
+	// store/schema.go). An unreachable Redis is checked once it answers
+	// (waitReady); the store runs no shard script before.
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = p.st.CheckSchema(sctx)
+	cancel()
+	if errors.Is(err, store.ErrMigrate) {
+		return err
+	}
 	return checkWait(ctx, c, p.st, p.log.Named("redis"))
 }
 
@@ -90,7 +99,7 @@ func (p *parts) storeOptions() []store.Option {
 	}
 	// The test seams come after: WithNewestFormat there wins.
 	opts := slices.Concat(formats, p.opt.store, []store.Option{store.WithStreamMemory(p.c.StreamDedupeWindow()),
-		store.WithResendMemory(p.c.Intake.DedupeWindow)})
+		store.WithResendMemory(p.c.Intake.DedupeWindow), store.WithSchemaGate()})
 	if r := p.c.Redis; r.WaitReplicas > 0 || r.WaitLocalFsync {
 		opts = append(opts, store.WithWait(store.WaitOptions{Replicas: r.WaitReplicas, Timeout: r.WaitTimeout,
 			LocalFsync: r.WaitLocalFsync, Observer: p.metrics}))

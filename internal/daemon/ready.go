@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -16,12 +17,13 @@ import (
 // daemon that went quiet. After the last, once a minute.
 var stillUnreachable = []time.Duration{5 * time.Second, 15 * time.Second, 30 * time.Second, time.Minute}
 
-// waitReady logs "ready" once Redis answers with the scripts loaded and NATS
-// is connected (natsDown nil), retrying with backoff so an unreachable
-// Redis or NATS at start is a logged wait, not a crash: each is said again
-// on the stillUnreachable schedule. addrs names the Redis servers tried,
-// for the log.
-func waitReady(ctx context.Context, st *store.Store, addrs []string, natsDown func() error, log hclog.Logger) {
+// waitReady logs "ready" once Redis answers with the scripts loaded and
+// the stored format checked (CheckSchema) and NATS is connected (natsDown
+// nil), retrying with backoff so an unreachable Redis or NATS at start is
+// a logged wait, not a crash: each is said again on the stillUnreachable
+// schedule. addrs names the Redis servers tried, for the log. It returns
+// CheckSchema's refusal (store.ErrMigrate), which stops the daemon.
+func waitReady(ctx context.Context, st *store.Store, addrs []string, natsDown func() error, log hclog.Logger) error {
 	// A redis:// address may carry a password: never logged. Each one
 	// alone, as a URL parser reads one.
 	redacted := make([]string, len(addrs))
@@ -40,10 +42,15 @@ func waitReady(ctx context.Context, st *store.Store, addrs []string, natsDown fu
 		if !redisUp && !time.Now().Before(nextPing) {
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			err := st.Ping(pctx)
+			if err == nil {
+				err = st.CheckSchema(pctx)
+			}
 			cancel()
 			switch {
+			case errors.Is(err, store.ErrMigrate):
+				return err
 			case ctx.Err() != nil:
-				return
+				return nil
 			case err == nil:
 				redisUp = true
 				if failed {
@@ -68,11 +75,12 @@ func waitReady(ctx context.Context, st *store.Store, addrs []string, natsDown fu
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	log.Info("ready")
+	return nil
 }
 
 // reminder is the schedule of "still not reachable": stillUnreachable

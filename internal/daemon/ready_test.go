@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
@@ -88,5 +89,33 @@ func TestWaitReadyKeepsSayingNATSIsUnreachable(t *testing.T) {
 	}
 	if strings.Contains(logs, "ready") {
 		t.Errorf("ready logged without NATS:\n%s", logs)
+	}
+}
+
+// TestWaitReadyRefusesRetiredFormats: a daemon that found Redis
+// unreachable at start checks the stored format once Redis answers, and
+// stops on data of a retired format, naming delayd migrate, without
+// logging ready or running a script on it (the store's gate).
+func TestWaitReadyRefusesRetiredFormats(t *testing.T) {
+	t.Parallel()
+	r := testutil.StartRedis(t)
+	rc := r.Client()
+	ctx := context.Background()
+	// A lease score of format 2 (the expiry ms plus a fraction).
+	rc.HSet(ctx, "{t:0}:data", "x", "\xf0\x00\x00\x00\x00\x00\x01\x01\x03x.y\x00p")
+	rc.ZAdd(ctx, "{t:0}:inflight", redis.Z{Score: 1.7e12 + 0.5, Member: "x"})
+	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "t", 4, store.WithSchemaGate())
+	defer st.Close()
+	var out lockedBuffer
+	log := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
+	err := waitReady(ctx, st, []string{r.Addr}, func() error { return nil }, log)
+	if !errors.Is(err, store.ErrMigrate) || !strings.Contains(err.Error(), "delayd migrate") {
+		t.Fatalf("waitReady on format 2's lease: %v, want store.ErrMigrate naming delayd migrate", err)
+	}
+	if strings.Contains(out.String(), "ready") {
+		t.Errorf("ready logged on a refused namespace:\n%s", out.String())
+	}
+	if _, err := st.Claim(ctx, []int{0}, store.ClaimOptions{Batch: 1, Lease: time.Minute}); !errors.Is(err, store.ErrNotWritten) {
+		t.Fatalf("a claim on the refused namespace: %v, want ErrNotWritten", err)
 	}
 }

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,7 +32,7 @@ func TestTokensNeverRepeat(t *testing.T) {
 		if first.Token == second.Token {
 			t.Fatalf("two claims of one id got the same token %s", first.Token)
 		}
-		if strings.Split(first.Token, ".")[0] == strings.Split(second.Token, ".")[0] {
+		if mustInt(t, first.Token)/1000 == mustInt(t, second.Token)/1000 {
 			same++ // the two leases end in the same millisecond
 		}
 		if settle(t, s, first, Delivered, 0) != 0 {
@@ -329,12 +328,9 @@ func TestClaimBytes(t *testing.T) {
 	mustBeConsistent(t, s)
 }
 
-// TestReplayWaitsForThePreviousRelease: a live member that announces no
-// format (a scanner of the release before the format switch) reads the
-// attempts entry only as "n"; while it lives, Replay refuses and changes
-// nothing, and once it left, the replay keeps the count and grants a fresh
-// budget ("n/n"). A member that announces is not one of those.
-func TestReplayWaitsForThePreviousRelease(t *testing.T) {
+// TestReplayGrantsAFreshBudget: a replay keeps the count and grants a
+// fresh budget ("n/n").
+func TestReplayGrantsAFreshBudget(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
@@ -355,32 +351,6 @@ func TestReplayWaitsForThePreviousRelease(t *testing.T) {
 	}
 	if a := rdb.HGet(ctx, k.attempts, "x").Val(); a != "3/3" {
 		t.Fatalf("attempts after a replay: %q, want 3/3", a)
-	}
-	rdb.ZRem(ctx, k.due, "x")
-	rdb.ZAdd(ctx, k.dead, redis.Z{Score: 1, Member: "x"})
-	rdb.HSet(ctx, k.attempts, "x", "3")
-
-	old := New(rdb, "t", 4) // shares the namespace: only its heartbeat is used
-	if _, _, err := old.Heartbeat(ctx, "old", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.AgreeFormats(ctx, "new", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := s.Replay(ctx, []string{"x"}); !errors.Is(err, ErrOlderDaemon) || n != 0 {
-		t.Fatalf("replay beside an unannounced member: %d, %v; want ErrOlderDaemon", n, err)
-	}
-	if a := rdb.HGet(ctx, k.attempts, "x").Val(); a != "3" || rdb.ZScore(ctx, k.dead, "x").Err() != nil {
-		t.Fatalf("a refused replay changed x: attempts %q", a)
-	}
-	if _, _, err := old.Heartbeat(ctx, "old", 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.AgreeFormats(ctx, "new", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := s.Replay(ctx, []string{"x"}); err != nil || n != 1 {
-		t.Fatalf("replay once the older daemon left: %d, %v", n, err)
 	}
 }
 

@@ -290,14 +290,14 @@ func TestBucketClaimNeverEarly(t *testing.T) {
 	}
 }
 
-// TestBucketsAfterTheSwitch: what a format-2 daemon put in the due set is
+// TestBucketsAfterTheSwitch: what a format-3 daemon put in the due set is
 // still claimed after the fleet switched to the buckets, merged with them
 // in (due, id) order; the switch waits for every live daemon.
 func TestBucketsAfterTheSwitch(t *testing.T) {
 	t.Parallel()
 	r, _ := newStore(t)
 	ctx := context.Background()
-	older := New(r.rdb, "m", 1, WithNewestFormat(FormatHeader))
+	older := New(r.rdb, "m", 1, WithNewestFormat(FormatIntegerLeases))
 	newer := New(r.rdb, "m", 1, WithNewestFormat(FormatDueBuckets))
 	agree := func(s *Store, id string, want int) {
 		t.Helper()
@@ -305,22 +305,22 @@ func TestBucketsAfterTheSwitch(t *testing.T) {
 			t.Fatalf("%s writes format %d (%v), want %d", id, got, err, want)
 		}
 	}
-	agree(older, "old", FormatHeader)
-	agree(newer, "new", FormatHeader)
+	agree(older, "old", FormatIntegerLeases)
+	agree(newer, "new", FormatIntegerLeases)
 	at := func(i int) int64 { return time.Now().Add(-time.Second).UnixMicro() + int64(i)*1000 }
 	var want []string
 	for i := range 200 {
 		id := fmt.Sprintf("e%03d", i)
 		s := older
 		if i%2 == 1 {
-			s = newer // writes format 2 as well, while older lives
+			s = newer // writes format 3 as well, while older lives
 		}
 		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: at(i), Data: enc("x")})
 		want = append(want, id)
 	}
 	k := newer.keys[0]
 	if n := r.rdb.ZCard(ctx, k.pending).Val(); n != 0 {
-		t.Fatalf("%d buckets while a format-2 daemon lives", n)
+		t.Fatalf("%d buckets while a format-3 daemon lives", n)
 	}
 	if _, err := older.AgreeFormats(ctx, "old", 0); err != nil {
 		t.Fatal(err)
@@ -331,7 +331,7 @@ func TestBucketsAfterTheSwitch(t *testing.T) {
 		schedule(t, newer, Item{ID: id, Absolute: true, AtMicros: at(i), Data: enc("x")})
 		want = append(want, id)
 	}
-	// A replace of a format-2 entry moves it to the buckets.
+	// A replace of a format-3 entry moves it to the buckets.
 	schedule(t, newer, Item{ID: "e007", Absolute: true, AtMicros: at(7), Data: enc("y")})
 	if r.rdb.ZCard(ctx, k.due).Val() != 199 || r.rdb.Get(ctx, k.pending+"#").Val() != "201" {
 		t.Fatalf("due %d, buckets %s", r.rdb.ZCard(ctx, k.due).Val(), r.rdb.Get(ctx, k.pending+"#").Val())

@@ -20,7 +20,7 @@ type Claimed struct {
 	// a one-shot.
 	Occurrence int64
 	Data       []byte
-	// Token names the claim (its lease score, in either form: keys.go):
+	// Token names the claim (its lease score: keys.go):
 	// only a settle with it changes the envelope.
 	Token string
 }
@@ -83,7 +83,7 @@ type ClaimOptions struct {
 // If some shards' Redis nodes fail (a Cluster master down), it returns the
 // results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
-	hint, known, format := s.hint(), int(markOf(s.newest))+1, int(s.write.Load())
+	hint, known := s.hint(), int(markOf(s.newest))+1
 	var share int64
 	first, over := 0, 0 // shards first.. (wrapping) may hand out one envelope beyond their share
 	if o.Bytes > 0 && len(shards) > 0 {
@@ -105,7 +105,7 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 	nowMs := time.Now().UnixMilli()
 	for i, sh := range shards {
 		calls[i] = claimArgs{shard: &s.keys[sh], batch: o.Batch, leaseMs: o.Lease.Milliseconds(), hint: hint, knownMark: known,
-			share: share, oversize: oversize(i), format: format, sizeAll: s.largeUntil[sh].Load() >= nowMs}
+			share: share, oversize: oversize(i), sizeAll: s.largeUntil[sh].Load() >= nowMs}
 	}
 	res, perr := exec(ctx, s, OpClaim, calls)
 	if perr != nil {
@@ -132,7 +132,6 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 			r.UnknownFormat = formatOf(string([]byte{byte(m)}))
 		}
 		for _, it := range reply.items {
-			// The script stamps values stored by older versions.
 			due, occurrence, data := splitValue(it.value)
 			largest = max(largest, int64(len(it.value)))
 			attempt, base := parseAttempt(it.attempt)

@@ -75,23 +75,13 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	return e, nil
 }
 
-// parseAttempts reads an attempts value (keys.go) as the scripts do
-// (attemptsOf in lua/prelude.lua): the attempts counted before the current
-// lease, "" for none. A value of an older version, "attempt:due:token",
-// counted the current claim too while it had a token; its reading goes
-// with the prelude's fenced block of older formats.
+// parseAttempts reads an attempts value, "n" or "n/b" (keys.go), as the
+// scripts do (attemptsOf in lua/prelude.lua): the attempts counted before
+// the current lease, 0 for "".
 func parseAttempts(v string) int {
-	if n, _, ok := strings.Cut(v, "/"); ok {
-		// "n/b": b of them before the last replay.
-		a, _ := strconv.Atoi(n)
-		return a
-	}
-	parts := strings.SplitN(v, ":", 3)
-	n, _ := strconv.Atoi(parts[0])
-	if len(parts) == 3 && parts[2] != "" {
-		n--
-	}
-	return max(n, 0)
+	n, _, _ := strings.Cut(v, "/")
+	a, _ := strconv.Atoi(n)
+	return a
 }
 
 // Cursor is where a List call stopped: the due time and id of the last

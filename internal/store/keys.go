@@ -18,7 +18,7 @@ import (
 //   - a bucket's entries are due in its range, more than bucketMax + 1
 //     only when due in one ms, and pending's count is their number
 //     (pending, below);
-//   - every inflight score is a claim token, in either form (inflight);
+//   - every inflight score is a claim token (inflight);
 //   - attempts and errors entries exist only beside data;
 //   - the counted attempts n never go down, except that a replace starts
 //     them over (a new version), and b <= n;
@@ -28,21 +28,17 @@ import (
 // script that stops part-way can leave, for Check to find and repair.
 type shardKeys struct {
 	due string // ZSET id → due ms (whole milliseconds); see pending
-	// inflight: ZSET id → the claim's token, its lease score, in one of
-	// two forms: from format 3 (FormatIntegerLeases) on the token as a
-	// whole number, lease expiry ms × 1000 + k, never a multiple of 1000
-	// (above leaseSplit); written by format 2, the lease expiry in ms plus
-	// the fraction k/1000 (never whole, below leaseSplit). Whole scores are
-	// listpack integers, which Redis compares without parsing. Both forms
-	// can share the set during and after a rolling upgrade, so claim.lua
-	// looks for expired leases in two ranges, and every script reads both.
-	// A settle names that score, so a stale daemon whose lease expired, or
-	// whose envelope was replaced or cancelled meanwhile, changes nothing.
+	// inflight: ZSET id → the claim's token, its lease score: a whole
+	// number, lease expiry ms × 1000 + k, never a multiple of 1000 (a
+	// listpack integer, which Redis compares without parsing). A settle
+	// names that score, so a stale daemon whose lease expired, or whose
+	// envelope was replaced or cancelled meanwhile, changes nothing. (The
+	// retired formats 1 and 2 wrote the expiry in ms, whole or plus a
+	// fraction k/1000: below 1e14, schema.go.)
 	inflight string
 	// data: HASH id → the stored value: a header with the original due
 	// time (and, for a series, the pending occurrence), then the encoded
-	// envelope (value.go); a value of the version before the header is the
-	// envelope alone (lua/prelude.lua's fenced block reads it).
+	// envelope (value.go).
 	data string
 	// attempts: HASH id → "n" or "n/b": n attempts were counted before the
 	// current lease, b of them before the envelope's last replay (b only
@@ -111,18 +107,8 @@ type shardKeys struct {
 	all []string
 }
 
-// leaseSplit parts the two forms of lease scores (inflight, above): a
-// fractional expiry in ms lies below it until the year 5138, a whole token
-// (expiry ms × 1000 + k) above it since 1973. lua/prelude.lua has the same.
-const leaseSplit = 1e14
-
-// leaseEnd is the lease expiry in ms of a lease score of either form.
-func leaseEnd(score float64) int64 {
-	if score >= leaseSplit {
-		return int64(score) / 1000
-	}
-	return int64(score)
-}
+// leaseEnd is the lease expiry in ms of a lease score.
+func leaseEnd(score float64) int64 { return int64(score) / 1000 }
 
 func keysFor(ns string, shard int) shardKeys {
 	tag := "{" + ns + ":" + strconv.Itoa(shard) + "}:"

@@ -21,9 +21,8 @@ import (
 type mRunner struct {
 	ctx context.Context
 	s   *Store
-	// whole is s as a daemon of a fleet that agreed on format 4 (3 and
-	// later): its claims write whole lease scores, s's fractional ones
-	// (format 2); its schedules go to the due buckets, s's to the due set.
+	// whole is s as a daemon of a fleet that agreed on format 4: its
+	// schedules go to the due buckets, s's (format 3) to the due set.
 	whole *Store
 	// buckets: schedules go through whole (opFormat changes it).
 	buckets    bool
@@ -121,17 +120,6 @@ func (r *mRunner) apply(o mOp) error {
 			return err
 		}
 		return r.rc.FunctionFlush(r.ctx).Err()
-	case opFraction:
-		if err := r.s.fractionLeases(r.ctx); err != nil {
-			return err
-		}
-		for _, e := range r.m.ids {
-			if e.at == mInflight && !strings.Contains(e.token, ".") && !e.fraction {
-				e.fraction = true
-				r.seen["lease rewritten as a fraction"]++
-			}
-		}
-		return nil
 	case opFault:
 		return r.fault(o)
 	case opRace:
@@ -263,9 +251,6 @@ func (r *mRunner) claim(o mOp) error {
 			if e.at == mInflight {
 				expired++
 				r.seen["expired lease re-claimed"]++
-				if strings.Contains(e.token, ".") != strings.Contains(c.Token, ".") {
-					r.seen["expired lease re-claimed in the other form"]++
-				}
 			} else if e.attempt > 0 {
 				r.seen["retried id re-claimed"]++
 			} else {
@@ -277,10 +262,10 @@ func (r *mRunner) claim(o mOp) error {
 		if len(cr.Items) > 0 {
 			// A token is never handed out twice in a shard, whatever the
 			// hint (the model narrows it to provoke that).
-			// A token is one number in either form (expiry ms × 1000 + k).
+			// A token is one whole number (expiry ms × 1000 + k).
 			tok := cr.Items[0].Token
-			if (strings.Contains(tok, ".")) == o.whole {
-				return fmt.Errorf("claim of shard %d at %d: token %s, want whole %v", shards[i], now, tok, o.whole)
+			if n, err := strconv.ParseInt(tok, 10, 64); err != nil || n%1000 == 0 {
+				return fmt.Errorf("claim of shard %d at %d: token %s, want a whole number, no multiple of 1000", shards[i], now, tok)
 			}
 			key := strconv.Itoa(shards[i]) + "/" + strconv.FormatInt(tokenNumber(tok), 10)
 			if r.m.tokens[key] {

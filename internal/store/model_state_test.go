@@ -50,9 +50,6 @@ type mEntry struct {
 	attempt, base int
 	due           int64  // the original due time, from the schedule
 	token         string // the lease score of the current claim, "" once settled
-	// fraction: the claim's whole token is in Redis as its fraction
-	// (fraction.lua rewrote it); settles still name the whole token.
-	fraction bool
 	// occurrence is the pending occurrence of a series, 0 for a one-shot.
 	occurrence int64
 	err        string // the errors entry, "" if none
@@ -109,7 +106,7 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 		if !e.exact {
 			return nil, fmt.Errorf("model: score of %q not known", id)
 		}
-		// A lease score is its token, in either form, whose expiry is
+		// A lease score is its token, whose expiry is
 		// e.score: it is claimable from the next millisecond on.
 		if e.score > now || (e.at == mInflight && e.score == now) {
 			continue
@@ -122,8 +119,6 @@ func (m *mModel) claimable(shard int, now int64, batch int) ([]string, error) {
 		}
 	}
 	// ZSET order: by score, a lease's with its token, then bytewise by id.
-	// A fractional lease score is below every whole one: the claim takes
-	// the expired fractional leases first.
 	score := func(e *mEntry) float64 {
 		if e.at == mInflight {
 			return e.leaseScore()
@@ -193,35 +188,21 @@ func (m *mModel) next(shard int, p mPlace) int64 {
 	return low
 }
 
-// isLeaseToken: a lease score of either form (keys.go, inflight): a
-// fraction below leaseSplit, or above it a whole number that is no
-// multiple of 1000.
+// isLeaseToken: a lease score (keys.go, inflight): a whole number that is
+// no multiple of 1000.
 func isLeaseToken(l float64) bool {
-	if l < leaseSplit {
-		return l > 0 && l != math.Trunc(l)
-	}
-	return l == math.Trunc(l) && int64(l)%1000 != 0
+	return l > 0 && l == math.Trunc(l) && int64(l)%1000 != 0
 }
 
 // leaseScore is the lease score the model expects in Redis for e's claim.
 func (e *mEntry) leaseScore() float64 {
-	tok := e.token
-	if e.fraction {
-		n := tokenNumber(tok)
-		tok = fmt.Sprintf("%d.%03d", n/1000, n%1000)
-	}
-	f, _ := strconv.ParseFloat(tok, 64)
+	f, _ := strconv.ParseFloat(e.token, 64)
 	return f
 }
 
 // tokenNumber is a token of either form as one number, expiry ms × 1000 +
 // k.
 func tokenNumber(tok string) int64 {
-	if ms, k, ok := strings.Cut(tok, "."); ok {
-		a, _ := strconv.ParseInt(ms, 10, 64)
-		b, _ := strconv.ParseInt(k, 10, 64)
-		return a*1000 + b
-	}
 	n, _ := strconv.ParseInt(tok, 10, 64)
 	return n
 }
@@ -507,7 +488,7 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 		}
 		if e.at == mInflight {
 			if l := e.leaseScore(); st.leases[id] != l || leaseEnd(l) != e.score || !isLeaseToken(l) {
-				bad("%q: lease score %v, model %d with token %q (as a fraction: %v)", id, st.leases[id], e.score, e.token, e.fraction)
+				bad("%q: lease score %v, model %d with token %q", id, st.leases[id], e.score, e.token)
 			}
 		}
 		if e.err != "" {

@@ -239,11 +239,8 @@ const (
 	opFlush
 	opFault
 	opRace // replace an id while its old claim is unsettled, in one millisecond
-	// opFraction rewrites whole lease scores as fractions, as a fleet
-	// that writes format 2 again (a rollback) does.
-	opFraction
 	// opFormat: the format the fleet writes changes (format: a daemon of
-	// format 2 joined, or left): pending envelopes go to the due set or
+	// format 3 joined, or left): pending envelopes go to the due set or
 	// the due buckets from now on.
 	opFormat
 )
@@ -261,7 +258,7 @@ type mOp struct {
 	lease   int64    // claim, ms
 	bytes   int64    // claim: the byte budget, 0 for none
 	shards  []int    // claim: nil is every shard
-	whole   bool     // claim, race: by daemons writing format 3 (whole lease scores)
+	whole   bool     // claim, race: by daemons writing format 4 (the due buckets)
 	seed    uint64   // settle: picks the items, their outcomes and errors
 	all     bool     // settle: every item delivered
 	retry   int64    // settle, ms
@@ -304,11 +301,11 @@ func (o mOp) String() string {
 		if o.shards != nil {
 			on = fmt.Sprintf("shards %v", o.shards)
 		}
-		form := "fractional"
+		form := 3
 		if o.whole {
-			form = "whole"
+			form = 4
 		}
-		return fmt.Sprintf("claim by d%d of %s, batch %d, lease %dms, %d bytes, %s lease scores", o.daemon, on, o.batch, o.lease, o.bytes, form)
+		return fmt.Sprintf("claim by d%d of %s, batch %d, lease %dms, %d bytes, by a daemon writing format %d", o.daemon, on, o.batch, o.lease, o.bytes, form)
 	case opSettle:
 		how := fmt.Sprintf("some items (seed %#x)", o.seed)
 		if o.all {
@@ -323,8 +320,6 @@ func (o mOp) String() string {
 		return fmt.Sprintf("purge %v", o.ids)
 	case opFlush:
 		return "SCRIPT FLUSH and FUNCTION FLUSH"
-	case opFraction:
-		return "whole lease scores rewritten as fractions"
 	case opFault:
 		return fmt.Sprintf("fault: shard %d key %s is a string during: %v", o.shard, mKeyNames[o.key], *o.inner)
 	case opFormat:
@@ -399,14 +394,12 @@ func (g *mGen) next(m *mModel) mOp {
 		return mOp{kind: opReplay, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
 	case w < 94:
 		return mOp{kind: opPurge, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
-	case w < 95:
-		return mOp{kind: opFraction}
 	case w < 96:
 		if g.rng.IntN(2) == 0 {
 			return mOp{kind: opFlush}
 		}
-		// A format-2 daemon joins the fleet, or leaves it.
-		g.format = FormatHeader + FormatDueBuckets - g.format
+		// A format-3 daemon joins the fleet, or leaves it.
+		g.format = FormatIntegerLeases + FormatDueBuckets - g.format
 		return mOp{kind: opFormat, format: g.format}
 	case w < 98:
 		return g.race()

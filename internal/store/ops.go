@@ -11,6 +11,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -36,7 +37,6 @@ const (
 	formatsOp     = "formats"
 	ownOp         = "own"
 	intakeFloorOp = "intake_floor"
-	fractionOp    = "fraction"
 )
 
 // waitMode is how an operation's writes wait for the replicas when the store
@@ -107,9 +107,6 @@ var policies = map[string]policy{
 	ownOp: {scripts: []*script{ownScript}, wait: neverWaits,
 		why: "a shard lease, renewed every third of its TTL: a lost one lets two daemons claim one shard for a " +
 			"while, which claims are safe against (one atomic script each, unique tokens)."},
-	fractionOp: {scripts: []*script{fractionScript}, wait: neverWaits,
-		why: "a rewrite of whole lease scores as fractions after a rollback: one a failover undoes is done " +
-			"again at the next announcement, and this version reads either form."},
 	intakeFloorOp: {scripts: []*script{intakeFloorScript}, wait: neverWaits,
 		why: "a lost floor makes a consumer created again start lower: the shards remember the stream messages " +
 			"they stored, and store none twice."},
@@ -179,6 +176,14 @@ func exec[R any, A scriptCall[R]](ctx context.Context, s *Store, op string, args
 	sc := args[0].script()
 	if !slices.Contains(p.scripts, sc) {
 		panic(fmt.Sprintf("store: operation %s runs %s.lua, which its policy in ops.go does not name", op, sc.name))
+	}
+	if sc.shard && s.gated && !s.schemaOK.Load() {
+		err := errors.Join(ErrNotWritten, errSchemaUnchecked)
+		out := make([]result[R], len(args))
+		for i := range out {
+			out[i].err, out[i].emptyErr = err, err
+		}
+		return out, err
 	}
 	ctx, req := s.waitCtx(ctx, op, p.wait)
 	calls := make([]call, len(args))

@@ -84,11 +84,10 @@ func formatsKey(ns string) string { return membersKey(ns) + ":formats" }
 
 // AgreeFormats announces the newest format daemon id reads, for ttl (0:
 // leave), and sets the format this store writes to the newest one that
-// every live daemon reads. A scanning daemon of the release before this
-// rule (0.1.0) announces nothing; it reads format 2's values and only
-// fractional lease scores, so while one is a live member the store writes
-// format 2 (see also PlainAttempts). It returns the format written from
-// now on.
+// every live daemon reads, at least FormatIntegerLeases: the formats
+// before it are retired (value.go), and a build that announces one, or
+// none, cannot run beside this version (docs/operations.md, Upgrading).
+// It returns the format written from now on.
 func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) (int, error) {
 	me := strconv.Itoa(s.newest) + ":" + id
 	// The heartbeat's script: a ZSET of announcements with their expiry.
@@ -102,73 +101,15 @@ func (s *Store) AgreeFormats(ctx context.Context, id string, ttl time.Duration) 
 		return int(s.write.Load()), nil
 	}
 	w := s.newest
-	announced := make(map[string]bool, len(reply.members))
 	for _, v := range reply.members {
-		f, member, _ := strings.Cut(v, ":")
+		f, _, _ := strings.Cut(v, ":")
 		if n, err := strconv.Atoi(f); err == nil {
-			w = min(w, max(n, FormatHeader))
+			w = min(w, max(n, FormatIntegerLeases))
 		}
-		announced[member] = true
-	}
-	// A live member that announces no format is a daemon of the release
-	// before the format switch (9095ff6 and earlier): it reads an attempts
-	// entry only as "n", and would take a replay's "n/b" for 0 and deliver
-	// the envelope as attempt 1. While one lives, Replay refuses. It
-	// re-leases only fractional lease scores, and its scanner reads only
-	// the due set: format 2 is written.
-	members, err := s.rdb.ZRangeWithScores(ctx, membersKey(s.ns), 0, -1).Result()
-	if err != nil {
-		s.failed(err)
-		s.write.Store(int32(min(w, int(s.write.Load()))))
-		return int(s.write.Load()), fmt.Errorf("store: read the members: %w", err)
-	}
-	now := float64(reply.nowMs)
-	legacy := false
-	for _, m := range members {
-		id, _ := m.Member.(string)
-		legacy = legacy || (m.Score > now && !announced[id])
-	}
-	if legacy {
-		w = min(w, FormatHeader)
 	}
 	s.write.Store(int32(w))
-	s.plainAttempts.Store(legacy)
-	if w < FormatIntegerLeases {
-		if err := s.fractionLeases(ctx); err != nil {
-			return w, err
-		}
-	}
 	return w, nil
 }
-
-// fractionLeases rewrites every shard's whole lease scores (format 3) as
-// fractions naming the same tokens (lua/fraction.lua), while the fleet
-// writes format 2: a daemon of a version before format 3 re-leases only
-// fractional scores, so after a rollback a lease that a daemon of this
-// version wrote, and then could not settle, still ends for it. Run at
-// every announcement while the fleet writes format 2 (during a rolling
-// upgrade too, where it finds nothing: one range read per shard), so the
-// leases of claims that ran as the format changed are caught at the next.
-func (s *Store) fractionLeases(ctx context.Context) error {
-	calls := make([]fractionArgs, s.shards)
-	for i := range calls {
-		calls[i] = fractionArgs{shard: &s.keys[i], max: fractionBatch}
-	}
-	_, err := exec(ctx, s, fractionOp, calls)
-	if err != nil {
-		s.failed(err)
-		return fmt.Errorf("store: lease scores as fractions: %w", err)
-	}
-	return nil
-}
-
-// fractionBatch bounds the scores one fraction.lua call rewrites; more wait
-// for the next announcement.
-const fractionBatch = 4096
-
-// PlainAttempts reports whether a live member reads attempts entries only
-// as "n" (AgreeFormats), so that Replay refuses.
-func (s *Store) PlainAttempts() bool { return s.plainAttempts.Load() }
 
 // RunFormats keeps this daemon's announcement fresh every third of ttl
 // until ctx is done, then withdraws it. It logs each change of the

@@ -15,15 +15,14 @@ import (
 // named structs, encoded and decoded there and nowhere else: a change of a
 // script's arguments or reply changes that file and its callers' fields. The shard scripts share a prelude
 // (lua/prelude.lua): key type checks, chunked commands, the value header,
-// the attempts values, and one fenced block for the formats of older
-// versions.
+// the attempts values, and the due buckets.
 
 //go:embed lua/prelude.lua
 var prelude string
 
 // allScripts are the scripts Ping loads and Ready expects cached.
 var allScripts = []*script{scheduleScript, cancelScript, claimScript, ackScript, replayScript, checkScript,
-	heartbeatScript, ownScript, fractionScript}
+	heartbeatScript, ownScript}
 
 // script is one Lua script in two builds. Redis 7 reads script flags from
 // a shebang line: "allow-oom" lets the scripts that free memory or must run

@@ -29,9 +29,6 @@ type claimArgs struct {
 	// first envelope out even if it alone is larger.
 	share    int64
 	oversize bool
-	// format is the stored format the fleet writes: from
-	// FormatIntegerLeases on, lease scores are whole tokens.
-	format int
 	// sizeAll: the shard is known to hold large values (Store.largeUntil):
 	// every value is sized before it is read.
 	sizeAll bool
@@ -48,7 +45,7 @@ func (a claimArgs) encode() call {
 	if a.sizeAll {
 		all = "1"
 	}
-	return call{keys: a.shard.list(), argv: []any{a.batch, a.leaseMs, a.hint, a.knownMark, a.share, over, a.format, all}}
+	return call{keys: a.shard.list(), argv: []any{a.batch, a.leaseMs, a.hint, a.knownMark, a.share, over, all}}
 }
 
 // claimReply is claim.lua's answer.

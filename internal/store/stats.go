@@ -200,8 +200,9 @@ func (s *Store) DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error)
 }
 
 // Formats counts the stored values of every shard by format (FormatBare,
-// FormatHeader, or newer ones a newer daemon wrote), for doctor: an
-// upgrade or rollback shows how much each version has written.
+// FormatIntegerLeases for the header formats 2 to 4 share, or newer ones
+// a newer daemon wrote), for doctor: an upgrade or rollback shows how much
+// each version has written.
 //
 // A value of a format this version reads that does not decode counts as
 // FormatUnreadable: junk without a value mark would otherwise pass for
@@ -224,28 +225,6 @@ func (s *Store) Formats(ctx context.Context) (map[int]int, error) {
 		}
 	}
 	return out, nil
-}
-
-// LeaseForms counts the leases of every shard by the form of their score
-// (keys.go, inflight): whole (format 3) and fractional (format 2, or
-// rewritten for older daemons after a rollback), for doctor: a version
-// before format 3 never re-leases a whole one.
-func (s *Store) LeaseForms(ctx context.Context) (whole, fractional int64, err error) {
-	pipe := s.rdb.Pipeline()
-	split := strconv.FormatInt(leaseSplit, 10)
-	cmds := make([][2]*redis.IntCmd, s.shards)
-	for sh := range s.shards {
-		k := s.keys[sh].inflight
-		cmds[sh] = [2]*redis.IntCmd{pipe.ZCount(ctx, k, split, "+inf"), pipe.ZCount(ctx, k, "-inf", "("+split)}
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, 0, fmt.Errorf("store: lease forms: %w", err)
-	}
-	for _, c := range cmds {
-		whole += c[0].Val()
-		fractional += c[1].Val()
-	}
-	return whole, fractional, nil
 }
 
 // readableFormat is the format of a stored value, or FormatUnreadable when

@@ -5,7 +5,6 @@ package store
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -35,9 +34,9 @@ type Store struct {
 	// format it writes now (AgreeFormats).
 	newest int
 	write  atomic.Int32
-	// plainAttempts: a live member of the release before the format
-	// switch reads attempts entries only as "n" (AgreeFormats).
-	plainAttempts atomic.Bool
+	// gated: the shard scripts wait for CheckSchema (schemaOK; schema.go).
+	gated    bool
+	schemaOK atomic.Bool
 	// hint picks the k of a claim's token (keys.go); tests narrow it.
 	hint func() int
 	// seenFor is how long a shard remembers a stream message it stored.
@@ -67,13 +66,12 @@ type Store struct {
 type Option func(*Store)
 
 // WithNewestFormat makes the store announce that it reads formats up to f
-// (FormatHeader, FormatIntegerLeases, FormatDueBuckets, or one more,
-// which only tests define) and write f once every live daemon reads it: it
-// stands in for an older or the next version in tests of mixed fleets.
-// (Whatever f, the scripts read both forms of lease scores, and both the
-// due set and the due buckets.)
+// (FormatIntegerLeases, FormatDueBuckets, or one more, which only tests
+// define) and write f once every live daemon reads it: it stands in for
+// an older or the next version in tests of mixed fleets. (Whatever f, the
+// scripts read both the due set and the due buckets.)
 func WithNewestFormat(f int) Option {
-	return func(s *Store) { s.newest = min(max(f, FormatHeader), formatNext) }
+	return func(s *Store) { s.newest = min(max(f, FormatIntegerLeases), formatNext) }
 }
 
 // WithTokenHint replaces the source of the k of claim tokens (1..991).
@@ -112,9 +110,9 @@ func New(rdb redis.UniversalClient, ns string, shards int, opts ...Option) *Stor
 		}
 	}
 	s.installWait()
-	// Until the fleet's formats are known, the oldest this rule knows:
-	// every daemon since it reads it.
-	s.write.Store(FormatHeader)
+	// Until the fleet's formats are known, the oldest this version
+	// reads: every daemon since it reads it.
+	s.write.Store(FormatIntegerLeases)
 	for i := range s.keys {
 		s.keys[i] = keysFor(ns, i)
 	}
@@ -364,23 +362,10 @@ func (s *Store) Purge(ctx context.Context, ids []string) (int, error) {
 	return n, nil
 }
 
-// ErrOlderDaemon refuses a replay while a daemon of the release before the
-// format switch is live (PlainAttempts).
-var ErrOlderDaemon = errors.New("a daemon of the release before 0.2 (which announces no stored format) is live: " +
-	"its scanner counts a replayed envelope's attempts from 0, or buries it again at once; " +
-	"finish the rolling upgrade, then replay")
-
 // Replay moves the given dead ids back to due at once, their attempt
 // numbers going on where they were, with a fresh budget of tries, and
-// returns how many were dead. The budget is recorded as "n/b" (keys.go),
-// which the release before the format switch cannot read: it has no
-// budget apart from the count, so while one of its daemons lives (it
-// would deliver the replay as attempt 1, or bury it again at its first
-// claim) the replay is refused with ErrOlderDaemon and nothing changes.
+// returns how many were dead. The budget is recorded as "n/b" (keys.go).
 func (s *Store) Replay(ctx context.Context, ids []string) (int, error) {
-	if s.plainAttempts.Load() {
-		return 0, fmt.Errorf("store: replay: %w", ErrOlderDaemon)
-	}
 	byShard := s.byShard(ids)
 	calls := make([]replayArgs, len(byShard))
 	for i, sh := range byShard {

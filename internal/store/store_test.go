@@ -539,95 +539,6 @@ func claimAt(t *testing.T, s *Store, id string) Claimed {
 	return claimAll(t, s, time.Minute)[id]
 }
 
-// TestOlderVersionsData: envelopes stored by the version before the value
-// header keep their due time and attempt count: a pending one (its due
-// score), one whose old claim was in flight ("attempt:due:token", a whole
-// lease score) and one released for a retry ("attempt:due:"). The check
-// finds nothing wrong with that data, before or after.
-func TestOlderVersionsData(t *testing.T) {
-	t.Parallel()
-	s, _ := newStore(t)
-	ctx := context.Background()
-	// Format 1: the format byte, 8 version bytes, the target, no headers,
-	// the payload.
-	old := []byte("\x01\x00\x00\x00\x00\x00\x00\x00\x00\x03x.y\x00p")
-	put := func(id string, set string, score float64, claim string) {
-		k := s.keys[s.Shard(id)]
-		if err := s.rdb.HSet(ctx, k.data, id, old).Err(); err != nil {
-			t.Fatal(err)
-		}
-		key := map[string]string{"due": k.due, "inflight": k.inflight}[set]
-		if err := s.rdb.ZAdd(ctx, key, redis.Z{Score: score, Member: id}).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if claim != "" {
-			if err := s.rdb.HSet(ctx, k.attempts, id, claim).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	put("pending", "due", 1000, "")
-	put("leased", "inflight", 2000, "1:1500:oldtoken")
-	put("retried", "due", 3000, "2:2500:")
-	mustBeConsistent(t, s)
-	// The old claim counted the attempt in flight itself.
-	if e, err := s.Get(ctx, "leased"); err != nil || e.Attempts != 1 || e.State != StateInflight {
-		t.Fatalf("get of an old lease: %+v, %v; want attempt 1 in flight", e, err)
-	}
-	got := claimAll(t, s, time.Minute)
-	want := map[string][2]int64{"pending": {1000, 1}, "leased": {1500, 2}, "retried": {2500, 3}}
-	for id, w := range want {
-		c := got[id]
-		if c.DueMs != w[0] || int64(c.Attempt) != w[1] || c.Occurrence != 0 {
-			t.Errorf("%s: claimed due %d attempt %d occurrence %d, want due %d attempt %d", id, c.DueMs, c.Attempt, c.Occurrence, w[0], w[1])
-		}
-		if e, err := envelope.Decode(c.Data); err != nil || string(e.Payload) != "p" {
-			t.Errorf("%s: data %q does not decode: %v", id, c.Data, err)
-		}
-	}
-	mustBeConsistent(t, s)
-	// A release keeps the due time for the next attempt.
-	if settle(t, s, got["pending"], Retry, 0) != 1 {
-		t.Fatal("release not settled")
-	}
-	c := claimAll(t, s, time.Minute)["pending"]
-	if c.DueMs != 1000 || c.Attempt != 2 {
-		t.Fatalf("after a release: due %d attempt %d", c.DueMs, c.Attempt)
-	}
-}
-
-// TestOlderVersionsDeadReplay: a dead envelope of the version before the
-// value header keeps its original due time through a replay (it was only
-// in its attempts value "attempt:due:"), so its redelivery carries the same
-// Delayd-Due and JetStream Nats-Msg-Id as before.
-func TestOlderVersionsDeadReplay(t *testing.T) {
-	t.Parallel()
-	s, _ := newStore(t)
-	ctx := context.Background()
-	k := s.keys[s.Shard("d1")]
-	old := []byte("\x01\x00\x00\x00\x00\x00\x00\x00\x00\x03x.y\x00p")
-	if err := s.rdb.HSet(ctx, k.data, "d1", old).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.rdb.ZAdd(ctx, k.dead, redis.Z{Score: 9000, Member: "d1"}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.rdb.HSet(ctx, k.attempts, "d1", "10:4242:").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if e, err := s.Get(ctx, "d1"); err != nil || e.Attempts != 10 {
-		t.Fatalf("get: %+v, %v", e, err)
-	}
-	if n, err := s.Replay(ctx, []string{"d1"}); err != nil || n != 1 {
-		t.Fatalf("replay: %d, %v", n, err)
-	}
-	c := claimAll(t, s, time.Minute)["d1"]
-	if c.DueMs != 4242 || c.Attempt != 11 || c.Base != 10 || string(c.Data) != string(old) {
-		t.Fatalf("after replay: %+v", c)
-	}
-	mustBeConsistent(t, s)
-}
-
 // TestEmptyValueDoesNotStopTheShard: a data value emptied behind delayd's
 // back is handed out (its delivery fails to decode and it ends dead), and
 // the claim of the rest of its shard goes on.
@@ -640,7 +551,7 @@ func TestEmptyValueDoesNotStopTheShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, ok := claimAll(t, s, time.Minute)["e1"]
-	if !ok || len(c.Data) != 0 || c.DueMs != 1 {
+	if !ok || len(c.Data) != 0 || c.DueMs != -1 {
 		t.Fatalf("claim: %+v, %v", c, ok)
 	}
 	if settle(t, s, c, Bury, 0) != 1 {

@@ -12,8 +12,8 @@ import "encoding/binary"
 //	0xF1, due ms as 6 bytes, occurrence as 4 bytes, envelope    (series)
 //
 // The envelope encodings start with a small format byte (1, 2), so a value
-// written before the header existed is told apart by its first byte and
-// read as an envelope with an unknown due time.
+// written before the header existed (format 1, retired) is told apart by
+// its first byte.
 const (
 	valueMark         = 0xF0
 	valueHeader       = 7
@@ -23,31 +23,39 @@ const (
 
 // Stored formats. A format is a version of what the scripts write: the
 // values, since format 3 the lease scores, and since format 4 where
-// pending envelopes are indexed. A value's format is told by its first
-// byte: below 0xF0 an envelope without the header (format 1), 0xF0 and
-// 0xF1 format 2, whose layout formats 3 and 4 keep, and each later format
-// that changes the layout takes the next pair of marks (markOf). A daemon
-// reads every format up to the newest it knows, and writes the newest that
-// every live daemon reads (AgreeFormats), so a rolling upgrade that brings
-// a new format never meets a daemon that cannot read what it finds; a
-// daemon that meets a newer value format anyway (a rollback) leaves it
-// alone.
+// pending envelopes are indexed (docs/architecture.md has their table). A
+// value's format is told by its first byte: below 0xF0 an envelope
+// without the header (format 1), 0xF0 and 0xF1 the header, which formats 2
+// to 4 share, and each later format that changes the layout takes the next
+// pair of marks (markOf). Formats 1 and 2 are retired: no release wrote
+// them, the scripts read neither, a daemon refuses to start on data that
+// may hold them (schema.go), and delayd migrate moves them. A daemon reads
+// every format from 3 up to the newest it knows, and writes the newest
+// that every live daemon reads (AgreeFormats), so a rolling upgrade that
+// brings a new format never meets a daemon that cannot read what it
+// finds; a daemon that meets a newer value format anyway (a rollback)
+// leaves it alone.
 const (
 	// FormatUnreadable counts, in Formats, the values that are no
 	// envelope of any format this version reads: corrupt, or written by
 	// something else than delayd.
 	FormatUnreadable = 0
-	// FormatBare is the envelope alone, written by versions before the
-	// value header, which predate this rule.
+	// FormatBare is the envelope alone, written by builds before the
+	// value header, with attempts values "attempt:due:token" and lease
+	// scores the expiry in whole ms. Retired: delayd migrate stamps such
+	// a value with the header (schema.go).
 	FormatBare = 1
-	// FormatHeader is the header above.
+	// FormatHeader is the header above, with lease scores the lease
+	// expiry ms plus the fraction k/1000 (0.1.0 and the builds up to
+	// 5f3b025). Retired: delayd migrate rewrites such a score as its
+	// token; its values are format 3's.
 	FormatHeader = 2
 	// FormatIntegerLeases keeps format 2's values, and writes each lease
 	// score as its claim's token, a whole number (keys.go, inflight),
-	// instead of the lease expiry plus a fraction. Every daemon since
-	// reads both forms.
+	// instead of the lease expiry plus a fraction: the oldest format this
+	// version reads.
 	FormatIntegerLeases = 3
-	// FormatDueBuckets keeps format 2's values and format 3's lease
+	// FormatDueBuckets keeps format 3's values and lease
 	// scores, and indexes newly pending envelopes in the due buckets
 	// (keys.go, pending) instead of the due set. Every daemon of this
 	// version reads both indexes; it announces and writes format 4 only
@@ -55,7 +63,7 @@ const (
 	// memory and more Redis work.
 	FormatDueBuckets = 4
 	// formatNext stands in for a future format in tests of mixed-version
-	// fleets (WithNewestFormat): format 2's layout under marks 0xF2, 0xF3.
+	// fleets (WithNewestFormat): format 3's layout under marks 0xF2, 0xF3.
 	formatNext = 5
 )
 
@@ -63,7 +71,8 @@ const (
 // by default (WithNewestFormat raises it to FormatDueBuckets).
 const newestFormat = FormatIntegerLeases
 
-// formatOf is the stored format of a value.
+// formatOf is the stored format of a value: for the header that formats 2
+// to 4 share, 3, the oldest this version reads.
 func formatOf(v string) int {
 	if len(v) == 0 || v[0] < valueMark {
 		return FormatBare
@@ -71,10 +80,10 @@ func formatOf(v string) int {
 	if pair := int(v[0]-valueMark) / 2; pair > 0 {
 		return FormatDueBuckets + pair
 	}
-	return FormatHeader
+	return FormatIntegerLeases
 }
 
-// markOf is the one-shot mark of the values of format f (2 or later).
+// markOf is the one-shot mark of the values of format f (3 or later).
 func markOf(f int) byte {
 	if f <= FormatDueBuckets {
 		return valueMark
@@ -84,10 +93,11 @@ func markOf(f int) byte {
 
 // splitValue returns the due time, the occurrence (0 for a one-shot) and
 // the envelope of a stored value; due is -1 for a value without the header.
-// Formats 2 and formatNext share the layout; a newer format is returned whole, with
-// due -1 (it is never claimed, and fails to decode where it is read).
+// Formats 3 and formatNext share the layout; a newer format is returned
+// whole, with due -1 (it is never claimed, and fails to decode where it is
+// read).
 func splitValue(v string) (dueMs, occurrence int64, data []byte) {
-	if f := formatOf(v); f == FormatHeader || f == formatNext {
+	if f := formatOf(v); f == FormatIntegerLeases || f == formatNext {
 		switch {
 		case len(v) >= valueHeader && (v[0]-valueMark)%2 == 0:
 			return be(v[1:7]), 0, []byte(v[valueHeader:])

@@ -388,9 +388,8 @@ func TestWaitOnlyWhereThePolicySays(t *testing.T) {
 		formatsOp:     func() error { _, err := s.AgreeFormats(ctx, "me", time.Minute); return err },
 		ownOp:         func() error { _, err := s.Own(ctx, "me", time.Minute, []int{0}, nil); return err },
 		intakeFloorOp: func() error { return s.SaveIntakeFloor(ctx, "stream", 1, 5) },
-		fractionOp:    func() error { return s.fractionLeases(ctx) },
 	}
-	order := []string{OpSchedule, OpCancel, OpClaim, OpAck, replayOp, purgeOp, checkOp, heartbeatOp, formatsOp, ownOp, intakeFloorOp, fractionOp}
+	order := []string{OpSchedule, OpCancel, OpClaim, OpAck, replayOp, purgeOp, checkOp, heartbeatOp, formatsOp, ownOp, intakeFloorOp}
 	for op := range policies {
 		if run[op] == nil || !slices.Contains(order, op) {
 			t.Errorf("operation %s is not exercised here", op)

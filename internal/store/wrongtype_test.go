@@ -264,8 +264,6 @@ func wrongTypeCases() []wrongTypeCase {
 				_, err := f.s.Check(context.Background(), sh, CheckOptions{Repair: true})
 				return err
 			}},
-		{name: "fraction", callPerShard: true, touches: []string{"inflight"},
-			run: func(f *wrongTypeFixture, _ int) error { return f.s.fractionLeases(context.Background()) }},
 	}
 }
 

@@ -180,11 +180,6 @@ func (in *Intake) deadHandler(verb string, act func(context.Context, []string) (
 				break
 			}
 			n, err := act(ctx, ids)
-			if errors.Is(err, store.ErrOlderDaemon) {
-				in.log.Warn(verb+" refused", "error", err)
-				in.fail(now(req), envelope.CodeConflict, store.ErrOlderDaemon.Error())
-				return
-			}
 			if err != nil {
 				in.log.Error(verb+" failed", "error", err)
 				in.fail(now(req), envelope.CodeUnavailable, "store unavailable")

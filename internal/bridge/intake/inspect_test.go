@@ -352,8 +352,7 @@ func TestAdminStats(t *testing.T) {
 // page by page (always the first page: what was acted on left it) up to
 // a bound per call, then say there is more. A body that is not JSON, or
 // that names neither or both of ids and all, is 400 and acts on nothing;
-// a fleet with a daemon older than the stored format (store.ErrOlderDaemon)
-// is 409 naming it, any other store failure 503.
+// a store failure is 503.
 func TestAdminReplayAndPurge(t *testing.T) {
 	t.Parallel()
 	for _, verb := range []string{"replay", "purge"} {
@@ -375,9 +374,6 @@ func TestAdminReplayAndPurge(t *testing.T) {
 				t.Errorf("refused bodies acted: %d calls", n)
 			}
 
-			insp.set(nil, fmt.Errorf("store: replay: %w", store.ErrOlderDaemon))
-			wantError(t, "older daemon", e.admin(t, verb, nil, `{"ids":["d1"]}`), "409", store.ErrOlderDaemon.Error())
-			wantError(t, "older daemon, all", e.admin(t, verb, nil, `{"all":true}`), "409", store.ErrOlderDaemon.Error())
 			insp.set(errRedisDown, nil)
 			wantError(t, "store down", e.admin(t, verb, nil, `{"ids":["d1"]}`), "503", "store unavailable")
 			wantError(t, "store down, all", e.admin(t, verb, nil, `{"all":true}`), "503", "store unavailable")

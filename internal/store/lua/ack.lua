@@ -28,11 +28,9 @@ for i = 3, #ARGV, 5 do ids[#ids+1] = ARGV[i] end
 if #ids == 0 then return {now, 0, 0} end
 -- The ids one claim leased share its score: one exact range read per
 -- token finds those still leased by it (ZMSCORE would format a double per
--- id instead). A token is a lease score of either form (prelude,
--- isToken); anything else matches nothing. A whole token's lease may have
--- been rewritten as its fraction (fraction.lua, after a rollback): an id
--- not found by the whole score is looked for by that one too.
-local leased, fractions = {}, {}
+-- id instead). A token is a lease score (prelude, isToken); anything else
+-- matches nothing.
+local leased = {}
 local function holds(tok, id)
   local set = leased[tok]
   if not set then
@@ -41,12 +39,6 @@ local function holds(tok, id)
       for _, m in ipairs(redis.call('ZRANGEBYSCORE', inflight, tok, tok)) do set[m] = true end
     end
     leased[tok] = set
-  end
-  if not set[id] and not fractions[tok] and isToken(tok) and tonumber(tok) > leaseSplit then
-    fractions[tok] = true
-    local t = tonumber(tok)
-    local f = string.format('%d.%03d', (t - t % 1000) / 1000, t % 1000)
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', inflight, f, f)) do set[m] = true end
   end
   return set[id]
 end

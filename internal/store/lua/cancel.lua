@@ -17,7 +17,7 @@ for i = first, #ARGV do
   if not found[id] and redis.call('HEXISTS', data, id) == 1 and (not deadOnly or redis.call('ZSCORE', dead, id)) then
     found[id] = true
     r = 1
-    if redis.call('ZSCORE', inflight, id) or counted(redis.call('HGET', attempts, id)) > 0 then r = 2 end
+    if redis.call('ZSCORE', inflight, id) or attemptsOf(redis.call('HGET', attempts, id)) > 0 then r = 2 end
     gone[#gone+1] = id
     if not deadOnly then
       -- Pending in a bucket (prelude), found by its due time.

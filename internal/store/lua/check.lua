@@ -54,10 +54,9 @@ if phase == 'data' then
         if inf or due_ or b then redis.call('ZREM', dead, id) end
       end
     end
-    if inf and not isToken(inf) and not oldLeased(redis.call('HGET', attempts, id)) then
-      -- A lease score without a token (nor an older version's claim with
-      -- one): settles cannot match it, but the lease expires and the
-      -- next claim writes a new one: report only.
+    if inf and not isToken(inf) then
+      -- A lease score that is no token: settles cannot match it, and the
+      -- next claim re-leases it: report only.
       add('inflight_without_claim', 1)
     end
   end

@@ -5,10 +5,7 @@
 -- inflight. The expired lease was an attempt: it is counted in attempts
 -- now.
 -- The lease score is the claim's token, unique in the shard (leaseToken,
--- below; keys.go): expiry ms x 1000 + about k, k = ARGV[3] (1..991), as a
--- whole number when ARGV[7], the format the fleet writes, is 3 or later,
--- else as the expiry plus a fraction (format 2). Expired leases of both
--- forms are re-leased (prelude: leaseSplit keeps the forms apart).
+-- below; keys.go): expiry ms x 1000 + about k, k = ARGV[3] (1..991).
 -- ARGV[4] is the newest value format this daemon reads, as its series
 -- mark: a value of a newer format (a newer daemon wrote it) is not handed
 -- out, nor rewritten or counted: it is given back, due again in a second,
@@ -17,7 +14,7 @@
 -- envelopes are added while they fit in it (see take); with ARGV[6] "1"
 -- the first large one is handed out even if it alone is larger (so one
 -- over-large envelope can never stall its shard; the caller grants that
--- to a few shards per claim in turn). With ARGV[8] "1" (the shard is known
+-- to a few shards per claim in turn). With ARGV[7] "1" (the shard is known
 -- to hold large values: store.go, largeUntil) every value is sized before
 -- it is read (see take), so Redis holds little more than the bound
 -- either; without, only once one over 4 kB was seen.
@@ -95,9 +92,8 @@ end
 
 -- leaseToken takes the token of a claim at now with a lease of length ms
 -- (a string) and hint k (1..991): see the lease key in keys.go. It is
--- written first: a cut after it only skips a token. It returns the lease
--- score, whole when whole is set.
-local function leaseToken(now, length, k, whole)
+-- written first: a cut after it only skips a token. It returns the token.
+local function leaseToken(now, length, k)
   local h = redis.call('HGETALL', lease)
   local top, mine = {}, nil
   for i = 1, #h, 2 do
@@ -121,9 +117,9 @@ local function leaseToken(now, length, k, whole)
   t = t + (mine - t % 8) % 8
   if t <= (top[mine] or 0) then t = top[mine] + 8 end
   if t % 1000 == 0 then t = t + 8 end
-  redis.call('HSET', lease, length, mine .. ':' .. string.format('%d', t))
-  if whole then return string.format('%d', t) end
-  return string.format('%d.%03d', (t - t % 1000) / 1000, t % 1000)
+  t = string.format('%d', t)
+  redis.call('HSET', lease, length, mine .. ':' .. t)
+  return t
 end
 
 -- take reads the values of ids (expired leases first, then due ids, in
@@ -214,16 +210,8 @@ local now, nowus = nowMs()
 local max = tonumber(ARGV[1])
 local known = tonumber(ARGV[4])
 local out = {nowus, -1, -1, 0, 0, '', 0, 0, 0}
--- Expired leases of format 2 (fractional scores, below leaseSplit), then
--- of format 3 (whole tokens, expired at or below now x 1000): two ranges,
--- as a fractional lease is numerically below every whole one, expired or
--- not.
-local ids = redis.call('ZRANGEBYSCORE', inflight, '-inf', now, 'LIMIT', 0, max)
-if #ids < max then
-  local more = redis.call('ZRANGEBYSCORE', inflight, string.format('%d', leaseSplit), string.format('%d', now * 1000),
-    'LIMIT', 0, max - #ids)
-  for i = 1, #more do ids[#ids+1] = more[i] end
-end
+-- Expired leases: tokens at or below now x 1000.
+local ids = redis.call('ZRANGEBYSCORE', inflight, '-inf', ms(now * 1000), 'LIMIT', '0', ms(max))
 local expired = #ids
 -- first: the first due bucket (nil for none: a fleet that writes an older
 -- format has none, and this is all it pays for them).
@@ -241,7 +229,7 @@ else
 end
 local datas
 if #ids > 0 then
-  ids, datas, expired = take(ids, expired, tonumber(ARGV[5]) or 0, ARGV[6] == '1', ARGV[8] == '1')
+  ids, datas, expired = take(ids, expired, tonumber(ARGV[5]) or 0, ARGV[6] == '1', ARGV[7] == '1')
   if sawLarge then out[9] = 1 end
 end
 if #ids > 0 then
@@ -249,9 +237,9 @@ if #ids > 0 then
   -- Read before the token is written.
   local prevs = {}
   if redis.call('HLEN', attempts) > 0 then prevs = hmget(attempts, ids) end
-  local token = leaseToken(now, ARGV[2], tonumber(ARGV[3]), (tonumber(ARGV[7]) or 2) >= 3)
+  local token = leaseToken(now, ARGV[2], tonumber(ARGV[3]))
   out[6] = token
-  local count, leases, gone, migrate, later, unleased, taken = {}, {}, {}, {}, {}, {}, {}
+  local count, leases, gone, later, unleased, taken = {}, {}, {}, {}, {}, {}
   for j, id in ipairs(ids) do
     local v = datas[j]
     local m = v and string.byte(v, 1) or 0
@@ -264,14 +252,6 @@ if #ids > 0 then
       if j <= expired then unleased[#unleased+1] = id end
     else
       if j > expired and not bucketOfId[id] then taken[#taken+1] = id end
-      if v and bare(v) then
-        -- Stored by the version before the value header (prelude).
-        local from = nil
-        if j > expired then from = bucketOfId[id] and (pending .. ':' .. bucketOfId[id]) or due end
-        v = stampBare(v, prevs[j], now, from, id)
-        migrate[#migrate+1] = id
-        migrate[#migrate+1] = v
-      end
       if v then
         local n, b = attemptsOf(prevs[j])
         if j <= expired then
@@ -294,7 +274,6 @@ if #ids > 0 then
   -- Adds first: the counts and leases, unknown formats due again. Removals
   -- last: the due ids (the fromDue lowest of the set, one command, unless
   -- some stay there) and expired ids without data or of an unknown format.
-  if #migrate > 0 then chunks('HSET', data, migrate) end
   if #count > 0 then chunks('HSET', attempts, count) end
   if #leases > 0 then chunks('ZADD', inflight, leases) end
   -- The due ids taken from buckets, by bucket: all of them leave it
@@ -350,15 +329,7 @@ for _ = 1, 8 do
   redis.call('ZREM', pending, first)
 end
 countBuckets()
--- The lease that ends first: the lowest score of each form (a fractional
--- one ends in the ms its score rounds up to, a whole one in its token's).
+-- The lease that ends first, in the ms its token's ends in.
 local nl = redis.call('ZRANGE', inflight, 0, 0, 'WITHSCORES')
-if #nl > 0 and tonumber(nl[2]) < leaseSplit then
-  out[3] = math.ceil(tonumber(nl[2]))
-  nl = redis.call('ZRANGEBYSCORE', inflight, string.format('%d', leaseSplit), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-end
-if #nl > 0 then
-  local ends = math.ceil(tonumber(nl[2]) / 1000)
-  if out[3] < 0 or ends < out[3] then out[3] = ends end
-end
+if #nl > 0 then out[3] = math.ceil(tonumber(nl[2]) / 1000) end
 return out

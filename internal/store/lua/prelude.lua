@@ -82,12 +82,12 @@ local function be4(n)
 end
 -- stamp puts the value header (value.go) before an encoded envelope: with
 -- an occurrence (> 0) for a series. mark is the format's one-shot mark
--- (its series mark is mark + 1); the default is format 2's.
+-- (its series mark is mark + 1).
 local function stamp(due, occurrence, data, mark)
   if occurrence > 0 then
-    return string.char((mark or 240) + 1) .. be6(due) .. be4(occurrence) .. data
+    return string.char(mark + 1) .. be6(due) .. be4(occurrence) .. data
   end
-  return string.char(mark or 240) .. be6(due) .. data
+  return string.char(mark) .. be6(due) .. data
 end
 -- markOf is the one-shot mark of a stamped value's format.
 local function markOf(v)
@@ -97,86 +97,25 @@ end
 -- occurrenceOf reads a series value's occurrence and where its envelope
 -- starts; 0 for a one-shot.
 local function occurrenceOf(v)
-  local mark = string.byte(v, 1) or 0
-  if mark < 240 then return 0, 1 end
-  if (mark - 240) % 2 == 0 then return 0, 8 end
+  if ((string.byte(v, 1) or 240) - 240) % 2 == 0 then return 0, 8 end
   local a, b, c, d = string.byte(v, 8, 11)
   return ((a * 256 + b) * 256 + c) * 256 + d, 12
 end
 
--- ======== Older stored formats ==========================================
--- Everything below, down to the closing line, reads what the version
--- before the value header stored: values without the header (format 1,
--- FormatBare in value.go), and its attempts values "attempt:due:token",
--- which counted the current claim too while it had a token and kept the
--- due time. A claim stamps such a value (claim.lua), and so does a replay
--- (replay.lua); an old attempts value is rewritten at the envelope's next
--- counted attempt, and deleted with it. This block, with parseAttempts'
--- reading of the old attempts values (inspect.go), can go in a version
--- that no longer upgrades from that one, once no deployment holds such
--- values (`delayd doctor` counts the values of format 1); its upgrade
--- notes must say so.
-
--- bare: a value stored by that version (its first byte is an envelope
--- format, or it is empty).
-local function bare(v)
-  return (string.byte(v, 1) or 0) < 240
-end
--- oldDue reads the due time from an attempts value of that version; nil
--- for none.
-local function oldDue(a)
-  return a and tonumber(string.match(a, '^%d+:(%d+)'))
-end
--- oldAttempts reads the attempts counted before the current lease from
--- an attempts value of that version; 0 for anything else.
-local function oldAttempts(a)
-  local n, tok = string.match(a, '^(%d+):[^:]*:?(.*)$')
-  if not n then return 0 end
-  n = tonumber(n)
-  if tok ~= '' then n = n - 1 end
-  return math.max(n, 0)
-end
--- oldLeased: an attempts value of that version whose claim had a token
--- (its lease score then had none).
-local function oldLeased(a)
-  return string.match(a or '', '^%d+:[^:]*:.+$') ~= nil
-end
--- stampBare gives a bare value v the header, with its due time: from its
--- attempts value a, else (with due, the due key, for an id claimed from
--- there) its due score, else now.
-local function stampBare(v, a, now, due, id)
-  local d = oldDue(a)
-  if not d and due then d = tonumber(redis.call('ZSCORE', due, id)) end
-  return stamp(d or now, 0, v)
-end
--- ======== End of older stored formats ===================================
 
 -- attemptsOf reads an attempts value, "n" or "n/b" (keys.go): the
 -- attempts counted before the current lease, and how many of them before
 -- the last replay.
 local function attemptsOf(v)
-  if not v then return 0, 0 end
-  local n, b = string.match(v, '^(%d+)/(%d+)$')
-  if n then return tonumber(n), tonumber(b) end
-  n = tonumber(v)
-  if n then return n, 0 end
-  return oldAttempts(v), 0
+  local n, b = string.match(v or '', '^(%d+)/?(%d*)$')
+  return tonumber(n) or 0, tonumber(b) or 0
 end
-local function counted(v)
-  local n = attemptsOf(v)
-  return n
-end
--- Lease scores (keys.go, inflight) come in two forms, and every script
--- reads both: format 2 writes the lease expiry in ms plus a fraction
--- k/1000, below leaseSplit (1e14 ms: the year 5138); format 3 the claim's
--- token as a whole number, expiry ms x 1000 + k, above it (since 1973).
-local leaseSplit = 1e14
--- isToken: s (a string or number) is a lease score of either form.
+-- isToken: s (a string or number) is a lease score (keys.go, inflight):
+-- the claim's token, a whole number, expiry ms x 1000 + k, no multiple of
+-- 1000.
 local function isToken(s)
   local n = tonumber(s)
-  if not n or n ~= n or n <= 0 then return false end
-  if n < leaseSplit then return n ~= math.floor(n) end
-  return n == math.floor(n) and n % 1000 ~= 0 and n < 9007199254740992
+  return n ~= nil and n > 0 and n == math.floor(n) and n % 1000 ~= 0 and n < 9007199254740992
 end
 -- attemptsValue writes n and b as attemptsOf reads them.
 local function attemptsValue(n, b)

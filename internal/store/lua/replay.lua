@@ -14,19 +14,11 @@ for _, id in ipairs(ARGV) do
     ids[#ids+1] = id
   end
 end
-local again, migrate, budget, none = {}, {}, {}, {}
+local again, budget, none = {}, {}, {}
 for _, id in ipairs(ids) do
   again[#again+1] = now
   again[#again+1] = id
-  local v = redis.call('HGET', data, id)
   local a = redis.call('HGET', attempts, id)
-  if bare(v) then
-    -- Stored by the version before the value header (prelude): its due
-    -- time is only in its attempts value, which is rewritten now, so it
-    -- is stamped first.
-    migrate[#migrate+1] = id
-    migrate[#migrate+1] = stampBare(v, a, now)
-  end
   local n = attemptsOf(a)
   if n > 0 then
     budget[#budget+1] = id
@@ -38,7 +30,6 @@ end
 if #ids > 0 then
   -- dead, data and attempts were read; due and errors are only written.
   checkKeys(0, 'due', 'errors')
-  if #migrate > 0 then chunks('HSET', data, migrate) end
   if #budget > 0 then chunks('HSET', attempts, budget) end
   chunks('ZADD', due, again)
   if #none > 0 then chunks('HDEL', attempts, none) end

@@ -1,0 +1,272 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayd/delayd/internal/envelope"
+)
+
+// bareValue is an envelope as the builds before the value header stored
+// it (format 1): the envelope's format byte, 8 version bytes, the target,
+// no headers, the payload.
+var bareValue = []byte("\x01\x00\x00\x00\x00\x00\x00\x00\x00\x03x.y\x00p")
+
+// putOld writes id as a retired format laid it out, with redis commands:
+// value v in data, score in set (due, inflight or dead), and the attempts
+// value a ("" for none).
+func putOld(t *testing.T, s *Store, id string, v []byte, set string, score float64, a string) {
+	t.Helper()
+	ctx := context.Background()
+	k := s.keys[s.Shard(id)]
+	key := map[string]string{"due": k.due, "inflight": k.inflight, "dead": k.dead}[set]
+	if err := s.rdb.HSet(ctx, k.data, id, v).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.rdb.ZAdd(ctx, key, redis.Z{Score: score, Member: id}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if a != "" {
+		if err := s.rdb.HSet(ctx, k.attempts, id, a).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// migrate runs Migrate and fails unless it moved want.
+func migrate(t *testing.T, s *Store, want Legacy) {
+	t.Helper()
+	got, err := s.Migrate(context.Background(), nil)
+	if err != nil || got != want {
+		t.Fatalf("migrate moved %+v (%v), want %+v", got, err, want)
+	}
+}
+
+// TestMigrateRetiredFormats: data of every retired format, written as
+// those builds laid it out, is moved by Migrate and then delivered as
+// those builds would have: a pending bare value (its due score), one
+// whose old claim was in flight ("attempt:due:token", a lease score of
+// whole ms), one released for a retry ("attempt:due:"), a dead one
+// (replayed with its due time and attempts), and format 2's fractional
+// lease scores, expired (re-leased, counted) and live (not claimed,
+// cancelled as in flight, settled by nobody). Check finds nothing
+// wrong after, and a second run moves nothing.
+func TestMigrateRetiredFormats(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	header := func(due int64) []byte { return stampValue(valueMark, due, 0, enc("h")) }
+	liveEnd := time.Now().Add(time.Hour).UnixMilli()
+	gone := float64(time.Now().Add(-time.Hour).UnixMilli())
+	putOld(t, s, "pending", bareValue, "due", 1000, "")
+	putOld(t, s, "leased", bareValue, "inflight", gone, "1:1500:oldtoken")
+	putOld(t, s, "retried", bareValue, "due", 3000, "2:2500:")
+	putOld(t, s, "dead", bareValue, "dead", 9000, "10:4242:")
+	putOld(t, s, "frac-gone", header(700), "inflight", gone+0.123, "1")
+	putOld(t, s, "frac-live", header(800), "inflight", float64(liveEnd)+0.457, "")
+	if l, err := s.Legacy(ctx); err != nil || l != (Legacy{Bare: 4, Leases: 3, Attempts: 3}) {
+		t.Fatalf("Legacy: %+v, %v", l, err)
+	}
+	if err := s.CheckSchema(ctx); !errors.Is(err, ErrMigrate) {
+		t.Fatalf("CheckSchema on retired formats: %v, want ErrMigrate", err)
+	}
+
+	migrate(t, s, Legacy{Bare: 4, Leases: 3, Attempts: 3})
+	migrate(t, s, Legacy{})
+	if l, err := s.Legacy(ctx); err != nil || l.Total() != 0 {
+		t.Fatalf("Legacy after migrate: %+v, %v", l, err)
+	}
+	if f, err := s.Schema(ctx); err != nil || f != FormatIntegerLeases {
+		t.Fatalf("schema key: %d, %v", f, err)
+	}
+	if err := s.CheckSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustBeConsistent(t, s)
+	k := s.keys[s.Shard("frac-live")]
+	if sc := s.rdb.ZScore(ctx, k.inflight, "frac-live").Val(); sc != float64(liveEnd*1000+457) {
+		t.Fatalf("frac-live: lease score %v, want its token %d", sc, liveEnd*1000+457)
+	}
+	if e, err := s.Get(ctx, "frac-live"); err != nil || e.State != StateInflight || e.DueMs != liveEnd || e.Attempts != 1 {
+		t.Fatalf("frac-live: %+v, %v", e, err)
+	}
+
+	got := claimAll(t, s, time.Minute)
+	want := map[string][2]int64{"pending": {1000, 1}, "leased": {1500, 2}, "retried": {2500, 3}, "frac-gone": {700, 3}}
+	if len(got) != len(want) {
+		t.Fatalf("claimed %v, want %v", got, want)
+	}
+	for id, w := range want {
+		c := got[id]
+		if c.DueMs != w[0] || int64(c.Attempt) != w[1] || c.Occurrence != 0 {
+			t.Errorf("%s: claimed due %d attempt %d, want due %d attempt %d", id, c.DueMs, c.Attempt, w[0], w[1])
+		}
+		if _, err := envelope.Decode(c.Data); err != nil {
+			t.Errorf("%s: data %q does not decode: %v", id, c.Data, err)
+		}
+	}
+	// A release keeps the due time for the next attempt; an ack deletes.
+	if settle(t, s, got["pending"], Retry, 0) != 1 || settle(t, s, got["leased"], Delivered, 0) != 1 {
+		t.Fatal("not settled")
+	}
+	if c := claimAll(t, s, time.Minute)["pending"]; c.DueMs != 1000 || c.Attempt != 2 {
+		t.Fatalf("after a release: due %d attempt %d", c.DueMs, c.Attempt)
+	}
+	// The dead one keeps its due time and attempts through a replay.
+	if n, err := s.Replay(ctx, []string{"dead"}); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	if c := claimAll(t, s, time.Minute)["dead"]; c.DueMs != 4242 || c.Attempt != 11 || c.Base != 10 || string(c.Data) != string(bareValue) {
+		t.Fatalf("after replay: %+v", c)
+	}
+	// The live lease: a settle by the fraction its daemon knew does
+	// nothing; a cancel finds it in flight.
+	if settle(t, s, Claimed{ID: "frac-live", Token: strconv.FormatFloat(float64(liveEnd)+0.457, 'f', 3, 64)}, Delivered, 0) != 0 {
+		t.Fatal("a settle by the old fractional score settled")
+	}
+	if c, err := s.Cancel(ctx, "frac-live"); err != nil || !c.Existed || !c.InFlight {
+		t.Fatalf("cancel of the live lease: %+v, %v", c, err)
+	}
+	mustBeConsistent(t, s)
+}
+
+// TestMigrateResumes: a migrate cut off after any step (here: after the
+// values of every shard, before their attempts and leases) and run again
+// ends where one run does, and writes the schema key only at its end.
+func TestMigrateResumes(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	putOld(t, s, "leased", bareValue, "inflight", 2000, "3:1500:tok") // ended in 1970
+	putOld(t, s, "retried", bareValue, "due", 3000, "2:2500:")
+	for sh := range s.Shards() {
+		if _, err := s.migrateValues(ctx, sh); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f, _ := s.Schema(ctx); f != 0 {
+		t.Fatalf("schema key %d before the migrate finished", f)
+	}
+	migrate(t, s, Legacy{Leases: 1, Attempts: 2})
+	got := claimAll(t, s, time.Minute)
+	if c := got["leased"]; c.DueMs != 1500 || c.Attempt != 4 {
+		t.Fatalf("leased: due %d attempt %d, want 1500 and 4", c.DueMs, c.Attempt)
+	}
+	if c := got["retried"]; c.DueMs != 2500 || c.Attempt != 3 {
+		t.Fatalf("retried: due %d attempt %d, want 2500 and 3", c.DueMs, c.Attempt)
+	}
+}
+
+// TestMigrateWaitsForOlderBuilds: a live member that announces no format,
+// or an announcement of a retired one, is a daemon of a build before
+// format 3 that would go on writing them: Migrate refuses, changing
+// nothing, until it left.
+func TestMigrateWaitsForOlderBuilds(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	putOld(t, s, "x", bareValue, "due", 1000, "")
+	if _, _, err := s.Heartbeat(ctx, "old", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Migrate(ctx, nil); !errors.Is(err, ErrOlderBuildLive) {
+		t.Fatalf("migrate beside an unannounced member: %v", err)
+	}
+	if _, err := s.AgreeFormats(ctx, "old", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rdb.ZAdd(ctx, formatsKey("t"), redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "2:two"}).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Migrate(ctx, nil); !errors.Is(err, ErrOlderBuildLive) || !strings.Contains(err.Error(), "format 2") {
+		t.Fatalf("migrate beside a format-2 daemon: %v", err)
+	}
+	if l, _ := s.Legacy(ctx); l.Bare != 1 {
+		t.Fatalf("a refused migrate moved something: %+v", l)
+	}
+	s.rdb.ZRem(ctx, formatsKey("t"), "2:two")
+	migrate(t, s, Legacy{Bare: 1})
+}
+
+// TestCheckSchema: a daemon's start reads the schema key; without it, an
+// empty namespace, or a small one holding only format 3, gets the key; a
+// small one holding a retired format, or a large one, is refused with
+// ErrMigrate; a gated store runs no shard script before the check passed.
+func TestCheckSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, _ := newStore(t)
+	gated := New(r.rdb, "g", 4, WithSchemaGate())
+	_, errs := gated.Schedule(ctx, []Item{{ID: "a", Data: enc("a")}})
+	if !errors.Is(errs[0], ErrNotWritten) {
+		t.Fatalf("schedule before the check: %v, want ErrNotWritten", errs[0])
+	}
+	if err := gated.CheckSchema(ctx); err != nil {
+		t.Fatalf("an empty namespace: %v", err)
+	}
+	if f, _ := gated.Schema(ctx); f != FormatIntegerLeases {
+		t.Fatalf("schema key %d on an empty namespace", f)
+	}
+	schedule(t, gated, Item{ID: "a", Data: enc("a")})
+
+	// Format 3's data, no key (an earlier build of format 3 wrote it).
+	s := New(r.rdb, "small", 4)
+	for i := range 20 {
+		schedule(t, s, Item{ID: fmt.Sprint(i), DelayMicros: 3600e6, Data: enc("x")})
+	}
+	schedule(t, s, Item{ID: "c", Absolute: true, AtMicros: 1000, Data: enc("c")})
+	claimOnly(t, s, "c", time.Hour)
+	if err := s.CheckSchema(ctx); err != nil {
+		t.Fatalf("format 3's data: %v", err)
+	}
+	if f, _ := s.Schema(ctx); f != FormatIntegerLeases {
+		t.Fatalf("schema key %d after a clean scan", f)
+	}
+
+	for name, put := range map[string]func(s *Store){
+		"bare value":     func(s *Store) { putOld(t, s, "b", bareValue, "due", 1000, "") },
+		"fractional":     func(s *Store) { putOld(t, s, "f", stampValue(valueMark, 1, 0, enc("f")), "inflight", 5000.5, "") },
+		"old attempts":   func(s *Store) { putOld(t, s, "a", stampValue(valueMark, 1, 0, enc("a")), "due", 1, "1:1:") },
+		"whole ms lease": func(s *Store) { putOld(t, s, "w", stampValue(valueMark, 1, 0, enc("w")), "inflight", 5000, "") },
+	} {
+		s := New(r.rdb, strings.ReplaceAll(name, " ", "-"), 4, WithSchemaGate())
+		put(s)
+		err := s.CheckSchema(ctx)
+		if !errors.Is(err, ErrMigrate) || !strings.Contains(err.Error(), "delayd migrate") {
+			t.Errorf("%s: %v, want ErrMigrate naming delayd migrate", name, err)
+		}
+		if f, _ := s.Schema(ctx); f != 0 {
+			t.Errorf("%s: the refused start wrote the schema key", name)
+		}
+		if _, err := s.Claim(ctx, []int{0, 1, 2, 3}, ClaimOptions{Batch: 10, Lease: time.Minute}); !errors.Is(err, ErrNotWritten) {
+			t.Errorf("%s: claim after a refused check: %v", name, err)
+		}
+	}
+
+	// Too large to scan at start.
+	big := New(r.rdb, "big", 4)
+	pipe := r.rdb.Pipeline()
+	v := stampValue(valueMark, 1, 0, enc("x"))
+	for i := range startScanMax + 1 {
+		pipe.HSet(ctx, big.keys[i%4].data, fmt.Sprint(i), v)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := big.CheckSchema(ctx); !errors.Is(err, ErrMigrate) || !strings.Contains(err.Error(), "10001 entries") {
+		t.Fatalf("a large namespace: %v, want ErrMigrate with its count", err)
+	}
+	if _, err := big.Migrate(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := big.CheckSchema(ctx); err != nil {
+		t.Fatalf("after migrate: %v", err)
+	}
+}
