@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,11 +74,51 @@ func TestSnippetsCurrent(t *testing.T) {
 			}
 		}
 		// Any package's code, never a test: its mutated package's tests
-		// run first, so a mutated test would only test itself.
-		if !strings.HasSuffix(m.File, ".go") || strings.HasSuffix(m.File, "_test.go") {
+		// run first, so a mutated test would only test itself. A Lua
+		// script counts as code of the package that embeds it.
+		switch {
+		case strings.HasSuffix(m.File, ".lua"):
+			src, err := m.mutate(dir)
+			if err == nil {
+				_, _, err = embedding(dir, m.File, src)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		case !strings.HasSuffix(m.File, ".go") || strings.HasSuffix(m.File, "_test.go"):
 			t.Errorf("mutation %s: %s is not a Go file of the code", m.Name, m.File)
 		}
 	}
+}
+
+// embedding returns the Go file, in the parent directory of a Lua script
+// (internal/store for internal/store/lua/claim.lua), that embeds it with
+// //go:embed, and that file's text with the variable set to src instead:
+// go test's -overlay replaces Go files, not the files they embed.
+func embedding(dir, file, src string) (goFile, goSrc string, err error) {
+	pkg := filepath.Dir(filepath.Dir(file))
+	directive := "//go:embed " + filepath.Base(filepath.Dir(file)) + "/" + filepath.Base(file) + "\n"
+	gos, err := filepath.Glob(filepath.Join(dir, pkg, "*.go"))
+	if err != nil {
+		return "", "", err
+	}
+	for _, f := range gos {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", "", err
+		}
+		before, after, ok := strings.Cut(string(b), directive)
+		if !ok || strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		decl, rest, _ := strings.Cut(after, "\n")
+		name, ok := strings.CutPrefix(decl, "var ")
+		if name, ok = strings.CutSuffix(name, " string"); !ok || strings.Contains(name, " ") {
+			return "", "", fmt.Errorf("%s: %q after %q is not `var NAME string`", f, decl, strings.TrimSpace(directive))
+		}
+		return f, before + "var " + name + " = " + strconv.Quote(src) + "\n" + rest, nil
+	}
+	return "", "", fmt.Errorf("no Go file in %s embeds %s", pkg, file)
 }
 
 var failRE = regexp.MustCompile(`(?m)^\s*--- FAIL: (\S+)`)
@@ -158,18 +199,30 @@ func TestMutations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mutated := filepath.Join(tmp, fmt.Sprintf("%02d-%s", i, filepath.Base(m.File)))
+		// The file replaced: the mutated one, or for a Lua script the Go
+		// file that embeds it.
+		file := filepath.Join(dir, m.File)
+		if strings.HasSuffix(m.File, ".lua") {
+			if file, src, err = embedding(dir, m.File, src); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mutated := filepath.Join(tmp, fmt.Sprintf("%02d-%s", i, filepath.Base(file)))
 		if err := os.WriteFile(mutated, []byte(src), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		ov, _ := json.Marshal(map[string]map[string]string{"Replace": {filepath.Join(dir, m.File): mutated}})
+		ov, _ := json.Marshal(map[string]map[string]string{"Replace": {file: mutated}})
 		overlay := filepath.Join(tmp, fmt.Sprintf("%02d.json", i))
 		if err := os.WriteFile(overlay, ov, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		pkg := "./" + filepath.Dir(m.File)
+		pkg, err := filepath.Rel(dir, filepath.Dir(file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pkg = "./" + pkg
 		start := time.Now()
-		passed, caught, err := run(t, dir, overlay, pkg, "", 2*time.Minute)
+		passed, caught, err := run(t, dir, overlay, pkg, "", 5*time.Minute)
 		if err != nil {
 			t.Fatalf("mutation %s: %v", m.Name, err)
 		}
