@@ -112,8 +112,9 @@ func embedding(dir, file, src string) (goFile, goSrc string, err error) {
 			continue
 		}
 		decl, rest, _ := strings.Cut(after, "\n")
-		name, ok := strings.CutPrefix(decl, "var ")
-		if name, ok = strings.CutSuffix(name, " string"); !ok || strings.Contains(name, " ") {
+		name, isVar := strings.CutPrefix(decl, "var ")
+		name, isString := strings.CutSuffix(name, " string")
+		if !isVar || !isString || strings.Contains(name, " ") {
 			return "", "", fmt.Errorf("%s: %q after %q is not `var NAME string`", f, decl, strings.TrimSpace(directive))
 		}
 		return f, before + "var " + name + " = " + strconv.Quote(src) + "\n" + rest, nil
