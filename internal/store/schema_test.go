@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/testutil"
 )
 
 // bareValue is an envelope as the builds before the value header stored
@@ -269,4 +270,59 @@ func TestCheckSchema(t *testing.T) {
 	if err := big.CheckSchema(ctx); err != nil {
 		t.Fatalf("after migrate: %v", err)
 	}
+}
+
+// TestMigrateUnderClusterAndACL: under Redis Cluster, as the ACL user of
+// docs/security.md, delayd migrate needs +@transaction (WATCH, MULTI,
+// EXEC), as the docs say; granted it, it moves the retired formats of
+// every shard (each its own slot), and a start then finds the key.
+func TestMigrateUnderClusterAndACL(t *testing.T) {
+	t.Parallel()
+	cl := testutil.StartRedisCluster(t)
+	ctx := context.Background()
+	acl := func(extra ...string) {
+		t.Helper()
+		for _, n := range cl.Nodes {
+			args := []any{"ACL", "SETUSER", "delayd", "reset", "on", ">pw", "resetkeys", "~{mc:*", "-@all", "+@read", "+@write",
+				"+@scripting", "+@connection", "+time", "-@dangerous", "+info", "+script|load", "+script|exists",
+				"+cluster|slots"}
+			for _, e := range extra {
+				args = append(args, e)
+			}
+			if err := n.Client().Do(ctx, args...).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	acl()
+	s := New(NewClient(Options{Addrs: cl.Addrs(), Username: "delayd", Password: "pw"}), "mc", 6)
+	defer s.Close()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gone := float64(time.Now().Add(-time.Hour).UnixMilli())
+	var want Legacy
+	for i := range 12 {
+		id := fmt.Sprint("m", i)
+		putOld(t, s, id, bareValue, "inflight", gone+0.25, "2:1500:tok")
+		want.Bare, want.Leases, want.Attempts = want.Bare+1, want.Leases+1, want.Attempts+1
+	}
+	if err := s.CheckSchema(ctx); !errors.Is(err, ErrMigrate) {
+		t.Fatalf("CheckSchema: %v, want ErrMigrate", err)
+	}
+	if _, err := s.Migrate(ctx, nil); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("migrate without +@transaction: %v, want NOPERM", err)
+	}
+	acl("+@transaction")
+	migrate(t, s, want)
+	if err := s.CheckSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := claimAll(t, s, time.Minute)
+	for i := range 12 {
+		if c := got[fmt.Sprint("m", i)]; c.DueMs != 1500 || c.Attempt != 3 {
+			t.Fatalf("m%d: claimed %+v, want due 1500, attempt 3", i, c)
+		}
+	}
+	mustBeConsistent(t, s)
 }
