@@ -110,11 +110,12 @@ func preReleaseMigrated(t *testing.T, old string) {
 	later := ids("later", 20)
 	send(later, time.Now().Add(6*time.Second))
 	var leaseEnd time.Time
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, fractional := 0, 0
+	leases, fractional := 0, 0
+	if !testutil.Eventually(10*time.Second, func() bool {
+		leases, fractional = 0, 0
 		for s := range shards {
 			for _, z := range rdb.ZRangeWithScores(ctx, fmt.Sprintf("{delayd:%d}:inflight", s), 0, -1).Val() {
-				n++
+				leases++
 				if z.Score != math.Trunc(z.Score) && z.Score < 1e14 {
 					fractional++
 				}
@@ -123,15 +124,12 @@ func preReleaseMigrated(t *testing.T, old string) {
 				}
 			}
 		}
-		if n == len(leased) {
-			if fractional != n {
-				t.Fatalf("%d of %d lease scores fractional: the older build should write format 2", fractional, n)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d leased after 10 s", n, len(leased))
-		}
+		return leases == len(leased)
+	}) {
+		t.Fatalf("%d of %d leased after 10 s", leases, len(leased))
+	}
+	if fractional != leases {
+		t.Fatalf("%d of %d lease scores fractional: the older build should write format 2", fractional, leases)
 	}
 	older.Kill()
 	intake.Kill()
@@ -167,15 +165,15 @@ func preReleaseMigrated(t *testing.T, old string) {
 		t.Fatalf("doctor on format 2's data: %v\n%s", err, out.String())
 	}
 	// The killed scanner counts as live until its heartbeat ends.
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	if !testutil.Eventually(15*time.Second, func() bool {
 		out.Reset()
-		err := run(ctx, []string{"delayd", "migrate"}, getenv, &out, &out)
-		if err == nil {
-			break
-		}
-		if !strings.Contains(err.Error(), "stop it first") || time.Now().After(deadline) {
+		err = run(ctx, []string{"delayd", "migrate"}, getenv, &out, &out)
+		if err != nil && !strings.Contains(err.Error(), "stop it first") {
 			t.Fatalf("migrate: %v\n%s", err, out.String())
 		}
+		return err == nil
+	}) {
+		t.Fatalf("migrate: %v\n%s", err, out.String())
 	}
 	out.Reset()
 	if err := run(ctx, []string{"delayd", "doctor"}, getenv, &out, &out); err != nil {
