@@ -10,7 +10,6 @@ package intake
 import (
 	"encoding/json"
 	"fmt"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -24,27 +23,46 @@ import (
 // DefaultMaxBatch is intake.max_batch's default: envelopes per batch.
 const DefaultMaxBatch = 1000
 
-// batchGroup is one batch request's envelopes on their way through the
-// pipeline: every flush fills in the results of its envelopes, and the
-// one that fills the last answers the batch.
-type batchGroup struct {
+// batchReply is a batch request's reply on its way: each envelope's result
+// is set at its place, and the last one set answers the batch.
+type batchReply struct {
+	group
+	in      *Intake
 	reply   string
 	results [][]byte // each envelope's result, JSON
-	left    atomic.Int64
 	start   time.Time
-	bytes   int64 // held until answered
 }
 
-// settle records envelope i's result and reports whether it was the last.
-// Each index is set by one flusher; the counter orders the writes before
-// the read of the last.
-func (g *batchGroup) settle(i int, result []byte) bool {
-	g.results[i] = result
-	return g.left.Add(-1) == 0
+// settle sets an envelope's result. Each place is set by one flusher; the
+// group's count orders the writes before the last one's read.
+func (g *batchReply) settle(it *item, o outcome) {
+	g.results[it.idx] = result(it.ID, o)
+	if !g.done(g.in.held) {
+		return
+	}
+	if g.reply != "" {
+		if err := g.in.nc.Publish(g.reply, g.body()); err != nil {
+			g.in.log.Warn("reply failed", "error", err)
+		}
+	}
+	g.in.replied(g.start)
+}
+
+// result is an envelope's result, in a batch's reply or alone: its id and
+// due time, or its failure (with the id to resend with after a 504).
+func result(id string, o outcome) []byte {
+	if o.err == nil {
+		return appendScheduled(make([]byte, 0, 56+len(id)), id, o.DueMs)
+	}
+	code, msg, _ := storeFailure(id, o.err)
+	if code != codeOutcomeUnknown {
+		id = ""
+	}
+	return failureResult(id, code, msg)
 }
 
 // body is the batch's reply: {"results":[...]} in the envelopes' order.
-func (g *batchGroup) body() []byte {
+func (g *batchReply) body() []byte {
 	n := len(`{"results":[]}`)
 	for _, r := range g.results {
 		n += len(r) + 1
@@ -105,13 +123,13 @@ func worstResult(id string) int {
 
 // replyBound is the most bytes a batch's reply can take: the refusals as
 // they are, each queued envelope at its worst.
-func replyBound(results [][]byte, queued []pending) int {
+func replyBound(results [][]byte, queued []item) int {
 	n := len(`{"results":[]}`) + max(len(results)-1, 0)
 	for _, r := range results {
 		n += len(r)
 	}
 	for _, p := range queued {
-		n += worstResult(p.item.ID)
+		n += worstResult(p.ID)
 	}
 	return n
 }
@@ -127,31 +145,14 @@ func (in *Intake) handleBatch(req micro.Request, h map[string][]string) {
 		in.reject(now(req), err)
 		return
 	}
-	g := &batchGroup{reply: req.Reply(), results: make([][]byte, len(entries)), start: start}
-	queued := make([]pending, 0, len(entries))
-	ids := make(map[string]struct{}, len(entries))
-	for i, e := range entries {
-		err := e.Err
-		var it store.Item
-		if err == nil {
-			it, err = in.check.item(e.Header, e.Payload, func() (string, error) { return nuid.Next(), nil })
-		}
-		if err == nil {
-			// Two envelopes of one id in one batch could reach Redis in
-			// either order (two flushers): the second is refused.
-			if _, dup := ids[it.ID]; dup {
-				err = &envelope.Error{Code: envelope.CodeBadRequest, Msg: "Delayd-Id " + it.ID + " appears earlier in this batch"}
-			}
-			ids[it.ID] = struct{}{}
-		}
-		if err != nil {
-			code := envelope.CodeOf(err)
-			in.count(code)
-			g.results[i] = failureResult("", code, err.Error())
-			continue
-		}
-		queued = append(queued, pending{item: it, group: g, idx: i, start: start})
-	}
+	g := &batchReply{in: in, reply: req.Reply(), results: make([][]byte, len(entries)), start: start}
+	queued := batchItems(entries, g, start, func(_ int, e envelope.BatchEntry) (store.Item, error) {
+		return in.check.item(e.Header, e.Payload, func() (string, error) { return nuid.Next(), nil })
+	}, func(i int, _ envelope.BatchEntry, err error) {
+		code := envelope.CodeOf(err)
+		in.count(code)
+		g.results[i] = failureResult("", code, err.Error())
+	})
 	if limit := in.nc.MaxPayload(); limit > 0 && int64(replyBound(g.results, queued)) > limit {
 		// Its reply could not be sent: refused whole before anything is
 		// stored, so the promise of one result per envelope holds.
@@ -159,16 +160,6 @@ func (in *Intake) handleBatch(req micro.Request, h map[string][]string) {
 		in.reject(now(req), &envelope.Error{Code: envelope.CodeTooLarge, Msg: fmt.Sprintf(
 			"the reply to these %d envelopes could take %d bytes and would exceed max_payload %d: nothing of the batch stored, send fewer envelopes", len(entries), replyBound(g.results, queued), limit)})
 		return
-	}
-	if len(queued) > 0 {
-		if !in.gate.enter() {
-			// Refused whole, as a single request is: nothing of it is
-			// stored, and the client resends the batch as it is.
-			in.count(envelope.CodeUnavailable)
-			in.reject(now(req), &envelope.Error{Code: envelope.CodeUnavailable, Msg: "delayd is stopping: nothing of the batch stored, retry"})
-			return
-		}
-		defer in.gate.leave()
 	}
 	if len(queued) == 0 {
 		// Nothing for Redis: answered at once.
@@ -179,27 +170,10 @@ func (in *Intake) handleBatch(req micro.Request, h map[string][]string) {
 		}
 		return
 	}
-	g.bytes = requestBytes(req.Data(), req.Headers())
-	in.held.acquire(g.bytes)
-	// Counted before the first is queued: a flusher may settle it at once.
-	g.left.Store(int64(len(queued)))
-	for _, p := range queued {
-		in.queue <- p
+	if !in.take(&g.group, requestBytes(req.Data(), req.Headers()), queued...) {
+		// Refused whole, as a single request is: nothing of it is stored,
+		// and the client resends the batch as it is.
+		in.count(envelope.CodeUnavailable)
+		in.reject(now(req), &envelope.Error{Code: envelope.CodeUnavailable, Msg: "delayd is stopping: nothing of the batch stored, retry"})
 	}
-}
-
-// settleBatched records a batched envelope's result; the last one of its
-// batch sends the reply and lets go of what the batch held.
-func (in *Intake) settleBatched(p pending, result []byte) {
-	g := p.group
-	if !g.settle(p.idx, result) {
-		return
-	}
-	if g.reply != "" {
-		if err := in.nc.Publish(g.reply, g.body()); err != nil {
-			in.log.Warn("reply failed", "error", err)
-		}
-	}
-	in.replied(g.start)
-	in.held.release(g.bytes)
 }

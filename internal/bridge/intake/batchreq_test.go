@@ -254,3 +254,61 @@ func TestWorstResult(t *testing.T) {
 		}
 	}
 }
+
+// A batch request that waited in the intake longer than the store timeout
+// is answered as a single request is (TestScheduleOlderThanStoreTimeout):
+// each envelope 503 unwritten and counted, and the batch's bytes let go.
+// Both kinds of request reach that check through the one flush.
+func TestBatchOlderThanStoreTimeout(t *testing.T) {
+	t.Parallel()
+	clock := testutil.NewClock()
+	st := &intakeStore{block: make(chan struct{}), in: make(chan string, 16)}
+	const timeout = 5 * time.Second
+	e := startIntake(t, st, func(o *IntakeOptions) { o.Now, o.storeTimeout = clock.Now, timeout })
+	// Every pipeline stalls in Redis.
+	replies := make(chan *nats.Msg, flushers+1)
+	request := func(h nats.Header, body []byte) {
+		go func() {
+			m, err := e.nc.RequestMsg(&nats.Msg{Subject: "delayd.schedule", Header: h, Data: body}, 10*time.Second)
+			if err != nil {
+				t.Errorf("%v: %v", h, err)
+				m = &nats.Msg{Header: nats.Header{micro.ErrorCodeHeader: {"no reply"}}}
+			}
+			replies <- m
+		}()
+	}
+	for i := range flushers {
+		request(schedule("t.ok", fmt.Sprint("busy", i)), nil)
+		<-st.in
+	}
+	// A batch comes in and waits for a pipeline past the store timeout.
+	held := e.intake.held.bytes()
+	request(nats.Header{envelope.HeaderBatch: {envelope.BatchJSON}}, batchBody(t, schedule("t.ok", "late1"), schedule("t.ok", "late2")))
+	if !testutil.Eventually(10*time.Second, func() bool { return e.intake.held.bytes() != held }) {
+		t.Fatal("the batch was not taken in")
+	}
+	clock.Advance(timeout + time.Millisecond)
+	close(st.block)
+	var batch *nats.Msg
+	for range flushers + 1 {
+		if m := <-replies; len(m.Data) > 0 && m.Data[0] == '{' && strings.Contains(string(m.Data), "results") {
+			batch = m
+		} else if errorCode(m) != "" {
+			t.Errorf("a request that was not late: %s %s", errorCode(m), m.Header.Get(micro.ErrorHeader))
+		}
+	}
+	if batch == nil {
+		t.Fatal("no reply to the batch")
+	}
+	res := batchResults(t, batch)
+	if len(res) != 2 || res[0].Code != 503 || res[1].Code != 503 || res[0].Error != staleMsg || res[0].ID != "" {
+		t.Errorf("the late batch's results: %+v, want two 503 %q without an id", res, staleMsg)
+	}
+	if st.saw("late1") || st.saw("late2") {
+		t.Error("an envelope of the batch that waited past the store timeout was written")
+	}
+	if received, _ := e.obs.counts(); received[503] != 2 || received[0] != flushers {
+		t.Errorf("counted %v, want %d stored and two 503", received, flushers)
+	}
+	waitHeld(t, "request intake", e.intake.held)
+}

@@ -125,49 +125,20 @@ const codeOutcomeUnknown = 504
 
 // Intake is the delayd micro service.
 type Intake struct {
+	core[Store]
 	// nc carries the service subscriptions and the replies. Replies must go
 	// out on the connection that received the request: NATS grants a user
 	// with allow_responses permission to publish to a reply subject only on
 	// that connection.
-	nc    *nats.Conn
-	store Store
-	insp  Inspector
-	waker Waker
-	obs   IntakeObserver
-	opt   IntakeOptions
-	log   hclog.Logger
-	queue chan pending
-	check validator
+	nc   *nats.Conn
+	insp Inspector
+	obs  IntakeObserver
+	opt  IntakeOptions
 	// shortLog limits the warning about writes the replicas did not
 	// confirm to one line per shortLogEvery.
 	shortLog *ratelog.Limiter
 	// late counts the error replies micro cannot see (answer).
 	late lateErrors
-	// held bounds the bytes of requests between handler and reply.
-	held *heldBytes
-	gate sendGate // handlers' sends to queue, until Run closes it
-}
-
-type pending struct {
-	item  store.Item
-	reply answer
-	start time.Time // when the request was received
-	bytes int64     // held until answered
-	// group is the batch request the envelope came in (nil for a single
-	// request), idx its place there: the batch answers, not the envelope.
-	group *batchGroup
-	idx   int
-}
-
-// traceBatch tells opt.trace that every request of batch reached stage.
-func (in *Intake) traceBatch(batch []pending, stage string) {
-	if in.opt.trace == nil {
-		return
-	}
-	at := time.Now()
-	for _, p := range batch {
-		in.opt.trace(p.item.ID, stage, at)
-	}
 }
 
 // nopIntakeObserver is the observer of an intake built without one.
@@ -186,9 +157,12 @@ func NewIntake(nc *nats.Conn, st Store, insp Inspector, w Waker, obs IntakeObser
 		obs = nopIntakeObserver{}
 	}
 	opt.Options = opt.Options.filled()
-	return &Intake{nc: nc, store: st, insp: insp, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan pending, 4*opt.Batch), held: newHeldBytes(opt.PendingBytes, "request intake", "intake.pending_bytes", log, opt.Now), shortLog: ratelog.New(shortLogEvery, opt.Now),
-		check: opt.validator(nc)}
+	in := &Intake{core: core[Store]{store: st, waker: w, log: log, check: opt.validator(nc), queue: make(chan item, 4*opt.Batch),
+		held:    newHeldBytes(opt.PendingBytes, "request intake", "intake.pending_bytes", log, opt.Now),
+		timeout: opt.storeTimeout, maxWait: opt.storeTimeout, now: opt.Now, trace: opt.trace},
+		nc: nc, insp: insp, obs: obs, opt: opt, shortLog: ratelog.New(shortLogEvery, opt.Now)}
+	in.tally = in.countFlush
+	return in
 }
 
 // HeldBytes is how many bytes of schedule requests the intake holds now,
@@ -274,109 +248,51 @@ func (in *Intake) Run(ctx context.Context) error {
 	return nil
 }
 
-func (in *Intake) flush(batch []pending) {
-	// A request that waited longer than the store timeout (Redis stalled
-	// and every pipeline was busy) is dropped unwritten with 503: its
-	// client has likely given up and may already have retried or
-	// cancelled, and a late write would overtake that.
-	fresh := batch[:0]
-	for _, p := range batch {
-		if in.opt.Now().Sub(p.start) > in.opt.storeTimeout {
-			in.count(envelope.CodeUnavailable)
-			if p.group != nil {
-				in.settleBatched(p, failureResult("", envelope.CodeUnavailable, staleMsg))
-				continue
-			}
-			in.fail(p.reply, envelope.CodeUnavailable, staleMsg)
-			in.replied(p.start)
-			in.held.release(p.bytes)
-			continue
-		}
-		fresh = append(fresh, p)
-	}
-	batch = fresh
-	if len(batch) == 0 {
+// singleReply answers a single request.
+type singleReply struct{ in *Intake }
+
+func (r singleReply) settle(it *item, o outcome) {
+	if o.err != nil {
+		r.in.storeFailed(later(it.reply), it.ID, o.err)
 		return
 	}
-	items := make([]store.Item, len(batch))
-	for i, p := range batch {
-		items[i] = p.item
+	if it.reply != "" {
+		if err := r.in.nc.Publish(it.reply, result(it.ID, o)); err != nil {
+			r.in.log.Warn("reply failed", "error", err)
+		}
 	}
-	in.traceBatch(batch, "flush")
-	ctx, cancel := context.WithTimeout(context.Background(), in.opt.storeTimeout)
-	res, errs := in.store.Schedule(ctx, items)
-	cancel()
-	in.traceBatch(batch, "stored")
-	// Every outcome is woken and counted before its reply goes out, so a
-	// client holding its reply finds the metric and the scanner's plan
-	// already there. The success replies then go out back to back,
-	// encoded beforehand: nats.go's flusher writes whatever is buffered
-	// when it wakes, so a tight run of publishes leaves in one or two
-	// writes instead of one per reply (each write is a read, a parse and a
-	// flush in nats-server too: the latency budget's CPU split).
-	replies := make([][]byte, len(batch))
+}
+
+func (r singleReply) settled(it *item, o outcome) {
+	if r.in.trace != nil && o.err == nil {
+		r.in.trace(it.ID, "replied", time.Now())
+	}
+	r.in.replied(it.start)
+	r.in.held.release(it.bytes)
+}
+
+// countFlush counts every outcome of a flush and logs its failures: a write
+// the replicas did not confirm at most every shortLogEvery, others once.
+func (in *Intake) countFlush(batch []item, outs []outcome) {
 	logged := false
-	for i, p := range batch {
-		err := errs[i]
-		if err == nil {
-			at := res[i].DueMs
-			if res[i].Kind == store.Resend {
+	for i, o := range outs {
+		switch {
+		case o.err == nil:
+			if o.Kind == store.Resend {
 				// A resend of a request delivered already: answered with
 				// the due time it had, nothing stored.
-				in.resent(p.item.ID)
-			} else {
-				in.waker.Wake(in.store.Shard(p.item.ID), at)
+				in.resent(batch[i].ID)
 			}
 			in.count(0)
-			if p.reply.subject != "" || p.group != nil {
-				replies[i] = appendScheduled(make([]byte, 0, 56+len(p.item.ID)), p.item.ID, at)
-			}
 			continue
-		}
-		if errors.Is(err, store.ErrNotReplicated) {
-			// On the master and due there: wake its scanner, though the
-			// client hears 504 (a failover may still lose it).
-			if res[i].Kind == store.Stored {
-				in.waker.Wake(in.store.Shard(p.item.ID), res[i].DueMs)
-			}
-			in.notReplicated(err)
-		} else if !logged {
-			in.log.Error("storing envelopes failed", "count", len(batch), "error", err)
+		case errors.Is(o.err, store.ErrNotReplicated):
+			in.notReplicated(o.err)
+		case !errors.Is(o.err, errStale) && !logged:
+			in.log.Error("storing envelopes failed", "count", len(batch), "error", o.err)
 			in.redisError(store.OpSchedule)
 			logged = true
 		}
-		in.count(failedCode(err))
-		if p.group != nil {
-			code, msg, _ := storeFailure(p.item.ID, err)
-			id := ""
-			if code == codeOutcomeUnknown {
-				id = p.item.ID
-			}
-			replies[i] = failureResult(id, code, msg)
-			continue
-		}
-		in.storeFailed(p.reply, p.item.ID, err)
-	}
-	for i, p := range batch {
-		if p.group != nil {
-			in.settleBatched(p, replies[i])
-			continue
-		}
-		if replies[i] != nil {
-			if err := in.nc.Publish(p.reply.subject, replies[i]); err != nil {
-				in.log.Warn("reply failed", "error", err)
-			}
-		}
-	}
-	for i, p := range batch {
-		if p.group != nil {
-			continue
-		}
-		if in.opt.trace != nil && errs[i] == nil {
-			in.opt.trace(p.item.ID, "replied", time.Now())
-		}
-		in.replied(p.start)
-		in.held.release(p.bytes)
+		in.count(failedCode(o.err))
 	}
 }
 
@@ -400,7 +316,10 @@ func (in *Intake) storeFailed(reply answer, id string, err error) {
 // storeFailure is the answer to a write of id that failed with err: its
 // code, message and body (the id, for a 504).
 func storeFailure(id string, err error) (int, string, []byte) {
-	if failedCode(err) == envelope.CodeUnavailable {
+	switch {
+	case errors.Is(err, errStale):
+		return envelope.CodeUnavailable, staleMsg, nil
+	case failedCode(err) == envelope.CodeUnavailable:
 		return envelope.CodeUnavailable, "store unavailable, nothing stored", nil
 	}
 	b, _ := json.Marshal(unknownReply{ID: id})
@@ -445,19 +364,14 @@ func (in *Intake) handleSchedule(req micro.Request) {
 		in.reject(now(req), err)
 		return
 	}
-	if !in.gate.enter() {
+	if in.trace != nil {
+		in.trace(it.ID, "handler", start)
+	}
+	n := requestBytes(req.Data(), req.Headers())
+	if !in.take(nil, n, item{Item: it, to: singleReply{in}, reply: req.Reply(), start: start, bytes: n}) {
 		in.count(envelope.CodeUnavailable)
 		in.reject(now(req), &envelope.Error{Code: envelope.CodeUnavailable, Msg: "delayd is stopping: nothing stored, retry"})
-		return
 	}
-	defer in.gate.leave()
-	n := requestBytes(req.Data(), req.Headers())
-	in.held.acquire(n)
-	if in.opt.trace != nil {
-		in.opt.trace(it.ID, "handler", start)
-		in.opt.trace(it.ID, "queued", time.Now())
-	}
-	in.queue <- pending{item: it, reply: later(req.Reply()), start: start, bytes: n}
 }
 
 func (in *Intake) handleCancel(req micro.Request) {

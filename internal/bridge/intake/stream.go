@@ -101,16 +101,10 @@ var errStreamClash = errors.New("stream does not capture the intake subjects")
 // StreamIntake takes envelopes from the JetStream intake stream, stores
 // them in Redis, and acknowledges each only after Redis confirmed it.
 type StreamIntake struct {
-	nc    *nats.Conn
-	store StreamStore
-	waker Waker
-	obs   StreamObserver
-	opt   StreamOptions
-	log   hclog.Logger
-	queue chan streamItem
-	held  *heldBytes // taken from the stream, not yet settled
-	gate  sendGate   // handlers' sends to queue, until Run closes it
-	check validator
+	core[StreamStore]
+	nc  *nats.Conn
+	obs StreamObserver
+	opt StreamOptions
 	// idPrefix makes the id of an envelope without Delayd-Id from the
 	// stream's creation time and the message's sequence: the same on
 	// every redelivery, so a redelivery replaces, and never the same for
@@ -122,15 +116,6 @@ type StreamIntake struct {
 	settled     atomic.Bool
 	floorWarned atomic.Pointer[string] // the last floor error warned about
 	purgeWarned atomic.Pointer[string] // the last purge error warned about
-}
-
-type streamItem struct {
-	msg   jetstream.Msg
-	item  store.Item
-	bytes int64 // held until the message is settled
-	// group is the batch message the envelope came in (nil for a message
-	// of one envelope): the message is settled once, for all of them.
-	group *streamGroup
 }
 
 // nopStreamObserver is the observer of a stream intake built without one.
@@ -152,9 +137,11 @@ func NewStreamIntake(nc *nats.Conn, st StreamStore, w Waker, obs StreamObserver,
 	if opt.Pull < 1 {
 		opt.Pull = 1024
 	}
-	return &StreamIntake{nc: nc, store: st, waker: w, obs: obs, opt: opt, log: log,
-		queue: make(chan streamItem, 2*opt.Pull), held: newHeldBytes(opt.PullBytes, "stream intake", "intake.stream.pull_bytes", log, opt.Now),
-		check: opt.validator(nc)}
+	s := &StreamIntake{core: core[StreamStore]{store: st, waker: w, log: log, check: opt.validator(nc), queue: make(chan item, 2*opt.Pull),
+		held:    newHeldBytes(opt.PullBytes, "stream intake", "intake.stream.pull_bytes", log, opt.Now),
+		timeout: opt.storeTimeout, now: opt.Now}, nc: nc, obs: obs, opt: opt}
+	s.tally = s.countFlush
+	return s
 }
 
 // HeldBytes is how many bytes of stream messages the intake holds now,

@@ -4,10 +4,10 @@ package intake
 // validated, batched, stored, and acked (or rejected, or offered again).
 
 import (
-	"context"
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -64,17 +64,18 @@ func (s *StreamIntake) handle(m jetstream.Msg) {
 	if metaErr == nil {
 		it.StreamMsg = strconv.FormatUint(meta.Sequence.Stream, 10) + "@" + strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
 	}
-	// Wait while the messages taken and not yet settled hold PullBytes: a
-	// burst of large payloads then waits in the stream, not in memory.
-	if !s.gate.enter() {
+	g := &streamMsg{s: s, msg: m}
+	s.takeMsg(g, item{Item: it, to: g})
+}
+
+// takeMsg queues the envelopes of g's message. It waits while the messages
+// taken and not yet settled hold PullBytes: a burst of large payloads then
+// waits in the stream, not in memory.
+func (s *StreamIntake) takeMsg(g *streamMsg, items ...item) {
+	if !s.take(&g.group, requestBytes(g.msg.Data(), g.msg.Headers()), items...) {
 		// Stopping: the stream offers it again (to any daemon).
-		_ = m.NakWithDelay(s.opt.RetryDelay)
-		return
+		_ = g.msg.NakWithDelay(s.opt.RetryDelay)
 	}
-	defer s.gate.leave()
-	n := requestBytes(m.Data(), m.Headers())
-	s.held.acquire(n)
-	s.queue <- streamItem{msg: m, item: it, bytes: n}
 }
 
 // intakeHeaders drops the headers that were addressed to the intake
@@ -186,61 +187,55 @@ func resultOfCode(code int) string {
 	return "bad_request"
 }
 
-// flush stores one batch in one pipeline and settles every message:
-// acknowledged once Redis confirmed it, else offered again after
-// RetryDelay. A write whose outcome is unknown is offered again too; its
-// id is the same on redelivery, so storing it again replaces it.
-func (s *StreamIntake) flush(batch []streamItem) {
-	items := make([]store.Item, len(batch))
-	for i, b := range batch {
-		items[i] = b.item
+// streamMsg is a stream message on its way, alone or a batch: acked once
+// Redis confirmed every envelope, else offered again after RetryDelay (an
+// outcome unknown too: the same id on redelivery replaces what was stored).
+type streamMsg struct {
+	group
+	s      *StreamIntake
+	msg    jetstream.Msg
+	failed atomic.Bool // an envelope was not stored: offer the message again
+}
+
+func (m *streamMsg) settle(_ *item, o outcome) {
+	if o.err != nil {
+		m.failed.Store(true)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.opt.storeTimeout)
-	res, errs := s.store.Schedule(ctx, items)
-	cancel()
+	if !m.done(m.s.held) {
+		return
+	}
+	if m.failed.Load() {
+		if err := m.msg.NakWithDelay(m.s.opt.RetryDelay); err != nil {
+			m.s.log.Debug("nak failed; the message is offered again after ack_wait", "error", err)
+		}
+		return
+	}
+	if err := m.msg.Ack(); err != nil {
+		// Stored; the stream offers it again after ack_wait and the same
+		// id replaces it.
+		m.s.log.Debug("ack failed", "error", err)
+	}
+	m.s.settled.Store(true)
+}
+
+// countFlush counts a flush's envelopes by outcome and logs its failures.
+func (s *StreamIntake) countFlush(_ []item, outs []outcome) {
 	stored, failed, again := 0, 0, 0
 	var firstErr error
-	for i, b := range batch {
-		s.held.release(b.bytes)
-		if b.group != nil {
-			// A batch message is settled once, by its last envelope.
-			stored, failed, again = s.settleGrouped(b, res[i], errs[i], stored, failed, again)
-			if errs[i] != nil && firstErr == nil {
-				firstErr = errs[i]
-			}
-			continue
-		}
-		if errs[i] != nil {
-			if errors.Is(errs[i], store.ErrNotReplicated) && res[i].Kind == store.Stored {
-				// On the master and due there; the message comes again and
-				// is acked once a replica confirms it.
-				s.waker.Wake(s.store.Shard(b.item.ID), res[i].DueMs)
-			}
+	for _, o := range outs {
+		switch {
+		case o.err != nil:
 			failed++
 			if firstErr == nil {
-				firstErr = errs[i]
+				firstErr = o.err
 			}
-			if err := b.msg.NakWithDelay(s.opt.RetryDelay); err != nil {
-				s.log.Debug("nak failed; the message is offered again after ack_wait", "error", err)
-			}
-			continue
-		}
-		if res[i].Kind != store.Stored {
+		case o.Kind != store.Stored:
 			// Stored by an earlier delivery whose ack was lost, or a resend
 			// of a request delivered already.
 			again++
-		} else {
-			s.waker.Wake(s.store.Shard(b.item.ID), res[i].DueMs)
+		default:
+			stored++
 		}
-		if err := b.msg.Ack(); err != nil {
-			// Stored; the stream offers it again after ack_wait and the
-			// same id replaces it.
-			s.log.Debug("ack failed", "error", err)
-		}
-		stored++
-	}
-	if stored > 0 {
-		s.settled.Store(true)
 	}
 	if failed > 0 {
 		s.log.Error("storing stream envelopes failed; they stay in the stream", "count", failed, "error", firstErr)
@@ -251,7 +246,7 @@ func (s *StreamIntake) flush(batch []streamItem) {
 		s.log.Debug("stream redeliveries of messages stored already were acked, not stored again", "count", again)
 		s.count("redelivered", again)
 	}
-	if stored -= again; stored > 0 {
+	if stored > 0 {
 		s.count("stored", stored)
 	}
 }
