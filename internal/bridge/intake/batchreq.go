@@ -35,8 +35,8 @@ type batchReply struct {
 
 // settle sets an envelope's result. Each place is set by one flusher; the
 // group's count orders the writes before the last one's read.
-func (g *batchReply) settle(it *item, o outcome) {
-	g.results[it.idx] = result(it.ID, o)
+func (g *batchReply) settle(it *item) {
+	g.results[it.idx] = result(it)
 	if !g.done(g.in.held) {
 		return
 	}
@@ -50,11 +50,12 @@ func (g *batchReply) settle(it *item, o outcome) {
 
 // result is an envelope's result, in a batch's reply or alone: its id and
 // due time, or its failure (with the id to resend with after a 504).
-func result(id string, o outcome) []byte {
-	if o.err == nil {
-		return appendScheduled(make([]byte, 0, 56+len(id)), id, o.DueMs)
+func result(it *item) []byte {
+	id := it.ID
+	if it.out.err == nil {
+		return appendScheduled(make([]byte, 0, 56+len(id)), id, it.out.DueMs)
 	}
-	code, msg, _ := storeFailure(id, o.err)
+	code, msg, _ := storeFailure(id, it.out.err)
 	if code != codeOutcomeUnknown {
 		id = ""
 	}

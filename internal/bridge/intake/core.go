@@ -1,9 +1,7 @@
 package intake
 
-// The core both intakes share from a handler to an answer: items, one per
-// envelope whatever it came in, are gathered into batches (batch.go); one
-// flush stores a batch, decides each outcome once, wakes and counts it,
-// then hands it to the item's settler: a reply, a batch's reply, an ack.
+// The core both intakes share, from a handler's item to its settler's
+// answer: one flush, one outcome per item, one group per batch message.
 
 import (
 	"context"
@@ -32,6 +30,7 @@ type item struct {
 	idx   int       // its place in its batch
 	start time.Time // when its request was taken (the request intake)
 	bytes int64     // a single request's; a group holds its envelopes'
+	out   outcome   // set by its flush
 }
 
 // outcome is what became of one item, decided once from Schedule's answer.
@@ -57,9 +56,9 @@ func (o outcome) due() bool {
 // in a batch (*streamMsg).
 type settler interface {
 	// settle answers for it, once every outcome of its flush is counted.
-	settle(it *item, o outcome)
+	settle(it *item)
 	// settled lets go of what it held, once its flush answered every item.
-	settled(it *item, o outcome)
+	settled(it *item)
 }
 
 // group is the envelopes of one message, a batch request or a stream
@@ -70,9 +69,8 @@ type group struct {
 	bytes int64
 }
 
-// done counts one envelope settled and reports whether it was the last.
-// Each writes its share before the count, which orders every share before
-// the last one's read.
+// done counts one envelope settled and reports whether it was the last;
+// the count orders every envelope's share before the last one's read.
 func (g *group) done(held *heldBytes) bool {
 	if g.left.Add(-1) != 0 {
 		return false
@@ -82,7 +80,7 @@ func (g *group) done(held *heldBytes) bool {
 }
 
 // settled: an envelope holds nothing of its own.
-func (*group) settled(*item, outcome) {}
+func (*group) settled(*item) {}
 
 // core is what both intakes share: the queue, the bytes held, the flush.
 type core[S scheduler] struct {
@@ -98,7 +96,7 @@ type core[S scheduler] struct {
 	timeout, maxWait time.Duration
 	now              func() time.Time
 	// tally counts and logs a flush's outcomes, before any is answered.
-	tally func(batch []item, outs []outcome)
+	tally func(batch []item)
 	trace func(id, stage string, at time.Time) // IntakeOptions.trace
 }
 
@@ -173,7 +171,8 @@ func (c *core[S]) flush(batch []item) {
 		fresh := batch[:0]
 		for i := range batch {
 			if c.now().Sub(batch[i].start) > c.maxWait {
-				c.settle(batch[i:i+1], []outcome{{err: errStale}})
+				batch[i].out = outcome{err: errStale}
+				c.settle(batch[i : i+1])
 				continue
 			}
 			fresh = append(fresh, batch[i])
@@ -191,11 +190,10 @@ func (c *core[S]) flush(batch []item) {
 	res, errs := c.store.Schedule(ctx, items)
 	cancel()
 	c.traceAll(batch, "stored")
-	outs := make([]outcome, len(batch))
-	for i := range outs {
-		outs[i] = outcome{res[i], errs[i]}
+	for i := range batch {
+		batch[i].out = outcome{res[i], errs[i]}
 	}
-	c.settle(batch, outs)
+	c.settle(batch)
 }
 
 // settle wakes and counts every outcome, answers every item, then lets go
@@ -206,17 +204,17 @@ func (c *core[S]) flush(batch []item) {
 // run of publishes leaves in one or two writes instead of one per reply
 // (each write is a read, a parse and a flush in nats-server too: the
 // latency budget's CPU split); the bookkeeping comes after.
-func (c *core[S]) settle(batch []item, outs []outcome) {
-	for i, o := range outs {
-		if o.due() {
+func (c *core[S]) settle(batch []item) {
+	for i := range batch {
+		if o := batch[i].out; o.due() {
 			c.waker.Wake(c.store.Shard(batch[i].ID), o.DueMs)
 		}
 	}
-	c.tally(batch, outs)
+	c.tally(batch)
 	for i := range batch {
-		batch[i].to.settle(&batch[i], outs[i])
+		batch[i].to.settle(&batch[i])
 	}
 	for i := range batch {
-		batch[i].to.settled(&batch[i], outs[i])
+		batch[i].to.settled(&batch[i])
 	}
 }

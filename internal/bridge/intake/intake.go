@@ -251,20 +251,20 @@ func (in *Intake) Run(ctx context.Context) error {
 // singleReply answers a single request.
 type singleReply struct{ in *Intake }
 
-func (r singleReply) settle(it *item, o outcome) {
-	if o.err != nil {
-		r.in.storeFailed(later(it.reply), it.ID, o.err)
+func (r singleReply) settle(it *item) {
+	if it.out.err != nil {
+		r.in.storeFailed(later(it.reply), it.ID, it.out.err)
 		return
 	}
 	if it.reply != "" {
-		if err := r.in.nc.Publish(it.reply, result(it.ID, o)); err != nil {
+		if err := r.in.nc.Publish(it.reply, result(it)); err != nil {
 			r.in.log.Warn("reply failed", "error", err)
 		}
 	}
 }
 
-func (r singleReply) settled(it *item, o outcome) {
-	if r.in.trace != nil && o.err == nil {
+func (r singleReply) settled(it *item) {
+	if r.in.trace != nil && it.out.err == nil {
 		r.in.trace(it.ID, "replied", time.Now())
 	}
 	r.in.replied(it.start)
@@ -273,9 +273,10 @@ func (r singleReply) settled(it *item, o outcome) {
 
 // countFlush counts every outcome of a flush and logs its failures: a write
 // the replicas did not confirm at most every shortLogEvery, others once.
-func (in *Intake) countFlush(batch []item, outs []outcome) {
+func (in *Intake) countFlush(batch []item) {
 	logged := false
-	for i, o := range outs {
+	for i := range batch {
+		o := batch[i].out
 		switch {
 		case o.err == nil:
 			if o.Kind == store.Resend {

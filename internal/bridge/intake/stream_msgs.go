@@ -197,8 +197,8 @@ type streamMsg struct {
 	failed atomic.Bool // an envelope was not stored: offer the message again
 }
 
-func (m *streamMsg) settle(_ *item, o outcome) {
-	if o.err != nil {
+func (m *streamMsg) settle(it *item) {
+	if it.out.err != nil {
 		m.failed.Store(true)
 	}
 	if !m.done(m.s.held) {
@@ -219,10 +219,11 @@ func (m *streamMsg) settle(_ *item, o outcome) {
 }
 
 // countFlush counts a flush's envelopes by outcome and logs its failures.
-func (s *StreamIntake) countFlush(_ []item, outs []outcome) {
+func (s *StreamIntake) countFlush(batch []item) {
 	stored, failed, again := 0, 0, 0
 	var firstErr error
-	for _, o := range outs {
+	for i := range batch {
+		o := batch[i].out
 		switch {
 		case o.err != nil:
 			failed++
