@@ -174,7 +174,7 @@ func TestTestShBuildsThePinnedHelm(t *testing.T) {
 	// In the background, under the lock helm() takes (toollock), so a
 	// fresh machine reaches its first test minutes before helm is built.
 	for _, want := range []string{"go_tool_bg helm-" + helmVersion + "-k8s1." + helmKubeMinor + " helm helm.sh/helm/v3/cmd/helm@" + helmVersion,
-		`exec 9>"$1.lock" && flock 9`, "building $3 in the background (first run only, ~$4 min",
+		`exec 9>"$1.lock" && flock 9`, "installing $what in the background (first run only: about $4 min",
 		"k8sVersionMinor=" + helmKubeMinor, "version.version=" + helmVersion, "pkg in chartutil lint/rules"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("test.sh does not say %q", want)

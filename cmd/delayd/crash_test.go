@@ -388,7 +388,11 @@ func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 	defer nc.Close()
 	_, seen := killOnFirst(t, nc, "jsc.>", p)
 	const n = 300
-	at := time.Now().Add(400 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	// Due once every envelope is stored: the intake's requests reach the
+	// daemon 300 ms late through the proxy, and under CI's load 400 ms
+	// was not enough (the first delivery killed the daemon while some of
+	// the fire-and-forget schedules were still on their way: 175 of 301).
+	at := time.Now().Add(3 * time.Second).UTC().Format(time.RFC3339Nano)
 	for i := range n {
 		m := &nats.Msg{Subject: "delayd.schedule", Header: daemontest.Hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k"+strconv.Itoa(i))}
 		if err := nc.PublishMsg(m); err != nil {
@@ -397,6 +401,9 @@ func TestJetStreamCrashBetweenPublishAndAck(t *testing.T) {
 	}
 	if _, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "jsc.x", "Delayd-At", at, "Delayd-Id", "k-last"), ""); err != nil {
 		t.Fatal(err)
+	}
+	if !testutil.Eventually(2*time.Second, func() bool { return e.Stored(c) == n+1 }) {
+		t.Fatalf("%d of %d envelopes stored before they fall due", e.Stored(c), n+1)
 	}
 	_ = p.cmd.Wait()
 	s := store.New(store.NewClient(store.Options{Addrs: c.Redis.Addrs}), c.Namespace, c.Shards)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -136,7 +135,7 @@ func preReleaseMigrated(t *testing.T, old string) {
 
 	// This version refuses to start, naming the command.
 	start := exec.Command(bin, "run")
-	start.Env = append(os.Environ(), append(common, "DELAYD_NATS_URL="+n.URL(), "DELAYD_REDIS_ADDRS="+r.Addr,
+	start.Env = append(testutil.ChildEnv(), append(common, "DELAYD_NATS_URL="+n.URL(), "DELAYD_REDIS_ADDRS="+r.Addr,
 		"DELAYD_HTTP_ADDR=127.0.0.1:0", "DELAYD_UI_ADDR=127.0.0.1:0")...)
 	var stderr bytes.Buffer
 	start.Stderr = &stderr

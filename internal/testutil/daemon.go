@@ -24,7 +24,7 @@ type Daemon struct {
 func StartDaemon(t testing.TB, bin string, n *NATS, r *Redis, extra ...string) *Daemon {
 	t.Helper()
 	cmd := exec.Command(bin, "run")
-	cmd.Env = append(append(os.Environ(),
+	cmd.Env = append(append(ChildEnv(),
 		"DELAYD_NATS_URL="+n.URL(),
 		"DELAYD_REDIS_ADDRS="+r.Addr,
 		"DELAYD_SHARDS=4",
@@ -87,4 +87,18 @@ func (d *Daemon) Kill() {
 	}
 	_ = d.cmd.Process.Kill()
 	_ = d.cmd.Wait()
+}
+
+// ChildEnv is the test's environment for a daemon it starts, without the
+// DELAYD_* variables only the tests read (DELAYD_TOOLS_DIR, which test.sh
+// sets): a daemon of an earlier build, which refuses a DELAYD_* name it
+// does not know, would not start.
+func ChildEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DELAYD_TOOLS_DIR=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
