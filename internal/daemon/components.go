@@ -28,7 +28,6 @@ func (p *parts) newScanner() {
 	opts.Announce = p.relay.Announce
 	p.sc = scanner.New(p.st, p.pub, p.metrics, opts, p.log.Named("scanner"))
 	p.insp = inspector{Store: p.st, wake: p.sc.Wake, obs: p.metrics}
-	p.id = daemonID(c.NATS.Name)
 	p.own = scanner.NewOwnership(p.st, p.sc, p.id, c.Ownership.TTL, p.log.Named("ownership"))
 }
 

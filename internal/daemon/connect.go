@@ -66,7 +66,8 @@ func (p *parts) newStore(ctx context.Context) error {
 		ropts.OnConnect = p.guard.OnConnect
 	}
 	p.rdb = store.NewClient(ropts)
-	p.st = store.New(p.rdb, c.Namespace, c.Shards, p.storeOptions()...)
+	p.id = daemonID(c.NATS.Name)
+	p.st = store.New(p.rdb, c.Namespace, c.Shards, append(p.storeOptions(), store.WithMember(p.id))...)
 	p.onClose(func() { p.st.Close() })
 	if p.guard != nil {
 		// Refuse to start on an evicting Redis, or one that will not
@@ -83,7 +84,7 @@ func (p *parts) newStore(ctx context.Context) error {
 	// Refuse to start on data of a retired stored format (one key read,
 	// store/schema.go). An unreachable Redis is checked once it answers
 	// (waitReady); the store runs no shard script before.
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, schemaTimeout)
 	err = p.st.CheckSchema(sctx)
 	cancel()
 	if errors.Is(err, store.ErrMigrate) {
@@ -91,6 +92,11 @@ func (p *parts) newStore(ctx context.Context) error {
 	}
 	return checkWait(ctx, c, p.st, p.log.Named("redis"))
 }
+
+// schemaTimeout bounds the start's check of the stored format: one key
+// read, or without the key a scan of up to 10,000 entries, shard by shard,
+// which a slow Redis link or many shards make last seconds.
+const schemaTimeout = 30 * time.Second
 
 func (p *parts) storeOptions() []store.Option {
 	var formats []store.Option

@@ -42,10 +42,12 @@ func waitReady(ctx context.Context, st *store.Store, addrs []string, natsDown fu
 		if !redisUp && !time.Now().Before(nextPing) {
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			err := st.Ping(pctx)
-			if err == nil {
-				err = st.CheckSchema(pctx)
-			}
 			cancel()
+			if err == nil {
+				sctx, cancel := context.WithTimeout(ctx, schemaTimeout)
+				err = st.CheckSchema(sctx)
+				cancel()
+			}
 			switch {
 			case errors.Is(err, store.ErrMigrate):
 				return err

@@ -175,8 +175,9 @@ func (s *Store) firstSchema(ctx context.Context) error {
 	}
 	if n > startScanMax {
 		return fmt.Errorf("store: namespace %q holds %d entries and no record of their stored format (%s): "+
-			"a build before this version wrote them, maybe in a retired format; stop the daemons of older builds, "+
-			"then %w once: it checks every entry, moves what a retired format holds, and records the format "+
+			"a build before this version wrote them, maybe in a retired format; %w once (beside daemons of builds "+
+			"from stored format 3 on it is safe; daemons of builds before it must be stopped first): it checks every entry, "+
+			"moves what a retired format holds, and records the format "+
 			"(docs/operations.md, Upgrading)", s.ns, n, schemaKey(s.ns), ErrMigrate)
 	}
 	if n > 0 {
@@ -188,6 +189,12 @@ func (s *Store) firstSchema(ctx context.Context) error {
 			return fmt.Errorf("store: namespace %q holds data of a retired stored format: %s; stop the daemons of "+
 				"older builds, then %w (docs/operations.md, Upgrading)", s.ns, l, ErrMigrate)
 		}
+	}
+	// A build before format 3 that runs beside this one writes the
+	// retired formats, maybe none yet: waited for (not final), so the key
+	// is not written for it.
+	if err := s.olderBuildLive(ctx); err != nil {
+		return fmt.Errorf("%w; waiting for it to stop (there is no rolling upgrade from builds before 0.2.0)", err)
 	}
 	if err := s.rdb.Set(ctx, schemaKey(s.ns), FormatIntegerLeases, 0).Err(); err != nil {
 		return fmt.Errorf("store: write the schema key: %w", err)
@@ -204,6 +211,13 @@ var errSchemaUnchecked = errors.New("the stored format of the namespace is not c
 // beside the check.
 func WithSchemaGate() Option {
 	return func(s *Store) { s.gated = true }
+}
+
+// WithMember names the daemon the store runs in (its member id): its own
+// member entry, which may come before its first format announcement, is
+// not taken for an older build's.
+func WithMember(id string) Option {
+	return func(s *Store) { s.self = id }
 }
 
 // migrateTries bounds the optimistic transactions of one batch (WATCH):
@@ -257,7 +271,13 @@ func (s *Store) Migrate(ctx context.Context, done func(shard int, moved Legacy))
 // olderBuildLive returns ErrOlderBuildLive when a live member announces no
 // format, or a live announcement is of a format before 3.
 func (s *Store) olderBuildLive(ctx context.Context) error {
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	// Redis' time, as the expiries are: a host whose clock runs ahead
+	// would take live daemons for gone.
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("store: read Redis' time: %w", err)
+	}
+	now := strconv.FormatInt(t.UnixMilli(), 10)
 	members, err := s.rdb.ZRangeByScore(ctx, membersKey(s.ns), &redis.ZRangeBy{Min: now, Max: "+inf"}).Result()
 	if err != nil {
 		return fmt.Errorf("store: read the members: %w", err)
@@ -269,13 +289,16 @@ func (s *Store) olderBuildLive(ctx context.Context) error {
 	announced := map[string]bool{}
 	for _, v := range formats {
 		f, id, _ := strings.Cut(v, ":")
+		if id == s.self {
+			continue
+		}
 		if n, err := strconv.Atoi(f); err == nil && n < FormatIntegerLeases {
 			return fmt.Errorf("store: %w (%s announces format %d)", ErrOlderBuildLive, id, n)
 		}
 		announced[id] = true
 	}
 	for _, m := range members {
-		if !announced[m] {
+		if !announced[m] && m != s.self {
 			return fmt.Errorf("store: %w (%s)", ErrOlderBuildLive, m)
 		}
 	}

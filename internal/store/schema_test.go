@@ -326,3 +326,38 @@ func TestMigrateUnderClusterAndACL(t *testing.T) {
 	}
 	mustBeConsistent(t, s)
 }
+
+// TestFirstSchemaWaitsForOlderBuilds: a start on a namespace without the
+// schema key does not write it while a daemon of a build before format 3
+// is live (a member that announces no format): such a build writes the
+// retired formats, and the key would let every later start pass. The
+// starting daemon's own member entry, not yet announced, is not one.
+func TestFirstSchemaWaitsForOlderBuilds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, _ := newStore(t)
+	s := New(r.rdb, "old", 4, WithMember("me"))
+	if _, _, err := s.Heartbeat(ctx, "me", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckSchema(ctx); err != nil {
+		t.Fatalf("only its own member, not yet announced: %v", err)
+	}
+	o := New(r.rdb, "old2", 4, WithMember("me"))
+	if _, _, err := o.Heartbeat(ctx, "zero-one-build", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	err := o.CheckSchema(ctx)
+	if !errors.Is(err, ErrOlderBuildLive) || errors.Is(err, ErrMigrate) {
+		t.Fatalf("beside a live member of an older build: %v, want ErrOlderBuildLive (not final)", err)
+	}
+	if f, _ := o.Schema(ctx); f != 0 {
+		t.Fatalf("the schema key was written (%d) beside an older build", f)
+	}
+	if _, _, err := o.Heartbeat(ctx, "zero-one-build", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.CheckSchema(ctx); err != nil {
+		t.Fatalf("once the older build left: %v", err)
+	}
+}

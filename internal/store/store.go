@@ -16,6 +16,7 @@ import (
 
 // Store is the sharded delay set in one Redis deployment.
 type Store struct {
+	self   string // WithMember
 	rdb    redis.UniversalClient
 	ns     string
 	shards int

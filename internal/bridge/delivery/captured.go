@@ -231,7 +231,7 @@ func (c *captors) list() ([]capture, map[string]bool, error) {
 	// core-only NATS, or a leaf node whose link to the hub is down): the
 	// caller tells the two apart by what it listed before.
 	if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-		return nil, nil, nil
+		return nil, map[string]bool{}, nil // read: no stream (ready waits only until a read is in)
 	}
 	return out, names, err
 }
