@@ -174,6 +174,7 @@ type migration struct {
 	log   hclog.Logger
 	hook  func(step string)
 	names [2]string // the configured stream, the stream between
+	held  *migrationLock
 }
 
 // MigrateIntake moves the intake stream opt.Name from a work queue (the
@@ -198,14 +199,22 @@ func MigrateIntake(ctx context.Context, nc *nats.Conn, opt StreamOptions, log hc
 	if m.hook == nil {
 		m.hook = func(string) {}
 	}
-	if !opt.unlocked {
+	if opt.unlocked {
+		return m.run(ctx)
+	}
+	for {
 		l, err := m.lock(ctx)
 		if err != nil {
 			return err
 		}
-		defer l.release()
+		m.held = l
+		err = m.run(ctx)
+		l.release()
+		if !errors.Is(err, errLockLost) {
+			return err
+		}
+		log.Warn("another run took the migration's lock over while this one ran (cut off from NATS?); waiting for it again")
 	}
-	return m.run(ctx)
 }
 
 func (m *migration) run(ctx context.Context) error {
@@ -214,6 +223,9 @@ func (m *migration) run(ctx context.Context) error {
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if m.held != nil && m.held.lost.Load() {
+			return errLockLost
 		}
 		n, err := m.look(ctx, name)
 		if err != nil {

@@ -75,3 +75,47 @@ func TestStreamIntakeMigrationTakesOverAStaleLock(t *testing.T) {
 	}
 	e.migrated(js)
 }
+
+// A run whose lock was taken over while it ran (another run found it stale)
+// stops before its next step, and goes on only once it holds the lock
+// again: the other run's steps and its own never interleave.
+func TestStreamIntakeMigrationStopsWhenItsLockIsTaken(t *testing.T) {
+	e := newStreamEnv(t)
+	e.start(e.st, func(o *StreamOptions) { o.WorkQueue = true })()
+	e.start(e.st)
+	js := e.js()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	opt := migrateOptions()
+	opt.lockStale = time.Second
+	var taken, next time.Time
+	opt.afterStep = func(s string) {
+		switch {
+		case taken.IsZero():
+			// Another run takes the lock: deleted, and created with its id
+			// (it never beats: stale a second later).
+			if err := js.DeleteStream(ctx, lockName("DELAYD_INTAKE")); err != nil {
+				t.Error(err)
+			}
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: lockName("DELAYD_INTAKE"),
+				Subjects: []string{parkSubject("delayd", lockName("DELAYD_INTAKE"))}, Storage: jetstream.MemoryStorage,
+				Metadata: map[string]string{lockRunKey: "another"}}); err != nil {
+				t.Error(err)
+			}
+			taken = time.Now()
+			time.Sleep(1500 * time.Millisecond) // its beat reads the lock back meanwhile
+		case s == "created DELAYD_INTAKE_MIGRATING":
+			// The park's pair, made at once: a publish finds no stream
+			// between the two.
+		case next.IsZero():
+			next = time.Now()
+		}
+	}
+	if err := e.migrate(ctx, opt); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	if gap := next.Sub(taken); gap < 2200*time.Millisecond {
+		t.Errorf("the run took its next step %v after its lock was taken: it did not wait for the lock again", gap)
+	}
+	e.migrated(js)
+}
