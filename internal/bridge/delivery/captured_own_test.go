@@ -109,27 +109,11 @@ func (c *captors) expire() {
 // one, and count that stream's refusal as delivered.
 func TestFirstListReadHoldsEveryCaller(t *testing.T) {
 	t.Parallel()
-	n := testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	// A slow JetStream API: the list answers after 300 ms.
-	if _, err := nc.Subscribe(streamList, func(m *nats.Msg) {
+	c := listedBy(t, func(m *nats.Msg) {
 		time.Sleep(300 * time.Millisecond)
-		_ = m.Respond([]byte(`{"type":"io.nats.jetstream.api.v1.stream_list_response","total":0,"offset":0,"limit":256,"streams":[]}`))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newCaptors(js, bridge.NewRefusals(), hclog.NewNullLogger(), "DELAYD_INTAKE")
+		_ = m.Respond([]byte(noStreams))
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	first := make(chan struct{})
@@ -163,33 +147,17 @@ func TestFirstListReadHoldsEveryCaller(t *testing.T) {
 // (discard new, full) counted as delivered what it refused.
 func TestUnlistedAnswerWaitsForItsRead(t *testing.T) {
 	t.Parallel()
-	n := testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	var slow atomic.Bool
-	if _, err := nc.Subscribe(streamList, func(m *nats.Msg) {
+	c := listedBy(t, func(m *nats.Msg) {
 		if !slow.Load() {
-			_ = m.Respond([]byte(`{"type":"io.nats.jetstream.api.v1.stream_list_response","total":0,"offset":0,"limit":256,"streams":[]}`))
+			_ = m.Respond([]byte(noStreams))
 			return
 		}
 		time.Sleep(300 * time.Millisecond)
 		_ = m.Respond([]byte(`{"type":"io.nats.jetstream.api.v1.stream_list_response","total":1,"offset":0,"limit":256,` +
 			`"streams":[{"config":{"name":"NEW","subjects":["new.>"],"retention":"limits","storage":"file","num_replicas":1},` +
 			`"created":"2026-12-05T00:00:00Z","state":{"messages":0}}]}`))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newCaptors(js, bridge.NewRefusals(), hclog.NewNullLogger(), "DELAYD_INTAKE")
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c.ready(ctx)
@@ -213,3 +181,29 @@ func TestUnlistedAnswerWaitsForItsRead(t *testing.T) {
 		t.Errorf("once listed: wait %d, want a listed stream's", w)
 	}
 }
+
+// listedBy returns captors whose stream list is answered by answer, on a
+// core NATS (no JetStream): a stand-in for a slow or changing JetStream API.
+func listedBy(t *testing.T, answer func(m *nats.Msg)) *captors {
+	t.Helper()
+	n := testutil.StartNATS(t, func(o *server.Options) { o.JetStream = false })
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if _, err := nc.Subscribe(streamList, answer); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newCaptors(js, bridge.NewRefusals(), hclog.NewNullLogger(), "DELAYD_INTAKE")
+}
+
+// noStreams is a stream list answer that lists none.
+const noStreams = `{"type":"io.nats.jetstream.api.v1.stream_list_response","total":0,"offset":0,"limit":256,"streams":[]}`

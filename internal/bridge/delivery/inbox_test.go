@@ -31,19 +31,7 @@ func proven(t testing.TB, p *Publisher) {
 // interest check on. After a reconnect it proves the inbox again.
 func TestInboxCheck(t *testing.T) {
 	t.Parallel()
-	users := func(inbox bool) []*server.User {
-		sub := []string{"delayd.>"}
-		if inbox {
-			sub = append(sub, "_INBOX_d.>")
-		}
-		// Publish: targets and the internal subjects only, as in
-		// docs/security.md; neither its inbox nor $JS.API.INFO.
-		return []*server.User{{Username: "d", Password: "p", Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{"t.>", "delayd.internal.>"}},
-			Subscribe: &server.SubjectPermission{Allow: sub},
-		}}}
-	}
-	n := testutil.StartNATS(t, func(o *server.Options) { o.Users = users(false) })
+	n := testutil.StartNATS(t, func(o *server.Options) { o.Users = inboxUsers(false) })
 	ref := bridge.NewRefusals()
 	nc, err := bridge.Connect(n.URL(), "t", bridge.Auth{User: "d", Password: "p", InboxPrefix: "_INBOX_d"}, hclog.NewNullLogger(), nil, ref, nil)
 	if err != nil {
@@ -73,7 +61,7 @@ func TestInboxCheck(t *testing.T) {
 
 	// The operator grants the subscription.
 	opts := n.Opts.Clone()
-	opts.Users = users(true)
+	opts.Users = inboxUsers(true)
 	if err := n.Srv.ReloadOptions(opts); err != nil {
 		t.Fatal(err)
 	}
@@ -105,37 +93,8 @@ func TestInboxCheck(t *testing.T) {
 // subscribes again and delivers.
 func TestInboxRevokedByReload(t *testing.T) {
 	t.Parallel()
-	users := func(inbox bool) []*server.User {
-		sub := []string{"delayd.>"}
-		if inbox {
-			sub = append(sub, "_INBOX_d.>")
-		}
-		return []*server.User{{Username: "d", Password: "p", Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{"t.>", "delayd.internal.>"}},
-			Subscribe: &server.SubjectPermission{Allow: sub},
-		}}}
-	}
-	n := testutil.StartNATS(t, func(o *server.Options) { o.Users = users(true) })
-	ref := bridge.NewRefusals()
-	nc, err := bridge.Connect(n.URL(), "t", bridge.Auth{User: "d", Password: "p", InboxPrefix: "_INBOX_d"}, hclog.NewNullLogger(), nil, ref, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	p, err := NewPublisher(nc, ref, PublisherOptions{InboxProbe: "delayd.internal.probe"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, reload := inboxPublisher(t, true)
 	proven(t, p)
-	reload := func(inbox bool) {
-		opts := n.Opts.Clone()
-		opts.Users = users(inbox)
-		if err := n.Srv.ReloadOptions(opts); err != nil {
-			t.Fatal(err)
-		}
-		n.Opts = opts
-	}
 	reload(false)
 	testutil.Wait(t, 10*time.Second, "not Connected once a reload took the inbox subscription away", func() bool { return !p.Connected() })
 	if err := p.Down(); err == nil || !strings.Contains(err.Error(), "Subscription to") {
@@ -147,5 +106,45 @@ func TestInboxRevokedByReload(t *testing.T) {
 	defer cancel()
 	if err := p.Publish(ctx, deliveries("t.nobody"))[0]; !errors.Is(err, scanner.ErrNoInterest) {
 		t.Fatalf("granted back, a delivery nobody hears: %v, want no interest", err)
+	}
+}
+
+// inboxUsers is a NATS user "d" with docs/security.md's publish rights
+// (targets and the internal subjects only: neither its inbox nor
+// $JS.API.INFO), allowed its inbox _INBOX_d.> or not.
+func inboxUsers(inbox bool) []*server.User {
+	sub := []string{"delayd.>"}
+	if inbox {
+		sub = append(sub, "_INBOX_d.>")
+	}
+	return []*server.User{{Username: "d", Password: "p", Permissions: &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{"t.>", "delayd.internal.>"}},
+		Subscribe: &server.SubjectPermission{Allow: sub},
+	}}}
+}
+
+// inboxPublisher starts a NATS server with inboxUsers(inbox) and a
+// publisher connected as "d"; reload grants or takes the inbox.
+func inboxPublisher(t *testing.T, inbox bool) (p *Publisher, reload func(inbox bool)) {
+	t.Helper()
+	n := testutil.StartNATS(t, func(o *server.Options) { o.Users = inboxUsers(inbox) })
+	ref := bridge.NewRefusals()
+	nc, err := bridge.Connect(n.URL(), "t", bridge.Auth{User: "d", Password: "p", InboxPrefix: "_INBOX_d"}, hclog.NewNullLogger(), nil, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	p, err = NewPublisher(nc, ref, PublisherOptions{InboxProbe: "delayd.internal.probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, func(inbox bool) {
+		opts := n.Opts.Clone()
+		opts.Users = inboxUsers(inbox)
+		if err := n.Srv.ReloadOptions(opts); err != nil {
+			t.Fatal(err)
+		}
+		n.Opts = opts
 	}
 }
