@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/redis/go-redis/v9"
 	"github.com/urfave/cli/v3"
 
 	"github.com/delayd/delayd/internal/config"
@@ -62,19 +63,10 @@ func doctorCommand(o cliIO) *cli.Command {
 
 func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	repair, asJSON, pause, stdout := cmd.Bool("repair"), cmd.Bool("json"), cmd.Duration("pause"), o.stdout
-	c, err := loadConfig(cmd, o.getenv)
+	c, rdb, st, err := openStore(cmd, o)
 	if err != nil {
 		return err
 	}
-	ropts, err := daemon.RedisOptions(c)
-	if err != nil {
-		return err
-	}
-	// The Redis library's own log lines (one per failed dial) say less
-	// than the error below.
-	store.SetLogger(hclog.NewNullLogger())
-	rdb := store.NewClient(ropts)
-	st := store.New(rdb, c.Namespace, c.Shards)
 	defer st.Close()
 	rep := doctorReport{Shards: c.Shards, Found: map[string]int{}, ByShard: map[int]map[string]int{}, Repaired: repair}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -181,4 +173,22 @@ func printDoctor(w io.Writer, rep doctorReport) {
 	for _, k := range store.Kinds(rep.Found) {
 		fmt.Fprintf(w, "%-24s %8d %s\n", k, rep.Found[k], verb)
 	}
+}
+
+// openStore is the store of the config that cmd's flags and environment
+// give, for the commands that read Redis directly (doctor, migrate).
+func openStore(cmd *cli.Command, o cliIO) (config.Config, redis.UniversalClient, *store.Store, error) {
+	c, err := loadConfig(cmd, o.getenv)
+	if err != nil {
+		return c, nil, nil, err
+	}
+	ropts, err := daemon.RedisOptions(c)
+	if err != nil {
+		return c, nil, nil, err
+	}
+	// The Redis library's own log lines (one per failed dial) say less
+	// than the errors of the commands.
+	store.SetLogger(hclog.NewNullLogger())
+	rdb := store.NewClient(ropts)
+	return c, rdb, store.New(rdb, c.Namespace, c.Shards), nil
 }

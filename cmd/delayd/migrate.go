@@ -6,11 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/urfave/cli/v3"
 
 	"github.com/delayd/delayd/internal/config"
-	"github.com/delayd/delayd/internal/daemon"
 	"github.com/delayd/delayd/internal/store"
 )
 
@@ -34,17 +32,10 @@ func migrateCommand(o cliIO) *cli.Command {
 }
 
 func migrate(ctx context.Context, cmd *cli.Command, o cliIO) error {
-	c, err := loadConfig(cmd, o.getenv)
+	c, rdb, st, err := openStore(cmd, o)
 	if err != nil {
 		return err
 	}
-	ropts, err := daemon.RedisOptions(c)
-	if err != nil {
-		return err
-	}
-	store.SetLogger(hclog.NewNullLogger())
-	rdb := store.NewClient(ropts)
-	st := store.New(rdb, c.Namespace, c.Shards)
 	defer st.Close()
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = rdb.Ping(pctx).Err()
