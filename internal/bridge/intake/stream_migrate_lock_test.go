@@ -59,9 +59,7 @@ func TestStreamIntakeMigrationTakesOverAStaleLock(t *testing.T) {
 	js := e.js()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: lockName("DELAYD_INTAKE"),
-		Subjects: []string{parkSubject("delayd", lockName("DELAYD_INTAKE"))}, Storage: jetstream.MemoryStorage,
-		Metadata: map[string]string{lockRunKey: "killed"}}); err != nil {
+	if err := anotherRunsLock(ctx, js, "killed"); err != nil {
 		t.Fatal(err)
 	}
 	opt := migrateOptions()
@@ -97,9 +95,7 @@ func TestStreamIntakeMigrationStopsWhenItsLockIsTaken(t *testing.T) {
 			if err := js.DeleteStream(ctx, lockName("DELAYD_INTAKE")); err != nil {
 				t.Error(err)
 			}
-			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: lockName("DELAYD_INTAKE"),
-				Subjects: []string{parkSubject("delayd", lockName("DELAYD_INTAKE"))}, Storage: jetstream.MemoryStorage,
-				Metadata: map[string]string{lockRunKey: "another"}}); err != nil {
+			if err := anotherRunsLock(ctx, js, "another"); err != nil {
 				t.Error(err)
 			}
 			taken = time.Now()
@@ -118,4 +114,13 @@ func TestStreamIntakeMigrationStopsWhenItsLockIsTaken(t *testing.T) {
 		t.Errorf("the run took its next step %v after its lock was taken: it did not wait for the lock again", gap)
 	}
 	e.migrated(js)
+}
+
+// anotherRunsLock creates the lock of DELAYD_INTAKE's migration as the run
+// named run would, without its keep-alive.
+func anotherRunsLock(ctx context.Context, js jetstream.JetStream, run string) error {
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: lockName("DELAYD_INTAKE"),
+		Subjects: []string{parkSubject("delayd", lockName("DELAYD_INTAKE"))}, Storage: jetstream.MemoryStorage,
+		Metadata: map[string]string{lockRunKey: run}})
+	return err
 }
