@@ -1,9 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
-	"fmt"
-	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,21 +16,21 @@ import (
 	"github.com/delayd/delayd/internal/testutil"
 )
 
-// beforeDueBuckets is the last commit before stored format 4 (the due
-// buckets): the daemon that rolling upgrade meets.
-const beforeDueBuckets = "d85d6c2"
+// lastDueBuckets is the last commit whose builds wrote the due buckets
+// (stored format 4, with redis.due_buckets on), retired since.
+const lastDueBuckets = "6a7095f"
 
-// TestDueBucketsBesideThePreviousBuild runs the build before the due
-// buckets (stored format 4) beside this one, with redis.due_buckets on, on
-// one Redis, as a rolling upgrade does. While the older scanner lives,
-// this version's intake
-// writes pending envelopes to the due set, which the older one reads and
-// delivers; once it left, the fleet writes the due buckets, and this
-// version delivers both what the due set still held and what went to the
-// buckets: each once, never early.
-func TestDueBucketsBesideThePreviousBuild(t *testing.T) {
+// TestDueBucketsRefusedThenMigrated runs the last build of the due
+// buckets with redis.due_buckets on until its pending envelopes are in
+// them, and stops it. This version refuses to start on that data, naming
+// delayd migrate and the buckets (though the namespace's schema key says
+// format 3: that build wrote it), and so does doctor, which repairs
+// nothing then (the buckets' ids would look unindexed, and be made due
+// at once); delayd migrate moves them to the due set; then this version
+// delivers each once, never early.
+func TestDueBucketsRefusedThenMigrated(t *testing.T) {
 	t.Parallel()
-	old := releaseBinary(t, beforeDueBuckets)
+	old := releaseBinary(t, lastDueBuckets)
 	bin := delaydBinary(t)
 	r := testutil.StartRedis(t)
 	n := testutil.StartNATS(t)
@@ -38,64 +38,70 @@ func TestDueBucketsBesideThePreviousBuild(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	common := []string{"DELAYD_SHARDS=16", "DELAYD_OWNERSHIP_TTL=3s"}
-
 	nc, err := nats.Connect(n.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
 	got := recordArrivals(t, nc, "bk.>")
-	schedule := func(prefix string, k int, in time.Duration) []string {
-		t.Helper()
-		at := time.Now().Add(in).UTC().Format(time.RFC3339Nano)
-		ids := make([]string, k)
-		for i := range ids {
-			ids[i] = prefix + strconv.Itoa(i)
-			m, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "bk."+prefix, "Delayd-At", at, "Delayd-Id", ids[i]), ids[i])
-			if err != nil || m.Header.Get("Nats-Service-Error") != "" {
-				t.Fatalf("schedule %s: %v %v", ids[i], err, m.Header)
-			}
+
+	d := testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_REDIS_DUE_BUCKETS=true")...)
+	testutil.Wait(t, 15*time.Second, "the older build writes format 4", func() bool { return d.Logged("writes=4") })
+	due := time.Now().Add(20 * time.Second)
+	ids := make([]string, 40)
+	for i := range ids {
+		ids[i] = "b" + strconv.Itoa(i)
+		m, err := daemontest.Schedule(nc, "delayd", daemontest.Hdr("Delayd-Target", "bk.x",
+			"Delayd-At", due.UTC().Format(time.RFC3339Nano), "Delayd-Id", ids[i]), ids[i])
+		if err != nil || m.Header.Get("Nats-Service-Error") != "" {
+			t.Fatalf("schedule %s: %v %v", ids[i], err, m)
 		}
-		return ids
 	}
-	delivered := func(ids []string) { t.Helper(); got.once(t, ids, "") }
-	// buckets counts the due buckets' keys.
-	buckets := func() int {
-		keys, err := rdb.Keys(ctx, "{delayd:*}:pending:*").Result()
-		if err != nil {
-			t.Fatal(err)
+	if keys := rdb.Keys(ctx, "{delayd:*}:pending:*").Val(); len(keys) == 0 {
+		t.Fatal("the older build wrote no due buckets")
+	}
+	d.Stop()
+
+	start := exec.Command(bin, "run")
+	start.Env = append(testutil.ChildEnv(), append(common, "DELAYD_NATS_URL="+n.URL(), "DELAYD_REDIS_ADDRS="+r.Addr,
+		"DELAYD_HTTP_ADDR=127.0.0.1:0", "DELAYD_UI_ADDR=127.0.0.1:0")...)
+	var stderr bytes.Buffer
+	start.Stderr = &stderr
+	done := make(chan error, 1)
+	if err := start.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- start.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(stderr.String(), "delayd migrate") ||
+			!strings.Contains(stderr.String(), "40 envelopes in the due buckets") {
+			t.Fatalf("start on the due buckets: %v, want a refusal naming delayd migrate and the buckets:\n%s", err, stderr.String())
 		}
-		return len(keys)
-	}
-	// waitLog waits for the k-th line of d's log that says what.
-	waitLog := func(d *testutil.Daemon, what string, k int) {
-		t.Helper()
-		testutil.Wait(t, 15*time.Second, fmt.Sprintf("%s logs %q %d times", d.Log, what, k), func() bool {
-			b, _ := os.ReadFile(d.Log)
-			return strings.Count(string(b), what) >= k
-		})
+	case <-time.After(15 * time.Second):
+		_ = start.Process.Kill()
+		t.Fatalf("this version started on the due buckets:\n%s", stderr.String())
 	}
 
-	// This version's daemons run with the due buckets on (the older build
-	// would refuse the unknown variable).
-	on := "DELAYD_REDIS_DUE_BUCKETS=true"
-	intake := testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=intake", on)...)
-	older := testutil.StartDaemon(t, old, n, r, append(common, "DELAYD_MODE=scanner")...)
-	waitLog(intake, "writes=3", 1)
-	first := schedule("before", 30, 400*time.Millisecond)
-	across := schedule("across", 30, 3*time.Second)
-	if k := buckets(); k != 0 {
-		t.Fatalf("%d due buckets beside the older build", k)
+	getenv := func(k string) string {
+		return map[string]string{"DELAYD_REDIS_ADDRS": r.Addr, "DELAYD_SHARDS": "16"}[k]
 	}
-	delivered(first)
-	older.Kill()
-	// Alone at first, it wrote format 4 once already.
-	waitLog(intake, "writes=4", 2)
-	after := schedule("after", 30, 400*time.Millisecond)
-	if k := buckets(); k == 0 {
-		t.Fatal("no due buckets once the older build left")
+	var out bytes.Buffer
+	err = run(ctx, []string{"delayd", "doctor", "--repair"}, getenv, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "delayd migrate") || !strings.Contains(out.String(), "40 envelopes in the due buckets") {
+		t.Fatalf("doctor on the due buckets: %v\n%s", err, out.String())
 	}
-	testutil.StartDaemon(t, bin, n, r, append(common, "DELAYD_MODE=scanner", on)...)
-	delivered(across)
-	delivered(after)
+	if n := rdb.ZCard(ctx, "{delayd:0}:due").Val(); n != 0 {
+		t.Fatalf("doctor --repair made %d of the buckets' envelopes due", n)
+	}
+	out.Reset()
+	if err := run(ctx, []string{"delayd", "migrate"}, getenv, &out, &out); err != nil || !strings.Contains(out.String(), "40 envelopes in the due buckets") {
+		t.Fatalf("migrate: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := run(ctx, []string{"delayd", "doctor"}, getenv, &out, &out); err != nil {
+		t.Fatalf("doctor after migrate: %v\n%s", err, out.String())
+	}
+	testutil.StartDaemon(t, bin, n, r, common...)
+	got.once(t, ids, "1")
 }

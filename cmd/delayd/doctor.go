@@ -96,6 +96,10 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if rep.Schema, err = st.Schema(ctx); err != nil {
 		return err
 	}
+	// No repair beside a retired format: ids of the due buckets would look
+	// unindexed, and be made due at once.
+	repair = repair && rep.Retired.Total() == 0
+	rep.Repaired = repair
 	for sh := range c.Shards {
 		found, err := st.Check(ctx, sh, store.CheckOptions{Repair: repair, Pause: pause})
 		if err != nil {
@@ -120,7 +124,8 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	// The retired formats first: their lease scores are no tokens
 	// (inflight_without_claim), which a repair does not move.
 	if n := rep.Retired.Total(); n > 0 {
-		return fmt.Errorf("%d entries of a retired stored format: stop the daemons of older builds, then run delayd migrate", n)
+		return fmt.Errorf("%d entries of a retired stored format, nothing repaired: stop the daemons of older builds "+
+			"(or restart them with redis.due_buckets off), then run delayd migrate", n)
 	}
 	if len(rep.Found) > 0 && !repair {
 		return fmt.Errorf("%d kinds of inconsistency found; run delayd doctor --repair", len(rep.Found))
@@ -150,7 +155,7 @@ func printDoctor(w io.Writer, rep doctorReport) {
 		switch {
 		case f == store.FormatBare:
 			note = " (retired: written before the value header)"
-		case f > store.FormatDueBuckets:
+		case f > store.FormatIntegerLeases:
 			note = " (written by a newer version: this version leaves them alone)"
 		}
 		fmt.Fprintf(w, "stored format %d: %d values%s\n", f, rep.Formats[f], note)

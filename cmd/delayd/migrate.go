@@ -19,8 +19,8 @@ import (
 func migrateCommand(o cliIO) *cli.Command {
 	return &cli.Command{
 		Name: "migrate",
-		Usage: "move data of the retired stored formats 1 and 2 (builds before 0.2.0) to format 3 " +
-			"(reads and writes Redis directly; stop the daemons of older builds first)",
+		Usage: "move data of the retired stored formats 1, 2 and 4 (builds before 0.2.0) to format 3 " +
+			"(reads and writes Redis directly; stop the daemons of older builds first, or restart them with redis.due_buckets off)",
 		Flags: configFlags(flagRedisAddrs),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			if err := noArgs(cmd); err != nil {

@@ -148,11 +148,6 @@ type Redis struct {
 	// WaitLocalFsync also waits for the master's AOF fsync (WAITAOF, Redis
 	// 7.2 or newer with appendonly yes; delayd refuses to start otherwise).
 	WaitLocalFsync bool `koanf:"wait_local_fsync"`
-	// DueBuckets: this daemon reads stored format 4, the due buckets, and
-	// the fleet indexes pending envelopes in them once every live daemon
-	// does (about 95 bytes of Redis less per pending envelope, for more
-	// Redis work per schedule and claim: docs/operations.md, Memory).
-	DueBuckets bool `koanf:"due_buckets"`
 }
 
 // Scanner tunes the clock that claims and delivers due envelopes.

@@ -311,6 +311,11 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // suggest returns `: did you mean X?` for the candidate nearest to name.
 func suggest(name string, candidates []string) string {
+	for key, why := range removed {
+		if name == key || name == EnvName(key) {
+			return ": removed: " + why
+		}
+	}
 	best, bestD := "", -1
 	for _, c := range candidates {
 		if d := distance(strings.ToLower(name), strings.ToLower(c)); bestD < 0 || d < bestD {
@@ -321,6 +326,13 @@ func suggest(name string, candidates []string) string {
 		return ""
 	}
 	return ": did you mean " + best + "?"
+}
+
+// removed are the keys a release took out, and what to do instead: named
+// rather than taken for a typo of another.
+var removed = map[string]string{
+	"redis.due_buckets": "the due buckets (stored format 4) are retired; take the key out, " +
+		"and if it was on, run `delayd migrate` once (docs/operations.md, Upgrading)",
 }
 
 // distance is the Levenshtein edit distance between a and b.

@@ -123,3 +123,22 @@ func TestYAMLRoundTrip(t *testing.T) {
 		t.Errorf("lease %s after the round trip", c.Scanner.Lease)
 	}
 }
+
+// A key that was removed is refused with what to do instead, in a file,
+// the environment and a flag.
+func TestRemovedKeySaysWhatToDo(t *testing.T) {
+	path := writeYAML(t, "redis:\n  due_buckets: true\n")
+	_, err := Load(Sources{Path: path, Getenv: env(map[string]string{"DELAYD_REDIS_DUE_BUCKETS": "true"}),
+		Environ: []string{"DELAYD_REDIS_DUE_BUCKETS=true"}, Flags: map[string]string{"redis.due_buckets": "true"}})
+	if err == nil {
+		t.Fatal("a removed key was accepted")
+	}
+	for _, w := range []string{"redis.due_buckets (in ", "DELAYD_REDIS_DUE_BUCKETS: ", "redis.due_buckets (flag): ", "delayd migrate"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q:\n%v", w, err)
+		}
+	}
+	if strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("a removed key is not a typo:\n%v", err)
+	}
+}

@@ -99,12 +99,7 @@ func (p *parts) newStore(ctx context.Context) error {
 const schemaTimeout = 30 * time.Second
 
 func (p *parts) storeOptions() []store.Option {
-	var formats []store.Option
-	if p.c.Redis.DueBuckets {
-		formats = append(formats, store.WithNewestFormat(store.FormatDueBuckets))
-	}
-	// The test seams come after: WithNewestFormat there wins.
-	opts := slices.Concat(formats, p.opt.store, []store.Option{store.WithStreamMemory(p.c.StreamDedupeWindow()),
+	opts := slices.Concat(p.opt.store, []store.Option{store.WithStreamMemory(p.c.StreamDedupeWindow()),
 		store.WithResendMemory(p.c.Intake.DedupeWindow), store.WithSchemaGate()})
 	if r := p.c.Redis; r.WaitReplicas > 0 || r.WaitLocalFsync {
 		opts = append(opts, store.WithWait(store.WaitOptions{Replicas: r.WaitReplicas, Timeout: r.WaitTimeout,

@@ -146,7 +146,7 @@ var mutations = []mutation{
 		Old: "if not handled[id] and holds(token, id) then", New: "if not handled[id] then",
 		Promise: "a stale daemon's settle never touches a newer claim or a newer version"},
 	{Name: "lua-claim-takes-not-due", File: "internal/store/lua/claim.lua",
-		Old: "due, '-inf', nowS, 'LIMIT', '0', ms(max))", New: "due, '-inf', '+inf', 'LIMIT', '0', ms(max))",
+		Old: "due, '-inf', ms(now), 'LIMIT'", New: "due, '-inf', '+inf', 'LIMIT'",
 		Promise: "an envelope is never delivered before its due time"},
 	{Name: "lua-claim-takes-live-leases", File: "internal/store/lua/claim.lua",
 		Old: "inflight, '-inf', ms(now * 1000)", New: "inflight, '-inf', '+inf'",

@@ -62,10 +62,6 @@ func benchStore(b *testing.B) (*Store, *testutil.Redis) {
 	if _, err := s.AgreeFormats(context.Background(), "bench", time.Hour); err != nil {
 		b.Fatal(err)
 	}
-	// With DELAYD_BENCH_DUE_BUCKETS=1 (redis.due_buckets), the due buckets.
-	if os.Getenv("DELAYD_BENCH_DUE_BUCKETS") == "1" {
-		s.write.Store(FormatDueBuckets)
-	}
 	return s, r
 }
 
@@ -242,18 +238,15 @@ func readWork(info string) redisWork {
 }
 
 // BenchmarkMemoryPerEnvelope reports Redis used_memory per pending envelope
-// (16-byte id, 128-byte payload) over 1M pending envelopes, indexed in the
-// due set (the default) and in the due buckets (redis.due_buckets).
+// (16-byte id, 128-byte payload) over 1M pending envelopes.
 func BenchmarkMemoryPerEnvelope(b *testing.B) {
 	const n = 1_000_000
 	for _, layout := range []struct {
-		name   string
-		format int
-	}{{"due_set", FormatIntegerLeases}, {"due_buckets", FormatDueBuckets}} {
+		name string
+	}{{"due_set"}} {
 		b.Run(layout.name, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				s, r := benchStore(b)
-				s.write.Store(int32(layout.format))
 				rc := r.Client()
 				before := usedMemory(b, rc.Info(context.Background(), "memory").Val())
 				fill(b, s, n, "m")

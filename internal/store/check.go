@@ -9,7 +9,7 @@ import (
 
 // checkPhases are the passes of a shard check: data first, then every
 // index and hash whose members need data, by key name (lua/check.lua).
-var checkPhases = []string{"data", "due", "pending", "inflight", "dead", "attempts", "errors"}
+var checkPhases = []string{"data", "due", "inflight", "dead", "attempts", "errors"}
 
 // Inconsistency kinds found by Check.
 const (
@@ -21,14 +21,11 @@ const (
 	KindDeadWithoutData      = "dead_without_data"
 	KindClaimWithoutData     = "claim_without_data"
 	KindErrorWithoutData     = "error_without_data"
-	// KindMiscountedPending: the count of the due buckets' entries
-	// (keys.go, pending) is not their number.
-	KindMiscountedPending = "miscounted_pending"
 )
 
 // AllKinds lists every kind Check reports.
 var AllKinds = []string{KindUnindexedData, KindMultiplyIndexed, KindInflightWithoutClaim, KindDueWithoutData,
-	KindInflightWithoutData, KindDeadWithoutData, KindClaimWithoutData, KindErrorWithoutData, KindMiscountedPending}
+	KindInflightWithoutData, KindDeadWithoutData, KindClaimWithoutData, KindErrorWithoutData}
 
 // CheckOptions pace a check.
 type CheckOptions struct {

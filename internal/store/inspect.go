@@ -68,7 +68,8 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	case due.Err() == nil:
 		e.State, e.DueMs = StatePending, int64(due.Val())
 	default:
-		// In a due bucket (keys.go, pending), at its header's due time.
+		// In no index (a script cut part-way, which Check repairs): at its
+		// header's due time.
 		dueMs, _, _ := splitValue(data.Val())
 		e.State, e.DueMs = StatePending, dueMs
 	}
@@ -161,18 +162,6 @@ func (s *Store) List(ctx context.Context, o ListOptions) (entries []Entry, next 
 		due   int64
 	}
 	var cands []cand
-	if o.State != StateDead {
-		for sh := range s.keys {
-			zs, err := s.bucketsAfter(ctx, sh, o.Cursor, o.Limit+1, o.DueBefore)
-			if err != nil {
-				return nil, o.Cursor, false, err
-			}
-			for _, z := range zs {
-				id, _ := z.Member.(string)
-				cands = append(cands, cand{sh, id, int64(z.Score)})
-			}
-		}
-	}
 	for sh, r := range ranges {
 		for _, z := range r.Val() {
 			due := int64(z.Score)
@@ -290,57 +279,4 @@ func (s *Store) ranksAfter(ctx context.Context, sets []string, c Cursor) ([]int6
 			}
 		}
 	}
-}
-
-// bucketsAfter returns up to n entries of shard sh's due buckets (keys.go,
-// pending) after the cursor in (due, id) order, due before dueBefore (0:
-// any). The bucket holding the cursor is the last one starting below its
-// due time or one of those starting at it or later, so it reads those in
-// order, a few per round trip, until it has n.
-func (s *Store) bucketsAfter(ctx context.Context, sh int, c Cursor, n int, dueBefore int64) ([]redis.Z, error) {
-	k := s.keys[sh]
-	pipe := s.rdb.Pipeline()
-	var prev *redis.StringSliceCmd
-	from := pipe.ZRangeByScore(ctx, k.pending, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: int64(n) + 1})
-	if c.ID != "" {
-		d := strconv.FormatInt(c.DueMs, 10)
-		prev = pipe.ZRevRangeByScore(ctx, k.pending, &redis.ZRangeBy{Max: "(" + d, Min: "-inf", Count: 1})
-		from = pipe.ZRangeByScore(ctx, k.pending, &redis.ZRangeBy{Min: d, Max: "+inf", Count: int64(n) + 1})
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("store: list: %w", err)
-	}
-	var buckets []string
-	if prev != nil {
-		buckets = prev.Val()
-	}
-	buckets = append(buckets, from.Val()...)
-	var out []redis.Z
-	for i := 0; i < len(buckets) && len(out) < n; i += 4 {
-		pipe := s.rdb.Pipeline()
-		part := buckets[i:min(i+4, len(buckets))]
-		reads := make([]*redis.ZSliceCmd, len(part))
-		for j, m := range part {
-			reads[j] = pipe.ZRangeWithScores(ctx, k.pending+":"+m, 0, -1)
-		}
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("store: list: %w", err)
-		}
-		for _, r := range reads {
-			for _, z := range r.Val() {
-				id, _ := z.Member.(string)
-				due := int64(z.Score)
-				if dueBefore > 0 && due >= dueBefore {
-					return out, nil
-				}
-				if c.ID != "" && (due < c.DueMs || due == c.DueMs && id <= c.ID) {
-					continue
-				}
-				if out = append(out, z); len(out) == n {
-					return out, nil
-				}
-			}
-		}
-	}
-	return out, nil
 }

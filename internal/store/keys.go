@@ -8,16 +8,12 @@ import (
 
 // shardKeys are the Redis keys of one shard. They share the hash tag
 // "{<ns>:<shard>}" so that every script touches a single Cluster slot. The
-// shard scripts (lua/) get the first ten in KEYS, in the order of list,
+// shard scripts (lua/) get the first nine in KEYS, in the order of list,
 // and name them as the fields are named here.
 //
 // Invariants of one shard's keys (checked by Check and the model test):
-//   - every data entry is in exactly one of due, a bucket of pending,
-//     inflight, dead (an envelope is pending in due or in its bucket);
-//   - every due, bucket, inflight or dead member has a data entry;
-//   - a bucket's entries are due in its range, more than bucketMax + 1
-//     only when due in one ms, and pending's count is their number
-//     (pending, below);
+//   - every data entry is in exactly one of due, inflight, dead;
+//   - every due, inflight or dead member has a data entry;
 //   - every inflight score is a claim token (inflight);
 //   - attempts and errors entries exist only beside data;
 //   - the counted attempts n never go down, except that a replace starts
@@ -27,7 +23,7 @@ import (
 // Every script keeps them within one call; lua/prelude.lua says what a
 // script that stops part-way can leave, for Check to find and repair.
 type shardKeys struct {
-	due string // ZSET id → due ms (whole milliseconds); see pending
+	due string // ZSET id → due ms (whole milliseconds)
 	// inflight: ZSET id → the claim's token, its lease score: a whole
 	// number, lease expiry ms × 1000 + k, never a multiple of 1000 (a
 	// listpack integer, which Redis compares without parsing). A settle
@@ -79,29 +75,8 @@ type shardKeys struct {
 	// fence is written (with a 60 s TTL) before a WAIT that follows
 	// scripts that may have written nothing (wait.go).
 	fence string // STRING
-	// pending indexes the due buckets (format 4, FormatDueBuckets, which
-	// the fleet writes only with redis.due_buckets on every daemon), small
-	// sorted sets that hold the pending envelopes scheduled since the fleet
-	// writes format 4, at ~30 bytes an entry instead of the ~125 of an
-	// entry of due (a listpack instead of a hash table entry and a skiplist
-	// node): ZSET "<bound>" → bound, the due ms a bucket starts at. The
-	// bucket's key is pending + ":" + its bound: ZSET id → due ms (the
-	// value header's), for the due times from its bound up to the next
-	// bucket's. A bucket past bucketMax entries splits at a due time (never
-	// inside one ms), so it stays a listpack under Redis' default
-	// zset-max-listpack-entries of 128, unless more than that are due in
-	// one ms in the shard, or its ids are over 64 bytes: then a skiplist,
-	// correct, only as large as due. An empty bucket is dropped, and an
-	// entry below every bucket moves the first one's bound down. So a
-	// script finds an id's bucket from its due time alone, and claims the
-	// earliest by reading the first buckets. Bucket keys are named in the
-	// scripts after pending, in its hash tag's slot, not passed in KEYS
-	// (docs/architecture.md says why). pending + "#" (STRING) counts the
-	// buckets' entries, for Stats. The due set keeps what older daemons
-	// wrote and whatever goes pending again at another time than its value
-	// header's (retry, postpone, replay, a series' next occurrence, a newer
-	// format given back): every script reads both, and claims in (due, id)
-	// order across them.
+	// pending indexed the due buckets of the retired format 4
+	// (schema.go): read only by delayd doctor and migrate.
 	pending string
 	// all is list's answer, built once: every script call passes it.
 	all []string
@@ -126,7 +101,7 @@ func keysFor(ns string, shard int) shardKeys {
 		fence:    tag + "fence",
 		pending:  tag + "pending",
 	}
-	k.all = []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen, k.done, k.pending}
+	k.all = []string{k.due, k.inflight, k.data, k.attempts, k.dead, k.errors, k.lease, k.seen, k.done}
 	return k
 }
 
@@ -170,7 +145,3 @@ func ShardOf(id string, shards int) int {
 	_, _ = h.Write([]byte(id))
 	return int(h.Sum32() % uint32(shards))
 }
-
-// bucketMax is the most entries a due bucket keeps before it splits, as
-// in lua/prelude.lua (tests compare).
-const bucketMax = 120

@@ -39,9 +39,7 @@ const libPlaceholder = "@LIBRARY@"
 // it loads), and each script is the body of a function, whose upvalues
 // are the prelude's locals. The prelude reads KEYS and ARGV, globals
 // of a script, which a function gets as arguments instead: they are
-// locals of the library, set by each function when it starts, and so is
-// the prelude's one table of state kept for the length of a call
-// (counts), which a script gets new from its own run of the prelude.
+// locals of the library, set by each function when it starts.
 func newLibrary(scripts []*script, extra string) *library {
 	var b strings.Builder
 	b.WriteString("local KEYS, ARGV\n")
@@ -52,7 +50,7 @@ func newLibrary(scripts []*script, extra string) *library {
 			flags = "'" + strings.ReplaceAll(sc.flags, ",", "', '") + "'"
 		}
 		b.WriteString("\nredis.register_function{function_name = '" + libPlaceholder + "_" + sc.name +
-			"', flags = {" + flags + "}, callback = function(keys, args)\nKEYS, ARGV, counts = keys, args, {}\n")
+			"', flags = {" + flags + "}, callback = function(keys, args)\nKEYS, ARGV = keys, args\n")
 		b.WriteString(sc.body)
 		b.WriteString("\nend}\n")
 	}

@@ -104,7 +104,6 @@ func TestTwoLibraryVersions(t *testing.T) {
 	if err := next.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
-	next.write.Store(FormatDueBuckets)
 	if old.lib.name == next.lib.name {
 		t.Fatal("two sources, one library name")
 	}

@@ -19,13 +19,8 @@ import (
 // The runner.
 
 type mRunner struct {
-	ctx context.Context
-	s   *Store
-	// whole is s as a daemon of a fleet that agreed on format 4: its
-	// schedules go to the due buckets, s's (format 3) to the due set.
-	whole *Store
-	// buckets: schedules go through whole (opFormat changes it).
-	buckets    bool
+	ctx        context.Context
+	s          *Store
 	rc         *redis.Client
 	m          *mModel
 	prev       []mShard
@@ -40,10 +35,7 @@ type mRunner struct {
 }
 
 func newMRunner(ctx context.Context, s *Store, rc *redis.Client, checkEvery int, tracing bool) (*mRunner, error) {
-	whole := New(s.rdb, s.ns, s.shards, WithTokenHint(s.hint))
-	whole.write.Store(FormatDueBuckets)
-	// The fleet starts on the newest format (opFormat changes it).
-	r := &mRunner{ctx: ctx, s: s, whole: whole, buckets: true, rc: rc, checkEvery: checkEvery, tracing: tracing,
+	r := &mRunner{ctx: ctx, s: s, rc: rc, checkEvery: checkEvery, tracing: tracing,
 		seen: map[string]int{},
 		m:    &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3), leased: map[int]bool{}, tokens: map[string]bool{}}}
 	var err error
@@ -124,10 +116,6 @@ func (r *mRunner) apply(o mOp) error {
 		return r.fault(o)
 	case opRace:
 		return r.race(o)
-	case opFormat:
-		r.seen["format "+strconv.Itoa(o.format)]++
-		r.buckets = o.format >= FormatDueBuckets
-		return nil
 	}
 	return fmt.Errorf("op %v cannot run alone", o)
 }
@@ -148,11 +136,7 @@ func storeItems(items []mItem) []Item {
 }
 
 func (r *mRunner) schedule(items []mItem) error {
-	by := r.s
-	if r.buckets {
-		by = r.whole
-	}
-	res, errs := by.Schedule(r.ctx, storeItems(items))
+	res, errs := r.s.Schedule(r.ctx, storeItems(items))
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -204,11 +188,7 @@ func (r *mRunner) claim(o mOp) error {
 	if shards == nil {
 		shards = []int{0, 1, 2}
 	}
-	by := r.s
-	if o.whole {
-		by = r.whole
-	}
-	res, err := by.Claim(r.ctx, shards, ClaimOptions{Batch: o.batch, Lease: time.Duration(o.lease) * time.Millisecond, Bytes: o.bytes})
+	res, err := r.s.Claim(r.ctx, shards, ClaimOptions{Batch: o.batch, Lease: time.Duration(o.lease) * time.Millisecond, Bytes: o.bytes})
 	if err != nil {
 		return err
 	}
@@ -462,7 +442,7 @@ func (r *mRunner) race(o mOp) error {
 		if i == 1 {
 			lease -= min(time.Since(first).Milliseconds(), raceSlack)
 		}
-		if err := r.claim(mOp{kind: opClaim, daemon: d, batch: 8, lease: lease, shards: sh, whole: o.whole}); err != nil {
+		if err := r.claim(mOp{kind: opClaim, daemon: d, batch: 8, lease: lease, shards: sh}); err != nil {
 			return err
 		}
 		first = time.Now()

@@ -209,82 +209,16 @@ func tokenNumber(tok string) int64 {
 
 // mShard is one shard's keys as read directly from Redis.
 type mShard struct {
-	// due holds every pending id: those of the due set (dueSet) and of
-	// the due buckets (buckets, keys.go: pending).
 	due, inflight, dead  map[string]int64
-	dueSet               map[string]int64
-	buckets              []mBucket
-	bucketCount          string             // pending's "#" key, "" for none
 	leases               map[string]float64 // inflight scores, with their token
 	data, attempts, errs map[string]string
 	dataDue              map[string]int64 // the due time in each data value's header
 	dataOcc              map[string]int64 // and the occurrence
 }
 
-// mBucket is one due bucket: its index member and score, its entries in
-// order and its encoding.
-type mBucket struct {
-	member   string
-	bound    int64
-	entries  []redis.Z
-	encoding string
-}
-
-// readKeyspace reads every shard's keys and the names of all keys, in two
-// round trips (the buckets after their index).
-func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []string, error) {
-	out, ks, err := readShards(ctx, rc, s)
-	if err != nil {
-		return nil, nil, err
-	}
-	pipe := rc.Pipeline()
-	index := make([]*redis.ZSliceCmd, s.shards)
-	count := make([]*redis.StringCmd, s.shards)
-	for sh := range s.shards {
-		index[sh] = pipe.ZRangeWithScores(ctx, s.keys[sh].pending, 0, -1)
-		count[sh] = pipe.Get(ctx, s.keys[sh].pending+"#")
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, nil, fmt.Errorf("read the due buckets: %w", err)
-	}
-	pipe = rc.Pipeline()
-	type read struct {
-		z   *redis.ZSliceCmd
-		enc *redis.StringCmd
-	}
-	reads := make([][]read, s.shards)
-	for sh := range s.shards {
-		for _, z := range index[sh].Val() {
-			key := s.keys[sh].pending + ":" + z.Member.(string)
-			reads[sh] = append(reads[sh], read{pipe.ZRangeWithScores(ctx, key, 0, -1), pipe.ObjectEncoding(ctx, key)})
-		}
-	}
-	if pipe.Len() > 0 {
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, nil, fmt.Errorf("read the due buckets: %w", err)
-		}
-	}
-	for sh := range out {
-		st := &out[sh]
-		st.dueSet = maps.Clone(st.due)
-		st.bucketCount = count[sh].Val()
-		for j, z := range index[sh].Val() {
-			b := mBucket{member: z.Member.(string), bound: int64(z.Score), entries: reads[sh][j].z.Val(),
-				encoding: reads[sh][j].enc.Val()}
-			st.buckets = append(st.buckets, b)
-			for _, e := range b.entries {
-				// An id in the due set and a bucket, or in two, counts
-				// once here: checkBuckets reports it.
-				st.due[e.Member.(string)] = int64(e.Score)
-			}
-		}
-	}
-	return out, ks, nil
-}
-
-// readShards reads every shard's keys but the due buckets, and the names
+// readKeyspace reads every shard's keys, and the names
 // of all keys, in one round trip.
-func readShards(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []string, error) {
+func readKeyspace(ctx context.Context, rc *redis.Client, s *Store) ([]mShard, []string, error) {
 	pipe := rc.Pipeline()
 	zs := make([][3]*redis.ZSliceCmd, s.shards)
 	hs := make([][3]*redis.MapStringStringCmd, s.shards)
@@ -359,9 +293,6 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 		}
 	}
 	for sh, st := range cur {
-		for _, err := range checkBuckets(st) {
-			bad(sh, "%v", err)
-		}
 		indexes := []map[string]int64{st.due, st.inflight, st.dead}
 		for id := range st.data {
 			n := 0
@@ -412,47 +343,6 @@ func checkInvariants(prev, cur []mShard, fx mEffects) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// checkBuckets checks the due buckets of one shard against keys.go
-// (pending): every id pending once, in the due set or one bucket; each
-// bucket non-empty, named after its bound, its entries due in its range,
-// at their value's due time, more than bucketMax + 1 of them only when
-// all are due in one ms; the count right.
-func checkBuckets(st mShard) []error {
-	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	in := map[string]string{}
-	total := 0
-	for j, b := range st.buckets {
-		if b.member != strconv.FormatInt(b.bound, 10) {
-			bad("bucket %q is not named after its bound %d", b.member, b.bound)
-		}
-		if n := len(b.entries); n == 0 || n > bucketMax+1 && b.entries[0].Score != b.entries[n-1].Score {
-			bad("bucket %q: %d entries, due from %v to %v", b.member, n, b.entries[0].Score, b.entries[n-1].Score)
-		}
-		total += len(b.entries)
-		for _, e := range b.entries {
-			m, due := e.Member.(string), int64(e.Score)
-			if was, ok := in[m]; ok {
-				bad("%q in buckets %q and %q", m, was, b.member)
-			}
-			if _, ok := st.dueSet[m]; ok {
-				bad("%q in the due set and bucket %q", m, b.member)
-			}
-			in[m] = b.member
-			if due < b.bound || j+1 < len(st.buckets) && due >= st.buckets[j+1].bound {
-				bad("%q due %d in bucket %q, out of its range", m, due, b.member)
-			}
-			if hd, ok := st.dataDue[m]; ok && hd != due {
-				bad("%q in bucket %q due %d, its value %d", m, b.member, due, hd)
-			}
-		}
-	}
-	if want := strconv.Itoa(total); st.bucketCount != want && (st.bucketCount != "" || total != 0) {
-		bad("the buckets' count is %q, they hold %d", st.bucketCount, total)
-	}
-	return errs
 }
 
 // compare checks that Redis holds exactly what the model holds, and takes
@@ -515,28 +405,13 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 		}
 		at := func(p mPlace) func(*mEntry) bool { return func(e *mEntry) bool { return e.at == p } }
 		extra(names.data, maps.Keys(st.data), func(*mEntry) bool { return true })
-		extra(names.due, maps.Keys(st.dueSet), at(mDue))
-		for _, b := range st.buckets {
-			extra(names.pending+":"+b.member, func(yield func(string) bool) {
-				for _, e := range b.entries {
-					if !yield(e.Member.(string)) {
-						return
-					}
-				}
-			}, at(mDue))
-		}
+		extra(names.due, maps.Keys(st.due), at(mDue))
 		extra(names.inflight, maps.Keys(st.inflight), at(mInflight))
 		extra(names.dead, maps.Keys(st.dead), at(mDead))
 		extra(names.attempts, maps.Keys(st.attempts), func(e *mEntry) bool { return e.counted() > 0 })
 		extra(names.errors, maps.Keys(st.errs), func(e *mEntry) bool { return e.err != "" })
 		if m.leased[sh] {
 			want = append(want, names.lease)
-		}
-		if len(st.buckets) > 0 {
-			want = append(want, names.pending)
-		}
-		if st.bucketCount != "" {
-			want = append(want, names.pending+"#")
 		}
 	}
 	slices.Sort(want)

@@ -239,10 +239,6 @@ const (
 	opFlush
 	opFault
 	opRace // replace an id while its old claim is unsettled, in one millisecond
-	// opFormat: the format the fleet writes changes (format: a daemon of
-	// format 3 joined, or left): pending envelopes go to the due set or
-	// the due buckets from now on.
-	opFormat
 )
 
 // mOp is one step. It names what to do, never a value that only a run
@@ -258,7 +254,6 @@ type mOp struct {
 	lease   int64    // claim, ms
 	bytes   int64    // claim: the byte budget, 0 for none
 	shards  []int    // claim: nil is every shard
-	whole   bool     // claim, race: by daemons writing format 4 (the due buckets)
 	seed    uint64   // settle: picks the items, their outcomes and errors
 	all     bool     // settle: every item delivered
 	retry   int64    // settle, ms
@@ -267,7 +262,6 @@ type mOp struct {
 	shard   int      // bulk, fault
 	key     int      // fault: position of the key in shardKeys.list
 	seq     int      // bulk: names its ids
-	format  int      // format: the one the store writes from now on
 	inner   *mOp     // fault: the step that must fail
 }
 
@@ -301,11 +295,7 @@ func (o mOp) String() string {
 		if o.shards != nil {
 			on = fmt.Sprintf("shards %v", o.shards)
 		}
-		form := 3
-		if o.whole {
-			form = 4
-		}
-		return fmt.Sprintf("claim by d%d of %s, batch %d, lease %dms, %d bytes, by a daemon writing format %d", o.daemon, on, o.batch, o.lease, o.bytes, form)
+		return fmt.Sprintf("claim by d%d of %s, batch %d, lease %dms, %d bytes", o.daemon, on, o.batch, o.lease, o.bytes)
 	case opSettle:
 		how := fmt.Sprintf("some items (seed %#x)", o.seed)
 		if o.all {
@@ -322,8 +312,6 @@ func (o mOp) String() string {
 		return "SCRIPT FLUSH and FUNCTION FLUSH"
 	case opFault:
 		return fmt.Sprintf("fault: shard %d key %s is a string during: %v", o.shard, mKeyNames[o.key], *o.inner)
-	case opFormat:
-		return fmt.Sprintf("the fleet writes format %d", o.format)
 	case opRace:
 		return fmt.Sprintf("race: schedule %s@past, claim by d%d (lease %dms), replace with %s@past, claim by d%d "+
 			"ending in the same ms, d%d acks its stale claim", o.items[0].data, o.daemon, o.lease+raceSlack, o.items[1].data, o.other, o.daemon)
@@ -332,7 +320,7 @@ func (o mOp) String() string {
 }
 
 // mKeyNames are the names of shardKeys.list's keys a fault may hit.
-var mKeyNames = []string{"due", "inflight", "data", "attempts", "dead", "errors", "lease", "seen", "done", "pending"}
+var mKeyNames = []string{"due", "inflight", "data", "attempts", "dead", "errors", "lease", "seen", "done"}
 
 // mGen draws the steps of one seed.
 type mGen struct {
@@ -341,12 +329,10 @@ type mGen struct {
 	seq     int
 	pool    []string
 	byShard [][]string
-	format  int // the format the fleet writes (opFormat), from FormatDueBuckets
 }
 
 func newMGen(seed uint64) *mGen {
-	g := &mGen{rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), byShard: make([][]string, modelShards),
-		format: FormatDueBuckets}
+	g := &mGen{rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), byShard: make([][]string, modelShards)}
 	g.daemons = 2 + g.rng.IntN(2)
 	for i := range modelPool {
 		id := fmt.Sprintf("i%02d", i)
@@ -373,7 +359,7 @@ func (g *mGen) next(m *mModel) mOp {
 		if g.rng.IntN(2) == 0 {
 			lease = hourMs
 		}
-		o := mOp{kind: opClaim, daemon: g.rng.IntN(g.daemons), batch: 1 + g.rng.IntN(8), lease: lease, whole: g.rng.IntN(2) == 0}
+		o := mOp{kind: opClaim, daemon: g.rng.IntN(g.daemons), batch: 1 + g.rng.IntN(8), lease: lease}
 		if g.rng.IntN(4) == 0 {
 			o.bytes = 1 + g.rng.Int64N(150) // values are 14 to 25 bytes: a few per shard
 		}
@@ -395,12 +381,7 @@ func (g *mGen) next(m *mModel) mOp {
 	case w < 94:
 		return mOp{kind: opPurge, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
 	case w < 96:
-		if g.rng.IntN(2) == 0 {
-			return mOp{kind: opFlush}
-		}
-		// A format-3 daemon joins the fleet, or leaves it.
-		g.format = FormatIntegerLeases + FormatDueBuckets - g.format
-		return mOp{kind: opFormat, format: g.format}
+		return mOp{kind: opFlush}
 	case w < 98:
 		return g.race()
 	default:
@@ -422,7 +403,7 @@ func (g *mGen) drain(m *mModel) mOp {
 			return mOp{kind: opSettle, all: true}
 		}
 	}
-	return mOp{kind: opClaim, batch: bigBatch, whole: g.rng.IntN(2) == 0}
+	return mOp{kind: opClaim, batch: bigBatch}
 }
 
 func (g *mGen) schedule(from []string, n int) mOp {
@@ -440,7 +421,7 @@ func (g *mGen) schedule(from []string, n int) mOp {
 // race draws an opRace on an id of the pool.
 func (g *mGen) race() mOp {
 	id := g.pool[g.rng.IntN(len(g.pool))]
-	o := mOp{kind: opRace, daemon: g.rng.IntN(g.daemons), other: g.rng.IntN(g.daemons), lease: hourMs, whole: g.rng.IntN(2) == 0}
+	o := mOp{kind: opRace, daemon: g.rng.IntN(g.daemons), other: g.rng.IntN(g.daemons), lease: hourMs}
 	for range 2 {
 		g.seq++
 		o.items = append(o.items, mItem{id: id, data: id + "#" + strconv.Itoa(g.seq)})
@@ -470,7 +451,7 @@ func (g *mGen) fault() mOp {
 	case 1:
 		inner = mOp{kind: opCancel, ids: g.pick(ids, 1)}
 	case 2:
-		inner = mOp{kind: opClaim, shards: []int{sh}, batch: 8, whole: g.rng.IntN(2) == 0}
+		inner = mOp{kind: opClaim, shards: []int{sh}, batch: 8}
 	case 3:
 		inner = mOp{kind: opAckIDs, ids: g.pick(ids, 2), outcome: mOutcomes[g.rng.IntN(len(mOutcomes))]}
 	case 4:

@@ -47,7 +47,7 @@ const startScanMax = 10_000
 // stored format: a daemon does not start on it before delayd migrate ran.
 var ErrMigrate = errors.New("run `delayd migrate`")
 
-// Legacy counts a namespace's data of the retired formats 1 and 2.
+// Legacy counts a namespace's data of the retired formats 1, 2 and 4.
 type Legacy struct {
 	// Bare values: envelopes without the value header (format 1).
 	Bare int64 `json:"bare_values"`
@@ -56,14 +56,17 @@ type Legacy struct {
 	Leases int64 `json:"lease_scores"`
 	// Attempts: attempts values "attempt:due:token" (format 1).
 	Attempts int64 `json:"attempts_values"`
+	// Buckets: pending envelopes in the due buckets (format 4, the
+	// builds' opt-in redis.due_buckets), not in the due set.
+	Buckets int64 `json:"due_buckets"`
 }
 
 // Total is the number of entries counted.
-func (l Legacy) Total() int64 { return l.Bare + l.Leases + l.Attempts }
+func (l Legacy) Total() int64 { return l.Bare + l.Leases + l.Attempts + l.Buckets }
 
 func (l Legacy) String() string {
 	return fmt.Sprintf("%d values without the header (format 1), %d lease scores of formats 1 and 2, "+
-		"%d attempts values of format 1", l.Bare, l.Leases, l.Attempts)
+		"%d attempts values of format 1, %d envelopes in the due buckets of format 4", l.Bare, l.Leases, l.Attempts, l.Buckets)
 }
 
 // oldAttempts matches an attempts value of format 1, "attempt:due:token":
@@ -120,7 +123,39 @@ func (s *Store) Legacy(ctx context.Context) (Legacy, error) {
 		}
 		l.Leases += n
 	}
-	return l, nil
+	var err error
+	l.Buckets, err = s.bucketed(ctx)
+	return l, err
+}
+
+// bucketed counts the entries of every shard's due buckets (keys.go,
+// pending): its index's buckets, one ZCARD each, one round trip a step.
+func (s *Store) bucketed(ctx context.Context) (int64, error) {
+	pipe := s.rdb.Pipeline()
+	index := make([]*redis.StringSliceCmd, s.shards)
+	for sh, k := range s.keys {
+		index[sh] = pipe.ZRange(ctx, k.pending, 0, -1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("store: read the due buckets: %w", err)
+	}
+	var cards []*redis.IntCmd
+	for sh, k := range s.keys {
+		for _, b := range index[sh].Val() {
+			cards = append(cards, pipe.ZCard(ctx, k.pending+":"+b))
+		}
+	}
+	if len(cards) == 0 {
+		return 0, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("store: count the due buckets: %w", err)
+	}
+	var n int64
+	for _, c := range cards {
+		n += c.Val()
+	}
+	return n, nil
 }
 
 // Schema reads the namespace's schema key: the oldest format its data
@@ -153,9 +188,29 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 		if err := s.firstSchema(ctx); err != nil {
 			return err
 		}
+	} else if err := s.noBuckets(ctx); err != nil {
+		// The builds before 0.2.0 that wrote the key could write the due
+		// buckets too (format 4 sorts after 3): one read a shard, and
+		// waited for (not final) while such a daemon lives.
+		return err
 	}
 	s.schemaOK.Store(true)
 	return nil
+}
+
+// noBuckets refuses a namespace whose due buckets (format 4, retired)
+// hold envelopes, naming delayd migrate.
+func (s *Store) noBuckets(ctx context.Context) error {
+	if err := s.olderBuildLive(ctx, true); err != nil {
+		return fmt.Errorf("%w; waiting for it", err)
+	}
+	n, err := s.bucketed(ctx)
+	if err != nil || n == 0 {
+		return err
+	}
+	return fmt.Errorf("store: namespace %q holds %d envelopes in the due buckets of the retired stored format 4 "+
+		"(redis.due_buckets of a build before 0.2.0), which this version does not read: %w once; it is safe beside "+
+		"running daemons that have redis.due_buckets off (docs/operations.md, Upgrading)", s.ns, n, ErrMigrate)
 }
 
 // firstSchema checks a namespace without the schema key, and writes the
@@ -193,7 +248,7 @@ func (s *Store) firstSchema(ctx context.Context) error {
 	// A build before format 3 that runs beside this one writes the
 	// retired formats, maybe none yet: waited for (not final), so the key
 	// is not written for it.
-	if err := s.olderBuildLive(ctx); err != nil {
+	if err := s.olderBuildLive(ctx, false); err != nil {
 		return fmt.Errorf("%w; waiting for it to stop (there is no rolling upgrade from builds before 0.2.0)", err)
 	}
 	if err := s.rdb.Set(ctx, schemaKey(s.ns), FormatIntegerLeases, 0).Err(); err != nil {
@@ -224,24 +279,27 @@ func WithMember(id string) Option {
 // another writer on the shard makes one fail, and it is read again.
 const migrateTries = 50
 
-// ErrOlderBuildLive refuses delayd migrate while a daemon of a build
-// before format 3 lives: it would go on writing the retired formats.
-var ErrOlderBuildLive = errors.New("a daemon of a build before stored format 3 is live (it announces no format, " +
-	"or an older one): stop it first (one stopped by a kill counts until its heartbeat ends, within ownership.ttl)")
+// ErrOlderBuildLive refuses delayd migrate while a daemon of a build that
+// writes a retired format lives: before format 3, or with the due buckets
+// (format 4) on.
+var ErrOlderBuildLive = errors.New("a daemon of a build that writes a retired stored format is live (it announces no format, " +
+	"one before 3, or 4, redis.due_buckets): stop it, or restart it with redis.due_buckets off, first " +
+	"(one stopped by a kill counts until its heartbeat ends, within ownership.ttl)")
 
 // Migrate moves the namespace's data of the retired formats to format 3,
 // shard by shard, and then writes the schema key: values without the
 // header are stamped with their due time (from their attempts value, else
 // their due score, else now), attempts values "attempt:due:token" become
-// the count "n" before the current lease (deleted at 0), and a lease
-// score that is an expiry in ms becomes a token of that expiry. Each
+// the count "n" before the current lease (deleted at 0), a lease score
+// that is an expiry in ms becomes a token of that expiry, and the entries
+// of the due buckets move to the due set at their due times. Each
 // entry is rewritten by an optimistic transaction that reads it again, so
 // it is safe beside daemons of builds from format 3 on, and again after
 // being cut off (it is idempotent per entry: a rewritten entry is no
 // longer found). It refuses while a daemon of an older build lives. done,
 // when not nil, is told of each shard finished. It returns what it moved.
 func (s *Store) Migrate(ctx context.Context, done func(shard int, moved Legacy)) (Legacy, error) {
-	if err := s.olderBuildLive(ctx); err != nil {
+	if err := s.olderBuildLive(ctx, false); err != nil {
 		return Legacy{}, err
 	}
 	var all Legacy
@@ -251,10 +309,12 @@ func (s *Store) Migrate(ctx context.Context, done func(shard int, moved Legacy))
 		// Values first: a bare value's due time may be in its attempts value.
 		if l.Bare, err = s.migrateValues(ctx, sh); err == nil {
 			if l.Attempts, err = s.migrateAttempts(ctx, sh); err == nil {
-				l.Leases, err = s.migrateLeases(ctx, sh)
+				if l.Leases, err = s.migrateLeases(ctx, sh); err == nil {
+					l.Buckets, err = s.migrateBuckets(ctx, sh)
+				}
 			}
 		}
-		all.Bare, all.Attempts, all.Leases = all.Bare+l.Bare, all.Attempts+l.Attempts, all.Leases+l.Leases
+		all.Bare, all.Attempts, all.Leases, all.Buckets = all.Bare+l.Bare, all.Attempts+l.Attempts, all.Leases+l.Leases, all.Buckets+l.Buckets
 		if err != nil {
 			return all, fmt.Errorf("store: migrate shard %d: %w", sh, err)
 		}
@@ -269,8 +329,14 @@ func (s *Store) Migrate(ctx context.Context, done func(shard int, moved Legacy))
 }
 
 // olderBuildLive returns ErrOlderBuildLive when a live member announces no
-// format, or a live announcement is of a format before 3.
-func (s *Store) olderBuildLive(ctx context.Context) error {
+// format, or a live announcement is of a format before 3, or of the due
+// buckets (4): a daemon with redis.due_buckets on, which writes them once
+// every live daemon does. With announcedOnly, a live member that
+// announces nothing (a peer of this version between its first heartbeat
+// and its announcement, or one killed whose announcement ended first) is
+// not counted: the check of every start, where only the due buckets'
+// writers matter, must not wait for such a peer.
+func (s *Store) olderBuildLive(ctx context.Context, announcedOnly bool) error {
 	// Redis' time, as the expiries are: a host whose clock runs ahead
 	// would take live daemons for gone.
 	t, err := s.rdb.Time(ctx).Result()
@@ -292,13 +358,13 @@ func (s *Store) olderBuildLive(ctx context.Context) error {
 		if id == s.self {
 			continue
 		}
-		if n, err := strconv.Atoi(f); err == nil && n < FormatIntegerLeases {
+		if n, err := strconv.Atoi(f); err == nil && (n < FormatIntegerLeases || n == FormatDueBuckets) {
 			return fmt.Errorf("store: %w (%s announces format %d)", ErrOlderBuildLive, id, n)
 		}
 		announced[id] = true
 	}
 	for _, m := range members {
-		if !announced[m] && m != s.self {
+		if !announcedOnly && !announced[m] && m != s.self {
 			return fmt.Errorf("store: %w (%s)", ErrOlderBuildLive, m)
 		}
 	}
@@ -470,5 +536,44 @@ func (s *Store) migrateLeases(ctx context.Context, sh int) (int64, error) {
 			return moved, err
 		}
 		moved += int64(n)
+	}
+}
+
+// migrateBuckets moves the shard's due buckets (format 4) into the due
+// set, a bucket at a time: its entries at their due times (an id in the
+// due set already, which a script cut part-way could leave, keeps that
+// entry), then the bucket and its index entry go; the index's count last.
+func (s *Store) migrateBuckets(ctx context.Context, sh int) (int64, error) {
+	k := s.keys[sh]
+	var moved int64
+	for {
+		bs, err := s.rdb.ZRange(ctx, k.pending, 0, 99).Result()
+		if err != nil {
+			return moved, err
+		}
+		if len(bs) == 0 {
+			return moved, s.rdb.Del(ctx, k.pending+"#").Err()
+		}
+		for _, b := range bs {
+			key, n := k.pending+":"+b, 0
+			err := s.rewrite(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
+				zs, err := tx.ZRangeWithScores(ctx, key, 0, -1).Result()
+				if err != nil {
+					return nil, err
+				}
+				n = len(zs)
+				return func(p redis.Pipeliner) {
+					if len(zs) > 0 {
+						p.ZAddNX(ctx, k.due, zs...)
+					}
+					p.Del(ctx, key)
+					p.ZRem(ctx, k.pending, b)
+				}, nil
+			}, key, k.pending)
+			if err != nil {
+				return moved, err
+			}
+			moved += int64(n)
+		}
 	}
 }

@@ -193,6 +193,21 @@ func TestMigrateWaitsForOlderBuilds(t *testing.T) {
 		t.Fatalf("a refused migrate moved something: %+v", l)
 	}
 	s.rdb.ZRem(ctx, formatsKey("t"), "2:two")
+	// A daemon with redis.due_buckets on (it announces format 4) may write
+	// the due buckets still: migrate and a start wait for it.
+	if _, err := s.rdb.ZAdd(ctx, formatsKey("t"), redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "4:four"}).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Migrate(ctx, nil); !errors.Is(err, ErrOlderBuildLive) || !strings.Contains(err.Error(), "format 4") {
+		t.Fatalf("migrate beside a daemon writing the due buckets: %v", err)
+	}
+	if err := s.rdb.Set(ctx, schemaKey("t"), FormatIntegerLeases, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckSchema(ctx); !errors.Is(err, ErrOlderBuildLive) || errors.Is(err, ErrMigrate) {
+		t.Fatalf("a start beside a daemon writing the due buckets: %v, want ErrOlderBuildLive (not final)", err)
+	}
+	s.rdb.ZRem(ctx, formatsKey("t"), "4:four")
 	migrate(t, s, Legacy{Bare: 1})
 }
 
@@ -275,7 +290,8 @@ func TestCheckSchema(t *testing.T) {
 // TestMigrateUnderClusterAndACL: under Redis Cluster, as the ACL user of
 // docs/security.md, delayd migrate needs +@transaction (WATCH, MULTI,
 // EXEC), as the docs say; granted it, it moves the retired formats of
-// every shard (each its own slot), and a start then finds the key.
+// every shard (each its own slot; the due buckets' keys too, which the
+// ACL pattern covers), and a start then finds the key.
 func TestMigrateUnderClusterAndACL(t *testing.T) {
 	t.Parallel()
 	cl := testutil.StartRedisCluster(t)
@@ -307,6 +323,10 @@ func TestMigrateUnderClusterAndACL(t *testing.T) {
 		putOld(t, s, id, bareValue, "inflight", gone+0.25, "2:1500:tok")
 		want.Bare, want.Leases, want.Attempts = want.Bare+1, want.Leases+1, want.Attempts+1
 	}
+	for i := range 6 {
+		putBucketed(t, s, fmt.Sprint("mb", i), 2000, 2000)
+		want.Buckets++
+	}
 	if err := s.CheckSchema(ctx); !errors.Is(err, ErrMigrate) {
 		t.Fatalf("CheckSchema: %v, want ErrMigrate", err)
 	}
@@ -322,6 +342,11 @@ func TestMigrateUnderClusterAndACL(t *testing.T) {
 	for i := range 12 {
 		if c := got[fmt.Sprint("m", i)]; c.DueMs != 1500 || c.Attempt != 3 {
 			t.Fatalf("m%d: claimed %+v, want due 1500, attempt 3", i, c)
+		}
+	}
+	for i := range 6 {
+		if c := got[fmt.Sprint("mb", i)]; c.DueMs != 2000 || c.Attempt != 1 {
+			t.Fatalf("mb%d: claimed %+v, want due 2000, attempt 1", i, c)
 		}
 	}
 	mustBeConsistent(t, s)
@@ -359,5 +384,67 @@ func TestFirstSchemaWaitsForOlderBuilds(t *testing.T) {
 	}
 	if err := o.CheckSchema(ctx); err != nil {
 		t.Fatalf("once the older build left: %v", err)
+	}
+}
+
+// putBucketed writes id as the retired due buckets (format 4) laid it out,
+// with redis commands: its value with the header in data, and an entry in
+// the shard's bucket that starts at bound, indexed, and counted.
+func putBucketed(t *testing.T, s *Store, id string, due, bound int64) {
+	t.Helper()
+	ctx := context.Background()
+	k := s.keys[s.Shard(id)]
+	b := strconv.FormatInt(bound, 10)
+	for _, err := range []error{
+		s.rdb.HSet(ctx, k.data, id, stampValue(valueMark, due, 0, enc("b:"+id))).Err(),
+		s.rdb.ZAdd(ctx, k.pending, redis.Z{Score: float64(bound), Member: b}).Err(),
+		s.rdb.ZAdd(ctx, k.pending+":"+b, redis.Z{Score: float64(due), Member: id}).Err(),
+		s.rdb.IncrBy(ctx, k.pending+"#", 1).Err(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestMigrateDueBuckets: envelopes in the due buckets of the retired
+// format 4 (redis.due_buckets of builds before 0.2.0) keep a start from
+// going on even where the schema key says format 3 (those builds wrote
+// it), are named by Legacy, and Migrate moves them to the due set at their
+// due times: due ones are claimed, later ones wait, and nothing of the
+// buckets is left.
+func TestMigrateDueBuckets(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	later := time.Now().Add(time.Hour).UnixMilli()
+	putBucketed(t, s, "b-due", 1000, 1000)
+	putBucketed(t, s, "b-due2", 1500, 1000)
+	putBucketed(t, s, "b-later", later, later-5)
+	schedule(t, s, Item{ID: "set", Absolute: true, AtMicros: 2_000_000, Data: enc("s")})
+	if err := s.rdb.Set(ctx, schemaKey(s.ns), FormatIntegerLeases, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := s.Legacy(ctx); err != nil || l != (Legacy{Buckets: 3}) {
+		t.Fatalf("Legacy: %+v, %v", l, err)
+	}
+	if err := s.CheckSchema(ctx); !errors.Is(err, ErrMigrate) || !strings.Contains(err.Error(), "due buckets") {
+		t.Fatalf("CheckSchema on due buckets: %v, want ErrMigrate naming them", err)
+	}
+	migrate(t, s, Legacy{Buckets: 3})
+	migrate(t, s, Legacy{})
+	if err := s.CheckSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := r.Client().Keys(ctx, "*pending*").Val(); len(keys) != 0 {
+		t.Fatalf("left of the buckets: %v", keys)
+	}
+	mustBeConsistent(t, s)
+	got := claimAll(t, s, time.Minute)
+	if len(got) != 3 || got["b-due"].DueMs != 1000 || got["b-due2"].DueMs != 1500 || got["set"].DueMs != 2000 {
+		t.Fatalf("claimed %+v, want b-due, b-due2 and set at their due times", got)
+	}
+	if e, err := s.Get(ctx, "b-later"); err != nil || e.State != StatePending || e.DueMs != later {
+		t.Fatalf("b-later: %+v, %v", e, err)
 	}
 }

@@ -15,7 +15,7 @@ import (
 // named structs, encoded and decoded there and nowhere else: a change of a
 // script's arguments or reply changes that file and its callers' fields. The shard scripts share a prelude
 // (lua/prelude.lua): key type checks, chunked commands, the value header,
-// the attempts values, and the due buckets.
+// and the attempts values.
 
 //go:embed lua/prelude.lua
 var prelude string
@@ -179,7 +179,7 @@ func (s *Store) send(ctx context.Context, sc *script, calls []call, fences []str
 
 // keyKinds are the types of a shard's keys in KEYS order (keys.go, list),
 // as lua/prelude.lua's kinds.
-var keyKinds = [...]string{"zset", "zset", "hash", "hash", "zset", "hash", "hash", "zset", "zset", "zset"}
+var keyKinds = [...]string{"zset", "zset", "hash", "hash", "zset", "hash", "hash", "zset", "zset"}
 
 // wrongTypeError is a shard script's failure on a key of the wrong type,
 // before any write: an error reply of Redis, so classify counts it not

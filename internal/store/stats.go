@@ -5,11 +5,8 @@ package store
 // lease forms it holds (for delayd doctor and the upgrade notes).
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -37,45 +34,22 @@ func (s *Store) Stats(ctx context.Context, shards ...int) ([]ShardStats, int64, 
 	pipe := s.rdb.Pipeline()
 	type cmds struct {
 		p, i, d *redis.IntCmd
-		b       *redis.StringCmd
 		next    *redis.ZSliceCmd
-		first   *redis.StringSliceCmd
 	}
 	cs := make([]cmds, len(shards))
 	for j, sh := range shards {
 		k := s.keys[sh]
-		cs[j] = cmds{pipe.ZCard(ctx, k.due), pipe.ZCard(ctx, k.inflight), pipe.ZCard(ctx, k.dead),
-			pipe.Get(ctx, k.pending+"#"), pipe.ZRangeWithScores(ctx, k.due, 0, 0), pipe.ZRange(ctx, k.pending, 0, 0)}
+		cs[j] = cmds{pipe.ZCard(ctx, k.due), pipe.ZCard(ctx, k.inflight), pipe.ZCard(ctx, k.dead), pipe.ZRangeWithScores(ctx, k.due, 0, 0)}
 	}
 	now := pipe.Time(ctx)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, 0, fmt.Errorf("store: stats: %w", err)
-	}
-	// The earliest entry of the due buckets is the first bucket's first.
-	pipe = s.rdb.Pipeline()
-	firsts := make([]*redis.ZSliceCmd, len(shards))
-	for j, c := range cs {
-		if m := c.first.Val(); len(m) > 0 {
-			firsts[j] = pipe.ZRangeWithScores(ctx, s.keys[shards[j]].pending+":"+m[0], 0, 0)
-		}
-	}
-	if pipe.Len() > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, 0, fmt.Errorf("store: stats: %w", err)
-		}
 	}
 	out := make([]ShardStats, len(shards))
 	for j, c := range cs {
-		b, _ := c.b.Int64()
-		out[j] = ShardStats{Shard: shards[j], Counts: Counts{Pending: c.p.Val() + max(b, 0), Inflight: c.i.Val(), Dead: c.d.Val()},
-			NextDueMs: -1}
+		out[j] = ShardStats{Shard: shards[j], Counts: Counts{Pending: c.p.Val(), Inflight: c.i.Val(), Dead: c.d.Val()}, NextDueMs: -1}
 		if z := c.next.Val(); len(z) > 0 {
 			out[j].NextDueMs = int64(z[0].Score)
-		}
-		if firsts[j] != nil {
-			if z := firsts[j].Val(); len(z) > 0 && (out[j].NextDueMs < 0 || int64(z[0].Score) < out[j].NextDueMs) {
-				out[j].NextDueMs = int64(z[0].Score)
-			}
 		}
 	}
 	return out, now.Val().UnixMilli(), nil
@@ -132,10 +106,6 @@ func (s *Store) DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error)
 			cmds[sh][b] = pipe.ZCount(ctx, k.due, lo, hi)
 		}
 	}
-	bounds := make([]*redis.ZSliceCmd, s.shards)
-	for sh, k := range s.keys {
-		bounds[sh] = pipe.ZRangeWithScores(ctx, k.pending, 0, -1)
-	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("store: due counts: %w", err)
 	}
@@ -144,57 +114,6 @@ func (s *Store) DueCounts(ctx context.Context, edgesMs []int64) ([]int64, error)
 		for b, c := range cs {
 			out[b] += c.Val()
 		}
-	}
-	// The due buckets: a bucket's entries lie from its bound (the first's
-	// from -inf) up to the next one's; one ZCARD for a bucket inside a
-	// histogram bin, a ZCOUNT per bin for one across an edge.
-	bin := func(ms float64) int {
-		b, _ := slices.BinarySearchFunc(edgesMs, ms, func(e int64, t float64) int { return cmp.Compare(float64(e), t) })
-		if b < len(edgesMs) && float64(edgesMs[b]) == ms {
-			b++
-		}
-		return b
-	}
-	pipe = s.rdb.Pipeline()
-	type part struct {
-		bin int
-		c   *redis.IntCmd
-	}
-	var parts []part
-	for sh, bc := range bounds {
-		zs := bc.Val()
-		for i, z := range zs {
-			key := s.keys[sh].pending + ":" + z.Member.(string)
-			lo, hi := 0, len(edgesMs)
-			if i > 0 {
-				lo = bin(z.Score)
-			}
-			if i+1 < len(zs) {
-				hi = bin(zs[i+1].Score)
-			}
-			if lo == hi {
-				parts = append(parts, part{lo, pipe.ZCard(ctx, key)})
-				continue
-			}
-			for b := lo; b <= hi; b++ {
-				min, max := "-inf", "+inf"
-				if b > 0 {
-					min = strconv.FormatInt(edgesMs[b-1], 10)
-				}
-				if b < len(edgesMs) {
-					max = "(" + strconv.FormatInt(edgesMs[b], 10)
-				}
-				parts = append(parts, part{b, pipe.ZCount(ctx, key, min, max)})
-			}
-		}
-	}
-	if len(parts) > 0 {
-		if _, err := pipe.Exec(ctx); err != nil {
-			return nil, fmt.Errorf("store: due counts: %w", err)
-		}
-	}
-	for _, p := range parts {
-		out[p.bin] += p.c.Val()
 	}
 	return out, nil
 }

@@ -67,10 +67,9 @@ type Store struct {
 type Option func(*Store)
 
 // WithNewestFormat makes the store announce that it reads formats up to f
-// (FormatIntegerLeases, FormatDueBuckets, or one more, which only tests
-// define) and write f once every live daemon reads it: it stands in for
-// an older or the next version in tests of mixed fleets. (Whatever f, the
-// scripts read both the due set and the due buckets.)
+// (FormatIntegerLeases, or formatNext, which only tests define) and write
+// f once every live daemon reads it: it stands in for the next version in
+// tests of mixed fleets.
 func WithNewestFormat(f int) Option {
 	return func(s *Store) { s.newest = min(max(f, FormatIntegerLeases), formatNext) }
 }
@@ -211,13 +210,13 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]Scheduled, []erro
 	byShard := map[int]int{} // shard → call
 	slots := map[int]int{}   // shard → KEYS offset in its call
 	write := int(s.write.Load())
-	mark, buckets := markOf(write), write >= FormatDueBuckets
+	mark := markOf(write)
 	for i, it := range items {
 		sh := s.Shard(it.ID)
 		ci, ok := byShard[sh]
 		if !ok {
 			if s.cluster || len(calls) == 0 {
-				c := scheduleArgs{mark: mark, buckets: buckets, seenForMs: s.seenFor.Milliseconds(), resendsMs: s.resends.Milliseconds()}
+				c := scheduleArgs{mark: mark, seenForMs: s.seenFor.Milliseconds(), resendsMs: s.resends.Milliseconds()}
 				if !s.cluster {
 					// Sized for the whole batch when one call takes it all (a
 					// single Redis); a Cluster's call per shard grows as needed.

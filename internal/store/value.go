@@ -55,12 +55,13 @@ const (
 	// instead of the lease expiry plus a fraction: the oldest format this
 	// version reads.
 	FormatIntegerLeases = 3
-	// FormatDueBuckets keeps format 3's values and lease
-	// scores, and indexes newly pending envelopes in the due buckets
-	// (keys.go, pending) instead of the due set. Every daemon of this
-	// version reads both indexes; it announces and writes format 4 only
-	// with redis.due_buckets (WithNewestFormat): the buckets take less
-	// memory and more Redis work.
+	// FormatDueBuckets kept format 3's values and lease scores, and
+	// indexed pending envelopes in small sorted sets, the due buckets
+	// (keys.go, pending), written by builds before 0.2.0 with their opt-in
+	// redis.due_buckets. Retired: less memory than the due set, but more
+	// Redis work per schedule and claim, and a second index every script
+	// had to merge (docs/BENCHMARKS.md); a daemon refuses to start on data
+	// that holds them, and delayd migrate moves them to the due set.
 	FormatDueBuckets = 4
 	// formatNext stands in for a future format in tests of mixed-version
 	// fleets (WithNewestFormat): format 3's layout under marks 0xF2, 0xF3.
@@ -68,11 +69,11 @@ const (
 )
 
 // newestFormat is the newest format this version announces and writes
-// by default (WithNewestFormat raises it to FormatDueBuckets).
+// (tests raise it with WithNewestFormat).
 const newestFormat = FormatIntegerLeases
 
 // formatOf is the stored format of a value: for the header that formats 2
-// to 4 share, 3, the oldest this version reads.
+// to 4 share, 3, the one this version reads.
 func formatOf(v string) int {
 	if len(v) == 0 || v[0] < valueMark {
 		return FormatBare

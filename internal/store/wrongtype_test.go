@@ -17,7 +17,7 @@ import (
 )
 
 // keyNames are the shard keys in KEYS order (keys.go, list).
-var keyNames = []string{"due", "inflight", "data", "attempts", "dead", "errors", "lease", "seen", "done", "pending"}
+var keyNames = []string{"due", "inflight", "data", "attempts", "dead", "errors", "lease", "seen", "done"}
 
 // wrongTypeCase is one script operation as the test runs it: prepare (may
 // be nil) runs before the key is broken, run is the call under test, on
@@ -39,8 +39,7 @@ type wrongTypeCase struct {
 }
 
 // wrongTypeFixture is a namespace of two shards with envelopes in every
-// place a script reads: in the due set and the due buckets (pending and
-// due), an expired lease, a series, a dead envelope with its error and
+// place a script reads: in the due set, an expired lease, a series, a dead envelope with its error and
 // attempts, a tombstone and a remembered stream message, in each shard.
 type wrongTypeFixture struct {
 	s      *Store
@@ -105,7 +104,6 @@ func newWrongTypeFixture(t *testing.T, r *testutil.Redis) *wrongTypeFixture {
 	schedule(t, s, both(func(sh int) Item {
 		return Item{ID: id(sh, "ser"), Absolute: true, AtMicros: 3000, Series: true, Data: enc("r")}
 	})...)
-	s.write.Store(FormatDueBuckets)
 	schedule(t, s, both(func(sh int) Item { return Item{ID: id(sh, "bkt"), DelayMicros: hour, Data: enc("b")} })...)
 	schedule(t, s, both(past("bktdue", 4))...)
 	time.Sleep(5 * time.Millisecond) // the expired leases
@@ -160,7 +158,7 @@ func wrongTypeCases() []wrongTypeCase {
 				// New, with a stream message and a fingerprint.
 				Item{ID: id["new"], DelayMicros: 1000, StreamMsg: "n" + strconv.Itoa(sh), Request: wrongTypeFp, Data: enc("n")},
 				// Replaces: of a dead one (attempts, errors), a leased
-				// one, one in a bucket.
+				// one, a pending one.
 				Item{ID: id["dead"], DelayMicros: 2000, Data: enc("d")},
 				Item{ID: id["exp"], DelayMicros: 2000, Data: enc("e")},
 				Item{ID: id["bkt"], DelayMicros: 2000, Data: enc("b")},
@@ -187,24 +185,16 @@ func wrongTypeCases() []wrongTypeCase {
 		}
 		return scheduleItems(f, items)
 	}
-	noBuckets := func(_ *testing.T, f *wrongTypeFixture) { f.s.write.Store(FormatIntegerLeases) }
 	return []wrongTypeCase{
-		{name: "schedule", touches: []string{"due", "inflight", "data", "attempts", "dead", "errors", "seen", "done", "pending"},
-			prepare: noBuckets, run: scheduleRun},
-		{name: "schedule/buckets", touches: []string{"due", "inflight", "data", "attempts", "dead", "errors", "seen", "done", "pending"},
-			run: scheduleRun},
-		{name: "schedule/few", touches: []string{"due", "inflight", "data", "attempts", "dead", "errors", "seen", "done", "pending"},
-			prepare: noBuckets, run: scheduleFew},
-		{name: "schedule/few/buckets", touches: []string{"due", "inflight", "data", "attempts", "dead", "errors", "seen", "done", "pending"},
-			run: scheduleFew},
-		{name: "schedule/new", touches: []string{"due", "data", "seen", "done"}, prepare: noBuckets, run: scheduleNew},
-		{name: "schedule/new/buckets", touches: []string{"data", "seen", "done", "pending"}, run: scheduleNew},
-		{name: "cancel", oneShard: true, callPerShard: true, touches: []string{"due", "inflight", "data", "attempts", "dead", "errors", "pending"},
+		{name: "schedule", touches: []string{"due", "inflight", "data", "attempts", "dead", "errors", "seen", "done"}, run: scheduleRun},
+		{name: "schedule/few", touches: []string{"due", "inflight", "data", "attempts", "dead", "errors", "seen", "done"}, run: scheduleFew},
+		{name: "schedule/new", touches: []string{"due", "data", "seen", "done"}, run: scheduleNew},
+		{name: "cancel", oneShard: true, callPerShard: true, touches: []string{"due", "inflight", "data", "attempts", "dead", "errors"},
 			run: func(f *wrongTypeFixture, sh int) error {
 				_, err := f.s.Cancel(context.Background(), f.ids[sh]["bkt"])
 				return err
 			}},
-		{name: "cancel/leased", oneShard: true, callPerShard: true, touches: []string{"due", "inflight", "data", "attempts", "dead", "errors", "pending"},
+		{name: "cancel/leased", oneShard: true, callPerShard: true, touches: []string{"due", "inflight", "data", "attempts", "dead", "errors"},
 			run: func(f *wrongTypeFixture, sh int) error {
 				_, err := f.s.Cancel(context.Background(), f.ids[sh]["exp"])
 				return err
@@ -214,12 +204,12 @@ func wrongTypeCases() []wrongTypeCase {
 				_, err := f.s.Purge(context.Background(), all(f, "dead"))
 				return err
 			}},
-		{name: "claim", callPerShard: true, touches: []string{"due", "inflight", "data", "attempts", "lease", "pending"},
+		{name: "claim", callPerShard: true, touches: []string{"due", "inflight", "data", "attempts", "lease"},
 			run: func(f *wrongTypeFixture, _ int) error {
 				_, err := f.s.Claim(context.Background(), []int{0, 1}, ClaimOptions{Batch: 100, Lease: time.Minute})
 				return err
 			}},
-		{name: "claim/expired-only", callPerShard: true, touches: []string{"due", "inflight", "data", "attempts", "lease", "pending"},
+		{name: "claim/expired-only", callPerShard: true, touches: []string{"due", "inflight", "data", "attempts", "lease"},
 			run: func(f *wrongTypeFixture, _ int) error {
 				_, err := f.s.Claim(context.Background(), []int{0, 1}, ClaimOptions{Batch: 1, Lease: time.Minute})
 				return err

@@ -5,12 +5,12 @@
 -- already be out: it was claimed, or an earlier attempt was counted (a
 -- publish that failed unconfirmed may still arrive).
 -- Allowed over maxmemory: cancelling frees memory.
-local due, inflight, data, attempts, dead, errors, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[10]
+local due, inflight, data, attempts, dead, errors = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 local deadOnly = ARGV[1] == ''
 local first = 1
 if deadOnly then first = 2 end
-local out, gone, found, inBucket = {}, {}, {}, {}
+local out, gone, found = {}, {}, {}
 for i = first, #ARGV do
   local id = ARGV[i]
   local r = 0
@@ -19,24 +19,15 @@ for i = first, #ARGV do
     r = 1
     if redis.call('ZSCORE', inflight, id) or attemptsOf(redis.call('HGET', attempts, id)) > 0 then r = 2 end
     gone[#gone+1] = id
-    if not deadOnly then
-      -- Pending in a bucket (prelude), found by its due time.
-      local m = bucketed(pending, redis.call('HGET', data, id), id)
-      if m then
-        inBucket[m] = inBucket[m] or {}
-        table.insert(inBucket[m], id)
-      end
-    end
   end
   out[#out+1] = r
 end
 -- Indexes first, data last: a cut leaves data without an index (which
 -- Check reports) rather than a cancelled envelope that is still due.
 if #gone > 0 then
-  -- data and inflight were read (and dead by a purge, pending for an id
-  -- in a bucket); the others may only be written.
+  -- data and inflight were read (and dead by a purge); the others may
+  -- only be written.
   checkKeys(0, 'due', 'attempts', 'dead', 'errors')
-  for m, ids in pairs(inBucket) do bucketRemove(pending, m, ids) end
   chunks('ZREM', due, gone)
   chunks('ZREM', inflight, gone)
   chunks('ZREM', dead, gone)
@@ -44,5 +35,4 @@ if #gone > 0 then
   chunks('HDEL', errors, gone)
   chunks('HDEL', data, gone)
 end
-countBuckets()
 return out

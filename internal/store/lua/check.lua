@@ -4,16 +4,14 @@
 -- between calls.
 -- ARGV[1] phase: "data" (scan data: each id indexed exactly once), the
 -- name of a set or hash whose members must have data (due, inflight,
--- dead, attempts, errors), or "pending" (the due buckets, prelude: their
--- members must have data, and their count be right); ARGV[2] the SCAN
+-- dead, attempts, errors); ARGV[2] the SCAN
 -- cursor; ARGV[3] the page size; ARGV[4] "1" to repair what it finds.
 -- Repairs: data without an index is due now (delivered rather than lost);
--- an id in several indexes keeps the first of inflight, due, its bucket,
--- dead; index, attempts and errors entries without data are dropped, and
--- a count of the buckets' entries that is off is set right.
+-- an id in several indexes keeps the first of inflight, due, dead; index,
+-- attempts and errors entries without data are dropped.
 -- Returns {next cursor, then kind, count pairs}.
 -- Allowed over maxmemory.
-local due, inflight, data, attempts, dead, errors, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[10]
+local due, inflight, data, attempts, dead, errors = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 -- members: per phase, its key, the key's type and the kind of what it
 -- finds (the kind of an attempts entry without data keeps an older name).
@@ -27,7 +25,7 @@ local members = {
 
 -- Every key is checked: check is no hot path, and its repairs follow
 -- reads of other ids.
-checkKeys(0, 'due', 'inflight', 'data', 'attempts', 'dead', 'errors', 'lease', 'seen', 'done', 'pending')
+checkKeys(0, 'due', 'inflight', 'data', 'attempts', 'dead', 'errors', 'lease', 'seen', 'done')
 local now = nowMs()
 local phase, repair = ARGV[1], ARGV[4] == '1'
 local found = {}
@@ -41,8 +39,7 @@ if phase == 'data' then
     local inf = redis.call('ZSCORE', inflight, id)
     local due_ = redis.call('ZSCORE', due, id)
     local gone = redis.call('ZSCORE', dead, id)
-    local b = bucketed(pending, r[2][i+1], id)
-    local n = (inf and 1 or 0) + (due_ and 1 or 0) + (b and 1 or 0) + (gone and 1 or 0)
+    local n = (inf and 1 or 0) + (due_ and 1 or 0) + (gone and 1 or 0)
     if n == 0 then
       add('unindexed_data', 1)
       if repair then redis.call('ZADD', due, now, id) end
@@ -50,8 +47,7 @@ if phase == 'data' then
       add('multiply_indexed', 1)
       if repair then
         if inf then redis.call('ZREM', due, id) end
-        if b and (inf or due_) then bucketRemove(pending, b, {id}) end
-        if inf or due_ or b then redis.call('ZREM', dead, id) end
+        if inf or due_ then redis.call('ZREM', dead, id) end
       end
     end
     if inf and not isToken(inf) then
@@ -59,37 +55,6 @@ if phase == 'data' then
       -- next claim re-leases it: report only.
       add('inflight_without_claim', 1)
     end
-  end
-elseif phase == 'pending' then
-  -- A page of buckets: the cursor is the index rank to go on from. The
-  -- last page recounts every bucket's entries at once, against the count.
-  local rank = tonumber(ARGV[2]) or 0
-  local bs = redis.call('ZRANGE', pending, rank, rank + tonumber(ARGV[3]) - 1)
-  for _, m in ipairs(bs) do
-    local ids = redis.call('ZRANGE', pending .. ':' .. m, 0, -1)
-    local vals = hmget(data, ids)
-    local drop = {}
-    for j = 1, #ids do
-      if not vals[j] then drop[#drop+1] = ids[j] end
-    end
-    if #drop > 0 then
-      add('due_without_data', #drop)
-      if repair then bucketRemove(pending, m, drop) end
-    end
-  end
-  if repair then countBuckets() end
-  if #bs < tonumber(ARGV[3]) then
-    out = {'0'}
-    local n = 0
-    for _, m in ipairs(redis.call('ZRANGE', pending, 0, -1)) do
-      n = n + redis.call('ZCARD', pending .. ':' .. m)
-    end
-    if tonumber(redis.call('GET', pending .. '#') or '0') ~= n then
-      add('miscounted_pending', 1)
-      if repair then redis.call('SET', pending .. '#', n) end
-    end
-  else
-    out = {tostring(rank + #bs)}
   end
 else
   local m = members[phase]
@@ -112,8 +77,6 @@ else
     end
   end
 end
--- Repairs that removed bucket entries keep the count (the data phase's).
-countBuckets()
 for kind, n in pairs(found) do
   out[#out+1] = kind
   out[#out+1] = n

@@ -28,67 +28,7 @@
 -- keys.go). "now" is in µs so the scanner can time its next wake-up to
 -- better than a millisecond.
 -- Allowed over maxmemory: delivering is what frees memory.
-local due, inflight, data, attempts, lease, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[10]
-
--- ready returns up to max ids due at now, in (due, id) order, from the due
--- set and the buckets (prelude), and per id its bucket's member (false for
--- the due set). Buckets are read while their bound is due; only the last
--- one read can hold entries not due yet: every bucket before it ends at
--- the next one's bound, which is due. Scores are read only to merge with
--- the due set, when it has due ids too: Redis formats each as a float.
-local function ready(now, max, buckets)
-  local nowS = ms(now)
-  local fromSet = redis.call('ZRANGEBYSCORE', due, '-inf', nowS, 'LIMIT', '0', ms(max))
-  if not buckets then return fromSet, {} end
-  local bs = redis.call('ZRANGEBYSCORE', pending, '-inf', nowS, 'LIMIT', '0', '16')
-  if #bs == 0 then return fromSet, {} end
-  local merge = #fromSet > 0
-  if merge then
-    fromSet = redis.call('ZRANGEBYSCORE', due, '-inf', nowS, 'WITHSCORES', 'LIMIT', '0', ms(max))
-  end
-  local ids, from, scores = {}, {}, {}
-  local got, page = 0, 0
-  while got < max do
-    if page > 0 then bs = redis.call('ZRANGEBYSCORE', pending, '-inf', nowS, 'LIMIT', ms(page), '16') end
-    for j = 1, #bs do
-      local key = pending .. ':' .. bs[j]
-      if merge then
-        local r = redis.call('ZRANGEBYSCORE', key, '-inf', nowS, 'WITHSCORES', 'LIMIT', '0', ms(max - got))
-        for x = 1, #r, 2 do
-          ids[#ids+1], scores[#scores+1], from[#from+1] = r[x], tonumber(r[x+1]), bs[j]
-        end
-      else
-        local r = redis.call('ZRANGEBYSCORE', key, '-inf', nowS, 'LIMIT', '0', ms(max - got))
-        for x = 1, #r do
-          ids[#ids+1], from[#from+1] = r[x], bs[j]
-        end
-      end
-      got = #ids
-      if got >= max then break end
-    end
-    if #bs < 16 then break end
-    page = page + 16
-  end
-  if not merge then return ids, from end
-  -- Both: merged, the earliest max.
-  local mi, mf = {}, {}
-  local a, b = 1, 1
-  while #mi < max and (a <= #fromSet or b <= #ids) do
-    local takeSet = b > #ids
-    if not takeSet and a <= #fromSet then
-      local sa = tonumber(fromSet[a+1])
-      takeSet = sa < scores[b] or (sa == scores[b] and before(fromSet[a], ids[b]))
-    end
-    if takeSet then
-      mi[#mi+1], mf[#mf+1] = fromSet[a], false
-      a = a + 2
-    else
-      mi[#mi+1], mf[#mf+1] = ids[b], from[b]
-      b = b + 1
-    end
-  end
-  return mi, mf
-end
+local due, inflight, data, attempts, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]
 
 -- leaseToken takes the token of a claim at now with a lease of length ms
 -- (a string) and hint k (1..991): see the lease key in keys.go. It is
@@ -204,8 +144,8 @@ local function take(ids, expired, budget, oversize, sizeAll)
 end
 
 -- Every key is read before the first write (prelude), the lease key's
--- token: inflight, pending and due (or, when expired leases fill the
--- claim, due's type checked), data and attempts.
+-- token: inflight and due (or, when expired leases fill the claim, due's
+-- type checked), data and attempts.
 local now, nowus = nowMs()
 local max = tonumber(ARGV[1])
 local known = tonumber(ARGV[4])
@@ -213,16 +153,9 @@ local out = {nowus, -1, -1, 0, 0, '', 0, 0, 0}
 -- Expired leases: tokens at or below now x 1000.
 local ids = redis.call('ZRANGEBYSCORE', inflight, '-inf', ms(now * 1000), 'LIMIT', '0', ms(max))
 local expired = #ids
--- first: the first due bucket (nil for none: a fleet that writes an older
--- format has none, and this is all it pays for them).
-local first = redis.call('ZRANGE', pending, '0', '0')[1]
--- bucketOfId: the bucket of each due id taken from one (prelude).
-local bucketOfId = {}
 if expired < max then
-  local more, from = ready(now, max - expired, first ~= nil)
-  for i = 1, #more do
-    ids[#ids+1] = more[i]
-    if from[i] then bucketOfId[more[i]] = from[i] end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', ms(now), 'LIMIT', '0', ms(max - expired))) do
+    ids[#ids+1] = id
   end
 else
   checkKeys(0, 'due')
@@ -251,7 +184,7 @@ if #ids > 0 then
       later[#later+1] = id
       if j <= expired then unleased[#unleased+1] = id end
     else
-      if j > expired and not bucketOfId[id] then taken[#taken+1] = id end
+      if j > expired then taken[#taken+1] = id end
       if v then
         local n, b = attemptsOf(prevs[j])
         if j <= expired then
@@ -276,19 +209,6 @@ if #ids > 0 then
   -- some stay there) and expired ids without data or of an unknown format.
   if #count > 0 then chunks('HSET', attempts, count) end
   if #leases > 0 then chunks('ZADD', inflight, leases) end
-  -- The due ids taken from buckets, by bucket: all of them leave it
-  -- (those of an unknown format are due again in the due set).
-  local byBucket, order = {}, {}
-  for j = expired + 1, #ids do
-    local m = bucketOfId[ids[j]]
-    if m then
-      if not byBucket[m] then
-        byBucket[m] = {}
-        order[#order+1] = m
-      end
-      byBucket[m][#byBucket[m]+1] = ids[j]
-    end
-  end
   if #later > 0 then
     chunks('ZADD', due, later)
     if #taken > 0 then chunks('ZREM', due, taken) end
@@ -296,16 +216,6 @@ if #ids > 0 then
     chunks('ZREM', due, taken)
   elseif #taken > 0 then
     redis.call('ZREMRANGEBYRANK', due, 0, #taken - 1)
-  end
-  for _, m in ipairs(order) do
-    if skipped then
-      bucketRemove(pending, m, byBucket[m])
-    else
-      -- Taken whole, they are the bucket's first entries: one range.
-      local key = pending .. ':' .. m
-      tally(pending, -redis.call('ZREMRANGEBYRANK', key, 0, #byBucket[m] - 1))
-      if redis.call('EXISTS', key) == 0 then redis.call('ZREM', pending, m) end
-    end
   end
   if #gone > 0 then
     chunks('HDEL', attempts, gone)
@@ -315,20 +225,6 @@ if #ids > 0 then
 end
 local nd = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 if #nd > 0 then out[2] = tonumber(nd[2]) end
--- The first bucket holds the earliest of the buckets' entries. An empty
--- one (only a script cut part-way leaves one) is dropped on the way.
-for _ = 1, 8 do
-  if not first then break end
-  first = redis.call('ZRANGE', pending, '0', '0')[1]
-  if not first then break end
-  nd = redis.call('ZRANGE', pending .. ':' .. first, '0', '0', 'WITHSCORES')
-  if #nd > 0 then
-    if out[2] < 0 or tonumber(nd[2]) < out[2] then out[2] = tonumber(nd[2]) end
-    break
-  end
-  redis.call('ZREM', pending, first)
-end
-countBuckets()
 -- The lease that ends first, in the ms its token's ends in.
 local nl = redis.call('ZRANGE', inflight, 0, 0, 'WITHSCORES')
 if #nl > 0 then out[3] = math.ceil(tonumber(nl[2]) / 1000) end

@@ -1,13 +1,12 @@
 -- schedule upserts a batch of envelopes (Schedule, store.go). KEYS hold
--- the 10 keys of each shard the batch touches, shard after shard (one shard
+-- the 9 keys of each shard the batch touches, shard after shard (one shard
 -- under Redis Cluster, where a script must stay in one slot; any number on
 -- a single Redis, so a whole intake batch is one call).
 -- ARGV[1] is the one-shot mark of the value format to write (value.go),
 -- ARGV[2] how long to remember a stream message (ms), ARGV[3] how long a
 -- delivered id's tombstone answers a resend (ms after its due time; 0:
--- never), ARGV[4] "1" to index new envelopes in the due buckets (format 4,
--- prelude), "0" in the due set, then per envelope 7 values: k (KEYS
--- offset of its shard: 0, 10, 20...), id, mode, microseconds, value,
+-- never), ARGV[4] unused, then per envelope 7 values: k (KEYS
+-- offset of its shard: 0, 9, 18...), id, mode, microseconds, value,
 -- stream message ("" for none) and the request's fingerprint ("" for none): with mode "d" (delay)
 -- or "e" (delay, the first occurrence of a series) the µs are from now and
 -- the value is the encoded envelope, which the script stamps with the
@@ -29,13 +28,12 @@
 
 -- shard returns the keys of the shard at KEYS offset k.
 local function shard(k)
-  return KEYS[k+1], KEYS[k+2], KEYS[k+3], KEYS[k+4], KEYS[k+5], KEYS[k+6], KEYS[k+7], KEYS[k+8], KEYS[k+9], KEYS[k+10]
+  return KEYS[k+1], KEYS[k+2], KEYS[k+3], KEYS[k+4], KEYS[k+5], KEYS[k+6], KEYS[k+7], KEYS[k+8], KEYS[k+9]
 end
 
 local _, nowus = nowMs()
 local nowms = math.floor(nowus / 1000)
 local mark, window, remember = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local buckets = ARGV[4] == '1'
 
 -- First every read (prelude: a key of the wrong type then fails the call
 -- before any shard is written): what each envelope does, in ARGV order as
@@ -102,15 +100,13 @@ for j = 1, n do
     storing[id] = true
   end
 end
--- The keys a store writes unread: due or pending (the new place), data
+-- The keys a store writes unread: due (the new place), data
 -- past perId, and those of a replace.
 for k, c in pairs(stores) do
   if c > perId then
-    checkKeys(k, 'due', 'data', 'attempts', 'errors', 'inflight', 'dead', 'pending')
+    checkKeys(k, 'due', 'data', 'attempts', 'errors', 'inflight', 'dead')
   elseif replaces[k] then
-    checkKeys(k, 'due', 'attempts', 'errors', 'inflight', 'dead', 'pending')
-  elseif buckets then
-    checkKeys(k, 'pending')
+    checkKeys(k, 'due', 'attempts', 'errors', 'inflight', 'dead')
   else
     checkKeys(k, 'due')
   end
@@ -119,7 +115,7 @@ end
 local out, pruned = {}, {}
 for j = 1, n do
   local i, k = 7 * j - 2, ks[j]
-  local due, inflight, data, attempts, dead, errors, _, seen, _, pending = shard(k)
+  local due, inflight, data, attempts, dead, errors, _, seen = shard(k)
   local id = ARGV[i+1]
   local msg = ARGV[i+5]
   if msg ~= '' and not pruned[k] then
@@ -136,40 +132,25 @@ for j = 1, n do
     local dueMs = math.max(math.ceil(us / 1000), 1)
     -- Adds first, then removals: a cut leaves the id indexed twice, never
     -- unindexed.
-    local m
-    if buckets then
-      m = bucketAdd(pending, dueMs, id)
-    else
-      redis.call('ZADD', due, ms(dueMs), id)
-    end
+    redis.call('ZADD', due, ms(dueMs), id)
     local v = ARGV[i+4]
     if mode == 'd' then
       v = stamp(dueMs, 0, v, mark)
     elseif mode == 'e' then
       v = stamp(dueMs, 1, v, mark)
     end
-    -- A new id is stored at once; a replace reads the version it replaces
-    -- first, to find its bucket (by its due time: the add above can only
-    -- have moved the first bucket's bound down, which keeps it found).
     if redis.call('HSETNX', data, id, v) == 0 then
-      local was = bucketed(pending, redis.call('HGET', data, id), id)
       redis.call('HSET', data, id, v)
       -- A replace: forget any claim, error or death of the old one.
       redis.call('HDEL', attempts, id)
       redis.call('HDEL', errors, id)
       redis.call('ZREM', inflight, id)
       redis.call('ZREM', dead, id)
-      if buckets then redis.call('ZREM', due, id) end
-      if was and was ~= m then bucketRemove(pending, was, {id}) end
     end
-    -- A bucket grown past bucketMax splits once the id is in its one place,
-    -- so none ever holds more than bucketMax + 1.
-    if m then bucketSplit(pending, m, id) end
     -- Remembered last: a cut before it stores the message again on
     -- redelivery, which redoes the replace's removals too.
     if msg ~= '' then redis.call('ZADD', seen, nowms + window, msg) end
     out[#out+1] = dueMs
   end
 end
-countBuckets()
 return out
