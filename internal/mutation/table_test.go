@@ -194,7 +194,7 @@ var mutations = []mutation{
 		Old: "again = mine[msg] or (expiry and tonumber(expiry) > nowms)", New: "again = false",
 		Promise: "a stream message redelivered after a lost ack is not stored twice"},
 	{Name: "lua-acked-data-kept", File: "internal/store/lua/ack.lua",
-		Old: "chunks('HDEL', data, acked)", New: "local _ = acked",
+		Old: "chunks('HDEL', p.data, p.acked)", New: "local _ = p.acked",
 		Promise: "a delivered envelope is deleted, not left behind"},
 	{Name: "lua-newer-format-handed-out", File: "internal/store/lua/claim.lua",
 		Old: "if m > known then", New: "if false then",

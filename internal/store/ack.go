@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -53,35 +55,17 @@ type Acked struct {
 	Unsettled map[int][]Settle
 }
 
-// Ack settles deliveries, one script call per shard, all in one pipeline.
+// Ack settles deliveries, one script call per Redis node (of at most
+// ackChunk settles), all in one pipeline.
 // On error, the result counts those that were settled, and holds in
 // Unsettled those of the calls that failed; byShard is left as it is.
 // Released envelopes are due again after retry. A settle whose token is no
 // longer the envelope's claim (replaced, cancelled or re-claimed meanwhile)
 // is ignored.
 func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Duration) (Acked, error) {
-	// Calls of at most ackChunk envelopes keep one script call short.
-	type chunk struct {
-		shard int
-		items []Settle
-	}
-	var calls []chunk
-	for sh, items := range byShard {
-		for len(items) > ackChunk {
-			calls = append(calls, chunk{sh, items[:ackChunk]})
-			items = items[ackChunk:]
-		}
-		calls = append(calls, chunk{sh, items})
-	}
-	args := make([]ackArgs, len(calls))
-	for i, c := range calls {
-		args[i] = ackArgs{shard: &s.keys[c.shard], retryMs: retry.Milliseconds(), resendsMs: s.resends.Milliseconds(),
-			settles: make([]ackSettle, len(c.items))}
-		for j, st := range c.items {
-			args[i].settles[j] = ackOp(st, s.resends > 0)
-		}
-	}
-	res, err := exec(ctx, s, OpAck, args)
+	shards := slices.Sorted(maps.Keys(byShard))
+	calls, res, err := execByNode(ctx, s, OpAck, ackCalls(byShard, shards, s.byNode(ctx, shards)),
+		func(parts []ackPart) ackArgs { return s.ackArgs(parts, retry) })
 	var a Acked
 	for _, r := range res {
 		if r.ran {
@@ -94,12 +78,59 @@ func (s *Store) Ack(ctx context.Context, byShard map[int][]Settle, retry time.Du
 		a.Unsettled = map[int][]Settle{}
 		for i, r := range res {
 			if !r.ran {
-				a.Unsettled[calls[i].shard] = append(a.Unsettled[calls[i].shard], calls[i].items...)
+				for _, p := range calls[i] {
+					a.Unsettled[p.shard] = append(a.Unsettled[p.shard], p.items...)
+				}
 			}
 		}
 		return a, fmt.Errorf("store: ack: %w", err)
 	}
 	return a, nil
+}
+
+// ackPart is one shard's settles in an ack call.
+type ackPart struct {
+	shard int
+	items []Settle
+}
+
+// ackCalls packs the settles of shards (grouped by node, by their index
+// in shards) into calls of at most ackChunk settles, each of one node's
+// shards.
+func ackCalls(byShard map[int][]Settle, shards []int, groups [][]int) [][]ackPart {
+	var calls [][]ackPart
+	for _, g := range groups {
+		var cur []ackPart
+		n := 0
+		for _, i := range g {
+			items := byShard[shards[i]]
+			for first := true; first || len(items) > 0; first = false {
+				take := min(len(items), ackChunk-n)
+				cur = append(cur, ackPart{shards[i], items[:take]})
+				n, items = n+take, items[take:]
+				if n == ackChunk {
+					calls, cur, n = append(calls, cur), nil, 0
+				}
+			}
+		}
+		if len(cur) > 0 {
+			calls = append(calls, cur)
+		}
+	}
+	return calls
+}
+
+// ackArgs encodes one call of parts.
+func (s *Store) ackArgs(parts []ackPart, retry time.Duration) ackArgs {
+	a := ackArgs{retryMs: retry.Milliseconds(), resendsMs: s.resends.Milliseconds(), shards: make([]ackShard, len(parts))}
+	for j, p := range parts {
+		sh := ackShard{keys: &s.keys[p.shard], settles: make([]ackSettle, len(p.items))}
+		for k, st := range p.items {
+			sh.settles[k] = ackOp(st, s.resends > 0)
+		}
+		a.shards[j] = sh
+	}
+	return a
 }
 
 // ackChunk bounds the envelopes of one ack script call.

@@ -99,46 +99,53 @@ func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]Clai
 		over = min(over, len(shards))
 	}
 	oversize := func(i int) bool { return over > 0 && (i-first+len(shards))%len(shards) < over }
-	calls := make([]claimArgs, len(shards))
 	// Local time against Redis' in largeUntil: a skew only moves when a
 	// marked shard goes back to reading four values at a time.
 	nowMs := time.Now().UnixMilli()
-	for i, sh := range shards {
-		calls[i] = claimArgs{shard: &s.keys[sh], batch: o.Batch, leaseMs: o.Lease.Milliseconds(), hint: hint, knownMark: known,
-			share: share, oversize: oversize(i), sizeAll: s.largeUntil[sh].Load() >= nowMs}
+	call := func(group []int) claimArgs {
+		c := claimArgs{batch: o.Batch, leaseMs: o.Lease.Milliseconds(), hint: hint, knownMark: known,
+			shards: make([]claimShard, len(group))}
+		for j, i := range group {
+			sh := shards[i]
+			c.shards[j] = claimShard{keys: &s.keys[sh], share: share, oversize: oversize(i), sizeAll: s.largeUntil[sh].Load() >= nowMs}
+		}
+		return c
 	}
-	res, perr := exec(ctx, s, OpClaim, calls)
+	// One call per Redis node: every shard of a single Redis in one.
+	groups, res, perr := execByNode(ctx, s, OpClaim, s.byNode(ctx, shards), call)
 	if perr != nil {
 		perr = fmt.Errorf("store: claim: %w", perr)
 	}
 	out := make([]ClaimResult, 0, len(shards))
 	var largest int64
-	for i, c := range res {
+	for g, c := range res {
 		if !c.ran {
-			continue // this shard's node failed, or its reply: perr says so
+			continue // this call's node failed, or its reply: perr says so
 		}
-		// Its writes are confirmed, or why not: the items are handed out
-		// all the same (ops.go, the claim's policy).
-		reply, why := c.reply, c.err
-		if reply.large {
-			s.markLarge(shards[i], reply.nowMicros/1000)
+		for j, i := range groups[g] {
+			// Its writes are confirmed, or why not: the items are handed
+			// out all the same (ops.go, the claim's policy).
+			reply, why := c.reply[j], c.err
+			if reply.large {
+				s.markLarge(shards[i], reply.nowMicros/1000)
+			}
+			r := ClaimResult{
+				Shard: shards[i], Oversize: oversize(i), NowMicros: reply.nowMicros, NextDueMs: reply.nextDueMs,
+				NextLeaseMs: reply.nextLeaseMs, Missing: reply.missing, Expired: reply.expired, Unknown: reply.unknown,
+				Items: make([]Claimed, 0, len(reply.items)), Unconfirmed: why != nil, Why: why,
+			}
+			if m := reply.unknownMark; m > 0 {
+				r.UnknownFormat = formatOf(string([]byte{byte(m)}))
+			}
+			for _, it := range reply.items {
+				due, occurrence, data := splitValue(it.value)
+				largest = max(largest, int64(len(it.value)))
+				attempt, base := parseAttempt(it.attempt)
+				r.Items = append(r.Items, Claimed{ID: it.id, DueMs: due, Attempt: attempt, Base: base, Occurrence: occurrence,
+					Data: data, Token: reply.token})
+			}
+			out = append(out, r)
 		}
-		r := ClaimResult{
-			Shard: shards[i], Oversize: oversize(i), NowMicros: reply.nowMicros, NextDueMs: reply.nextDueMs,
-			NextLeaseMs: reply.nextLeaseMs, Missing: reply.missing, Expired: reply.expired, Unknown: reply.unknown,
-			Items: make([]Claimed, 0, len(reply.items)), Unconfirmed: why != nil, Why: why,
-		}
-		if m := reply.unknownMark; m > 0 {
-			r.UnknownFormat = formatOf(string([]byte{byte(m)}))
-		}
-		for _, it := range reply.items {
-			due, occurrence, data := splitValue(it.value)
-			largest = max(largest, int64(len(it.value)))
-			attempt, base := parseAttempt(it.attempt)
-			r.Items = append(r.Items, Claimed{ID: it.id, DueMs: due, Attempt: attempt, Base: base, Occurrence: occurrence,
-				Data: data, Token: reply.token})
-		}
-		out = append(out, r)
 	}
 	if largest > 0 {
 		s.claimMax.Store(largest)

@@ -80,6 +80,10 @@ type shardKeys struct {
 	pending string
 	// all is list's answer, built once: every script call passes it.
 	all []string
+	// tag is the prefix of every key of the shard, "{<ns>:<shard>}:": the
+	// scripts that take several shards a call (claim, ack) name each
+	// shard's keys from it, as keysFor does.
+	tag string
 }
 
 // leaseEnd is the lease expiry in ms of a lease score.
@@ -88,6 +92,7 @@ func leaseEnd(score float64) int64 { return int64(score) / 1000 }
 func keysFor(ns string, shard int) shardKeys {
 	tag := "{" + ns + ":" + strconv.Itoa(shard) + "}:"
 	k := shardKeys{
+		tag:      tag,
 		due:      tag + "due",
 		inflight: tag + "inflight",
 		data:     tag + "data",

@@ -205,7 +205,11 @@ func exec[R any, A scriptCall[R]](ctx context.Context, s *Store, op string, args
 		if err == nil {
 			r.reply, err = args[i].decode(cmd)
 		} else if sc.shard {
-			err = s.nameWrongType(ctx, calls[i].keys, err)
+			keys := calls[i].keys
+			if calls[i].touches != nil {
+				keys = calls[i].touches
+			}
+			err = s.nameWrongType(ctx, keys, err)
 		}
 		if err != nil {
 			r.err = classify(err, s.cluster)

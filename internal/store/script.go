@@ -104,6 +104,10 @@ type call struct {
 	keys  []string
 	argv  []any
 	fence string
+	// touches are the keys the call may touch, where they are more than
+	// keys (the claim and ack name the keys of their other shards from
+	// ARGV): nameWrongType looks for a wrong type among them.
+	touches []string
 }
 
 // send runs calls of one script in a pipeline, with FCALL (a function of

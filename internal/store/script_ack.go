@@ -13,18 +13,25 @@ import (
 //go:embed lua/ack.lua
 var ackLua string
 
-// ackScript settles claimed envelopes (lua/ack.lua). Allowed over
-// maxmemory: settling is what frees memory.
-var ackScript = newScript("ack", "allow-oom", ackLua)
+// ackScript settles claimed envelopes (lua/ack.lua), of one or more
+// shards a call. Allowed over maxmemory: settling is what frees memory.
+// Under Redis Cluster it reaches the shards of its node beyond the first
+// (allow-cross-slot-keys).
+var ackScript = newScript("ack", "allow-oom,allow-cross-slot-keys", ackLua)
 
-// ackArgs are one call of ack.lua, on one shard.
+// ackArgs are one call of ack.lua, on one or more shards.
 type ackArgs struct {
-	shard *shardKeys
+	shards []ackShard
 	// retryMs is the retry delay of releases without their own;
 	// resendsMs how long a tombstone answers resends (0: none are kept).
 	retryMs   int64
 	resendsMs int64
-	settles   []ackSettle
+}
+
+// ackShard is one shard's settles of an ack call.
+type ackShard struct {
+	keys    *shardKeys
+	settles []ackSettle
 }
 
 // ackSettle is one settle of an ack call: 5 values of ARGV.
@@ -65,12 +72,23 @@ func ackOp(st Settle, tombstones bool) ackSettle {
 func (ackArgs) script() *script { return ackScript }
 
 func (a ackArgs) encode() call {
-	argv := make([]any, 0, 2+5*len(a.settles))
-	argv = append(argv, a.retryMs, a.resendsMs)
-	for _, st := range a.settles {
-		argv = append(argv, st.id, st.token, st.op, st.errOrFP, st.delay)
+	n := 2
+	for _, sh := range a.shards {
+		n += 2 + 5*len(sh.settles)
 	}
-	return call{keys: a.shard.list(), argv: argv}
+	argv := make([]any, 0, n)
+	argv = append(argv, a.retryMs, a.resendsMs)
+	var touches []string
+	for _, sh := range a.shards {
+		if len(a.shards) > 1 {
+			touches = append(touches, sh.keys.list()...)
+		}
+		argv = append(argv, sh.keys.tag, len(sh.settles))
+		for _, st := range sh.settles {
+			argv = append(argv, st.id, st.token, st.op, st.errOrFP, st.delay)
+		}
+	}
+	return call{keys: a.shards[0].keys.list(), argv: argv, touches: touches}
 }
 
 // ackReply is ack.lua's answer.

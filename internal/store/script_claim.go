@@ -13,18 +13,25 @@ import (
 var claimLua string
 
 // claimScript hands out due envelopes and expired leases with a new lease
-// (lua/claim.lua). Allowed over maxmemory: delivering is what frees memory.
-var claimScript = newScript("claim", "allow-oom", claimLua)
+// (lua/claim.lua), of one or more shards a call. Allowed over maxmemory:
+// delivering is what frees memory. Under Redis Cluster it reaches the
+// shards of its node beyond the first (allow-cross-slot-keys).
+var claimScript = newScript("claim", "allow-oom,allow-cross-slot-keys", claimLua)
 
-// claimArgs are one call of claim.lua, on one shard.
+// claimArgs are one call of claim.lua, on one or more shards.
 type claimArgs struct {
-	shard   *shardKeys
+	shards  []claimShard
 	batch   int
 	leaseMs int64
 	// hint is the k of the claim's token (1..991); knownMark the series
 	// mark of the newest format this daemon reads.
 	hint      int
 	knownMark int
+}
+
+// claimShard is one shard of a claim call.
+type claimShard struct {
+	keys *shardKeys
 	// share bounds the bytes handed out (0: no bound); oversize lets the
 	// first envelope out even if it alone is larger.
 	share    int64
@@ -37,18 +44,26 @@ type claimArgs struct {
 func (claimArgs) script() *script { return claimScript }
 
 func (a claimArgs) encode() call {
-	over := "0"
-	if a.oversize {
-		over = "1"
+	argv := make([]any, 0, 4+4*len(a.shards))
+	argv = append(argv, a.batch, a.leaseMs, a.hint, a.knownMark)
+	var touches []string
+	for _, sh := range a.shards {
+		if len(a.shards) > 1 {
+			touches = append(touches, sh.keys.list()...)
+		}
+		over, all := "0", "0"
+		if sh.oversize {
+			over = "1"
+		}
+		if sh.sizeAll {
+			all = "1"
+		}
+		argv = append(argv, sh.keys.tag, sh.share, over, all)
 	}
-	all := "0"
-	if a.sizeAll {
-		all = "1"
-	}
-	return call{keys: a.shard.list(), argv: []any{a.batch, a.leaseMs, a.hint, a.knownMark, a.share, over, all}}
+	return call{keys: a.shards[0].keys.list(), argv: argv, touches: touches}
 }
 
-// claimReply is claim.lua's answer.
+// claimReply is claim.lua's answer for one shard.
 type claimReply struct {
 	nowMicros   int64
 	nextDueMs   int64 // -1: nothing else is due
@@ -72,26 +87,43 @@ type claimItem struct {
 	value   string
 }
 
-// claimHead is the number of reply values before the items.
+// claimHead is the number of reply values of a shard before its items.
 const claimHead = 9
 
-func (claimArgs) decode(cmd *redis.Cmd) (claimReply, error) {
+// decode reads the reply of every shard of the call, in order.
+func (a claimArgs) decode(cmd *redis.Cmd) ([]claimReply, error) {
 	raw, err := cmd.Slice()
 	if err != nil {
-		return claimReply{}, err
+		return nil, err
 	}
-	if len(raw) < claimHead || (len(raw)-claimHead)%3 != 0 {
-		return claimReply{}, fmt.Errorf("malformed reply of %d values", len(raw))
+	if len(raw) < 1 {
+		return nil, fmt.Errorf("malformed reply of %d values", len(raw))
 	}
-	r := claimReply{nowMicros: asInt(raw[0]), nextDueMs: asInt(raw[1]), nextLeaseMs: asInt(raw[2]),
-		missing: int(asInt(raw[3])), expired: int(asInt(raw[4])), unknown: int(asInt(raw[6])), unknownMark: asInt(raw[7]),
-		items: make([]claimItem, 0, (len(raw)-claimHead)/3)}
-	r.token, _ = raw[5].(string)
-	r.large = asInt(raw[8]) == 1
-	for j := claimHead; j < len(raw); j += 3 {
-		id, _ := raw[j].(string)
-		v, _ := raw[j+2].(string)
-		r.items = append(r.items, claimItem{id: id, attempt: raw[j+1], value: v})
+	now := asInt(raw[0])
+	out := make([]claimReply, 0, len(a.shards))
+	for j := 1; j < len(raw); {
+		if j+claimHead > len(raw) {
+			return nil, fmt.Errorf("malformed reply of %d values", len(raw))
+		}
+		h := raw[j : j+claimHead]
+		n := int(asInt(h[8]))
+		if n < 0 || j+claimHead+3*n > len(raw) {
+			return nil, fmt.Errorf("malformed reply of %d values", len(raw))
+		}
+		r := claimReply{nowMicros: now, nextDueMs: asInt(h[0]), nextLeaseMs: asInt(h[1]), missing: int(asInt(h[2])),
+			expired: int(asInt(h[3])), unknown: int(asInt(h[5])), unknownMark: asInt(h[6]), large: asInt(h[7]) == 1,
+			items: make([]claimItem, 0, n)}
+		r.token, _ = h[4].(string)
+		for k := j + claimHead; k < j+claimHead+3*n; k += 3 {
+			id, _ := raw[k].(string)
+			v, _ := raw[k+2].(string)
+			r.items = append(r.items, claimItem{id: id, attempt: raw[k+1], value: v})
+		}
+		out = append(out, r)
+		j += claimHead + 3*n
 	}
-	return r, nil
+	if len(out) != len(a.shards) {
+		return nil, fmt.Errorf("reply for %d shards, want %d", len(out), len(a.shards))
+	}
+	return out, nil
 }

@@ -1,41 +1,48 @@
--- claim hands out up to ARGV[1] envelopes for delivery (Claim, claim.go),
--- each with a lease of ARGV[2] ms: first those whose lease expired (their
--- daemon died or stalled; they are re-leased in place, so a backlog of due
--- envelopes can never starve them), then due ones, which move from due to
--- inflight. The expired lease was an attempt: it is counted in attempts
--- now.
--- The lease score is the claim's token, unique in the shard (leaseToken,
+-- claim hands out envelopes for delivery (Claim, claim.go) from one or
+-- more shards in one call: up to ARGV[1] a shard, each with a lease of
+-- ARGV[2] ms: first those whose lease expired (their daemon died or
+-- stalled; they are re-leased in place, so a backlog of due envelopes can
+-- never starve them), then due ones, which move from due to inflight.
+-- The expired lease was an attempt: it is counted in attempts now.
+-- The lease score is the claim's token, unique in its shard (leaseToken,
 -- below; keys.go): expiry ms x 1000 + about k, k = ARGV[3] (1..991).
 -- ARGV[4] is the newest value format this daemon reads, as its series
 -- mark: a value of a newer format (a newer daemon wrote it) is not handed
 -- out, nor rewritten or counted: it is given back, due again in a second,
 -- for a daemon that knows its format.
--- ARGV[5] bounds the bytes of stored values handed out (0: no bound):
--- envelopes are added while they fit in it (see take); with ARGV[6] "1"
--- the first large one is handed out even if it alone is larger (so one
+-- Then per shard 4 values: its key tag ("{<ns>:<shard>}:", keys.go: the
+-- shard's keys are named from it; KEYS are the first shard's, declared so
+-- that Redis Cluster routes the call, and the function's
+-- allow-cross-slot-keys lets it reach the other shards of the node), the
+-- bytes of stored values it may hand out (0: no bound; see take), "1"
+-- when its first large one may go out even if it alone is larger (so one
 -- over-large envelope can never stall its shard; the caller grants that
--- to a few shards per claim in turn). With ARGV[7] "1" (the shard is known
--- to hold large values: store.go, largeUntil) every value is sized before
--- it is read (see take), so Redis holds little more than the bound
--- either; without, only once one over 4 kB was seen.
--- Returns {now µs, next due ms or -1, next lease expiry ms (rounded up) or
--- -1, number of ids that had no data (removed behind delayd's back),
--- number of expired leases re-claimed, the lease score (the settles'
--- token), number of values of an unknown format given back, the newest
--- such mark (0 for none), 1 if a value over 4 kB was seen (else 0), then
--- per envelope: id, attempt, stored value}.
+-- to a few shards per claim in turn), and "1" when the shard is known to
+-- hold large values (store.go, largeUntil): every value is then sized
+-- before it is read (see take); without, only once one over 4 kB was
+-- seen.
+-- Every shard is read before any is written: a shard whose slot is not on
+-- this node (a Cluster slot moving) fails the call before it wrote
+-- anything, and the caller claims shard by shard instead.
+-- Returns {now µs, then per shard: next due ms or -1, next lease expiry
+-- ms (rounded up) or -1, number of ids that had no data (removed behind
+-- delayd's back), number of expired leases re-claimed, the lease score
+-- (the settles' token), number of values of an unknown format given back,
+-- the newest such mark (0 for none), 1 if a value over 4 kB was seen
+-- (else 0), the number of envelopes n, then n times: id, attempt, stored
+-- value}.
 -- The attempt is n + 1, or "n+1/b" when b > 0 (the attempts hash,
 -- keys.go). "now" is in µs so the scanner can time its next wake-up to
 -- better than a millisecond.
 -- Allowed over maxmemory: delivering is what frees memory.
-local due, inflight, data, attempts, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]
 
--- leaseToken takes the token of a claim at now with a lease of length ms
--- (a string) and hint k (1..991): see the lease key in keys.go. It is
--- written first: a cut after it only skips a token. It returns the token.
-local function leaseToken(now, length, k)
-  local h = redis.call('HGETALL', lease)
-  local top, mine = {}, nil
+-- token takes the token of a claim at now with a lease of length ms (a
+-- string) and hint k (1..991), from the lease hash h as HGETALL read it:
+-- see the lease key in keys.go. Returns the token, the hash value to
+-- write, and the lengths whose leases all ended (to drop: every token
+-- they handed out is below any new one).
+local function token(h, now, length, k)
+  local top, mine, ended = {}, nil, {}
   for i = 1, #h, 2 do
     local c, t = string.match(h[i+1], '^(%d):(%d+)$')
     c, t = tonumber(c), tonumber(t)
@@ -43,8 +50,7 @@ local function leaseToken(now, length, k)
       top[c] = math.max(top[c] or 0, t)
       if h[i] == length then mine = c end
     else
-      -- Ended: every token it handed out is below any new one.
-      redis.call('HDEL', lease, h[i])
+      ended[#ended+1] = h[i]
     end
   end
   if not mine then
@@ -58,18 +64,17 @@ local function leaseToken(now, length, k)
   if t <= (top[mine] or 0) then t = top[mine] + 8 end
   if t % 1000 == 0 then t = t + 8 end
   t = string.format('%d', t)
-  redis.call('HSET', lease, length, mine .. ':' .. t)
-  return t
+  return t, mine .. ':' .. t, ended
 end
 
 -- take reads the values of ids (expired leases first, then due ids, in
--- order), keeping those that fit in budget bytes (0: all): values of at
--- most budget/16 bytes ("small") fit while the kept bytes stay within
--- budget, or their own bytes within a quarter of it; larger ones while
--- the large bytes stay within three quarters, or, with oversize, the
--- first large one whatever its size. A value that does not fit is
--- skipped, not a wall: smaller ones due after it still go out, and it
--- stays where it is, first in line for the next claim. So small
+-- order) from the data hash, keeping those that fit in budget bytes (0:
+-- all): values of at most budget/16 bytes ("small") fit while the kept
+-- bytes stay within budget, or their own bytes within a quarter of it;
+-- larger ones while the large bytes stay within three quarters, or, with
+-- oversize, the first large one whatever its size. A value that does not
+-- fit is skipped, not a wall: smaller ones due after it still go out, and
+-- it stays where it is, first in line for the next claim. So small
 -- envelopes are not held up behind large ones, and a shard holds at most
 -- its budget, or one over-large value plus a quarter.
 -- HMGET replies inside a script cost far more than their bytes once they
@@ -81,11 +86,10 @@ end
 -- is sized before any is read, and large values behind a small first one
 -- are read in the HMGET that finds them. Returns the kept ids, their
 -- values (false for an id without data: kept, reported missing), how
--- many of them were expired leases, and sets skipped, and sawLarge once
+-- many of them were expired leases, whether any was skipped, and whether
 -- a value over 4 kB was seen.
-local skipped, sawLarge = false, false
-local function take(ids, expired, budget, oversize, sizeAll)
-  local keep, vals, kept = {}, {}, 0
+local function take(data, ids, expired, budget, oversize, sizeAll)
+  local keep, vals, kept, skipped = {}, {}, 0, false
   local smallMax, smallBudget, largeBudget = budget / 16, budget / 4, budget * 3 / 4
   local bytes, small, large, tookLarge = 0, 0, 0, false
   local function offer(i, v, size)
@@ -108,9 +112,9 @@ local function take(ids, expired, budget, oversize, sizeAll)
   -- last claim and are first in line) reads none of them in the HMGET of
   -- four, which alone took as long as the rest of the claim.
   local i, step = 1, 4
-  local probe = #ids > 0 and redis.call('HSTRLEN', data, ids[1]) or 0
+  local probe = redis.call('HSTRLEN', data, ids[1])
   local sized = sizeAll or probe > 4096
-  sawLarge = probe > 4096
+  local sawLarge = probe > 4096
   while i <= #ids do
     if budget > 0 and bytes >= budget and small >= smallBudget then
       skipped = true
@@ -140,92 +144,118 @@ local function take(ids, expired, budget, oversize, sizeAll)
     end
   end
   if i <= #ids then skipped = true end
-  return keep, vals, kept
+  return keep, vals, kept, skipped, sawLarge
 end
 
--- Every key is read before the first write (prelude), the lease key's
--- token: inflight and due (or, when expired leases fill the claim, due's
--- type checked), data and attempts.
 local now, nowus = nowMs()
-local max = tonumber(ARGV[1])
-local known = tonumber(ARGV[4])
-local out = {nowus, -1, -1, 0, 0, '', 0, 0, 0}
--- Expired leases: tokens at or below now x 1000.
-local ids = redis.call('ZRANGEBYSCORE', inflight, '-inf', ms(now * 1000), 'LIMIT', '0', ms(max))
-local expired = #ids
-if expired < max then
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', ms(now), 'LIMIT', '0', ms(max - expired))) do
-    ids[#ids+1] = id
+local max, length, hint, known = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+
+-- read reads one shard (its tag and ARGV from a): every key it writes
+-- below, before any shard is written (prelude): inflight, due (its type
+-- only, when expired leases fill the claim), data, attempts and lease.
+-- Returns the shard's plan for write.
+local function read(a)
+  local tag = ARGV[a]
+  local p = {due = tag .. 'due', inflight = tag .. 'inflight', attempts = tag .. 'attempts', lease = tag .. 'lease',
+    missing = 0, expired = 0, large = 0}
+  -- Expired leases: tokens at or below now x 1000.
+  local ids = redis.call('ZRANGEBYSCORE', p.inflight, '-inf', ms(now * 1000), 'LIMIT', '0', ms(max))
+  local expired = #ids
+  if expired < max then
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', p.due, '-inf', ms(now), 'LIMIT', '0', ms(max - expired))) do
+      ids[#ids+1] = id
+    end
+  else
+    redis.call('ZCARD', p.due)
   end
-else
-  checkKeys(0, 'due')
-end
-local datas
-if #ids > 0 then
-  ids, datas, expired = take(ids, expired, tonumber(ARGV[5]) or 0, ARGV[6] == '1', ARGV[7] == '1')
-  if sawLarge then out[9] = 1 end
-end
-if #ids > 0 then
+  if #ids == 0 then return p end
+  local datas, sawLarge
+  ids, datas, expired, p.skipped, sawLarge = take(tag .. 'data', ids, expired, tonumber(ARGV[a+1]) or 0,
+    ARGV[a+2] == '1', ARGV[a+3] == '1')
+  if sawLarge then p.large = 1 end
+  if #ids == 0 then return p end
+  p.ids, p.datas, p.expired = ids, datas, expired
   -- Most shards have no retries at all: then there is nothing to read.
-  -- Read before the token is written.
-  local prevs = {}
-  if redis.call('HLEN', attempts) > 0 then prevs = hmget(attempts, ids) end
-  local token = leaseToken(now, ARGV[2], tonumber(ARGV[3]))
-  out[6] = token
-  local count, leases, gone, later, unleased, taken = {}, {}, {}, {}, {}, {}
-  for j, id in ipairs(ids) do
-    local v = datas[j]
-    local m = v and string.byte(v, 1) or 0
-    if m > known then
-      -- A format this daemon cannot read: leave it as it is.
-      out[7] = out[7] + 1
-      out[8] = math.max(out[8], m - (m - 240) % 2)
-      later[#later+1] = now + 1000
-      later[#later+1] = id
-      if j <= expired then unleased[#unleased+1] = id end
-    else
-      if j > expired then taken[#taken+1] = id end
-      if v then
-        local n, b = attemptsOf(prevs[j])
-        if j <= expired then
-          n = n + 1
-          count[#count+1] = id
-          count[#count+1] = attemptsValue(n, b)
-          out[5] = out[5] + 1
-        end
-        leases[#leases+1] = token
-        leases[#leases+1] = id
-        out[#out+1] = id
-        out[#out+1] = attemptsValue(n + 1, b)
-        out[#out+1] = v
+  p.prevs = {}
+  if redis.call('HLEN', p.attempts) > 0 then p.prevs = hmget(p.attempts, ids) end
+  p.token, p.leased, p.ended = token(redis.call('HGETALL', p.lease), now, length, hint)
+  return p
+end
+
+-- write claims what read planned, and appends the shard's reply to out.
+local function write(p, out)
+  local head = #out
+  out[head+1], out[head+2], out[head+3], out[head+4], out[head+5] = -1, -1, 0, p.expired, p.token or ''
+  out[head+6], out[head+7], out[head+8], out[head+9] = 0, 0, p.large, 0
+  local ids = p.ids
+  if ids then
+    -- The token first: a cut after it only skips a token.
+    if #p.ended > 0 then redis.call('HDEL', p.lease, unpack(p.ended)) end
+    redis.call('HSET', p.lease, length, p.leased)
+    local count, leases, gone, later, unleased, taken = {}, {}, {}, {}, {}, {}
+    local n = 0
+    for j, id in ipairs(ids) do
+      local v = p.datas[j]
+      local m = v and string.byte(v, 1) or 0
+      if m > known then
+        -- A format this daemon cannot read: leave it as it is.
+        out[head+6] = out[head+6] + 1
+        out[head+7] = math.max(out[head+7], m - (m - 240) % 2)
+        later[#later+1] = now + 1000
+        later[#later+1] = id
+        if j <= p.expired then unleased[#unleased+1] = id end
       else
-        out[4] = out[4] + 1
-        if j <= expired then gone[#gone+1] = id end
+        if j > p.expired then taken[#taken+1] = id end
+        if v then
+          local c, b = attemptsOf(p.prevs[j])
+          if j <= p.expired then
+            c = c + 1
+            count[#count+1] = id
+            count[#count+1] = attemptsValue(c, b)
+          end
+          leases[#leases+1] = p.token
+          leases[#leases+1] = id
+          out[#out+1] = id
+          out[#out+1] = attemptsValue(c + 1, b)
+          out[#out+1] = v
+          n = n + 1
+        else
+          out[head+3] = out[head+3] + 1
+          if j <= p.expired then gone[#gone+1] = id end
+        end
       end
     end
+    out[head+9] = n
+    out[head+4] = p.expired - #unleased - #gone
+    -- Adds first: the counts and leases, unknown formats due again.
+    -- Removals last: the due ids (the lowest of the set, one command,
+    -- unless some stay there) and expired ids without data or of an
+    -- unknown format.
+    if #count > 0 then chunks('HSET', p.attempts, count) end
+    if #leases > 0 then chunks('ZADD', p.inflight, leases) end
+    if #later > 0 then
+      chunks('ZADD', p.due, later)
+      if #taken > 0 then chunks('ZREM', p.due, taken) end
+    elseif #taken > 0 and p.skipped then
+      chunks('ZREM', p.due, taken)
+    elseif #taken > 0 then
+      redis.call('ZREMRANGEBYRANK', p.due, 0, #taken - 1)
+    end
+    if #gone > 0 then
+      chunks('HDEL', p.attempts, gone)
+      chunks('ZREM', p.inflight, gone)
+    end
+    if #unleased > 0 then chunks('ZREM', p.inflight, unleased) end
   end
-  -- Adds first: the counts and leases, unknown formats due again. Removals
-  -- last: the due ids (the fromDue lowest of the set, one command, unless
-  -- some stay there) and expired ids without data or of an unknown format.
-  if #count > 0 then chunks('HSET', attempts, count) end
-  if #leases > 0 then chunks('ZADD', inflight, leases) end
-  if #later > 0 then
-    chunks('ZADD', due, later)
-    if #taken > 0 then chunks('ZREM', due, taken) end
-  elseif #taken > 0 and skipped then
-    chunks('ZREM', due, taken)
-  elseif #taken > 0 then
-    redis.call('ZREMRANGEBYRANK', due, 0, #taken - 1)
-  end
-  if #gone > 0 then
-    chunks('HDEL', attempts, gone)
-    chunks('ZREM', inflight, gone)
-  end
-  if #unleased > 0 then chunks('ZREM', inflight, unleased) end
+  local nd = redis.call('ZRANGE', p.due, 0, 0, 'WITHSCORES')
+  if #nd > 0 then out[head+1] = tonumber(nd[2]) end
+  -- The lease that ends first, in the ms its token's ends in.
+  local nl = redis.call('ZRANGE', p.inflight, 0, 0, 'WITHSCORES')
+  if #nl > 0 then out[head+2] = math.ceil(tonumber(nl[2]) / 1000) end
 end
-local nd = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-if #nd > 0 then out[2] = tonumber(nd[2]) end
--- The lease that ends first, in the ms its token's ends in.
-local nl = redis.call('ZRANGE', inflight, 0, 0, 'WITHSCORES')
-if #nl > 0 then out[3] = math.ceil(tonumber(nl[2]) / 1000) end
+
+local plans = {}
+for a = 5, #ARGV, 4 do plans[#plans+1] = read(a) end
+local out = {nowus}
+for _, p in ipairs(plans) do write(p, out) end
 return out
