@@ -23,10 +23,7 @@ type scheduleArgs struct {
 	// mark is the one-shot mark of the format to write (value.go);
 	// seenForMs how long a stream message is remembered; resendsMs how
 	// long a tombstone answers a resend (0: never).
-	mark byte
-	// buckets: index new envelopes in the due buckets (format 4), not in
-	// the due set.
-	buckets   bool
+	mark      byte
 	seenForMs int64
 	resendsMs int64
 	items     []scheduleItem
@@ -54,17 +51,13 @@ type scheduleItem struct {
 }
 
 // scheduleLead is the number of ARGV before the items.
-const scheduleLead = 4
+const scheduleLead = 3
 
 func (scheduleArgs) script() *script { return scheduleScript }
 
 func (a scheduleArgs) encode() call {
 	argv := make([]any, 0, scheduleLead+7*len(a.items))
-	buckets := "0"
-	if a.buckets {
-		buckets = "1"
-	}
-	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs, buckets)
+	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs)
 	for _, it := range a.items {
 		argv = append(argv, it.k, it.id, it.mode, it.us, it.value, it.streamMsg, it.fingerprint)
 	}

@@ -210,14 +210,13 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]Scheduled, []erro
 	var idx [][]int          // per call, the items it carries
 	byShard := map[int]int{} // shard → call
 	slots := map[int]int{}   // shard → KEYS offset in its call
-	write := int(s.write.Load())
-	mark, buckets := markOf(write), write >= FormatDueBuckets
+	mark := markOf(int(s.write.Load()))
 	for i, it := range items {
 		sh := s.Shard(it.ID)
 		ci, ok := byShard[sh]
 		if !ok {
 			if s.cluster || len(calls) == 0 {
-				c := scheduleArgs{mark: mark, buckets: buckets, seenForMs: s.seenFor.Milliseconds(), resendsMs: s.resends.Milliseconds()}
+				c := scheduleArgs{mark: mark, seenForMs: s.seenFor.Milliseconds(), resendsMs: s.resends.Milliseconds()}
 				if !s.cluster {
 					// Sized for the whole batch when one call takes it all (a
 					// single Redis); a Cluster's call per shard grows as needed.

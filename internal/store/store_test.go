@@ -307,17 +307,16 @@ func TestWrongTypeFailsBeforeAnyWrite(t *testing.T) {
 	s, r := newStore(t)
 	ctx := context.Background()
 	s1 := New(s.rdb, "t", 1)
-	s1.write.Store(FormatDueBuckets)
 	schedule(t, s1, Item{ID: "w", Absolute: true, AtMicros: 1, Data: enc("x")})
 	k := s1.keys[0]
 	rc := r.Client()
 	before := count(t, s1, 0)
-	// Read by claims, written by schedules of the due buckets.
+	// Read by claims, written by schedules.
 	saved := "{t:0}:saved"
-	if err := rc.Rename(ctx, k.pending, saved).Err(); err != nil {
+	if err := rc.Rename(ctx, k.due, saved).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rc.Set(ctx, k.pending, "oops", 0).Err(); err != nil {
+	if err := rc.Set(ctx, k.due, "oops", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s1.Claim(ctx, []int{0}, ClaimOptions{Batch: 10, Lease: time.Minute}); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
@@ -327,7 +326,7 @@ func TestWrongTypeFailsBeforeAnyWrite(t *testing.T) {
 	if !errors.Is(errs[0], ErrNotWritten) {
 		t.Fatalf("schedule with a bad key must be refused as not written: %v", errs[0])
 	}
-	if err := rc.Rename(ctx, saved, k.pending).Err(); err != nil {
+	if err := rc.Rename(ctx, saved, k.due).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if after := count(t, s1, 0); after != before {

@@ -5,13 +5,12 @@
 -- ARGV[1] is the one-shot mark of the value format to write (value.go),
 -- ARGV[2] how long to remember a stream message (ms), ARGV[3] how long a
 -- delivered id's tombstone answers a resend (ms after its due time; 0:
--- never), ARGV[4] "1" to index new envelopes in the due buckets (format 4,
--- prelude), "0" in the due set, then per envelope 7 values: k (KEYS
--- offset of its shard: 0, 10, 20...), id, mode, microseconds, value,
--- stream message ("" for none) and the request's fingerprint ("" for none): with mode "d" (delay)
--- or "e" (delay, the first occurrence of a series) the µs are from now and
--- the value is the encoded envelope, which the script stamps with the
--- value header; with mode "v" the µs are since the epoch and the value is
+-- never), then per envelope 7 values: k (KEYS offset of its shard: 0, 10,
+-- 20...), id, mode, microseconds, value, stream message ("" for none) and
+-- the request's fingerprint ("" for none): with mode "d" (delay) or "e"
+-- (delay, the first occurrence of a series) the µs are from now and the
+-- value is the encoded envelope, which the script stamps with the value
+-- header; with mode "v" the µs are since the epoch and the value is
 -- stamped already (the client knows the due time, and building a string in
 -- Lua costs about as much as the rest of the upsert).
 -- Returns the due time in ms of each envelope, or 0 for a stream message
@@ -22,154 +21,179 @@
 -- for this very request, and is not scheduled again, nor does it replace
 -- a newer version stored since (docs/protocol.md, Resends). The
 -- due time is rounded up to the millisecond so that a claim at "now ms" is
--- never early.
--- A replace drops any claim in flight for the id: the older delivery may
--- still go out, but its settle no longer matches a claim and changes nothing.
+-- never early. An id named twice is stored at its last version.
+-- Per shard it costs what the floor's schedule does (one HSET data and one
+-- ZADD due, variadic) and a few reads: one ZMSCORE of the tombstones of
+-- the envelopes with a fingerprint, one of the stream messages, and the
+-- sizes of the keys a replace clears. No id is read: a store that may be a
+-- replace drops any claim, attempts, error and death of the old version
+-- (the older delivery may still go out, but its settle no longer matches a
+-- claim and changes nothing), with one removal of all the shard's stored
+-- ids from each of those keys that is not empty.
 -- Not allowed to run over maxmemory: it is what fills Redis.
-
--- shard returns the keys of the shard at KEYS offset k.
-local function shard(k)
-  return KEYS[k+1], KEYS[k+2], KEYS[k+3], KEYS[k+4], KEYS[k+5], KEYS[k+6], KEYS[k+7], KEYS[k+8], KEYS[k+9], KEYS[k+10]
-end
 
 local _, nowus = nowMs()
 local nowms = math.floor(nowus / 1000)
 local mark, window, remember = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local buckets = ARGV[4] == '1'
 
--- First every read (prelude: a key of the wrong type then fails the call
--- before any shard is written): what each envelope does, in ARGV order as
--- the writes below would see it. Per envelope j (ARGV from 7j - 2): ks[j]
--- its shard's KEYS offset, plan[j] 0 for a stream message stored already,
--- -due for a resend, nil to store. Tables are few: in Redis' Lua each
--- entry costs about as much as a command's own work (docs/BENCHMARKS.md).
-local n = (#ARGV - 4) / 7
-local ks, plan = {}, {}
--- stores: per KEYS offset, how many envelopes the call stores there. The
--- first perId ids a shard stores are read (HEXISTS: a replace touches
--- more keys); past that the keys a replace touches are checked instead,
--- which is then cheaper. replaces: a shard where an id read is stored.
-local perId = 5
-local stores, replaces = {}, {}
--- The ids stored, and per shard the stream messages remembered, by an
--- earlier envelope (an id has one shard; a message's envelopes may not).
-local storing, remembering = {}, {}
-for j = 1, n do
-  local i = 7 * j - 2
-  local k = tonumber(ARGV[i])
-  ks[j] = k
-  local data = KEYS[k + 3]
-  local id = ARGV[i+1]
-  local msg = ARGV[i+5]
-  local fp = ARGV[i+6]
-  local again, resent = false, nil
+-- Per envelope (j, ARGV from i = 7j - 3): out[j] its answer, the due time
+-- while it is to be stored. Per shard, in the order first met: a table of
+-- the ARGV offsets of its envelopes, with k its KEYS offset and, where any
+-- carry one, fp the tombstone members to look up and msg the stream
+-- messages. Tables are few: in Redis' Lua each costs about as much as a
+-- command's own work (docs/BENCHMARKS.md).
+local out, nout, byK, order = {}, 0, {}, {}
+for i = 4, #ARGV, 7 do
+  local g = byK[ARGV[i]]
+  if not g then
+    g = {k = tonumber(ARGV[i])}
+    byK[ARGV[i]] = g
+    order[#order + 1] = g
+  end
+  g[#g + 1] = i
+  -- The µs rounded up to ms, at least 1 (0 means "stored already" in
+  -- the reply), in arithmetic (which reads the string as a number): a
+  -- call of a C function costs more, for every envelope.
+  local us = ARGV[i + 3] + 999
+  if ARGV[i + 2] ~= 'v' then us = us + nowus end
+  local due = (us - us % 1000) / 1000
+  if due < 1 then due = 1 end
+  nout = nout + 1
+  out[nout] = due
+  local fp, msg = ARGV[i + 6], ARGV[i + 5]
   if fp ~= '' and remember > 0 then
-    local was = redis.call('ZSCORE', KEYS[k + 9], fp .. id)
-    if was and tonumber(was) + remember >= nowms then
-      -- Answered with the due time it had: a Delayd-At's is its own (the
-      -- same request names the same time; the tombstone's time is when it
-      -- was accepted, if later), a delay's is the tombstone's. Whatever is
-      -- stored for the id is left alone: the ack that wrote the tombstone
-      -- deleted this request's version, so a version stored now is a newer
-      -- request, already answered, that a resend of an older one must not
-      -- drop.
-      resent = tonumber(was)
-      if ARGV[i+2] == 'v' then resent = math.max(math.ceil(tonumber(ARGV[i+3]) / 1000), 1) end
-    end
+    local l = g.fp or {}
+    g.fp = l
+    l[#l + 1] = fp .. ARGV[i + 1]
   end
-  local mine = nil
   if msg ~= '' then
-    mine = remembering[k]
-    if not mine then
-      mine = {}
-      remembering[k] = mine
-    end
-    -- One that expired by now is pruned below, before it could be found.
-    local expiry = redis.call('ZSCORE', KEYS[k + 8], msg)
-    again = mine[msg] or (expiry and tonumber(expiry) > nowms)
-  end
-  if again then
-    plan[j] = 0
-  elseif resent then
-    plan[j] = -resent
-  else
-    if mine then mine[msg] = true end
-    local c = (stores[k] or 0) + 1
-    stores[k] = c
-    if c <= perId then
-      if storing[id] or redis.call('HEXISTS', data, id) == 1 then replaces[k] = true end
-    end
-    storing[id] = true
-  end
-end
--- The keys a store writes unread: due or pending (the new place), data
--- past perId, and those of a replace.
-for k, c in pairs(stores) do
-  if c > perId then
-    checkKeys(k, 'due', 'data', 'attempts', 'errors', 'inflight', 'dead', 'pending')
-  elseif replaces[k] then
-    checkKeys(k, 'due', 'attempts', 'errors', 'inflight', 'dead', 'pending')
-  elseif buckets then
-    checkKeys(k, 'pending')
-  else
-    checkKeys(k, 'due')
+    local l = g.msg or {}
+    g.msg = l
+    l[#l + 1] = msg
   end
 end
 
-local out, pruned = {}, {}
-for j = 1, n do
-  local i, k = 7 * j - 2, ks[j]
-  local due, inflight, data, attempts, dead, errors, _, seen, _, pending = shard(k)
-  local id = ARGV[i+1]
-  local msg = ARGV[i+5]
-  if msg ~= '' and not pruned[k] then
-    redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
-    pruned[k] = true
+-- Then every read, of every shard, before the first write (prelude: a key
+-- of the wrong type then fails the call having written nothing).
+for _, g in ipairs(order) do
+  local k = g.k
+  if g.fp then
+    local was, x = many('ZMSCORE', KEYS[k + 9], g.fp), 0
+    for a = 1, #g do
+      local i = g[a]
+      if ARGV[i + 6] ~= '' then
+        x = x + 1
+        local t = was[x] and tonumber(was[x])
+        if t and t + remember >= nowms then
+          -- Answered with the due time it had: a Delayd-At's is its own
+          -- (the same request names the same time; the tombstone's time
+          -- is when it was accepted, if later), a delay's is the
+          -- tombstone's. Whatever is stored for the id is left alone: the
+          -- ack that wrote the tombstone deleted this request's version,
+          -- so a version stored now is a newer request, already answered,
+          -- that a resend of an older one must not drop.
+          local j = (i + 3) / 7
+          if ARGV[i + 2] == 'v' then out[j] = -out[j] else out[j] = -t end
+        end
+      end
+    end
   end
-  if plan[j] then
-    out[#out+1] = plan[j]
-  else
-    local us = tonumber(ARGV[i+3])
-    local mode = ARGV[i+2]
-    if mode ~= 'v' then us = nowus + us end
-    -- At least 1: 0 means "stored already" in the reply.
-    local dueMs = math.max(math.ceil(us / 1000), 1)
-    -- Adds first, then removals: a cut leaves the id indexed twice, never
-    -- unindexed.
-    local m
-    if buckets then
-      m = bucketAdd(pending, dueMs, id)
-    else
-      redis.call('ZADD', due, ms(dueMs), id)
+  if g.msg then
+    -- One that expired by now is pruned below, before it could be found.
+    local exp, x, mine = many('ZMSCORE', KEYS[k + 8], g.msg), 0, {}
+    for a = 1, #g do
+      local i = g[a]
+      local msg = ARGV[i + 5]
+      if msg ~= '' then
+        x = x + 1
+        local j = (i + 3) / 7
+        if mine[msg] or (exp[x] and tonumber(exp[x]) > nowms) then
+          out[j] = 0
+        elseif out[j] > 0 then
+          mine[msg] = true
+        end
+      end
     end
-    local v = ARGV[i+4]
-    if mode == 'd' then
-      v = stamp(dueMs, 0, v, mark)
-    elseif mode == 'e' then
-      v = stamp(dueMs, 1, v, mark)
+  end
+  for a = 1, #g do
+    local i = g[a]
+    if out[(i + 3) / 7] > 0 then
+      g.stores = true
+      break
     end
-    -- A new id is stored at once; a replace reads the version it replaces
-    -- first, to find its bucket (by its due time: the add above can only
-    -- have moved the first bucket's bound down, which keeps it found).
-    if redis.call('HSETNX', data, id, v) == 0 then
-      local was = bucketed(pending, redis.call('HGET', data, id), id)
-      redis.call('HSET', data, id, v)
-      -- A replace: forget any claim, error or death of the old one.
-      redis.call('HDEL', attempts, id)
-      redis.call('HDEL', errors, id)
-      redis.call('ZREM', inflight, id)
-      redis.call('ZREM', dead, id)
-      if buckets then redis.call('ZREM', due, id) end
-      if was and was ~= m then bucketRemove(pending, was, {id}) end
-    end
-    -- A bucket grown past bucketMax splits once the id is in its one place,
-    -- so none ever holds more than bucketMax + 1.
-    if m then bucketSplit(pending, m, id) end
-    -- Remembered last: a cut before it stores the message again on
-    -- redelivery, which redoes the replace's removals too.
-    if msg ~= '' then redis.call('ZADD', seen, nowms + window, msg) end
-    out[#out+1] = dueMs
+  end
+  if g.stores then
+    -- The call's first write (data, below) fails by itself.
+    if g ~= order[1] then redis.call('HLEN', KEYS[k + 3]) end
+    redis.call('ZCARD', KEYS[k + 1])
+    g.inflight = redis.call('ZCARD', KEYS[k + 2]) > 0
+    g.dead = redis.call('ZCARD', KEYS[k + 5]) > 0
+    g.attempts = redis.call('HLEN', KEYS[k + 4]) > 0
+    g.errors = redis.call('HLEN', KEYS[k + 6]) > 0
   end
 end
-countBuckets()
+
+-- heads: value headers by due ms (negated for a series' first
+-- occurrence); scores: due ms as ZADD takes them.
+local heads, scores = {}, {}
+-- The writes, shard by shard: adds first, removals last (prelude), the
+-- stream messages remembered last of all: a cut before it stores the
+-- message again on redelivery, which redoes the removals too.
+for _, g in ipairs(order) do
+  local k = g.k
+  if g.stores then
+    local h, z, n = {}, {}, 0
+    -- ids: the stored ids, for the removals of a replace, where needed.
+    local ids = (g.inflight or g.dead or g.attempts or g.errors) and {}
+    for a = 1, #g do
+      local i = g[a]
+      local due = out[(i + 3) / 7]
+      if due > 0 then
+        local id, v, mode = ARGV[i + 1], ARGV[i + 4], ARGV[i + 2]
+        if mode ~= 'v' then
+          -- The header of each due time (and series or not) is built once:
+          -- a call's delays are often the same.
+          local at = due
+          if mode == 'e' then at = -due end
+          local head = heads[at]
+          if not head then
+            head = stamp(due, mode == 'e' and 1 or 0, '', mark)
+            heads[at] = head
+          end
+          v = head .. v
+        end
+        n = n + 1
+        if ids then ids[n] = id end
+        h[2 * n - 1], h[2 * n] = id, v
+        -- Formatted here, once per due time: a Lua number argument would
+        -- be formatted as a float.
+        local score = scores[due]
+        if not score then
+          score = string.format('%d', due)
+          scores[due] = score
+        end
+        z[2 * n - 1], z[2 * n] = score, id
+      end
+    end
+    chunks('HSET', KEYS[k + 3], h)
+    chunks('ZADD', KEYS[k + 1], z)
+    if g.inflight then chunks('ZREM', KEYS[k + 2], ids) end
+    if g.dead then chunks('ZREM', KEYS[k + 5], ids) end
+    if g.attempts then chunks('HDEL', KEYS[k + 4], ids) end
+    if g.errors then chunks('HDEL', KEYS[k + 6], ids) end
+  end
+  if g.msg then
+    local seen = KEYS[k + 8]
+    redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
+    local expiry, z = string.format('%d', nowms + window), {}
+    for a = 1, #g do
+      local i = g[a]
+      if ARGV[i + 5] ~= '' and out[(i + 3) / 7] > 0 then
+        z[#z + 1] = expiry
+        z[#z + 1] = ARGV[i + 5]
+      end
+    end
+    chunks('ZADD', seen, z)
+  end
+end
 return out
