@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -164,5 +165,25 @@ func TestScheduleWritesTheDueSet(t *testing.T) {
 			t.Fatalf("%s: a: %+v %v, want the last version", name, e, err)
 		}
 		mustBeConsistent(t, s)
+	}
+}
+
+// TestScheduleAnswersInItemOrder: a call over several shards answers
+// each item in the order given, whatever the order its shards take in
+// the script.
+func TestScheduleAnswersInItemOrder(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	var items []Item
+	for i := range 40 {
+		items = append(items, Item{ID: "o" + strconv.Itoa(i), DelayMicros: int64(i+1) * 60e6, Data: enc("x")})
+	}
+	due := schedule(t, s, items...)
+	for i, it := range items {
+		e, err := s.Get(ctx, it.ID)
+		if err != nil || e.DueMs != due[i] || i > 0 && due[i] <= due[i-1] {
+			t.Fatalf("%s: answered %d, stored %+v %v", it.ID, due[i], e, err)
+		}
 	}
 }

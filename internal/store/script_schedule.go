@@ -5,6 +5,7 @@ package store
 import (
 	_ "embed"
 	"fmt"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -33,9 +34,10 @@ type scheduleArgs struct {
 	fence string
 }
 
-// scheduleItem is one envelope of a schedule call: 7 values of ARGV.
+// scheduleItem is one envelope of a schedule call: 6 values of ARGV.
 type scheduleItem struct {
-	// k is the KEYS offset of the envelope's shard (0, 10, 20...).
+	// k is the KEYS offset of the envelope's shard (0, 10, 20...),
+	// which ARGV gives once before the shard's run of envelopes.
 	k  int
 	id string
 	// mode "d" (delay: us from now, value the bare envelope), "e" (delay,
@@ -55,11 +57,33 @@ const scheduleLead = 3
 
 func (scheduleArgs) script() *script { return scheduleScript }
 
+// argvOrder is the order of the items in ARGV: shard after shard (by KEYS
+// offset), each shard's in the order given, so the script takes a shard's
+// envelopes as one run.
+func (a scheduleArgs) argvOrder() []int {
+	order := make([]int, len(a.items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(x, y int) int { return a.items[x].k - a.items[y].k })
+	return order
+}
+
 func (a scheduleArgs) encode() call {
-	argv := make([]any, 0, scheduleLead+7*len(a.items))
+	argv := make([]any, 0, scheduleLead+6*len(a.items)+len(a.keys))
 	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs)
-	for _, it := range a.items {
-		argv = append(argv, it.k, it.id, it.mode, it.us, it.value, it.streamMsg, it.fingerprint)
+	order := a.argvOrder()
+	for x := 0; x < len(order); {
+		k, n := a.items[order[x]].k, 0
+		for x+n < len(order) && a.items[order[x+n]].k == k {
+			n++
+		}
+		argv = append(argv, k, n)
+		for _, i := range order[x : x+n] {
+			it := a.items[i]
+			argv = append(argv, it.id, it.mode, it.us, it.value, it.streamMsg, it.fingerprint)
+		}
+		x += n
 	}
 	return call{keys: a.keys, argv: argv, fence: a.fence}
 }
@@ -72,9 +96,17 @@ type scheduleReply struct {
 }
 
 func (a scheduleArgs) decode(cmd *redis.Cmd) (scheduleReply, error) {
-	due, err := cmd.Int64Slice()
-	if err == nil && len(due) != len(a.items) {
-		err = fmt.Errorf("bad reply %v", due)
+	got, err := cmd.Int64Slice()
+	if err == nil && len(got) != len(a.items) {
+		err = fmt.Errorf("bad reply %v", got)
 	}
-	return scheduleReply{due: due}, err
+	if err != nil {
+		return scheduleReply{}, err
+	}
+	// The script answers in ARGV order.
+	due := make([]int64, len(got))
+	for x, i := range a.argvOrder() {
+		due[i] = got[x]
+	}
+	return scheduleReply{due: due}, nil
 }

@@ -5,23 +5,25 @@
 -- ARGV[1] is the one-shot mark of the value format to write (value.go),
 -- ARGV[2] how long to remember a stream message (ms), ARGV[3] how long a
 -- delivered id's tombstone answers a resend (ms after its due time; 0:
--- never), then per envelope 7 values: k (KEYS offset of its shard: 0, 10,
--- 20...), id, mode, microseconds, value, stream message ("" for none) and
--- the request's fingerprint ("" for none): with mode "d" (delay) or "e"
--- (delay, the first occurrence of a series) the µs are from now and the
--- value is the encoded envelope, which the script stamps with the value
--- header; with mode "v" the µs are since the epoch and the value is
--- stamped already (the client knows the due time, and building a string in
--- Lua costs about as much as the rest of the upsert).
--- Returns the due time in ms of each envelope, or 0 for a stream message
--- this shard stored already (a redelivery after a lost ack: storing it
--- again would deliver it twice, or bring back an older version), or minus
--- the due time it had for a resend: an id whose tombstone (keys.go, done)
--- holds the same fingerprint within the window of its time was delivered
--- for this very request, and is not scheduled again, nor does it replace
--- a newer version stored since (docs/protocol.md, Resends). The
--- due time is rounded up to the millisecond so that a claim at "now ms" is
--- never early. An id named twice is stored at its last version.
+-- never), then per shard touched its KEYS offset k (0, 10, 20...), the
+-- number of its envelopes, and per envelope 6 values: id, mode,
+-- microseconds, value, stream message ("" for none) and the request's
+-- fingerprint ("" for none): with mode "d" (delay) or "e" (delay, the
+-- first occurrence of a series) the µs are from now and the value is the
+-- encoded envelope, which the script stamps with the value header; with
+-- mode "v" the µs are since the epoch and the value is stamped already
+-- (the client knows the due time; building a value in Lua is the dearest
+-- part of a store, so the header of each due time is built once).
+-- Returns, per envelope in ARGV order, its due time in ms, or 0 for a
+-- stream message this shard stored already (a redelivery after a lost
+-- ack: storing it again would deliver it twice, or bring back an older
+-- version), or minus the due time it had for a resend: an id whose
+-- tombstone (keys.go, done) holds the same fingerprint within the window
+-- of its time was delivered for this very request, and is not scheduled
+-- again, nor does it replace a newer version stored since
+-- (docs/protocol.md, Resends). The due time is rounded up to the
+-- millisecond so that a claim at "now ms" is never early. An id named
+-- twice is stored at its last version.
 -- Per shard it costs what the floor's schedule does (one HSET data and one
 -- ZADD due, variadic) and a few reads: one ZMSCORE of the tombstones of
 -- the envelopes with a fingerprint, one of the stream messages, and the
@@ -36,52 +38,52 @@ local _, nowus = nowMs()
 local nowms = math.floor(nowus / 1000)
 local mark, window, remember = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
--- Per envelope (j, ARGV from i = 7j - 3): out[j] its answer, the due time
--- while it is to be stored. Per shard, in the order first met: a table of
--- the ARGV offsets of its envelopes, with k its KEYS offset and, where any
--- carry one, fp the tombstone members to look up and msg the stream
--- messages. Tables are few: in Redis' Lua each costs about as much as a
--- command's own work (docs/BENCHMARKS.md).
-local out, nout, byK, order = {}, 0, {}, {}
-for i = 4, #ARGV, 7 do
-  local g = byK[ARGV[i]]
-  if not g then
-    g = {k = tonumber(ARGV[i])}
-    byK[ARGV[i]] = g
-    order[#order + 1] = g
+-- out[j]: the answer of the j-th envelope, its due time while it is to be
+-- stored. Per shard, in ARGV order: k its KEYS offset, from and to the
+-- ARGV offsets of its first and last envelope, j the index in out before
+-- its first; fp the tombstone members to look up and msg the stream
+-- messages, where any envelope carries one. Tables are few, and no C
+-- function is called per envelope: in Redis' Lua each costs about as much
+-- as a command's own work (docs/BENCHMARKS.md).
+local out, n, shards = {}, 0, {}
+local i = 4
+while i <= #ARGV do
+  local from = i + 2
+  local g = {k = tonumber(ARGV[i]), from = from, to = from + 6 * (ARGV[i + 1] - 1), j = n}
+  shards[#shards + 1] = g
+  for e = from, g.to, 6 do
+    -- The µs rounded up to ms, at least 1 (0 means "stored already" in
+    -- the reply), in arithmetic, which reads the string as a number.
+    local us = ARGV[e + 2] + 999
+    if ARGV[e + 1] ~= 'v' then us = us + nowus end
+    local due = (us - us % 1000) / 1000
+    if due < 1 then due = 1 end
+    n = n + 1
+    out[n] = due
+    local fp, msg = ARGV[e + 5], ARGV[e + 4]
+    if fp ~= '' and remember > 0 then
+      local l = g.fp or {}
+      g.fp = l
+      l[#l + 1] = fp .. ARGV[e]
+    end
+    if msg ~= '' then
+      local l = g.msg or {}
+      g.msg = l
+      l[#l + 1] = msg
+    end
   end
-  g[#g + 1] = i
-  -- The µs rounded up to ms, at least 1 (0 means "stored already" in
-  -- the reply), in arithmetic (which reads the string as a number): a
-  -- call of a C function costs more, for every envelope.
-  local us = ARGV[i + 3] + 999
-  if ARGV[i + 2] ~= 'v' then us = us + nowus end
-  local due = (us - us % 1000) / 1000
-  if due < 1 then due = 1 end
-  nout = nout + 1
-  out[nout] = due
-  local fp, msg = ARGV[i + 6], ARGV[i + 5]
-  if fp ~= '' and remember > 0 then
-    local l = g.fp or {}
-    g.fp = l
-    l[#l + 1] = fp .. ARGV[i + 1]
-  end
-  if msg ~= '' then
-    local l = g.msg or {}
-    g.msg = l
-    l[#l + 1] = msg
-  end
+  i = g.to + 6
 end
 
 -- Then every read, of every shard, before the first write (prelude: a key
 -- of the wrong type then fails the call having written nothing).
-for _, g in ipairs(order) do
+for _, g in ipairs(shards) do
   local k = g.k
   if g.fp then
-    local was, x = many('ZMSCORE', KEYS[k + 9], g.fp), 0
-    for a = 1, #g do
-      local i = g[a]
-      if ARGV[i + 6] ~= '' then
+    local was, x, j = many('ZMSCORE', KEYS[k + 9], g.fp), 0, g.j
+    for e = g.from, g.to, 6 do
+      j = j + 1
+      if ARGV[e + 5] ~= '' then
         x = x + 1
         local t = was[x] and tonumber(was[x])
         if t and t + remember >= nowms then
@@ -92,21 +94,19 @@ for _, g in ipairs(order) do
           -- ack that wrote the tombstone deleted this request's version,
           -- so a version stored now is a newer request, already answered,
           -- that a resend of an older one must not drop.
-          local j = (i + 3) / 7
-          if ARGV[i + 2] == 'v' then out[j] = -out[j] else out[j] = -t end
+          if ARGV[e + 1] == 'v' then out[j] = -out[j] else out[j] = -t end
         end
       end
     end
   end
   if g.msg then
     -- One that expired by now is pruned below, before it could be found.
-    local exp, x, mine = many('ZMSCORE', KEYS[k + 8], g.msg), 0, {}
-    for a = 1, #g do
-      local i = g[a]
-      local msg = ARGV[i + 5]
+    local exp, x, j, mine = many('ZMSCORE', KEYS[k + 8], g.msg), 0, g.j, {}
+    for e = g.from, g.to, 6 do
+      j = j + 1
+      local msg = ARGV[e + 4]
       if msg ~= '' then
         x = x + 1
-        local j = (i + 3) / 7
         if mine[msg] or (exp[x] and tonumber(exp[x]) > nowms) then
           out[j] = 0
         elseif out[j] > 0 then
@@ -115,16 +115,15 @@ for _, g in ipairs(order) do
       end
     end
   end
-  for a = 1, #g do
-    local i = g[a]
-    if out[(i + 3) / 7] > 0 then
+  for j = g.j + 1, g.j + (g.to - g.from) / 6 + 1 do
+    if out[j] > 0 then
       g.stores = true
       break
     end
   end
   if g.stores then
     -- The call's first write (data, below) fails by itself.
-    if g ~= order[1] then redis.call('HLEN', KEYS[k + 3]) end
+    if g ~= shards[1] then redis.call('HLEN', KEYS[k + 3]) end
     redis.call('ZCARD', KEYS[k + 1])
     g.inflight = redis.call('ZCARD', KEYS[k + 2]) > 0
     g.dead = redis.call('ZCARD', KEYS[k + 5]) > 0
@@ -139,17 +138,17 @@ local heads, scores = {}, {}
 -- The writes, shard by shard: adds first, removals last (prelude), the
 -- stream messages remembered last of all: a cut before it stores the
 -- message again on redelivery, which redoes the removals too.
-for _, g in ipairs(order) do
+for _, g in ipairs(shards) do
   local k = g.k
   if g.stores then
-    local h, z, n = {}, {}, 0
+    local h, z, c, j = {}, {}, 0, g.j
     -- ids: the stored ids, for the removals of a replace, where needed.
     local ids = (g.inflight or g.dead or g.attempts or g.errors) and {}
-    for a = 1, #g do
-      local i = g[a]
-      local due = out[(i + 3) / 7]
+    for e = g.from, g.to, 6 do
+      j = j + 1
+      local due = out[j]
       if due > 0 then
-        local id, v, mode = ARGV[i + 1], ARGV[i + 4], ARGV[i + 2]
+        local id, v, mode = ARGV[e], ARGV[e + 3], ARGV[e + 1]
         if mode ~= 'v' then
           -- The header of each due time (and series or not) is built once:
           -- a call's delays are often the same.
@@ -162,9 +161,9 @@ for _, g in ipairs(order) do
           end
           v = head .. v
         end
-        n = n + 1
-        if ids then ids[n] = id end
-        h[2 * n - 1], h[2 * n] = id, v
+        c = c + 1
+        if ids then ids[c] = id end
+        h[2 * c - 1], h[2 * c] = id, v
         -- Formatted here, once per due time: a Lua number argument would
         -- be formatted as a float.
         local score = scores[due]
@@ -172,7 +171,7 @@ for _, g in ipairs(order) do
           score = string.format('%d', due)
           scores[due] = score
         end
-        z[2 * n - 1], z[2 * n] = score, id
+        z[2 * c - 1], z[2 * c] = score, id
       end
     end
     chunks('HSET', KEYS[k + 3], h)
@@ -185,12 +184,12 @@ for _, g in ipairs(order) do
   if g.msg then
     local seen = KEYS[k + 8]
     redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
-    local expiry, z = string.format('%d', nowms + window), {}
-    for a = 1, #g do
-      local i = g[a]
-      if ARGV[i + 5] ~= '' and out[(i + 3) / 7] > 0 then
+    local expiry, z, j = string.format('%d', nowms + window), {}, g.j
+    for e = g.from, g.to, 6 do
+      j = j + 1
+      if ARGV[e + 4] ~= '' and out[j] > 0 then
         z[#z + 1] = expiry
-        z[#z + 1] = ARGV[i + 5]
+        z[#z + 1] = ARGV[e + 4]
       end
     end
     chunks('ZADD', seen, z)
