@@ -170,20 +170,36 @@ func TestScheduleWritesTheDueSet(t *testing.T) {
 
 // TestScheduleAnswersInItemOrder: a call over several shards answers
 // each item in the order given, whatever the order its shards take in
-// the script.
+// the script, with or without fingerprints and stream messages (which
+// shape the shards' runs of ARGV differently).
 func TestScheduleAnswersInItemOrder(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t)
+	r, _ := newStore(t)
+	s := New(r.rdb, "io", 5, WithResendMemory(time.Minute), WithStreamMemory(time.Minute))
 	ctx := context.Background()
 	var items []Item
 	for i := range 40 {
-		items = append(items, Item{ID: "o" + strconv.Itoa(i), DelayMicros: int64(i+1) * 60e6, Data: enc("x")})
+		it := Item{ID: "o" + strconv.Itoa(i), DelayMicros: int64(i+1) * 60e6, Data: enc("x")}
+		if i%3 == 0 {
+			it.Request = "fp-" + strconv.Itoa(i)
+		}
+		if i%7 == 0 {
+			it.StreamMsg = strconv.Itoa(i) + "@1"
+		}
+		items = append(items, it)
 	}
 	due := schedule(t, s, items...)
 	for i, it := range items {
 		e, err := s.Get(ctx, it.ID)
 		if err != nil || e.DueMs != due[i] || i > 0 && due[i] <= due[i-1] {
 			t.Fatalf("%s: answered %d, stored %+v %v", it.ID, due[i], e, err)
+		}
+	}
+	// Their stream messages are remembered, and only theirs.
+	again := schedule(t, s, items...)
+	for i, it := range items {
+		if (again[i] == 0) != (it.StreamMsg != "") {
+			t.Fatalf("%s (message %q) again: answered %d", it.ID, it.StreamMsg, again[i])
 		}
 	}
 }

@@ -6,9 +6,11 @@
 -- ARGV[2] how long to remember a stream message (ms), ARGV[3] how long a
 -- delivered id's tombstone answers a resend (ms after its due time; 0:
 -- never), then per shard touched its KEYS offset k (0, 10, 20...), the
--- number of its envelopes, and per envelope 6 values: id, mode,
--- microseconds, value, stream message ("" for none) and the request's
--- fingerprint ("" for none): with mode "d" (delay) or "e" (delay, the
+-- number of its envelopes, w, and per envelope w values: id, mode,
+-- microseconds, value, the request's fingerprint ("" for none) and the
+-- stream message ("" for none), the last two only where an envelope of
+-- the shard carries one (w 4, 5 or 6: an argument costs as much as many
+-- steps of Lua): with mode "d" (delay) or "e" (delay, the
 -- first occurrence of a series) the µs are from now and the value is the
 -- encoded envelope, which the script stamps with the value header; with
 -- mode "v" the µs are since the epoch and the value is stamped already
@@ -40,18 +42,18 @@ local mark, window, remember = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(AR
 
 -- out[j]: the answer of the j-th envelope, its due time while it is to be
 -- stored. Per shard, in ARGV order: k its KEYS offset, from and to the
--- ARGV offsets of its first and last envelope, j the index in out before
--- its first; fp the tombstone members to look up and msg the stream
+-- ARGV offsets of its first and last envelope, w their width, j the index
+-- in out before its first; fp the tombstone members to look up and msg the stream
 -- messages, where any envelope carries one. Tables are few, and no C
 -- function is called per envelope: in Redis' Lua each costs about as much
 -- as a command's own work (docs/BENCHMARKS.md).
 local out, n, shards = {}, 0, {}
 local i = 4
 while i <= #ARGV do
-  local from = i + 2
-  local g = {k = tonumber(ARGV[i]), from = from, to = from + 6 * (ARGV[i + 1] - 1), j = n}
+  local from, w = i + 3, tonumber(ARGV[i + 2])
+  local g = {k = tonumber(ARGV[i]), from = from, to = from + w * (ARGV[i + 1] - 1), w = w, j = n}
   shards[#shards + 1] = g
-  for e = from, g.to, 6 do
+  for e = from, g.to, w do
     -- The µs rounded up to ms, at least 1 (0 means "stored already" in
     -- the reply), in arithmetic, which reads the string as a number.
     local us = ARGV[e + 2] + 999
@@ -60,7 +62,11 @@ while i <= #ARGV do
     if due < 1 then due = 1 end
     n = n + 1
     out[n] = due
-    local fp, msg = ARGV[e + 5], ARGV[e + 4]
+    local fp, msg = '', ''
+    if w > 4 then
+      fp = ARGV[e + 4]
+      if w > 5 then msg = ARGV[e + 5] end
+    end
     if fp ~= '' and remember > 0 then
       local l = g.fp or {}
       g.fp = l
@@ -72,7 +78,7 @@ while i <= #ARGV do
       l[#l + 1] = msg
     end
   end
-  i = g.to + 6
+  i = g.to + w
 end
 
 -- Then every read, of every shard, before the first write (prelude: a key
@@ -81,9 +87,9 @@ for _, g in ipairs(shards) do
   local k = g.k
   if g.fp then
     local was, x, j = many('ZMSCORE', KEYS[k + 9], g.fp), 0, g.j
-    for e = g.from, g.to, 6 do
+    for e = g.from, g.to, g.w do
       j = j + 1
-      if ARGV[e + 5] ~= '' then
+      if ARGV[e + 4] ~= '' then
         x = x + 1
         local t = was[x] and tonumber(was[x])
         if t and t + remember >= nowms then
@@ -102,9 +108,9 @@ for _, g in ipairs(shards) do
   if g.msg then
     -- One that expired by now is pruned below, before it could be found.
     local exp, x, j, mine = many('ZMSCORE', KEYS[k + 8], g.msg), 0, g.j, {}
-    for e = g.from, g.to, 6 do
+    for e = g.from, g.to, g.w do
       j = j + 1
-      local msg = ARGV[e + 4]
+      local msg = ARGV[e + 5]
       if msg ~= '' then
         x = x + 1
         if mine[msg] or (exp[x] and tonumber(exp[x]) > nowms) then
@@ -115,7 +121,7 @@ for _, g in ipairs(shards) do
       end
     end
   end
-  for j = g.j + 1, g.j + (g.to - g.from) / 6 + 1 do
+  for j = g.j + 1, g.j + (g.to - g.from) / g.w + 1 do
     if out[j] > 0 then
       g.stores = true
       break
@@ -144,7 +150,7 @@ for _, g in ipairs(shards) do
     local h, z, c, j = {}, {}, 0, g.j
     -- ids: the stored ids, for the removals of a replace, where needed.
     local ids = (g.inflight or g.dead or g.attempts or g.errors) and {}
-    for e = g.from, g.to, 6 do
+    for e = g.from, g.to, g.w do
       j = j + 1
       local due = out[j]
       if due > 0 then
@@ -185,11 +191,11 @@ for _, g in ipairs(shards) do
     local seen = KEYS[k + 8]
     redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
     local expiry, z, j = string.format('%d', nowms + window), {}, g.j
-    for e = g.from, g.to, 6 do
+    for e = g.from, g.to, g.w do
       j = j + 1
-      if ARGV[e + 4] ~= '' and out[j] > 0 then
+      if ARGV[e + 5] ~= '' and out[j] > 0 then
         z[#z + 1] = expiry
-        z[#z + 1] = ARGV[e + 4]
+        z[#z + 1] = ARGV[e + 5]
       end
     end
     chunks('ZADD', seen, z)
