@@ -170,16 +170,23 @@ func TestScheduleWritesTheDueSet(t *testing.T) {
 
 // TestScheduleAnswersInItemOrder: a call over several shards answers
 // each item in the order given, whatever the order its shards take in
-// the script, with or without fingerprints and stream messages (which
-// shape the shards' runs of ARGV differently).
+// the script, with or without fingerprints and stream messages, in any
+// mode (which shape the shards' runs of ARGV differently).
 func TestScheduleAnswersInItemOrder(t *testing.T) {
 	t.Parallel()
 	r, _ := newStore(t)
 	s := New(r.rdb, "io", 5, WithResendMemory(time.Minute), WithStreamMemory(time.Minute))
 	ctx := context.Background()
 	var items []Item
+	base := time.Now().UnixMicro()
 	for i := range 40 {
 		it := Item{ID: "o" + strconv.Itoa(i), DelayMicros: int64(i+1) * 60e6, Data: enc("x")}
+		switch i % 4 {
+		case 1:
+			it.Absolute, it.AtMicros, it.DelayMicros = true, base+int64(i+1)*60e6, 0
+		case 2:
+			it.Series = true
+		}
 		if i%3 == 0 {
 			it.Request = "fp-" + strconv.Itoa(i)
 		}
@@ -191,7 +198,11 @@ func TestScheduleAnswersInItemOrder(t *testing.T) {
 	due := schedule(t, s, items...)
 	for i, it := range items {
 		e, err := s.Get(ctx, it.ID)
-		if err != nil || e.DueMs != due[i] || i > 0 && due[i] <= due[i-1] {
+		series := int64(0)
+		if it.Series {
+			series = 1
+		}
+		if err != nil || e.DueMs != due[i] || i > 0 && due[i] <= due[i-1] || e.Occurrence != series {
 			t.Fatalf("%s: answered %d, stored %+v %v", it.ID, due[i], e, err)
 		}
 	}

@@ -34,7 +34,7 @@ type scheduleArgs struct {
 	fence string
 }
 
-// scheduleItem is one envelope of a schedule call: 4 to 6 values of ARGV.
+// scheduleItem is one envelope of a schedule call: 3 to 6 values of ARGV.
 type scheduleItem struct {
 	// k is the KEYS offset of the envelope's shard (0, 10, 20...),
 	// which ARGV gives once before the shard's run of envelopes.
@@ -78,26 +78,37 @@ func (a scheduleArgs) encode() call {
 		for x+n < len(order) && a.items[order[x+n]].k == k {
 			n++
 		}
-		// Width: the values of each envelope, without the fingerprint
-		// and stream message columns where no envelope of the shard
-		// carries one.
-		w := 4
-		for _, i := range order[x : x+n] {
-			if a.items[i].streamMsg != "" {
-				w = 6
-			} else if a.items[i].fingerprint != "" {
-				w = max(w, 5)
-			}
-		}
-		argv = append(argv, k, n, w)
+		// The shard's mode, unless its envelopes differ, and its
+		// columns: the fingerprint and stream message only where an
+		// envelope of the shard carries one.
+		mode, cols := a.items[order[x]].mode, 3
 		for _, i := range order[x : x+n] {
 			it := a.items[i]
-			argv = append(argv, it.id, it.mode, it.us, it.value)
-			if w > 4 {
+			if it.mode != mode {
+				mode = ""
+			}
+			if it.streamMsg != "" {
+				cols = 5
+			} else if it.fingerprint != "" {
+				cols = max(cols, 4)
+			}
+		}
+		w := cols
+		if mode == "" {
+			w++
+		}
+		argv = append(argv, k, n, mode, w)
+		for _, i := range order[x : x+n] {
+			it := a.items[i]
+			argv = append(argv, it.id, it.us, it.value)
+			if cols > 3 {
 				argv = append(argv, it.fingerprint)
 			}
-			if w > 5 {
+			if cols > 4 {
 				argv = append(argv, it.streamMsg)
+			}
+			if mode == "" {
+				argv = append(argv, it.mode)
 			}
 		}
 		x += n

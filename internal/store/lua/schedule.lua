@@ -6,11 +6,12 @@
 -- ARGV[2] how long to remember a stream message (ms), ARGV[3] how long a
 -- delivered id's tombstone answers a resend (ms after its due time; 0:
 -- never), then per shard touched its KEYS offset k (0, 10, 20...), the
--- number of its envelopes, w, and per envelope w values: id, mode,
--- microseconds, value, the request's fingerprint ("" for none) and the
--- stream message ("" for none), the last two only where an envelope of
--- the shard carries one (w 4, 5 or 6: an argument costs as much as many
--- steps of Lua): with mode "d" (delay) or "e" (delay, the
+-- number of its envelopes, the mode of them all ("" where they differ), w,
+-- and per envelope w values: id, microseconds, value, the request's
+-- fingerprint ("" for none), the stream message ("" for none) and the
+-- mode; the fingerprint and message only where an envelope of the shard
+-- carries one, the mode only where they differ (an argument costs Redis
+-- as much as many steps of Lua). With mode "d" (delay) or "e" (delay, the
 -- first occurrence of a series) the µs are from now and the value is the
 -- encoded envelope, which the script stamps with the value header; with
 -- mode "v" the µs are since the epoch and the value is stamped already
@@ -42,30 +43,36 @@ local mark, window, remember = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(AR
 
 -- out[j]: the answer of the j-th envelope, its due time while it is to be
 -- stored. Per shard, in ARGV order: k its KEYS offset, from and to the
--- ARGV offsets of its first and last envelope, w their width, j the index
--- in out before its first; fp the tombstone members to look up and msg the stream
--- messages, where any envelope carries one. Tables are few, and no C
--- function is called per envelope: in Redis' Lua each costs about as much
--- as a command's own work (docs/BENCHMARKS.md).
+-- ARGV offsets of its first and last envelope, w their width, mode theirs
+-- ("" where each has its own, last), j the index in out before its first;
+-- fp the tombstone members to look up and msg the stream messages, where
+-- any envelope carries one. Tables are few, and no C function is called
+-- per envelope: in Redis' Lua each costs about as much as a command's own
+-- work (docs/BENCHMARKS.md).
 local out, n, shards = {}, 0, {}
 local i = 4
 while i <= #ARGV do
-  local from, w = i + 3, tonumber(ARGV[i + 2])
-  local g = {k = tonumber(ARGV[i]), from = from, to = from + w * (ARGV[i + 1] - 1), w = w, j = n}
+  local from, mode, w = i + 4, ARGV[i + 2], tonumber(ARGV[i + 3])
+  -- cols: the values of an envelope besides its mode
+  local cols = w
+  if mode == '' then cols = w - 1 end
+  local g = {k = tonumber(ARGV[i]), from = from, to = from + w * (ARGV[i + 1] - 1), w = w, mode = mode, j = n}
   shards[#shards + 1] = g
   for e = from, g.to, w do
+    local m = mode
+    if m == '' then m = ARGV[e + w - 1] end
     -- The µs rounded up to ms, at least 1 (0 means "stored already" in
     -- the reply), in arithmetic, which reads the string as a number.
-    local us = ARGV[e + 2] + 999
-    if ARGV[e + 1] ~= 'v' then us = us + nowus end
+    local us = ARGV[e + 1] + 999
+    if m ~= 'v' then us = us + nowus end
     local due = (us - us % 1000) / 1000
     if due < 1 then due = 1 end
     n = n + 1
     out[n] = due
     local fp, msg = '', ''
-    if w > 4 then
-      fp = ARGV[e + 4]
-      if w > 5 then msg = ARGV[e + 5] end
+    if cols > 3 then
+      fp = ARGV[e + 3]
+      if cols > 4 then msg = ARGV[e + 4] end
     end
     if fp ~= '' and remember > 0 then
       local l = g.fp or {}
@@ -89,7 +96,7 @@ for _, g in ipairs(shards) do
     local was, x, j = many('ZMSCORE', KEYS[k + 9], g.fp), 0, g.j
     for e = g.from, g.to, g.w do
       j = j + 1
-      if ARGV[e + 4] ~= '' then
+      if ARGV[e + 3] ~= '' then
         x = x + 1
         local t = was[x] and tonumber(was[x])
         if t and t + remember >= nowms then
@@ -100,7 +107,9 @@ for _, g in ipairs(shards) do
           -- ack that wrote the tombstone deleted this request's version,
           -- so a version stored now is a newer request, already answered,
           -- that a resend of an older one must not drop.
-          if ARGV[e + 1] == 'v' then out[j] = -out[j] else out[j] = -t end
+          local m = g.mode
+          if m == '' then m = ARGV[e + g.w - 1] end
+          if m == 'v' then out[j] = -out[j] else out[j] = -t end
         end
       end
     end
@@ -110,7 +119,7 @@ for _, g in ipairs(shards) do
     local exp, x, j, mine = many('ZMSCORE', KEYS[k + 8], g.msg), 0, g.j, {}
     for e = g.from, g.to, g.w do
       j = j + 1
-      local msg = ARGV[e + 5]
+      local msg = ARGV[e + 4]
       if msg ~= '' then
         x = x + 1
         if mine[msg] or (exp[x] and tonumber(exp[x]) > nowms) then
@@ -154,7 +163,8 @@ for _, g in ipairs(shards) do
       j = j + 1
       local due = out[j]
       if due > 0 then
-        local id, v, mode = ARGV[e], ARGV[e + 3], ARGV[e + 1]
+        local id, v, mode = ARGV[e], ARGV[e + 2], g.mode
+        if mode == '' then mode = ARGV[e + g.w - 1] end
         if mode ~= 'v' then
           -- The header of each due time (and series or not) is built once:
           -- a call's delays are often the same.
@@ -193,9 +203,9 @@ for _, g in ipairs(shards) do
     local expiry, z, j = string.format('%d', nowms + window), {}, g.j
     for e = g.from, g.to, g.w do
       j = j + 1
-      if ARGV[e + 5] ~= '' and out[j] > 0 then
+      if ARGV[e + 4] ~= '' and out[j] > 0 then
         z[#z + 1] = expiry
-        z[#z + 1] = ARGV[e + 5]
+        z[#z + 1] = ARGV[e + 4]
       end
     end
     chunks('ZADD', seen, z)
