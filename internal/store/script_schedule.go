@@ -5,6 +5,7 @@ package store
 import (
 	_ "embed"
 	"fmt"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -33,9 +34,10 @@ type scheduleArgs struct {
 	fence string
 }
 
-// scheduleItem is one envelope of a schedule call: 7 values of ARGV.
+// scheduleItem is one envelope of a schedule call: 3 to 6 values of ARGV.
 type scheduleItem struct {
-	// k is the KEYS offset of the envelope's shard (0, 10, 20...).
+	// k is the KEYS offset of the envelope's shard (0, 9, 18...),
+	// which ARGV gives once before the shard's run of envelopes.
 	k  int
 	id string
 	// mode "d" (delay: us from now, value the bare envelope), "e" (delay,
@@ -51,15 +53,65 @@ type scheduleItem struct {
 }
 
 // scheduleLead is the number of ARGV before the items.
-const scheduleLead = 4
+const scheduleLead = 3
 
 func (scheduleArgs) script() *script { return scheduleScript }
 
+// argvOrder is the order of the items in ARGV: shard after shard (by KEYS
+// offset), each shard's in the order given, so the script takes a shard's
+// envelopes as one run.
+func (a scheduleArgs) argvOrder() []int {
+	order := make([]int, len(a.items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(x, y int) int { return a.items[x].k - a.items[y].k })
+	return order
+}
+
 func (a scheduleArgs) encode() call {
-	argv := make([]any, 0, scheduleLead+7*len(a.items))
-	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs, "")
-	for _, it := range a.items {
-		argv = append(argv, it.k, it.id, it.mode, it.us, it.value, it.streamMsg, it.fingerprint)
+	argv := make([]any, 0, scheduleLead+6*len(a.items)+len(a.keys))
+	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs)
+	order := a.argvOrder()
+	for x := 0; x < len(order); {
+		k, n := a.items[order[x]].k, 0
+		for x+n < len(order) && a.items[order[x+n]].k == k {
+			n++
+		}
+		// The shard's mode, unless its envelopes differ, and its
+		// columns: the fingerprint and stream message only where an
+		// envelope of the shard carries one.
+		mode, cols := a.items[order[x]].mode, 3
+		for _, i := range order[x : x+n] {
+			it := a.items[i]
+			if it.mode != mode {
+				mode = ""
+			}
+			if it.streamMsg != "" {
+				cols = 5
+			} else if it.fingerprint != "" {
+				cols = max(cols, 4)
+			}
+		}
+		w := cols
+		if mode == "" {
+			w++
+		}
+		argv = append(argv, k, n, mode, w)
+		for _, i := range order[x : x+n] {
+			it := a.items[i]
+			argv = append(argv, it.id, it.us, it.value)
+			if cols > 3 {
+				argv = append(argv, it.fingerprint)
+			}
+			if cols > 4 {
+				argv = append(argv, it.streamMsg)
+			}
+			if mode == "" {
+				argv = append(argv, it.mode)
+			}
+		}
+		x += n
 	}
 	return call{keys: a.keys, argv: argv, fence: a.fence}
 }
@@ -72,9 +124,17 @@ type scheduleReply struct {
 }
 
 func (a scheduleArgs) decode(cmd *redis.Cmd) (scheduleReply, error) {
-	due, err := cmd.Int64Slice()
-	if err == nil && len(due) != len(a.items) {
-		err = fmt.Errorf("bad reply %v", due)
+	got, err := cmd.Int64Slice()
+	if err == nil && len(got) != len(a.items) {
+		err = fmt.Errorf("bad reply %v", got)
 	}
-	return scheduleReply{due: due}, err
+	if err != nil {
+		return scheduleReply{}, err
+	}
+	// The script answers in ARGV order.
+	due := make([]int64, len(got))
+	for x, i := range a.argvOrder() {
+		due[i] = got[x]
+	}
+	return scheduleReply{due: due}, nil
 }

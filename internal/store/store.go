@@ -209,8 +209,7 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]Scheduled, []erro
 	var idx [][]int          // per call, the items it carries
 	byShard := map[int]int{} // shard → call
 	slots := map[int]int{}   // shard → KEYS offset in its call
-	write := int(s.write.Load())
-	mark := markOf(write)
+	mark := markOf(int(s.write.Load()))
 	for i, it := range items {
 		sh := s.Shard(it.ID)
 		ci, ok := byShard[sh]
