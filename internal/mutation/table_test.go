@@ -143,13 +143,13 @@ var mutations = []mutation{
 
 	// The store's Lua scripts (embedded by internal/store; caught by its tests).
 	{Name: "lua-ack-ignores-token", File: "internal/store/lua/ack.lua",
-		Old: "if not handled[id] and holds(token, id) then", New: "if not handled[id] then",
+		Old: "if not handled[id] and set[id] then", New: "if not handled[id] then",
 		Promise: "a stale daemon's settle never touches a newer claim or a newer version"},
 	{Name: "lua-claim-takes-not-due", File: "internal/store/lua/claim.lua",
-		Old: "due, '-inf', ms(now), 'LIMIT'", New: "due, '-inf', '+inf', 'LIMIT'",
+		Old: "local nowS, endedS, maxS = ms(now),", New: "local nowS, endedS, maxS = '+inf',",
 		Promise: "an envelope is never delivered before its due time"},
 	{Name: "lua-claim-takes-live-leases", File: "internal/store/lua/claim.lua",
-		Old: "inflight, '-inf', ms(now * 1000)", New: "inflight, '-inf', '+inf'",
+		Old: "endedS, maxS = ms(now), ms(now * 1000)", New: "endedS, maxS = ms(now), '+inf'",
 		Promise: "an envelope in flight is re-leased only once its lease ended, not delivered twice at once"},
 	{Name: "lua-expired-lease-not-counted", File: "internal/store/lua/claim.lua",
 		Old: "          n = n + 1", New: "          n = n + 0",

@@ -37,14 +37,14 @@ type ackShard struct {
 // ackSettle is one settle of an ack call: 5 values of ARGV.
 type ackSettle struct {
 	id, token string
-	// op: "a", "r", "u", "d", "n:<next due ms>" or "t:<since ms>"
-	// (lua/ack.lua; ackOp builds it).
+	// op: "a", "r", "u", "d", "n" or "t" (lua/ack.lua; ackOp builds it).
 	op string
-	// errOrFP is the error to record, or for "t:" the request's
+	// errOrFP is the error to record, or for "t" the request's
 	// fingerprint.
 	errOrFP string
-	// delay is the settle's own retry delay in ms, "" for retryMs.
-	delay string
+	// at is the settle's own retry delay in ms ("" for retryMs), for "n"
+	// the next occurrence's due ms, for "t" the tombstone's time.
+	at string
 }
 
 // ackOp encodes st as one settle of ack.lua; tombstones says whether
@@ -54,19 +54,17 @@ func ackOp(st Settle, tombstones bool) ackSettle {
 	switch st.Outcome {
 	case 0:
 		op = string(Delivered)
-	case Next:
-		op = "n:" + strconv.FormatInt(st.NextDueMs, 10)
 	}
-	errOrFP := st.Error
-	if op == string(Delivered) && st.Request != "" && tombstones {
-		op = "t:" + strconv.FormatInt(st.SinceMs, 10)
-		errOrFP = st.Request
+	errOrFP, at := st.Error, ""
+	switch {
+	case st.Outcome == Next:
+		at = strconv.FormatInt(st.NextDueMs, 10)
+	case op == string(Delivered) && st.Request != "" && tombstones:
+		op, errOrFP, at = "t", st.Request, strconv.FormatInt(st.SinceMs, 10)
+	case st.RetryDelay > 0:
+		at = strconv.FormatInt(st.RetryDelay.Milliseconds(), 10)
 	}
-	delay := ""
-	if st.RetryDelay > 0 {
-		delay = strconv.FormatInt(st.RetryDelay.Milliseconds(), 10)
-	}
-	return ackSettle{id: st.ID, token: st.Token, op: op, errOrFP: errOrFP, delay: delay}
+	return ackSettle{id: st.ID, token: st.Token, op: op, errOrFP: errOrFP, at: at}
 }
 
 func (ackArgs) script() *script { return ackScript }
@@ -85,7 +83,7 @@ func (a ackArgs) encode() call {
 		}
 		argv = append(argv, sh.keys.tag, len(sh.settles))
 		for _, st := range sh.settles {
-			argv = append(argv, st.id, st.token, st.op, st.errOrFP, st.delay)
+			argv = append(argv, st.id, st.token, st.op, st.errOrFP, st.at)
 		}
 	}
 	return call{keys: a.shards[0].keys.list(), argv: argv, touches: touches}

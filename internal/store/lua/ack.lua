@@ -6,17 +6,17 @@
 -- Cluster routes the call, and the function's allow-cross-slot-keys lets
 -- it reach the other shards of the node), the number m of its settles,
 -- then per settle 5 values: id, claim token (its lease score), op, error,
--- and its own retry delay in ms ("" for ARGV[1]).
+-- and a time in ms: its own retry delay ("" for ARGV[1]), or as the op
+-- says.
 -- Ops: "a" ack (delivered: delete), "r" release (back to due after the
 -- retry delay), "u" unreachable (like "r", but the attempt is not counted:
 -- nothing was written to the network), "d" dead (to the dead set), and
--- "n:<due ms>" for an occurrence of a series delivered: the next
--- occurrence is due then, with fresh attempts, and "t:<ms>" for a
--- delivered one-shot whose request is remembered: like "a", and its error
--- field is the request's fingerprint, kept with the id in the done set
--- (keys.go) at that time (its due time, or when it was accepted if later),
--- until ARGV[2] ms after it. Every call drops the tombstones past that of
--- the shards it settles.
+-- "n" for an occurrence of a series delivered: the next occurrence is due
+-- at the time, with fresh attempts, and "t" for a delivered one-shot whose
+-- request is remembered: like "a", and its error field is the request's
+-- fingerprint, kept with the id in the done set (keys.go) at the time (its
+-- due time, or when it was accepted if later), until ARGV[2] ms after it.
+-- Every call drops the tombstones past that of the shards it settles.
 -- A non-empty error is recorded.
 -- A settle whose token is not the id's current lease score is ignored: the
 -- id was replaced, cancelled, or re-claimed after its lease expired, and a
@@ -30,6 +30,9 @@
 
 local now = nowMs()
 local retry, remember = tonumber(ARGV[1]), tonumber(ARGV[2]) or 0
+-- The tombstones' prune, formatted once a call.
+local below = '(' .. ms(now - remember)
+if remember <= 0 then below = '+inf' end
 
 -- read reads one shard, whose tag is ARGV[a] and whose m settles follow:
 -- every key it writes below, before any shard is written (prelude).
@@ -43,38 +46,42 @@ local function read(a)
   -- per id instead). A token is a lease score (prelude, isToken);
   -- anything else matches nothing.
   local leased = {}
-  local function holds(tok, id)
-    local set = leased[tok]
-    if not set then
-      set = {}
-      if isToken(tok) then
-        for _, x in ipairs(redis.call('ZRANGEBYSCORE', p.inflight, tok, tok)) do set[x] = true end
-      end
-      leased[tok] = set
-    end
-    return set[id]
-  end
   local settled, acked, errs, count, again, buried, nexts, tombs = {}, {}, {}, {}, {}, {}, {}, {}
+  -- Counters, not #t: the work per settle is what an ack costs beyond
+  -- its commands.
+  local ns, na, nt = 0, 0, 0
   -- An id settled twice in one call counts once, as it would across two
   -- calls.
   local handled = {}
   for k = a + 2, a + 1 + 5 * m, 5 do
-    local id, token, op, err, delay = ARGV[k], ARGV[k+1], ARGV[k+2], ARGV[k+3], ARGV[k+4]
-    if not handled[id] and holds(token, id) then
+    local id, token, op, err, at = ARGV[k], ARGV[k+1], ARGV[k+2], ARGV[k+3], ARGV[k+4]
+    local set = leased[token]
+    if not set then
+      set = {}
+      if isToken(token) then
+        for _, x in ipairs(redis.call('ZRANGEBYSCORE', p.inflight, token, token)) do set[x] = true end
+      end
+      leased[token] = set
+    end
+    if not handled[id] and set[id] then
       handled[id] = true
-      settled[#settled+1] = id
+      ns = ns + 1
+      settled[ns] = id
       if op == 'a' then
-        acked[#acked+1] = id
-      elseif string.sub(op, 1, 2) == 't:' then
-        acked[#acked+1] = id
-        local since = tonumber(string.sub(op, 3))
+        na = na + 1
+        acked[na] = id
+      elseif op == 't' then
+        na = na + 1
+        acked[na] = id
+        local since = tonumber(at)
         if since and err ~= '' and remember > 0 then
-          tombs[#tombs+1] = since
-          tombs[#tombs+1] = err .. id
+          -- The time as it came, a string: a number is formatted as a
+          -- float, several times dearer.
+          tombs[nt+1], tombs[nt+2], nt = at, err .. id, nt + 2
         end
-      elseif string.sub(op, 1, 2) == 'n:' then
+      elseif op == 'n' then
         nexts[#nexts+1] = id
-        nexts[#nexts+1] = tonumber(string.sub(op, 3))
+        nexts[#nexts+1] = tonumber(at)
       else
         if err ~= '' then
           errs[#errs+1] = id
@@ -85,7 +92,7 @@ local function read(a)
           buried[#buried+1] = now
           buried[#buried+1] = id
         else
-          again[#again+1] = now + (tonumber(delay) or retry)
+          again[#again+1] = now + (tonumber(at) or retry)
           again[#again+1] = id
         end
       end
@@ -118,11 +125,7 @@ local function write(p)
   -- shard whose named deliveries stopped, a fleet that turned resends
   -- off: then all, by a command that fails on a key of the wrong type, as
   -- DEL would not).
-  if remember > 0 then
-    redis.call('ZREMRANGEBYSCORE', p.done, '-inf', '(' .. (now - remember))
-  else
-    redis.call('ZREMRANGEBYSCORE', p.done, '-inf', '+inf')
-  end
+  redis.call('ZREMRANGEBYSCORE', p.done, '-inf', below)
   -- Adds first (errors, counts, the new place), removals last.
   if #p.errs > 0 then chunks('HSET', p.errors, p.errs) end
   if #p.count > 0 then

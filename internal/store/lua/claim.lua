@@ -149,6 +149,8 @@ end
 
 local now, nowus = nowMs()
 local max, length, hint, known = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+-- Formatted once a call, not once a shard.
+local nowS, endedS, maxS = ms(now), ms(now * 1000), ms(max)
 
 -- read reads one shard (its tag and ARGV from a): every key it writes
 -- below, before any shard is written (prelude): inflight, due (its type
@@ -159,10 +161,12 @@ local function read(a)
   local p = {due = tag .. 'due', inflight = tag .. 'inflight', attempts = tag .. 'attempts', lease = tag .. 'lease',
     missing = 0, expired = 0, large = 0}
   -- Expired leases: tokens at or below now x 1000.
-  local ids = redis.call('ZRANGEBYSCORE', p.inflight, '-inf', ms(now * 1000), 'LIMIT', '0', ms(max))
+  local ids = redis.call('ZRANGEBYSCORE', p.inflight, '-inf', endedS, 'LIMIT', '0', maxS)
   local expired = #ids
-  if expired < max then
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', p.due, '-inf', ms(now), 'LIMIT', '0', ms(max - expired))) do
+  if expired == 0 then
+    ids = redis.call('ZRANGEBYSCORE', p.due, '-inf', nowS, 'LIMIT', '0', maxS)
+  elseif expired < max then
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', p.due, '-inf', nowS, 'LIMIT', '0', ms(max - expired))) do
       ids[#ids+1] = id
     end
   else
@@ -193,7 +197,9 @@ local function write(p, out)
     if #p.ended > 0 then redis.call('HDEL', p.lease, unpack(p.ended)) end
     redis.call('HSET', p.lease, length, p.leased)
     local count, leases, gone, later, unleased, taken = {}, {}, {}, {}, {}, {}
-    local n = 0
+    -- Counters, not #t: the work per envelope is what a claim costs
+    -- beyond its commands.
+    local n, o, nl, nt, prevs, tok = 0, #out, 0, 0, p.prevs, p.token
     for j, id in ipairs(ids) do
       local v = p.datas[j]
       local m = v and string.byte(v, 1) or 0
@@ -205,19 +211,20 @@ local function write(p, out)
         later[#later+1] = id
         if j <= p.expired then unleased[#unleased+1] = id end
       else
-        if j > p.expired then taken[#taken+1] = id end
+        if j > p.expired then
+          nt = nt + 1
+          taken[nt] = id
+        end
         if v then
-          local c, b = attemptsOf(p.prevs[j])
+          local c, b = 0, 0
+          if prevs[j] then c, b = attemptsOf(prevs[j]) end
           if j <= p.expired then
             c = c + 1
             count[#count+1] = id
             count[#count+1] = attemptsValue(c, b)
           end
-          leases[#leases+1] = p.token
-          leases[#leases+1] = id
-          out[#out+1] = id
-          out[#out+1] = attemptsValue(c + 1, b)
-          out[#out+1] = v
+          leases[nl+1], leases[nl+2], nl = tok, id, nl + 2
+          out[o+1], out[o+2], out[o+3], o = id, attemptsValue(c + 1, b), v, o + 3
           n = n + 1
         else
           out[head+3] = out[head+3] + 1
