@@ -96,9 +96,14 @@ func doctor(ctx context.Context, cmd *cli.Command, o cliIO) error {
 	if rep.Schema, err = st.Schema(ctx); err != nil {
 		return err
 	}
-	// No repair beside a retired format: ids of the due buckets would look
-	// unindexed, and be made due at once.
+	// No repair beside a retired format, or a daemon that may write one:
+	// ids of the due buckets would look unindexed, and be made due at once.
 	repair = repair && rep.Retired.Total() == 0
+	if repair {
+		if err := st.RetiredWriterLive(ctx); err != nil {
+			return fmt.Errorf("doctor: --repair refused, nothing changed: %w", err)
+		}
+	}
 	rep.Repaired = repair
 	for sh := range c.Shards {
 		found, err := st.Check(ctx, sh, store.CheckOptions{Repair: repair, Pause: pause})

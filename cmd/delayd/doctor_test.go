@@ -70,6 +70,20 @@ func TestDoctor(t *testing.T) {
 	if again, _ := doctor(); again != out {
 		t.Fatalf("read-only doctor changed something:\n%s\nthen\n%s", out, again)
 	}
+	// A live daemon of a build with redis.due_buckets on (it announces
+	// format 4) may write the due buckets at any moment, whose ids a repair
+	// would take for unindexed data and make due now: no repair then.
+	live := float64(time.Now().Add(time.Minute).UnixMilli())
+	rc.ZAdd(ctx, "{delayd:members}", redisZ(live, "old"))
+	rc.ZAdd(ctx, "{delayd:members}:formats", redisZ(live, "4:old"))
+	if out, err := doctor("--repair"); err == nil || !strings.Contains(err.Error(), "format 4") {
+		t.Fatalf("repair beside a daemon writing the due buckets: %v\n%s", err, out)
+	}
+	if again, _ := doctor(); again != out {
+		t.Fatalf("a refused repair changed something:\n%s\nthen\n%s", out, again)
+	}
+	rc.ZRem(ctx, "{delayd:members}", "old")
+	rc.ZRem(ctx, "{delayd:members}:formats", "4:old")
 	if out, err := doctor("--repair"); err != nil || !strings.Contains(out, "repaired") {
 		t.Fatalf("repair: %v\n%s", err, out)
 	}

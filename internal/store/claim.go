@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -83,6 +84,18 @@ type ClaimOptions struct {
 // If some shards' Redis nodes fail (a Cluster master down), it returns the
 // results of the others along with the error.
 func (s *Store) Claim(ctx context.Context, shards []int, o ClaimOptions) ([]ClaimResult, error) {
+	// Each shard once: two plans of one shard in one call would hand its
+	// envelopes out twice (lua/claim.lua reads every shard first).
+	if len(shards) > 1 {
+		seen := make(map[int]bool, len(shards))
+		shards = slices.DeleteFunc(slices.Clone(shards), func(sh int) bool {
+			if seen[sh] {
+				return true
+			}
+			seen[sh] = true
+			return false
+		})
+	}
 	hint, known := s.hint(), int(markOf(s.newest))+1
 	var share int64
 	first, over := 0, 0 // shards first.. (wrapping) may hand out one envelope beyond their share

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -165,4 +166,86 @@ func TestOneCallPerNodeUnderCluster(t *testing.T) {
 		t.Fatalf("claim and ack made %d calls, want one each per master: %d", n, want)
 	}
 	mustBeConsistent(t, s)
+}
+
+// idOf returns an id of shard sh, named from prefix.
+func idOf(s *Store, sh int, prefix string) string {
+	for i := 0; ; i++ {
+		if id := fmt.Sprint(prefix, i); s.Shard(id) == sh {
+			return id
+		}
+	}
+}
+
+// TestGroupedCallsWriteNothingOnAFailingShard: a claim or an ack of two
+// shards in one call, where a key of the second is of the wrong type,
+// writes nothing before it fails (every shard is read before any is
+// written), so the call of the first shard alone that follows reports
+// exactly what it did: the envelopes it handed out are those it leased,
+// and those it buried are counted.
+func TestGroupedCallsWriteNothingOnAFailingShard(t *testing.T) {
+	t.Parallel()
+	r := testutil.StartRedis(t)
+	ctx := context.Background()
+	// setUp schedules one envelope due in each of two shards and breaks
+	// shard 1's key name: after claiming both first when acked.
+	setUp := func(ns, name string, claimed bool) (*Store, map[string]Claimed, [2]string) {
+		s := New(NewClient(Options{Addrs: []string{r.Addr}}), ns, 2, WithResendMemory(time.Hour))
+		t.Cleanup(func() { s.Close() })
+		ids := [2]string{idOf(s, 0, "a"), idOf(s, 1, "a")}
+		schedule(t, s, Item{ID: ids[0], Absolute: true, AtMicros: 1000, Data: enc("x")},
+			Item{ID: ids[1], Absolute: true, AtMicros: 1000, Data: enc("x")})
+		var cl map[string]Claimed
+		if claimed {
+			cl = claimAll(t, s, time.Minute)
+		}
+		key := s.keys[1].list()[slices.Index(keyNames, name)]
+		s.rdb.Del(ctx, key)
+		s.rdb.Set(ctx, key, "oops", 0)
+		return s, cl, ids
+	}
+	for _, name := range keyNames {
+		s, _, _ := setUp("c"+name, name, false)
+		res, _ := s.Claim(ctx, []int{0, 1}, ClaimOptions{Batch: 10, Lease: time.Minute})
+		got := 0
+		for _, r := range res {
+			if r.Shard == 0 {
+				got += len(r.Items)
+			}
+		}
+		if leased := s.rdb.ZCard(ctx, s.keys[0].inflight).Val(); int64(got) != leased || got != 1 {
+			t.Errorf("%s: the claim handed out %d of shard 0's envelope, and leased %d", name, got, leased)
+		}
+		s, cl, ids := setUp("a"+name, name, true)
+		a, _ := s.Ack(ctx, map[int][]Settle{0: {{ID: ids[0], Token: cl[ids[0]].Token, Outcome: Bury, Error: "e"}},
+			1: {{ID: ids[1], Token: cl[ids[1]].Token, Outcome: Bury, Error: "e"}}}, time.Second)
+		dead := s.rdb.ZCard(ctx, s.keys[0].dead).Val() + s.rdb.ZCard(ctx, s.keys[1].dead).Val()
+		if int64(a.Buried) != dead || dead == 0 {
+			t.Errorf("%s: the ack reports %d buried, the shards hold %d dead", name, a.Buried, dead)
+		}
+	}
+}
+
+// TestClaimNamesAShardOnce: a claim that names a shard twice claims it
+// once: two plans of one shard in one call would hand its envelopes out
+// twice.
+func TestClaimNamesAShardOnce(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	var items []Item
+	for i := range 3 {
+		items = append(items, Item{ID: idOf(s, 0, fmt.Sprint("d", i, "-")), Absolute: true, AtMicros: 1000, Data: enc("x")})
+	}
+	schedule(t, s, items...)
+	res, err := s.Claim(context.Background(), []int{0, 0}, ClaimOptions{Batch: 10, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, r := range res {
+		n += len(r.Items)
+	}
+	if n != 3 || len(res) != 1 {
+		t.Fatalf("a claim of shards [0 0] handed out %d envelopes of 3 in %d results", n, len(res))
+	}
 }

@@ -328,6 +328,12 @@ func (s *Store) Migrate(ctx context.Context, done func(shard int, moved Legacy))
 	return all, nil
 }
 
+// RetiredWriterLive returns ErrOlderBuildLive while a live daemon
+// announces a retired format (before 3, or the due buckets, 4): it may
+// write such data at any moment, which a repair by Check would take for
+// damage (a bucket's id for unindexed data, made due now).
+func (s *Store) RetiredWriterLive(ctx context.Context) error { return s.olderBuildLive(ctx, true) }
+
 // olderBuildLive returns ErrOlderBuildLive when a live member announces no
 // format, or a live announcement is of a format before 3, or of the due
 // buckets (4): a daemon with redis.due_buckets on, which writes them once

@@ -30,9 +30,8 @@
 
 local now = nowMs()
 local retry, remember = tonumber(ARGV[1]), tonumber(ARGV[2]) or 0
--- The tombstones' prune, formatted once a call.
-local below = '(' .. ms(now - remember)
-if remember <= 0 then below = '+inf' end
+-- The tombstones' prune (all of them when none are kept), formatted once.
+local below = remember > 0 and '(' .. ms(now - remember) or '+inf'
 
 -- read reads one shard, whose tag is ARGV[a] and whose m settles follow:
 -- every key it writes below, before any shard is written (prelude).
@@ -116,6 +115,8 @@ local function read(a)
   if #again > 0 or #nexts > 0 then redis.call('ZCARD', p.due) end
   if #buried > 0 then redis.call('ZCARD', p.dead) end
   if #acked > 0 and #p.restamp == 0 then redis.call('HLEN', p.data) end
+  -- The first shard's prune is the call's first write.
+  if a > 3 then redis.call('ZCARD', p.done) end
   return p, a + 2 + 5 * m
 end
 

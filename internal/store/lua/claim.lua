@@ -1,39 +1,29 @@
 -- claim hands out envelopes for delivery (Claim, claim.go) from one or
 -- more shards in one call: up to ARGV[1] a shard, each with a lease of
--- ARGV[2] ms: first those whose lease expired (their daemon died or
--- stalled; they are re-leased in place, so a backlog of due envelopes can
--- never starve them), then due ones, which move from due to inflight.
--- The expired lease was an attempt: it is counted in attempts now.
--- The lease score is the claim's token, unique in its shard (leaseToken,
--- below; keys.go): expiry ms x 1000 + about k, k = ARGV[3] (1..991).
--- ARGV[4] is the newest value format this daemon reads, as its series
--- mark: a value of a newer format (a newer daemon wrote it) is not handed
--- out, nor rewritten or counted: it is given back, due again in a second,
--- for a daemon that knows its format.
--- Then per shard 4 values: its key tag ("{<ns>:<shard>}:", keys.go: the
--- shard's keys are named from it; KEYS are the first shard's, declared so
--- that Redis Cluster routes the call, and the function's
--- allow-cross-slot-keys lets it reach the other shards of the node), the
--- bytes of stored values it may hand out (0: no bound; see take), "1"
--- when its first large one may go out even if it alone is larger (so one
--- over-large envelope can never stall its shard; the caller grants that
--- to a few shards per claim in turn), and "1" when the shard is known to
--- hold large values (store.go, largeUntil): every value is then sized
--- before it is read (see take); without, only once one over 4 kB was
--- seen.
+-- ARGV[2] ms: first those whose lease expired (re-leased in place, so a
+-- backlog of due ones never starves them; the expired lease is counted as
+-- an attempt now), then due ones, which move from due to inflight. The
+-- lease score is the claim's token, unique in its shard (token, below;
+-- keys.go), from the hint k = ARGV[3] (1..991). ARGV[4] is the newest value
+-- format this daemon reads, as its series mark: a value of a newer format
+-- is given back untouched, uncounted, due again in a second, for a daemon
+-- that reads it.
+-- Then per shard 4 values: its key tag ("{<ns>:<shard>}:": its keys are
+-- named from it; KEYS are the first shard's, for Redis Cluster to route
+-- the call, and allow-cross-slot-keys lets it reach the node's other
+-- shards), the bytes of values it may hand out (0: no bound; see take),
+-- "1" when its first large one may go out even if alone larger (so none
+-- can stall its shard; the caller grants it to a few shards in turn), and
+-- "1" when the shard is known to hold large values (store.go, largeUntil).
 -- Every shard is read before any is written: a shard whose slot is not on
--- this node (a Cluster slot moving) fails the call before it wrote
--- anything, and the caller claims shard by shard instead.
--- Returns {now µs, then per shard: next due ms or -1, next lease expiry
--- ms (rounded up) or -1, number of ids that had no data (removed behind
--- delayd's back), number of expired leases re-claimed, the lease score
--- (the settles' token), number of values of an unknown format given back,
--- the newest such mark (0 for none), 1 if a value over 4 kB was seen
--- (else 0), the number of envelopes n, then n times: id, attempt, stored
--- value}.
--- The attempt is n + 1, or "n+1/b" when b > 0 (the attempts hash,
--- keys.go). "now" is in µs so the scanner can time its next wake-up to
--- better than a millisecond.
+-- this node fails the call having written nothing, and the caller claims
+-- shard by shard instead.
+-- Returns {now µs (for the scanner's wake-ups), then per shard: next due
+-- ms or -1, next lease expiry ms (rounded up) or -1, ids without data
+-- (removed behind delayd's back), expired leases re-claimed, the token,
+-- values of an unknown format given back, their newest mark (0: none), 1
+-- if a value over 4 kB was seen, the number of envelopes n, then n times:
+-- id, attempt (n + 1, or "n+1/b": keys.go, attempts), stored value}.
 -- Allowed over maxmemory: delivering is what frees memory.
 
 -- token takes the token of a claim at now with a lease of length ms (a
@@ -77,17 +67,14 @@ end
 -- it stays where it is, first in line for the next claim. So small
 -- envelopes are not held up behind large ones, and a shard holds at most
 -- its budget, or one over-large value plus a quarter.
--- HMGET replies inside a script cost far more than their bytes once they
--- are large (Redis 7.0: 16 values of 900 kB in one HMGET take 1.4 s, one
--- HGET each 80 ms), so values are read 4, then 16 at a time while they
--- are small; once one is over 4 kB, each is sized first (HSTRLEN) and
--- read alone only if it fits. With sizeAll (a shard known to hold large
--- values) that is so from the first value on; without, the first value
--- is sized before any is read, and large values behind a small first one
--- are read in the HMGET that finds them. Returns the kept ids, their
--- values (false for an id without data: kept, reported missing), how
--- many of them were expired leases, whether any was skipped, and whether
--- a value over 4 kB was seen.
+-- Large HMGET replies cost a script far more than their bytes (Redis 7.0:
+-- 16 values of 900 kB in one take 1.4 s, one HGET each 80 ms), so values
+-- are read 4, then 16 at a time while small; once one is over 4 kB (or
+-- from the first with sizeAll), each is sized (HSTRLEN) and read alone if
+-- it fits; the first is always sized before any is read. Returns the kept
+-- ids, their values (false for an id without data: reported missing), how
+-- many were expired leases, whether any was skipped, and whether a value
+-- over 4 kB was seen.
 local function take(data, ids, expired, budget, oversize, sizeAll)
   local keep, vals, kept, skipped = {}, {}, 0, false
   local smallMax, smallBudget, largeBudget = budget / 16, budget / 4, budget * 3 / 4

@@ -1,29 +1,19 @@
--- The prelude of every shard script: script.go puts it before each one
--- sent as a script, and library.go at the top of the Functions library,
--- where it runs once, when the library loads: so it only defines locals.
--- A shard script's KEYS are one shard's keys in the order of keys.go
--- (shardKeys.list): due, inflight, data, attempts, dead, errors, lease,
--- seen, done; the schedule script takes several shards' keys, one shard
--- after the other. Each script names the keys it uses on its first lines, and
--- reads "now" from Redis TIME, so daemons with skewed clocks agree.
---
--- Redis does not roll back a script that fails part-way, so every script
--- is written to be safe when it stops at any command: it reads first,
--- then adds to the new place, and removes from the old place last. A cut
--- between two writes can leave an id in two indexes (found and repaired by
--- Check), never in none. Every unpack is chunked, because Lua bounds how
--- many values one unpack may yield.
---
--- A key changed to a wrong type behind delayd's back fails a script before
--- its first write, never part-way. A read of such a key fails by itself
--- (Redis' WRONGTYPE, before anything is written; the store then names the
--- key, script.go), and so does the first write. So a script reads every
--- key it touches before its first write where it reads it anyway, and
--- reads only for this (checkKeys) the keys it would otherwise first touch
--- after a write: checking every key of every call was a fifth of Redis'
--- work per claim and ack of 4 envelopes a shard, and half of a schedule's
--- (docs/BENCHMARKS.md). wrongtype_test.go breaks each key of each
--- operation in turn, and finds a write moved before a read.
+-- The prelude of every shard script: before each one sent as a script
+-- (script.go), or once at the top of the Functions library (library.go):
+-- so it only defines locals. A shard script's KEYS are one shard's keys in
+-- keys.go's order (due, inflight, data, attempts, dead, errors, lease,
+-- seen, done), several shards' one after the other for schedule; claim and
+-- ack name their other shards' keys from the key tags in ARGV. "Now" is
+-- Redis TIME, so daemons with skewed clocks agree.
+-- Redis does not roll back a script that fails part-way, so each is safe
+-- to stop at any command: it reads first, then adds to the new place, and
+-- removes from the old place last (a cut can leave an id in two indexes,
+-- which Check repairs, never in none). A key of the wrong type fails a
+-- script before its first write: each reads every key it writes before
+-- the first write, reading only for this (ZCARD, HLEN: checkKeys) the keys
+-- it would otherwise first touch after one (wrongtype_test.go breaks each
+-- key of each operation). Every unpack is chunked: Lua bounds how many
+-- values one unpack may yield.
 
 -- kinds are the types of one shard's keys, by name; at their KEYS
 -- positions (1..9, the order of keys.go's list).
