@@ -17,10 +17,10 @@ var scheduleLua string
 // allowed over maxmemory: it is what fills Redis.
 var scheduleScript = newScript("schedule", "", scheduleLua)
 
-// scheduleArgs are one call of schedule.lua: the keys of every shard its
-// items touch, one shard after the other, and its ARGV.
+// scheduleArgs are one call of schedule.lua: the shards its items touch,
+// and its ARGV.
 type scheduleArgs struct {
-	keys []string
+	shards []*shardKeys
 	// mark is the one-shot mark of the format to write (value.go);
 	// seenForMs how long a stream message is remembered; resendsMs how
 	// long a tombstone answers a resend (0: never).
@@ -36,8 +36,8 @@ type scheduleArgs struct {
 
 // scheduleItem is one envelope of a schedule call: 3 to 6 values of ARGV.
 type scheduleItem struct {
-	// k is the KEYS offset of the envelope's shard (0, 9, 18...),
-	// which ARGV gives once before the shard's run of envelopes.
+	// k is the envelope's shard, as its index in the call's shards;
+	// ARGV gives the shard's key tag once before its run of envelopes.
 	k  int
 	id string
 	// mode "d" (delay: us from now, value the bare envelope), "e" (delay,
@@ -57,8 +57,8 @@ const scheduleLead = 3
 
 func (scheduleArgs) script() *script { return scheduleScript }
 
-// argvOrder is the order of the items in ARGV: shard after shard (by KEYS
-// offset), each shard's in the order given, so the script takes a shard's
+// argvOrder is the order of the items in ARGV: shard after shard, each
+// shard's in the order given, so the script takes a shard's
 // envelopes as one run.
 func (a scheduleArgs) argvOrder() []int {
 	order := make([]int, len(a.items))
@@ -70,7 +70,7 @@ func (a scheduleArgs) argvOrder() []int {
 }
 
 func (a scheduleArgs) encode() call {
-	argv := make([]any, 0, scheduleLead+6*len(a.items)+len(a.keys))
+	argv := make([]any, 0, scheduleLead+6*len(a.items)+4*len(a.shards))
 	argv = append(argv, int(a.mark), a.seenForMs, a.resendsMs)
 	order := a.argvOrder()
 	for x := 0; x < len(order); {
@@ -97,7 +97,7 @@ func (a scheduleArgs) encode() call {
 		if mode == "" {
 			w++
 		}
-		argv = append(argv, k, n, mode, w)
+		argv = append(argv, a.shards[k].tag, n, mode, w)
 		for _, i := range order[x : x+n] {
 			it := a.items[i]
 			argv = append(argv, it.id, it.us, it.value)
@@ -113,7 +113,13 @@ func (a scheduleArgs) encode() call {
 		}
 		x += n
 	}
-	return call{keys: a.keys, argv: argv, fence: a.fence}
+	var touches []string
+	if len(a.shards) > 1 {
+		for _, sh := range a.shards {
+			touches = append(touches, sh.list()...)
+		}
+	}
+	return call{keys: a.shards[0].list(), argv: argv, fence: a.fence, touches: touches}
 }
 
 // scheduleReply is schedule.lua's answer: per item, in order, its due

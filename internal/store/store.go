@@ -208,7 +208,7 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]Scheduled, []erro
 	var calls []scheduleArgs
 	var idx [][]int          // per call, the items it carries
 	byShard := map[int]int{} // shard → call
-	slots := map[int]int{}   // shard → KEYS offset in its call
+	slots := map[int]int{}   // shard → its index in its call's shards
 	mark := markOf(int(s.write.Load()))
 	for i, it := range items {
 		sh := s.Shard(it.ID)
@@ -229,9 +229,9 @@ func (s *Store) Schedule(ctx context.Context, items []Item) ([]Scheduled, []erro
 		c := &calls[ci]
 		off, ok := slots[sh]
 		if !ok {
-			off = len(c.keys)
+			off = len(c.shards)
 			slots[sh] = off
-			c.keys = append(c.keys, s.keys[sh].list()...)
+			c.shards = append(c.shards, &s.keys[sh])
 		}
 		mode, us, v := "d", it.DelayMicros, it.Data
 		if it.Series && !it.Absolute {

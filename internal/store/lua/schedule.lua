@@ -1,11 +1,12 @@
--- schedule upserts a batch of envelopes (Schedule, store.go). KEYS hold
--- the 9 keys of each shard the batch touches, shard after shard (one shard
--- under Redis Cluster, where a script must stay in one slot; any number on
--- a single Redis, so a whole intake batch is one call).
+-- schedule upserts a batch of envelopes (Schedule, store.go), of any
+-- number of shards on a single Redis (a whole intake batch is one call),
+-- one a call under Redis Cluster. KEYS are the first shard's (keys.go),
+-- for Cluster to route the call; every shard's keys are named from its
+-- tag in ARGV: a key in KEYS costs Redis more than its name in a string.
 -- ARGV[1] is the one-shot mark of the value format to write (value.go),
 -- ARGV[2] how long to remember a stream message (ms), ARGV[3] how long a
 -- delivered id's tombstone answers a resend (ms after its due time; 0:
--- never), then per shard touched its KEYS offset k (0, 9, 18...), the
+-- never), then per shard touched its key tag k ("{<ns>:<shard>}:"), the
 -- number of its envelopes, the mode of them all ("" where they differ), w,
 -- and per envelope w values: id, microseconds, value, the request's
 -- fingerprint ("" for none), the stream message ("" for none) and the
@@ -42,7 +43,7 @@ local nowms = math.floor(nowus / 1000)
 local mark, window, remember = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
 -- out[j]: the answer of the j-th envelope, its due time while it is to be
--- stored. Per shard, in ARGV order: k its KEYS offset, from and to the
+-- stored. Per shard, in ARGV order: k its key tag, from and to the
 -- ARGV offsets of its first and last envelope, w their width, mode theirs
 -- ("" where each has its own, last), j the index in out before its first;
 -- fp the tombstone members to look up and msg the stream messages, where
@@ -56,7 +57,7 @@ while i <= #ARGV do
   -- cols: the values of an envelope besides its mode
   local cols = w
   if mode == '' then cols = w - 1 end
-  local g = {k = tonumber(ARGV[i]), from = from, to = from + w * (ARGV[i + 1] - 1), w = w, mode = mode, j = n}
+  local g = {k = ARGV[i], from = from, to = from + w * (ARGV[i + 1] - 1), w = w, mode = mode, j = n}
   shards[#shards + 1] = g
   for e = from, g.to, w do
     local m = mode
@@ -93,7 +94,7 @@ end
 for _, g in ipairs(shards) do
   local k = g.k
   if g.fp then
-    local was, x, j = many('ZMSCORE', KEYS[k + 9], g.fp), 0, g.j
+    local was, x, j = many('ZMSCORE', k .. 'done', g.fp), 0, g.j
     for e = g.from, g.to, g.w do
       j = j + 1
       if ARGV[e + 3] ~= '' then
@@ -116,7 +117,7 @@ for _, g in ipairs(shards) do
   end
   if g.msg then
     -- One that expired by now is pruned below, before it could be found.
-    local exp, x, j, mine = many('ZMSCORE', KEYS[k + 8], g.msg), 0, g.j, {}
+    local exp, x, j, mine = many('ZMSCORE', k .. 'seen', g.msg), 0, g.j, {}
     for e = g.from, g.to, g.w do
       j = j + 1
       local msg = ARGV[e + 4]
@@ -138,12 +139,12 @@ for _, g in ipairs(shards) do
   end
   if g.stores then
     -- The call's first write (data, below) fails by itself.
-    if g ~= shards[1] then redis.call('HLEN', KEYS[k + 3]) end
-    redis.call('ZCARD', KEYS[k + 1])
-    g.inflight = redis.call('ZCARD', KEYS[k + 2]) > 0
-    g.dead = redis.call('ZCARD', KEYS[k + 5]) > 0
-    g.attempts = redis.call('HLEN', KEYS[k + 4]) > 0
-    g.errors = redis.call('HLEN', KEYS[k + 6]) > 0
+    if g ~= shards[1] then redis.call('HLEN', k .. 'data') end
+    redis.call('ZCARD', k .. 'due')
+    g.inflight = redis.call('ZCARD', k .. 'inflight') > 0
+    g.dead = redis.call('ZCARD', k .. 'dead') > 0
+    g.attempts = redis.call('HLEN', k .. 'attempts') > 0
+    g.errors = redis.call('HLEN', k .. 'errors') > 0
   end
 end
 
@@ -190,15 +191,15 @@ for _, g in ipairs(shards) do
         z[2 * c - 1], z[2 * c] = score, id
       end
     end
-    chunks('HSET', KEYS[k + 3], h)
-    chunks('ZADD', KEYS[k + 1], z)
-    if g.inflight then chunks('ZREM', KEYS[k + 2], ids) end
-    if g.dead then chunks('ZREM', KEYS[k + 5], ids) end
-    if g.attempts then chunks('HDEL', KEYS[k + 4], ids) end
-    if g.errors then chunks('HDEL', KEYS[k + 6], ids) end
+    chunks('HSET', k .. 'data', h)
+    chunks('ZADD', k .. 'due', z)
+    if g.inflight then chunks('ZREM', k .. 'inflight', ids) end
+    if g.dead then chunks('ZREM', k .. 'dead', ids) end
+    if g.attempts then chunks('HDEL', k .. 'attempts', ids) end
+    if g.errors then chunks('HDEL', k .. 'errors', ids) end
   end
   if g.msg then
-    local seen = KEYS[k + 8]
+    local seen = k .. 'seen'
     redis.call('ZREMRANGEBYSCORE', seen, '-inf', nowms)
     local expiry, z, j = string.format('%d', nowms + window), {}, g.j
     for e = g.from, g.to, g.w do
