@@ -173,7 +173,7 @@ var mutations = []mutation{
 		Old: "chunks('ZREM', inflight, gone)", New: "chunks('ZREM', due, gone)",
 		Promise: "a cancelled envelope in flight leaves no lease to be delivered again"},
 	{Name: "lua-replace-keeps-claim", File: "internal/store/lua/schedule.lua",
-		Old: "if g.inflight then chunks('ZREM', KEYS[k + 2], ids) end", New: "",
+		Old: "if g.inflight then chunks('ZREM', k .. 'inflight', ids) end", New: "",
 		Promise: "a replace drops the old version's claim: its settle changes nothing"},
 	{Name: "lua-replay-no-fresh-budget", File: "internal/store/lua/replay.lua",
 		Old: "attemptsValue(n, n)", New: "attemptsValue(n, 0)",

@@ -1,8 +1,7 @@
--- schedule upserts a batch of envelopes (Schedule, store.go), of any
--- number of shards on a single Redis (a whole intake batch is one call),
--- one a call under Redis Cluster. KEYS are the first shard's (keys.go),
--- for Cluster to route the call; every shard's keys are named from its
--- tag in ARGV: a key in KEYS costs Redis more than its name in a string.
+-- schedule upserts a batch of envelopes (Schedule, store.go) of any number
+-- of shards (one a call under Redis Cluster). KEYS are the first shard's,
+-- for Cluster to route the call; every shard's keys are named from its tag
+-- in ARGV (a key in KEYS costs Redis more than its name in a string).
 -- ARGV[1] is the one-shot mark of the value format to write (value.go),
 -- ARGV[2] how long to remember a stream message (ms), ARGV[3] how long a
 -- delivered id's tombstone answers a resend (ms after its due time; 0:
