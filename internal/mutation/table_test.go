@@ -152,7 +152,7 @@ var mutations = []mutation{
 		Old: "endedS, maxS = ms(now), ms(now * 1000)", New: "endedS, maxS = ms(now), '+inf'",
 		Promise: "an envelope in flight is re-leased only once its lease ended, not delivered twice at once"},
 	{Name: "lua-expired-lease-not-counted", File: "internal/store/lua/claim.lua",
-		Old: "          n = n + 1", New: "          n = n + 0",
+		Old: "            c = c + 1", New: "            c = c + 0",
 		Promise: "an expired lease counts as an attempt: attempt numbers only go up"},
 	{Name: "lua-retry-not-counted", File: "internal/store/lua/ack.lua",
 		Old: "if op ~= 'u' then count[#count+1] = id end", New: "if false then count[#count+1] = id end",

@@ -105,8 +105,8 @@ type call struct {
 	argv  []any
 	fence string
 	// touches are the keys the call may touch, where they are more than
-	// keys (the claim and ack name the keys of their other shards from
-	// ARGV): nameWrongType looks for a wrong type among them.
+	// keys (schedule, claim and ack name the keys of their other shards
+	// from ARGV): nameWrongType looks for a wrong type among them.
 	touches []string
 }
 

@@ -2,8 +2,8 @@
 -- (script.go), or once at the top of the Functions library (library.go):
 -- so it only defines locals. A shard script's KEYS are one shard's keys in
 -- keys.go's order (due, inflight, data, attempts, dead, errors, lease,
--- seen, done), several shards' one after the other for schedule; claim and
--- ack name their other shards' keys from the key tags in ARGV. "Now" is
+-- seen, done); schedule, claim and ack, which take several shards a call,
+-- name every shard's keys from its key tag in ARGV. "Now" is
 -- Redis TIME, so daemons with skewed clocks agree.
 -- Redis does not roll back a script that fails part-way, so each is safe
 -- to stop at any command: it reads first, then adds to the new place, and
@@ -20,9 +20,8 @@
 local kinds = {due = 'zset', inflight = 'zset', data = 'hash', attempts = 'hash', dead = 'zset', errors = 'hash',
   lease = 'hash', seen = 'zset', done = 'zset'}
 local at = {due = 1, inflight = 2, data = 3, attempts = 4, dead = 5, errors = 6, lease = 7, seen = 8, done = 9}
--- checkKeys reads the named keys of the shard at KEYS offset k (0, 9,
--- 18...): ZCARD or HLEN, cheaper than TYPE, so one of the wrong type
--- fails the script here.
+-- checkKeys reads the named keys of the shard at KEYS offset k (0): ZCARD
+-- or HLEN, cheaper than TYPE, so one of the wrong type fails it here.
 local function checkKeys(k, name, ...)
   if not name then return end
   if kinds[name] == 'zset' then
