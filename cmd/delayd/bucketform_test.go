@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,26 +61,8 @@ func TestDueBucketsRefusedThenMigrated(t *testing.T) {
 	}
 	d.Stop()
 
-	start := exec.Command(bin, "run")
-	start.Env = append(testutil.ChildEnv(), append(common, "DELAYD_NATS_URL="+n.URL(), "DELAYD_REDIS_ADDRS="+r.Addr,
-		"DELAYD_HTTP_ADDR=127.0.0.1:0", "DELAYD_UI_ADDR=127.0.0.1:0")...)
-	var stderr bytes.Buffer
-	start.Stderr = &stderr
-	done := make(chan error, 1)
-	if err := start.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { done <- start.Wait() }()
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(stderr.String(), "delayd migrate") ||
-			!strings.Contains(stderr.String(), "40 envelopes in the due buckets") {
-			t.Fatalf("start on the due buckets: %v, want a refusal naming delayd migrate and the buckets:\n%s", err, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		_ = start.Process.Kill()
-		t.Fatalf("this version started on the due buckets:\n%s", stderr.String())
-	}
+	refusesToStart(t, bin, append(common, "DELAYD_NATS_URL="+n.URL(), "DELAYD_REDIS_ADDRS="+r.Addr), "the due buckets",
+		"delayd migrate", "40 envelopes in the due buckets")
 
 	getenv := func(k string) string {
 		return map[string]string{"DELAYD_REDIS_ADDRS": r.Addr, "DELAYD_SHARDS": "16"}[k]

@@ -134,26 +134,8 @@ func preReleaseMigrated(t *testing.T, old string) {
 	intake.Kill()
 
 	// This version refuses to start, naming the command.
-	start := exec.Command(bin, "run")
-	start.Env = append(testutil.ChildEnv(), append(common, "DELAYD_NATS_URL="+n.URL(), "DELAYD_REDIS_ADDRS="+r.Addr,
-		"DELAYD_HTTP_ADDR=127.0.0.1:0", "DELAYD_UI_ADDR=127.0.0.1:0")...)
-	var stderr bytes.Buffer
-	start.Stderr = &stderr
-	done := make(chan error, 1)
-	if err := start.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { done <- start.Wait() }()
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(stderr.String(), "delayd migrate") ||
-			!strings.Contains(stderr.String(), fmt.Sprintf("%d lease scores of formats 1 and 2", len(leased))) {
-			t.Fatalf("start on format 2's data: %v, want a refusal naming delayd migrate and the leases:\n%s", err, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		_ = start.Process.Kill()
-		t.Fatalf("this version started on format 2's data:\n%s", stderr.String())
-	}
+	refusesToStart(t, bin, append(common, "DELAYD_NATS_URL="+n.URL(), "DELAYD_REDIS_ADDRS="+r.Addr), "format 2's data",
+		"delayd migrate", fmt.Sprintf("%d lease scores of formats 1 and 2", len(leased)))
 
 	getenv := func(k string) string {
 		return map[string]string{"DELAYD_REDIS_ADDRS": r.Addr, "DELAYD_SHARDS": fmt.Sprint(shards)}[k]
@@ -167,7 +149,7 @@ func preReleaseMigrated(t *testing.T, old string) {
 	if !testutil.Eventually(15*time.Second, func() bool {
 		out.Reset()
 		err = run(ctx, []string{"delayd", "migrate"}, getenv, &out, &out)
-		if err != nil && !strings.Contains(err.Error(), "stop it first") {
+		if err != nil && !strings.Contains(err.Error(), "stop it") {
 			t.Fatalf("migrate: %v\n%s", err, out.String())
 		}
 		return err == nil
@@ -187,4 +169,30 @@ func preReleaseMigrated(t *testing.T, old string) {
 		t.Logf("the leases ended %s before the check that none of them was delivered", time.Since(leaseEnd))
 	}
 	got.once(t, leased, "2")
+}
+
+// refusesToStart runs bin with env and fails the test unless it exits
+// within 15 s saying each of want (what names the data, for the message).
+func refusesToStart(t *testing.T, bin string, env []string, what string, want ...string) {
+	t.Helper()
+	start := exec.Command(bin, "run")
+	start.Env = append(testutil.ChildEnv(), append(env, "DELAYD_HTTP_ADDR=127.0.0.1:0", "DELAYD_UI_ADDR=127.0.0.1:0")...)
+	var stderr bytes.Buffer
+	start.Stderr = &stderr
+	done := make(chan error, 1)
+	if err := start.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- start.Wait() }()
+	select {
+	case err := <-done:
+		for _, w := range want {
+			if err == nil || !strings.Contains(stderr.String(), w) {
+				t.Fatalf("start on %s: %v, want a refusal saying %q:\n%s", what, err, w, stderr.String())
+			}
+		}
+	case <-time.After(15 * time.Second):
+		_ = start.Process.Kill()
+		t.Fatalf("this version started on %s:\n%s", what, stderr.String())
+	}
 }
