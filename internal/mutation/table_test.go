@@ -143,7 +143,7 @@ var mutations = []mutation{
 
 	// The store's Lua scripts (embedded by internal/store; caught by its tests).
 	{Name: "lua-ack-ignores-token", File: "internal/store/lua/ack.lua",
-		Old: "if not handled[id] and set[id] then", New: "if not handled[id] then",
+		Old: "    if set[id] then\n", New: "    if true then\n",
 		Promise: "a stale daemon's settle never touches a newer claim or a newer version"},
 	{Name: "lua-claim-takes-not-due", File: "internal/store/lua/claim.lua",
 		Old: "local nowS, endedS, maxS = ms(now),", New: "local nowS, endedS, maxS = '+inf',",

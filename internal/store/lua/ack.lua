@@ -49,9 +49,6 @@ local function read(a)
   -- Counters, not #t: the work per settle is what an ack costs beyond
   -- its commands.
   local ns, na, nt = 0, 0, 0
-  -- An id settled twice in one call counts once, as it would across two
-  -- calls.
-  local handled = {}
   for k = a + 2, a + 1 + 5 * m, 5 do
     local id, token, op, err, at = ARGV[k], ARGV[k+1], ARGV[k+2], ARGV[k+3], ARGV[k+4]
     local set = leased[token]
@@ -62,8 +59,10 @@ local function read(a)
       end
       leased[token] = set
     end
-    if not handled[id] and set[id] then
-      handled[id] = true
+    if set[id] then
+      -- Out of the set: an id settled twice in one call counts once, as
+      -- it would across two calls (an id has one lease score).
+      set[id] = nil
       ns = ns + 1
       settled[ns] = id
       if op == 'a' then
