@@ -20,6 +20,10 @@ const (
 	// Next: an occurrence of a series was published; the next one is due
 	// at NextDueMs, with fresh attempts.
 	Next Outcome = 'n'
+	// Hold: held by flow control, never sent: due again at HoldUntilMs
+	// (a rate limit's slot, or a paused target's parking place, flow.go),
+	// the attempt not counted.
+	Hold Outcome = 'h'
 )
 
 // Settle is the outcome of one delivery.
@@ -30,6 +34,8 @@ type Settle struct {
 	Error   string // why it failed, kept for inspection (Retry, Bury)
 	// NextDueMs is when the next occurrence is due (Next).
 	NextDueMs int64
+	// HoldUntilMs is when a held envelope is due again (Hold), Redis ms.
+	HoldUntilMs int64
 	// RetryDelay, if > 0, replaces Ack's retry delay for this one (Retry,
 	// Postpone).
 	RetryDelay time.Duration

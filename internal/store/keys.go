@@ -115,15 +115,20 @@ func keysFor(ns string, shard int) shardKeys {
 // everything delayd touches.
 func membersKey(ns string) string { return "{" + ns + ":members}" }
 
+// flowKey is the HASH of the fleet's flow-control rules (flow.go); the
+// keys of each rule share its hash tag: flowKey + ":<kind>:<pattern>".
+func flowKey(ns string) string { return "{" + ns + ":flow}" }
+
 // inNamespace reports whether key is one of namespace ns's (keys.go): a
-// shard's "{<ns>:<shard>}:<name>", or the member list "{<ns>:members}"
-// and what follows it ("{<ns>:members}:formats").
+// shard's "{<ns>:<shard>}:<name>", the member list "{<ns>:members}" and
+// what follows it ("{<ns>:members}:formats"), or the flow rules
+// "{<ns>:flow}" and theirs.
 func inNamespace(key, ns string) bool {
 	rest, ok := strings.CutPrefix(key, "{"+ns+":")
 	if !ok {
 		return false
 	}
-	if strings.HasPrefix(rest, "members}") {
+	if strings.HasPrefix(rest, "members}") || strings.HasPrefix(rest, "flow}") {
 		return true
 	}
 	shard, _, ok := strings.Cut(rest, "}:")

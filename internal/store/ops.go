@@ -37,6 +37,8 @@ const (
 	formatsOp     = "formats"
 	ownOp         = "own"
 	intakeFloorOp = "intake_floor"
+	reserveOp     = "reserve"
+	releaseOp     = "release"
 )
 
 // waitMode is how an operation's writes wait for the replicas when the store
@@ -107,6 +109,12 @@ var policies = map[string]policy{
 	ownOp: {scripts: []*script{ownScript}, wait: neverWaits,
 		why: "a shard lease, renewed every third of its TTL: a lost one lets two daemons claim one shard for a " +
 			"while, which claims are safe against (one atomic script each, unique tokens)."},
+	reserveOp: {scripts: []*script{reserveScript}, wait: neverWaits,
+		why: "a slot a failover loses is given again: a held envelope claimed at its slot is then slotted anew, " +
+			"later, never early; waiting would hold every delivery of a limited target."},
+	releaseOp: {scripts: []*script{releaseScript}, wait: neverWaits,
+		why: "an operator's resume or limit removal: envelopes a failover leaves held are released by running it again " +
+			"(a daemon resumes a paused pattern's leftovers by itself)."},
 	intakeFloorOp: {scripts: []*script{intakeFloorScript}, wait: neverWaits,
 		why: "a lost floor makes a consumer created again start lower: the shards remember the stream messages " +
 			"they stored, and store none twice."},

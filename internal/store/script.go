@@ -22,7 +22,7 @@ var prelude string
 
 // allScripts are the scripts Ping loads and Ready expects cached.
 var allScripts = []*script{scheduleScript, cancelScript, claimScript, ackScript, replayScript, checkScript,
-	heartbeatScript, ownScript}
+	heartbeatScript, ownScript, reserveScript, releaseScript}
 
 // script is one Lua script in two builds. Redis 7 reads script flags from
 // a shebang line: "allow-oom" lets the scripts that free memory or must run

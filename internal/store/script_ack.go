@@ -59,6 +59,8 @@ func ackOp(st Settle, tombstones bool) ackSettle {
 	switch {
 	case st.Outcome == Next:
 		at = strconv.FormatInt(st.NextDueMs, 10)
+	case st.Outcome == Hold:
+		errOrFP, at = "", strconv.FormatInt(st.HoldUntilMs, 10)
 	case op == string(Delivered) && st.Request != "" && tombstones:
 		op, errOrFP, at = "t", st.Request, strconv.FormatInt(st.SinceMs, 10)
 	case st.RetryDelay > 0:

@@ -15,7 +15,10 @@
 -- at the time, with fresh attempts, and "t" for a delivered one-shot whose
 -- request is remembered: like "a", and its error field is the request's
 -- fingerprint, kept with the id in the done set (keys.go) at the time (its
--- due time, or when it was accepted if later), until ARGV[2] ms after it.
+-- due time, or when it was accepted if later), until ARGV[2] ms after it,
+-- and "h" held by flow control: back to due at the time, an absolute ms
+-- (a rate limit's slot, or a paused target's parking place), the attempt
+-- not counted and no error recorded.
 -- Every call drops the tombstones past that of the shards it settles.
 -- A non-empty error is recorded.
 -- A settle whose token is not the id's current lease score is ignored: the
@@ -85,11 +88,15 @@ local function read(a)
           errs[#errs+1] = id
           errs[#errs+1] = err
         end
-        if op ~= 'u' then count[#count+1] = id end
-        if op == 'd' then
+        if op == 'h' then
+          again[#again+1] = at
+          again[#again+1] = id
+        elseif op == 'd' then
+          count[#count+1] = id
           buried[#buried+1] = now
           buried[#buried+1] = id
         else
+          if op ~= 'u' then count[#count+1] = id end
           again[#again+1] = now + (tonumber(at) or retry)
           again[#again+1] = id
         end

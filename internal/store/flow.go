@@ -1,0 +1,306 @@
+package store
+
+// Flow control's state, fleet-wide: the rules (rate limits and pauses on
+// target patterns) in one HASH, and per rule the envelopes it holds. A
+// held envelope is an ordinary pending one: in due, at a later score, its
+// attempts untouched (Hold). So it stays cancellable, visible and counted,
+// and nothing else in the store knows of flow control.
+//
+//   - A limit's slots: reserve.lua, GCRA on "<flow>:tat:<pattern>", the
+//     held ids in the ledger "<flow>:slots:<pattern>" (id → slot ms).
+//   - A pause parks the envelopes its targets claim at ParkedBase + their
+//     due time, beyond every real due time, and lists them in
+//     "<flow>:parked:<pattern>" (id → that score); Resume moves them back
+//     to their due time, in due order.
+//
+// Every key shares the hash tag of flowKey: one Cluster slot.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ParkedBase is added to a paused envelope's due time while it is parked:
+// 10^15 ms, past year 33000, so beyond envelope.MaxDue, and exact as a
+// ZSET score with any due time added.
+const ParkedBase = int64(1e15)
+
+// Limit is a rate limit on the targets matching Pattern: at most one
+// delivery per Interval, after a burst of Burst at once.
+type Limit struct {
+	Pattern string
+	// Rate is the limit as it was set ("500/s"), for display.
+	Rate       string
+	IntervalUs int64
+	Burst      int
+}
+
+// FlowRules are the fleet's rules: its limits and its pauses (pattern →
+// when paused, Redis ms), and the patterns whose parked envelopes may
+// not all be released yet.
+type FlowRules struct {
+	Limits []Limit
+	Paused map[string]int64
+	Parked []string
+}
+
+// The fields of flowKey: a kind, then the pattern.
+const (
+	fieldLimit  = "limit:"
+	fieldPause  = "pause:"
+	fieldParked = "parked:"
+)
+
+func (s *Store) flowKeys(kind, pattern string) string {
+	return flowKey(s.ns) + ":" + kind + ":" + pattern
+}
+
+// FlowRules reads the fleet's rules.
+func (s *Store) FlowRules(ctx context.Context) (FlowRules, error) {
+	h, err := s.rdb.HGetAll(ctx, flowKey(s.ns)).Result()
+	if err != nil {
+		return FlowRules{}, fmt.Errorf("store: flow rules: %w", err)
+	}
+	r := FlowRules{Paused: map[string]int64{}}
+	for f, v := range h {
+		switch {
+		case strings.HasPrefix(f, fieldLimit):
+			var l Limit
+			if _, err := fmt.Sscanf(v, "%s %d %d", &l.Rate, &l.IntervalUs, &l.Burst); err != nil || l.IntervalUs <= 0 || l.Burst < 1 {
+				return FlowRules{}, fmt.Errorf("store: flow rules: limit %q is %q, not a rate, interval and burst", f, v)
+			}
+			l.Pattern = strings.TrimPrefix(f, fieldLimit)
+			r.Limits = append(r.Limits, l)
+		case strings.HasPrefix(f, fieldPause):
+			r.Paused[strings.TrimPrefix(f, fieldPause)], _ = strconv.ParseInt(v, 10, 64)
+		case strings.HasPrefix(f, fieldParked):
+			r.Parked = append(r.Parked, strings.TrimPrefix(f, fieldParked))
+		}
+	}
+	slices.SortFunc(r.Limits, func(a, b Limit) int { return strings.Compare(a.Pattern, b.Pattern) })
+	slices.Sort(r.Parked)
+	return r, nil
+}
+
+// SetLimit sets (or changes) the limit on l.Pattern. Envelopes already
+// held keep their slots.
+func (s *Store) SetLimit(ctx context.Context, l Limit) error {
+	if l.IntervalUs <= 0 || l.Burst < 1 || l.Rate == "" || strings.ContainsAny(l.Rate, " ") {
+		return fmt.Errorf("store: limit %q: bad rate %q, interval %d µs or burst %d", l.Pattern, l.Rate, l.IntervalUs, l.Burst)
+	}
+	v := fmt.Sprintf("%s %d %d", l.Rate, l.IntervalUs, l.Burst)
+	if err := s.rdb.HSet(ctx, flowKey(s.ns), fieldLimit+l.Pattern, v).Err(); err != nil {
+		return fmt.Errorf("store: set limit: %w", err)
+	}
+	return nil
+}
+
+// RemoveLimit removes the limit on pattern, and makes the envelopes it
+// holds due now. It reports whether there was one, and how many it
+// released.
+func (s *Store) RemoveLimit(ctx context.Context, pattern string) (bool, int, error) {
+	n, err := s.rdb.HDel(ctx, flowKey(s.ns), fieldLimit+pattern).Result()
+	if err != nil {
+		return false, 0, fmt.Errorf("store: remove limit: %w", err)
+	}
+	now, err := s.redisNowMs(ctx)
+	if err != nil {
+		return n > 0, 0, err
+	}
+	released, err := s.releaseLedger(ctx, s.flowKeys("slots", pattern), func(slot int64) int64 { return now })
+	if err == nil {
+		err = s.rdb.Del(ctx, s.flowKeys("tat", pattern)).Err()
+	}
+	return n > 0, released, err
+}
+
+// Pause holds every delivery to the targets matching pattern, fleet-wide,
+// until Resume. It returns when the pause began (Redis ms; an earlier
+// pause of the pattern stands).
+func (s *Store) Pause(ctx context.Context, pattern string) (int64, error) {
+	now, err := s.redisNowMs(ctx)
+	if err != nil {
+		return 0, err
+	}
+	key := flowKey(s.ns)
+	pipe := s.rdb.TxPipeline()
+	pipe.HSetNX(ctx, key, fieldPause+pattern, now)
+	since := pipe.HGet(ctx, key, fieldPause+pattern)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("store: pause: %w", err)
+	}
+	return since.Int64()
+}
+
+// Resume ends the pause of pattern and moves the envelopes it parked back
+// to their due times (all past: they go out now, in due order). It also
+// releases what a pause of pattern left parked when its resume was cut
+// short. It reports whether pattern was paused, and how many envelopes it
+// released.
+func (s *Store) Resume(ctx context.Context, pattern string) (bool, int, error) {
+	// The pause goes first: released envelopes claimed meanwhile must
+	// not be parked again.
+	n, err := s.rdb.HDel(ctx, flowKey(s.ns), fieldPause+pattern).Result()
+	if err != nil {
+		return false, 0, fmt.Errorf("store: resume: %w", err)
+	}
+	ledger, total := s.flowKeys("parked", pattern), 0
+	for {
+		released, err := s.releaseLedger(ctx, ledger, func(score int64) int64 { return score - ParkedBase })
+		total += released
+		if err != nil {
+			return n > 0, total, fmt.Errorf("store: resume: %w", err)
+		}
+		// The marker goes only with an empty ledger, in one step: a
+		// daemon that parks meanwhile (it had not seen the resume yet)
+		// lists its envelopes and sets the marker in one step too, and
+		// the next daemon that sees the marker without a pause resumes
+		// again.
+		empty := false
+		err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			c, err := tx.ZCard(ctx, ledger).Result()
+			if err != nil || c > 0 {
+				return err
+			}
+			empty = true
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				return p.HDel(ctx, flowKey(s.ns), fieldParked+pattern).Err()
+			})
+			return err
+		}, ledger)
+		if errors.Is(err, redis.TxFailedErr) {
+			continue
+		}
+		if err != nil {
+			return n > 0, total, fmt.Errorf("store: resume: %w", err)
+		}
+		if empty {
+			return n > 0, total, nil
+		}
+	}
+}
+
+// releaseLedger puts every envelope of a ledger (id → the due score it
+// was held at) back in due at to(score), page by page, and empties it.
+func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64) int64) (int, error) {
+	total := 0
+	for {
+		zs, err := s.rdb.ZRangeWithScores(ctx, ledger, 0, 999).Result()
+		if err != nil || len(zs) == 0 {
+			return total, err
+		}
+		byShard := map[int][]release{}
+		ids := make([]any, len(zs))
+		for i, z := range zs {
+			id, _ := z.Member.(string)
+			ids[i] = id
+			from := int64(z.Score)
+			sh := s.Shard(id)
+			byShard[sh] = append(byShard[sh], release{id: id, from: from, to: to(from)})
+		}
+		calls := make([]releaseArgs, 0, len(byShard))
+		for sh, moves := range byShard {
+			calls = append(calls, releaseArgs{due: s.keys[sh].due, moves: moves})
+		}
+		res, err := exec(ctx, s, releaseOp, calls)
+		if err != nil {
+			return total, err
+		}
+		for _, r := range res {
+			total += r.reply
+		}
+		if err := s.rdb.ZRem(ctx, ledger, ids...).Err(); err != nil {
+			return total, err
+		}
+	}
+}
+
+// Reserve gives the envelopes ids, all of targets under limit l, their
+// slots (Redis ms): each at most once however often it is asked for,
+// those already held at the slot they were given. A slot at or before
+// the returned Redis time means: deliver now.
+func (s *Store) Reserve(ctx context.Context, l Limit, ids []string) (nowMs int64, slots []int64, err error) {
+	r := exec1(ctx, s, reserveOp, reserveArgs{tat: s.flowKeys("tat", l.Pattern), ledger: s.flowKeys("slots", l.Pattern),
+		intervalUs: l.IntervalUs, burst: l.Burst, ids: ids})
+	if !r.ran {
+		return 0, nil, fmt.Errorf("store: reserve: %w", r.err)
+	}
+	return r.reply.nowMs, r.reply.slots, nil
+}
+
+// Park lists envelopes a pause of pattern holds, at the due scores their
+// Hold settles give them (ParkedBase + due time), so that Resume finds
+// them. It runs before those settles: a crash in between leaves a listed
+// envelope that was not parked, which Resume leaves as it is.
+func (s *Store) Park(ctx context.Context, pattern string, ids []string, dueMs []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	zs := make([]redis.Z, len(ids))
+	for i, id := range ids {
+		zs[i] = redis.Z{Score: float64(ParkedBase + dueMs[i]), Member: id}
+	}
+	pipe := s.rdb.TxPipeline()
+	pipe.ZAdd(ctx, s.flowKeys("parked", pattern), zs...)
+	pipe.HSet(ctx, flowKey(s.ns), fieldParked+pattern, "1")
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("store: park: %w", err)
+	}
+	return nil
+}
+
+// FlowHeld is what one rule holds back now.
+type FlowHeld struct {
+	// Limited counts the envelopes waiting for a slot of the limit on
+	// the pattern, Parked those parked by its pause (an upper bound: one
+	// cancelled meanwhile is counted until released).
+	Limited, Parked int64
+	// BacklogMs is how long the limit's slots given so far run on:
+	// when the last held envelope goes out.
+	BacklogMs int64
+}
+
+// Held reads what the rules on patterns hold back, in one round trip.
+func (s *Store) Held(ctx context.Context, patterns []string) (map[string]FlowHeld, error) {
+	if len(patterns) == 0 {
+		return nil, nil
+	}
+	pipe := s.rdb.Pipeline()
+	now := pipe.Time(ctx)
+	type cmds struct {
+		limited, parked *redis.IntCmd
+		tat             *redis.StringCmd
+	}
+	cs := make([]cmds, len(patterns))
+	for i, p := range patterns {
+		cs[i] = cmds{pipe.ZCard(ctx, s.flowKeys("slots", p)), pipe.ZCard(ctx, s.flowKeys("parked", p)),
+			pipe.Get(ctx, s.flowKeys("tat", p))}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store: held: %w", err)
+	}
+	out := make(map[string]FlowHeld, len(patterns))
+	for i, p := range patterns {
+		h := FlowHeld{Limited: cs[i].limited.Val(), Parked: cs[i].parked.Val()}
+		if tat, err := strconv.ParseInt(cs[i].tat.Val(), 10, 64); err == nil {
+			h.BacklogMs = max(tat/1000-now.Val().UnixMilli(), 0)
+		}
+		out[p] = h
+	}
+	return out, nil
+}
+
+// redisNowMs is Redis' clock, in ms.
+func (s *Store) redisNowMs(ctx context.Context) (int64, error) {
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("store: redis time: %w", err)
+	}
+	return t.UnixMilli(), nil
+}

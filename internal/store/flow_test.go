@@ -1,0 +1,233 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestReserveSlotsAHerdOnce: a herd gets its burst now, then one slot per
+// interval, in order; asked again, each id gets the slot it was given
+// (decided once, so a held envelope claimed at its slot goes out), and a
+// second daemon shares the one budget.
+func TestReserveSlotsAHerdOnce(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	other := storeOn(t, r)
+	ctx := context.Background()
+	l := Limit{Pattern: "mail.>", Rate: "100/s", IntervalUs: 10_000, Burst: 3}
+	ids := make([]string, 10)
+	for i := range ids {
+		ids[i] = fmt.Sprint("m", i)
+	}
+	now, slots, err := s.Reserve(ctx, l, ids[:6])
+	if err != nil {
+		t.Fatal(err)
+	}
+	now2, slots2, err := other.Reserve(ctx, l, ids[6:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots = append(slots, slots2...)
+	for i, sl := range slots {
+		switch {
+		case i < 3 && sl > now:
+			t.Errorf("%s: slot %d after now %d, within the burst", ids[i], sl, now)
+		case i >= 3 && i < 6 && (sl < now+int64(i-2)*10 || sl > now+int64(i-2)*10+2):
+			t.Errorf("%s: slot %d, want %d (one per 10 ms after the burst)", ids[i], sl-now, (i-2)*10)
+		case i >= 6 && sl < now+int64(i-2)*10:
+			t.Errorf("%s from the second daemon: slot +%d, before +%d: two budgets", ids[i], sl-now, (i-2)*10)
+		}
+	}
+	_ = now2
+	// Asked again, the held ones keep their slots, and no new slot is
+	// taken for them.
+	_, again, err := s.Reserve(ctx, l, ids[3:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 3; i < len(ids); i++ {
+		if again[i-3] != slots[i] {
+			t.Errorf("%s asked again: slot %d, first %d", ids[i], again[i-3], slots[i])
+		}
+	}
+	h, err := s.Held(ctx, []string{"mail.>"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h["mail.>"].Limited != 7 || h["mail.>"].BacklogMs < 60 {
+		t.Errorf("held %+v, want 7 limited and a backlog of 70 ms", h["mail.>"])
+	}
+	// At its slot, a held id is granted and leaves the ledger.
+	time.Sleep(time.Duration(slots[9]-now+5) * time.Millisecond)
+	n2, last, err := s.Reserve(ctx, l, ids[9:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last[0] != slots[9] || last[0] > n2 {
+		t.Errorf("at its slot: %d (now %d), want %d", last[0], n2, slots[9])
+	}
+	if h, _ := s.Held(ctx, []string{"mail.>"}); h["mail.>"].Limited != 6 {
+		t.Errorf("after a grant: %+v, want 6 limited", h["mail.>"])
+	}
+}
+
+// TestHoldKeepsTheAttempt: a held envelope is due again at its hold time,
+// not before, with the attempt it had; a cancel still finds it.
+func TestHoldKeepsTheAttempt(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	schedule(t, s, Item{ID: "h", Absolute: true, AtMicros: 1000, Data: enc("x")}, Item{ID: "k", Absolute: true, AtMicros: 1000, Data: enc("y")})
+	// A retry first, so there is an attempt to keep.
+	c := claimOnly(t, s, "h", time.Minute)
+	settle(t, s, c, Retry, time.Millisecond)
+	time.Sleep(3 * time.Millisecond)
+	c = claimOnly(t, s, "h", time.Minute)
+	if c.Attempt != 2 {
+		t.Fatalf("after a retry: attempt %d", c.Attempt)
+	}
+	at := time.Now().Add(300 * time.Millisecond).UnixMilli()
+	st := Settle{ID: "h", Token: c.Token, Outcome: Hold, HoldUntilMs: at, Error: "must not be kept"}
+	if a, err := s.Ack(ctx, map[int][]Settle{s.Shard("h"): {st}}, time.Hour); err != nil || a.Settled != 1 {
+		t.Fatalf("hold: %+v %v", a, err)
+	}
+	e, err := s.Get(ctx, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != StatePending || e.DueMs != at || e.Error != "" {
+		t.Fatalf("held: %+v, want pending at %d without an error", e, at)
+	}
+	for _, c := range claimAll(t, s, time.Minute) {
+		if c.ID == "h" {
+			t.Fatal("claimed before its hold ended")
+		}
+	}
+	time.Sleep(time.Until(time.UnixMilli(at)) + 5*time.Millisecond)
+	c = claimOnly(t, s, "h", time.Minute)
+	if c.Attempt != 2 {
+		t.Fatalf("after the hold: attempt %d, want 2 (a hold is not an attempt)", c.Attempt)
+	}
+	mustBeConsistent(t, s)
+}
+
+// TestPauseParksAndResumeReleases: parked envelopes wait beyond every due
+// time, and a resume puts them back at their due times; one cancelled or
+// replaced meanwhile stays as it is.
+func TestPauseParksAndResumeReleases(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	since, err := s.Pause(ctx, "orders.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := s.Pause(ctx, "orders.>"); again != since {
+		t.Errorf("paused again: since %d, first %d", again, since)
+	}
+	rules, err := s.FlowRules(ctx)
+	if err != nil || rules.Paused["orders.>"] != since {
+		t.Fatalf("rules %+v %v", rules, err)
+	}
+	ids := []string{"p1", "p2", "p3", "p4"}
+	var items []Item
+	for i, id := range ids {
+		items = append(items, Item{ID: id, Absolute: true, AtMicros: int64(1000 * (i + 1)), Data: enc(id)})
+	}
+	schedule(t, s, items...)
+	got := claimAll(t, s, time.Minute)
+	var dues []int64
+	for _, id := range ids {
+		dues = append(dues, got[id].DueMs)
+	}
+	if err := s.Park(ctx, "orders.>", ids, dues); err != nil {
+		t.Fatal(err)
+	}
+	byShard := map[int][]Settle{}
+	for i, id := range ids {
+		byShard[s.Shard(id)] = append(byShard[s.Shard(id)], Settle{ID: id, Token: got[id].Token, Outcome: Hold, HoldUntilMs: ParkedBase + dues[i]})
+	}
+	if _, err := s.Ack(ctx, byShard, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if len(claimAll(t, s, time.Minute)) != 0 {
+		t.Fatal("a parked envelope was claimed")
+	}
+	if rules, _ := s.FlowRules(ctx); len(rules.Parked) != 1 {
+		t.Fatalf("parked marker: %+v", rules)
+	}
+	// p3 cancelled, p4 replaced (due later) while parked.
+	if _, err := s.Cancel(ctx, "p3"); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	schedule(t, s, Item{ID: "p4", Absolute: true, AtMicros: later.UnixMicro(), Data: enc("new")})
+	was, n, err := s.Resume(ctx, "orders.>")
+	if err != nil || !was || n != 2 {
+		t.Fatalf("resume: paused %v, released %d, %v; want true, 2", was, n, err)
+	}
+	rules, _ = s.FlowRules(ctx)
+	if len(rules.Paused) != 0 || len(rules.Parked) != 0 {
+		t.Fatalf("after resume: %+v", rules)
+	}
+	got = claimAll(t, s, time.Minute)
+	if len(got) != 2 || got["p1"].DueMs != dues[0] || got["p2"].DueMs != dues[1] {
+		t.Fatalf("after resume claimed %v", got)
+	}
+	if e, _ := s.Get(ctx, "p4"); e.DueMs != later.UnixMilli()+1 && e.DueMs != later.UnixMilli() {
+		t.Errorf("the replaced p4 is due %d, want its own %d", e.DueMs, later.UnixMilli())
+	}
+	mustBeConsistent(t, s)
+}
+
+// TestRemoveLimitReleasesHeld: removing a limit makes what it held due
+// now.
+func TestRemoveLimitReleasesHeld(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	l := Limit{Pattern: "slow", Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"a", "b", "c"}
+	for _, id := range ids {
+		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1000, Data: enc(id)})
+	}
+	got := claimAll(t, s, time.Minute)
+	now, slots, err := s.Reserve(ctx, l, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byShard := map[int][]Settle{}
+	for i, id := range ids {
+		st := Settle{ID: id, Token: got[id].Token, Outcome: Hold, HoldUntilMs: slots[i]}
+		if i == 0 {
+			if slots[0] > now {
+				t.Fatalf("the first of a burst of 1 waits: slot %d, now %d", slots[0], now)
+			}
+			st.Outcome = Delivered
+		} else if slots[i] < now+3600e3 {
+			t.Fatalf("%s: slot %d, want an hour after %d", id, slots[i], now)
+		}
+		byShard[s.Shard(id)] = append(byShard[s.Shard(id)], st)
+	}
+	if _, err := s.Ack(ctx, byShard, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if len(claimAll(t, s, time.Minute)) != 0 {
+		t.Fatal("a held envelope was claimed before its slot")
+	}
+	was, n, err := s.RemoveLimit(ctx, "slow")
+	if err != nil || !was || n != 2 {
+		t.Fatalf("remove: %v %d %v, want true, 2", was, n, err)
+	}
+	if got := claimAll(t, s, time.Minute); len(got) != 2 {
+		t.Fatalf("after the limit went: %d claimed, want 2", len(got))
+	}
+	if rules, _ := s.FlowRules(ctx); len(rules.Limits) != 0 {
+		t.Fatalf("rules %+v", rules)
+	}
+}

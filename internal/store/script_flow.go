@@ -1,0 +1,94 @@
+package store
+
+// The flow-control scripts (lua/reserve.lua, lua/release.lua): their
+// arguments and replies.
+
+import (
+	_ "embed"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/reserve.lua
+var reserveLua string
+
+//go:embed lua/release.lua
+var releaseLua string
+
+// reserveScript gives rate-limit slots (lua/reserve.lua); releaseScript
+// puts held envelopes of a shard back in due order (lua/release.lua).
+var (
+	reserveScript = newRawScript("reserve", "allow-oom", reserveLua)
+	releaseScript = newRawScript("release", "allow-oom", releaseLua)
+)
+
+// reserveArgs are one call of reserve.lua: one limit, many ids.
+type reserveArgs struct {
+	tat, ledger string
+	intervalUs  int64
+	burst       int
+	ids         []string
+}
+
+func (reserveArgs) script() *script { return reserveScript }
+
+func (a reserveArgs) encode() call {
+	argv := make([]any, 0, 2+len(a.ids))
+	argv = append(argv, a.intervalUs, a.burst)
+	for _, id := range a.ids {
+		argv = append(argv, id)
+	}
+	return call{keys: []string{a.tat, a.ledger}, argv: argv}
+}
+
+// reserveReply is reserve.lua's answer: Redis time, and per id its slot.
+type reserveReply struct {
+	nowMs int64
+	slots []int64
+}
+
+func (a reserveArgs) decode(cmd *redis.Cmd) (reserveReply, error) {
+	v, err := cmd.Int64Slice()
+	if err == nil && len(v) != 1+len(a.ids) {
+		err = fmt.Errorf("bad reply %v", v)
+	}
+	if err != nil {
+		return reserveReply{}, err
+	}
+	return reserveReply{nowMs: v[0], slots: v[1:]}, nil
+}
+
+// releaseArgs are one call of release.lua, on one shard's due set.
+type releaseArgs struct {
+	due   string
+	moves []release
+}
+
+// release is one held envelope to put back: from the due score it was
+// held at to the one it gets.
+type release struct {
+	id       string
+	from, to int64
+}
+
+func (releaseArgs) script() *script { return releaseScript }
+
+func (a releaseArgs) encode() call {
+	argv := make([]any, 0, 3*len(a.moves))
+	for _, m := range a.moves {
+		argv = append(argv, m.id, m.from, m.to)
+	}
+	return call{keys: []string{a.due}, argv: argv}
+}
+
+func (releaseArgs) decode(cmd *redis.Cmd) (int, error) {
+	v, err := cmd.Int64Slice()
+	if err == nil && len(v) != 1 {
+		err = fmt.Errorf("bad reply %v", v)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return int(v[0]), nil
+}
