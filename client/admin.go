@@ -15,7 +15,9 @@ import (
 // Entry describes one stored envelope.
 type Entry struct {
 	ID    string `json:"id"`
-	State string `json:"state"` // pending, inflight or dead
+	// State is pending, paused (pending, held by a pause of its target:
+	// Due is its own due time), inflight or dead.
+	State string `json:"state"`
 	// Due is the due time when pending, the lease expiry when inflight,
 	// the time of death when dead.
 	Due      string              `json:"due"`
@@ -57,7 +59,8 @@ type ShardStats struct {
 	NextDue  string `json:"next_due,omitempty"`
 }
 
-// Stats is the whole delay set at a glance.
+// Stats is the whole delay set at a glance. Pending counts the envelopes
+// flow control holds too; Flow says how many.
 type Stats struct {
 	Now      string       `json:"now"`
 	Pending  int64        `json:"pending"`
@@ -65,6 +68,47 @@ type Stats struct {
 	Dead     int64        `json:"dead"`
 	NextDue  string       `json:"next_due,omitempty"`
 	Shards   []ShardStats `json:"shards"`
+	Flow     []FlowRule   `json:"flow,omitempty"`
+}
+
+// FlowRule is the flow control of one target pattern, fleet-wide: its rate
+// limit, its pause, and what they hold back.
+type FlowRule struct {
+	Pattern string `json:"pattern"`
+	// Rate is the limit ("500/s"), empty without one; Burst its burst.
+	Rate  string `json:"rate,omitempty"`
+	Burst int    `json:"burst,omitempty"`
+	// PausedSince is when its pause began (RFC 3339), empty when not
+	// paused.
+	PausedSince string `json:"paused_since,omitempty"`
+	// Limited counts the envelopes waiting for a slot of the limit, Parked
+	// those its pause holds (an upper bound: one cancelled meanwhile counts
+	// until the resume).
+	Limited int64 `json:"limited"`
+	Parked  int64 `json:"parked"`
+	// DrainSeconds is how long the limit's held envelopes take to go out.
+	DrainSeconds float64 `json:"drain_seconds"`
+	// CurrentRate is how many deliveries the limit let go in the last whole
+	// second.
+	CurrentRate int64 `json:"current_rate"`
+}
+
+// LimitRequest sets a rate limit (Rate "500/s", "30/m" or "10/h"; Burst 0
+// means 1), or removes it (Rate "off").
+type LimitRequest struct {
+	Pattern string `json:"pattern"`
+	Rate    string `json:"rate"`
+	Burst   int    `json:"burst,omitempty"`
+}
+
+// FlowChange is the answer to a change of flow control: the rule as it is
+// now (answered once every live daemon holds it), whether there was one to
+// remove (removing a limit, resuming), and how many held envelopes it
+// released, due now.
+type FlowChange struct {
+	Rule     FlowRule `json:"rule"`
+	Existed  bool     `json:"existed,omitempty"`
+	Released int      `json:"released,omitempty"`
 }
 
 // DeadSelection picks dead envelopes to replay or purge: the listed IDs,
@@ -117,6 +161,50 @@ func (c *Client) Replay(ctx context.Context, sel DeadSelection) (DeadResult, err
 func (c *Client) Purge(ctx context.Context, sel DeadSelection) (DeadResult, error) {
 	var out DeadResult
 	err := c.adminJSON(ctx, "purge", sel, &out)
+	return out, err
+}
+
+// SetLimit limits deliveries to targets matching pattern, fleet-wide, to
+// rate ("500/s", "30/m", "10/h") after a burst (0: 1). Envelopes of those
+// targets go out in due order at no more than the rate, never early; one
+// held is not an attempt.
+func (c *Client) SetLimit(ctx context.Context, pattern, rate string, burst int) (FlowChange, error) {
+	var out FlowChange
+	err := c.adminJSON(ctx, "limit", LimitRequest{Pattern: pattern, Rate: rate, Burst: burst}, &out)
+	return out, err
+}
+
+// RemoveLimit removes the limit on pattern; what it held is due now.
+func (c *Client) RemoveLimit(ctx context.Context, pattern string) (FlowChange, error) {
+	var out FlowChange
+	err := c.adminJSON(ctx, "limit", LimitRequest{Pattern: pattern, Rate: "off"}, &out)
+	return out, err
+}
+
+// Limits lists the fleet's flow-control rules: limits and pauses.
+func (c *Client) Limits(ctx context.Context) ([]FlowRule, error) {
+	var out []FlowRule
+	err := c.request(ctx, "admin.limits", "", &nats.Msg{}, &out)
+	return out, err
+}
+
+// Pause holds every delivery to targets matching pattern, fleet-wide,
+// until Resume: the envelopes stay pending, cancellable and visible.
+func (c *Client) Pause(ctx context.Context, pattern string) (FlowChange, error) {
+	var out FlowChange
+	err := c.adminJSON(ctx, "pause", struct {
+		Pattern string `json:"pattern"`
+	}{pattern}, &out)
+	return out, err
+}
+
+// Resume ends the pause of pattern: what it held goes out in due order,
+// under any limit, with the attempt it had.
+func (c *Client) Resume(ctx context.Context, pattern string) (FlowChange, error) {
+	var out FlowChange
+	err := c.adminJSON(ctx, "resume", struct {
+		Pattern string `json:"pattern"`
+	}{pattern}, &out)
 	return out, err
 }
 

@@ -88,6 +88,7 @@ func newApp(o cliIO) *cli.Command {
 			runCommand(o), scheduleCommand(o), cancelCommand(o), getCommand(o), listCommand(o),
 			statsCommand(o), deadCommand(o), doctorCommand(o), benchCommand(o), configCommand(o),
 			healthcheckCommand(o), intakeCommand(o), migrateCommand(o),
+			limitCommand(o), limitsCommand(o), pauseCommand(o, false), pauseCommand(o, true),
 			{
 				Name:  "version",
 				Usage: "print the version",

@@ -56,6 +56,8 @@ func dueLabel(state string) string {
 		return "lease until"
 	case "dead":
 		return "died"
+	case "paused":
+		return "due (paused)"
 	}
 	return "due"
 }
@@ -147,7 +149,11 @@ func statsCommand(o cliIO) *cli.Command {
 					fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t\n", s.Shard, s.Pending, s.Inflight, s.Dead, orDash(s.NextDue))
 				}
 				fmt.Fprintf(tw, "total\t%d\t%d\t%d\t%s\t\n", st.Pending, st.Inflight, st.Dead, orDash(st.NextDue))
-				return tw.Flush()
+				if err := tw.Flush(); err != nil || len(st.Flow) == 0 {
+					return err
+				}
+				fmt.Fprintln(o.stdout, "\nflow control (pending counts what it holds):")
+				return printRules(o.stdout, st.Flow)
 			})
 		},
 	}

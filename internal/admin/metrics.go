@@ -4,6 +4,7 @@ package admin
 
 import (
 	"errors"
+	"math"
 	"runtime"
 	"strconv"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/scanner"
 	"github.com/delayd/delayd/internal/store"
 )
@@ -50,6 +52,15 @@ type Metrics struct {
 	backlogOverdue *prometheus.GaugeVec
 	shardsUnowned  *prometheus.GaugeVec
 	recent         recent
+	// Flow control (flow.Observer, and the fleet-wide gauges the
+	// reporter samples from WatchFlow's source).
+	flowHolds   *prometheus.CounterVec
+	flowWait    *prometheus.HistogramVec
+	flowHeld    *prometheus.GaugeVec
+	flowBacklog *prometheus.GaugeVec
+	flowRate    *prometheus.GaugeVec
+	flowPaused  *prometheus.GaugeVec
+	flowSource  func() []flow.Status
 }
 
 // opSample labels the failed Redis calls of the gauges' sampling (sample.go).
@@ -151,11 +162,29 @@ func NewMetrics(version, mode string) *Metrics {
 			Help: "Shards no daemon holds the lease of (sampled; exported only by the owner of shard 0)."}, nil),
 		inconsistent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_inconsistencies_found_total",
 			Help: "Entries breaking the store's invariants, found by the background check, by kind (should stay 0)."}, []string{"kind"}),
+		flowHolds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_flow_holds_total",
+			Help: "Claimed envelopes held back by flow control, not sent and not an attempt, by rule pattern and reason: limit (due again at its slot) or pause (parked until the resume)."},
+			[]string{"pattern", "reason"}),
+		flowWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delayd_flow_limit_wait_seconds",
+			Help:    "Per delivery under a rate limit, by its pattern: the lateness the limit caused (from due to its slot). delayd_delivery_lateness_seconds counts from the slot.",
+			Buckets: latenessBucketsS}, []string{"pattern"}),
+		flowHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_flow_held_envelopes",
+			Help: "Envelopes a rule holds now, by pattern and reason: limit (waiting for their slot) or pause (parked) (sampled; exported only by the owner of shard 0)."},
+			[]string{"pattern", "reason"}),
+		flowBacklog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_flow_drain_seconds",
+			Help: "How long a rule's held envelopes take to go out: until the last slot its limit gave, +Inf while paused with envelopes parked (sampled; exported only by the owner of shard 0)."},
+			[]string{"pattern"}),
+		flowRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_flow_rate",
+			Help: "Deliveries a rate limit let go in the last whole second, fleet-wide, by pattern (sampled; exported only by the owner of shard 0)."},
+			[]string{"pattern"}),
+		flowPaused: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "delayd_flow_paused_seconds",
+			Help: "How long a pattern has been paused, by pattern; absent when not paused (sampled; exported only by the owner of shard 0)."},
+			[]string{"pattern"}),
 	}
 	for _, c := range []prometheus.Collector{m.received, m.streamIntake, m.delivered, m.cancels, m.redeliveries, m.lateness,
 		m.claimDuration, m.intakeDuration, m.redisErrors, m.waitDuration, m.waitShort, m.natsReconnects, m.deadTotal, m.purged, m.unknownFormat, m.pending, m.inflight,
 		m.dead, m.oldestOverdue, m.shardsOwned, m.shardsTotal, m.redisConnected, m.backlog, m.backlogOverdue,
-		m.shardsUnowned, m.inconsistent, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		m.shardsUnowned, m.inconsistent, m.flowHolds, m.flowWait, m.flowHeld, m.flowBacklog, m.flowRate, m.flowPaused, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		reg.MustRegister(c)
 	}
 	for _, k := range store.AllKinds {
@@ -218,6 +247,47 @@ func (m *Metrics) WatchEvictionGuard(state func() string) {
 			}
 			return 0
 		}))
+	}
+}
+
+// WatchFlow makes the reporter export the fleet's flow-control rules and
+// what they hold (delayd_flow_*), from statuses, read at each sample.
+func (m *Metrics) WatchFlow(statuses func() []flow.Status) { m.flowSource = statuses }
+
+// Held counts n envelopes held back by the rule on pattern (flow.Observer).
+func (m *Metrics) Held(pattern, reason string, n int) {
+	m.flowHolds.WithLabelValues(pattern, reason).Add(float64(n))
+}
+
+// Allowed records a delivery a limit let go, waited after its due time
+// (flow.Observer).
+func (m *Metrics) Allowed(pattern string, waited time.Duration) {
+	m.flowWait.WithLabelValues(pattern).Observe(waited.Seconds())
+}
+
+// sampleFlow sets the fleet-wide flow gauges (the reporter's), or clears
+// them.
+func (m *Metrics) sampleFlow(reporter bool) {
+	for _, v := range []*prometheus.GaugeVec{m.flowHeld, m.flowBacklog, m.flowRate, m.flowPaused} {
+		v.Reset()
+	}
+	if !reporter || m.flowSource == nil {
+		return
+	}
+	for _, st := range m.flowSource() {
+		if st.Rate != "" {
+			m.flowHeld.WithLabelValues(st.Pattern, "limit").Set(float64(st.Limited))
+			m.flowRate.WithLabelValues(st.Pattern).Set(float64(st.FlowHeld.Rate))
+		}
+		if !st.PausedSince.IsZero() {
+			m.flowHeld.WithLabelValues(st.Pattern, "pause").Set(float64(st.Parked))
+			m.flowPaused.WithLabelValues(st.Pattern).Set(time.Since(st.PausedSince).Seconds())
+		}
+		drain := st.Drain().Seconds()
+		if st.Drain() == time.Duration(math.MaxInt64) {
+			drain = math.Inf(1)
+		}
+		m.flowBacklog.WithLabelValues(st.Pattern).Set(drain)
 	}
 }
 

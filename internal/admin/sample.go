@@ -50,6 +50,7 @@ func (m *Metrics) sampleOnce(ctx context.Context, src StatsSource, owned []int, 
 	if err == nil && reporter {
 		err = m.sampleOwners(sctx, src)
 	}
+	m.sampleFlow(reporter && err == nil)
 	if !reporter || err != nil {
 		// Stale fleet-wide numbers would mislead; without them the
 		// dashboard shows a gap and the alerts see the owner is missing.

@@ -284,6 +284,10 @@ type Targets struct {
 	// interest check: a delivery that reaches no subscriber counts as
 	// delivered instead of being retried.
 	FireAndForget []string `koanf:"fire_and_forget"`
+	// Limits are rate limits on target patterns, "PATTERN RATE [BURST]"
+	// ("orders.> 500/s 50"), written to Redis at every start: the fleet
+	// obeys them as if set with `delayd limit` (flow.ParseLimit).
+	Limits []string `koanf:"limits"`
 }
 
 // Dead configures what happens to envelopes that cannot be delivered.

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/flow"
 )
 
 // Validate returns every problem in c, each prefixed with its key.
@@ -167,6 +168,11 @@ func (c Config) Validate() error {
 			if !envelope.ValidPattern(p) {
 				bad(key.name, "%q is not a subject pattern", p)
 			}
+		}
+	}
+	for _, l := range c.Targets.Limits {
+		if _, _, _, err := flow.ParseLimit(l); err != nil {
+			bad("targets.limits", "%v", err)
 		}
 	}
 	if hclog.LevelFromString(c.Log.Level) == hclog.NoLevel {

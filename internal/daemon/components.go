@@ -6,6 +6,7 @@ import (
 
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/bridge/intake"
+	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/scanner"
 )
 
@@ -26,6 +27,19 @@ func (p *parts) newScanner() {
 	}
 	p.relay = bridge.NewWakeRelay(p.out, c.Subject, p.log.Named("wake"))
 	opts.Announce = p.relay.Announce
+	// Released envelopes are due now: every shard's owner claims at once.
+	wakeAll := func() {
+		for sh := range p.st.Shards() {
+			p.sc.Wake(sh, 0)
+		}
+	}
+	p.gate = flow.NewGate(p.st, p.metrics, wakeAll, p.log.Named("flow"))
+	opts.Gate = p.gate
+	if c.Mode == "intake" {
+		p.flow = flow.NewControl(p.st, nil, wakeAll)
+	} else {
+		p.flow = flow.NewControl(p.st, p.gate, wakeAll)
+	}
 	p.sc = scanner.New(p.st, p.pub, p.metrics, opts, p.log.Named("scanner"))
 	p.insp = inspector{Store: p.st, wake: p.sc.Wake, obs: p.metrics}
 	p.own = scanner.NewOwnership(p.st, p.sc, p.id, c.Ownership.TTL, p.log.Named("ownership"))
@@ -85,7 +99,7 @@ func (p *parts) intakes() ([]component, error) {
 	}
 	c := p.c
 	in := intake.NewIntake(p.in, p.st, p.insp, p.sc, p.metrics, intake.IntakeOptions{Options: p.intakeOptions(),
-		Version: p.opt.version, Linger: c.Intake.Linger, RedactHeaders: c.UI.RedactHeaders, PendingBytes: intakeBytes(c)}, p.log.Named("intake"))
+		Version: p.opt.version, Linger: c.Intake.Linger, RedactHeaders: c.UI.RedactHeaders, PendingBytes: intakeBytes(c), Flow: p.flow}, p.log.Named("intake"))
 	p.metrics.WatchHeld("request_intake", in.HeldBytes)
 	return append(comps, component{"intake", in.Run}), nil
 }
@@ -128,7 +142,9 @@ func (p *parts) scanning() []component {
 		{"ownership", p.own.Run},
 		{"scanner", p.sc.Run},
 		{"wake", func(ctx context.Context) error { return p.relay.Run(ctx, p.sc.WakeLocal) }},
+		{"flow", p.gate.Run},
 	}
+	p.metrics.WatchFlow(p.gate.Statuses)
 	if p.c.Scanner.CheckInterval > 0 {
 		chk := scanner.NewChecker(p.st, p.sc, p.metrics, p.c.Scanner.CheckInterval, p.log.Named("check"))
 		comps = append(comps, component{"check", chk.Run})
@@ -144,6 +160,9 @@ func (p *parts) background() []component {
 	comps := []component{{"formats", func(ctx context.Context) error {
 		return p.st.RunFormats(ctx, p.id, p.c.Ownership.TTL, p.log.Named("formats"))
 	}}}
+	if len(p.c.Targets.Limits) > 0 {
+		comps = append(comps, component{"flow-limits", p.setLimits})
+	}
 	if p.guard != nil {
 		comps = append(comps, component{"redis-guard", func(ctx context.Context) error { return p.guard.Run(ctx, p.rdb) }})
 	}
@@ -161,4 +180,33 @@ func (p *parts) background() []component {
 			p.metrics.Sample(ctx, p.st, p.sc.Owned, p.c.HTTP.SampleInterval, p.log.Named("admin"))
 			return nil
 		}})
+}
+
+// setLimits writes the limits of targets.limits to Redis, as `delayd
+// limit` would, trying again while Redis fails; then it waits for the
+// shutdown.
+func (p *parts) setLimits(ctx context.Context) error {
+	wait := time.Second
+	for _, l := range p.c.Targets.Limits {
+		pattern, rate, burst, _ := flow.ParseLimit(l) // checked by config.Validate
+		for {
+			_, err := p.flow.SetLimit(ctx, pattern, rate, burst)
+			if err == nil {
+				p.log.Info("rate limit set from targets.limits", "pattern", pattern, "rate", rate, "burst", burst)
+				break
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			p.log.Warn("cannot set a rate limit of targets.limits yet; trying again", "pattern", pattern, "error", err, "in", wait)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 30*time.Second)
+		}
+	}
+	<-ctx.Done()
+	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/bridge/delivery"
 	"github.com/delayd/delayd/internal/config"
+	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/embedded"
 	"github.com/delayd/delayd/internal/scanner"
 	"github.com/delayd/delayd/internal/store"
@@ -82,6 +83,8 @@ type parts struct {
 	insp    inspector
 	id      string
 	own     *scanner.Ownership
+	gate    *flow.Gate
+	flow    *flow.Control
 }
 
 // build connects to Redis and NATS and builds the parts every mode has.

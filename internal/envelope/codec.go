@@ -238,15 +238,24 @@ type Delivery struct {
 	// Occurrence is which occurrence of a series this is (from 1), 0 for
 	// a one-shot.
 	Occurrence int64
+	// Allowed is when flow control let it go (a rate limit's slot, or the
+	// end of a pause), if it held it past its due time; zero otherwise.
+	Allowed time.Time
 	Envelope
 }
 
 // LateSince is what a delivery's lateness counts from: its due time, or
 // when it was stored if that is later (a Delayd-At accepted in the past
-// is late only by the time delayd took, not by its age).
+// is late only by the time delayd took, not by its age), or when flow
+// control let it go if that is later still (the wait a limit or a pause
+// imposed is the operator's, measured apart: flow.Observer).
 func (d Delivery) LateSince() time.Time {
-	if d.Stored.After(d.Due) {
-		return d.Stored
+	t := d.Due
+	if d.Stored.After(t) {
+		t = d.Stored
 	}
-	return d.Due
+	if d.Allowed.After(t) {
+		t = d.Allowed
+	}
+	return t
 }

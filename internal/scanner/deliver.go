@@ -131,6 +131,9 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 			from = append(from, c)
 		}
 	}
+	if s.opt.Gate != nil && len(ds) > 0 {
+		ds, from = s.admit(dctx, ds, from, settles)
+	}
 	smallFirst(ds, from)
 	var errs []error
 	if len(ds) > 0 {
@@ -146,6 +149,38 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 	defer lcancel()
 	s.publishDead(lctx, dead)
 	return settles
+}
+
+// admit asks flow control which of ds go out now. The others are given
+// back without being sent, their attempts untouched: held until a limit's
+// slot or a resume (store.Hold), or, when the rules' state cannot be read,
+// postponed. It returns the deliveries that go, and from along with them.
+func (s *Scanner) admit(ctx context.Context, ds []envelope.Delivery, from []claimed, settles map[int][]store.Settle) ([]envelope.Delivery, []claimed) {
+	decs := s.opt.Gate.Admit(ctx, ds)
+	if decs == nil {
+		return ds, from
+	}
+	n := 0
+	for i, dec := range decs {
+		c := from[i]
+		switch {
+		case dec.HoldUntilMs > 0:
+			settles[c.shard] = append(settles[c.shard], store.Settle{ID: c.ID, Token: c.Token, Outcome: store.Hold,
+				HoldUntilMs: dec.HoldUntilMs})
+		case dec.RetryIn > 0:
+			settles[c.shard] = append(settles[c.shard], store.Settle{ID: c.ID, Token: c.Token, Outcome: store.Postpone,
+				Error: dec.Why.Error(), RetryDelay: dec.RetryIn})
+			if ok, n := s.flowLog.Note(1); ok {
+				s.log.Warn("delivery postponed: flow control's state cannot be read", "id", c.ID, "error", dec.Why,
+					"similar_not_logged", n-1)
+			}
+		default:
+			ds[i].Allowed = dec.Allowed
+			ds[n], from[n] = ds[i], c
+			n++
+		}
+	}
+	return ds[:n], from[:n]
 }
 
 // smallFirst moves the small envelopes of a batch before its large ones

@@ -24,6 +24,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/ratelog"
 	"github.com/delayd/delayd/internal/store"
 )
@@ -57,6 +58,12 @@ type Publisher interface {
 // message that may have left (a flush answered late, a connection closed
 // by the server after the write) is an attempt, whatever happened to it.
 var ErrUnreachable = errors.New("unreachable")
+
+// Gate is flow control (flow.Gate): which claimed envelopes go out now,
+// and what becomes of the others. Nil decisions: all go.
+type Gate interface {
+	Admit(ctx context.Context, ds []envelope.Delivery) []flow.Decision
+}
 
 // Observer is told what happened, for metrics. Every method must be cheap.
 type Observer interface {
@@ -118,6 +125,8 @@ type Options struct {
 	// Shared: shards are owned through an Ownership and scanned only while
 	// owned. Otherwise this scanner scans every shard.
 	Shared bool
+	// Gate, if set, holds back deliveries to limited or paused targets.
+	Gate Gate
 	// Announce, if set, tells the owner of a shard this daemon does not
 	// own that an envelope falls due there (a cross-daemon wake-up).
 	Announce func(shard int, dueMs int64)
@@ -179,6 +188,9 @@ type Scanner struct {
 	// noInterestLog rate-limits the warning about deliveries that found
 	// no subscriber: a consumer that is away makes one per envelope.
 	noInterestLog *ratelog.Limiter
+	// flowLog rate-limits the warning about deliveries postponed because
+	// flow control's state could not be read.
+	flowLog *ratelog.Limiter
 }
 
 // New builds a scanner over every shard of st. A nil obs counts nothing.
@@ -194,6 +206,7 @@ func New(st Store, pub Publisher, obs Observer, opt Options, log hclog.Logger) *
 		next: make([]atomic.Int64, n), owned: make([]atomic.Bool, n), announced: make([]atomic.Int64, n),
 		wake: make(chan struct{}, 1), failing: map[int]time.Duration{}, unconfirmed: map[int]time.Duration{},
 		noInterestTries: opt.noInterestTries(), noInterestLog: ratelog.New(failLogEvery, opt.Now),
+		flowLog: ratelog.New(failLogEvery, opt.Now),
 		failLog: ratelog.New(failLogEvery, opt.Now), shortLog: ratelog.New(failLogEvery, opt.Now), pauseLog: ratelog.New(failLogEvery, opt.Now),
 		budget: newByteBudget(opt.ClaimBytes), clock: newRedisClock(opt.Now)}
 	s.maxTries = max(opt.MaxAttempts, s.noInterestTries)

@@ -227,7 +227,7 @@ func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64)
 // the returned Redis time means: deliver now.
 func (s *Store) Reserve(ctx context.Context, l Limit, ids []string) (nowMs int64, slots []int64, err error) {
 	r := exec1(ctx, s, reserveOp, reserveArgs{tat: s.flowKeys("tat", l.Pattern), ledger: s.flowKeys("slots", l.Pattern),
-		intervalUs: l.IntervalUs, burst: l.Burst, ids: ids})
+		counts: s.flowKeys("rate", l.Pattern), intervalUs: l.IntervalUs, burst: l.Burst, ids: ids})
 	if !r.ran {
 		return 0, nil, fmt.Errorf("store: reserve: %w", r.err)
 	}
@@ -264,6 +264,9 @@ type FlowHeld struct {
 	// BacklogMs is how long the limit's slots given so far run on:
 	// when the last held envelope goes out.
 	BacklogMs int64
+	// Rate is how many deliveries the limit let go in the last whole
+	// second, fleet-wide.
+	Rate int64
 }
 
 // Held reads what the rules on patterns hold back, in one round trip.
@@ -276,11 +279,12 @@ func (s *Store) Held(ctx context.Context, patterns []string) (map[string]FlowHel
 	type cmds struct {
 		limited, parked *redis.IntCmd
 		tat             *redis.StringCmd
+		rate            *redis.SliceCmd
 	}
 	cs := make([]cmds, len(patterns))
 	for i, p := range patterns {
 		cs[i] = cmds{pipe.ZCard(ctx, s.flowKeys("slots", p)), pipe.ZCard(ctx, s.flowKeys("parked", p)),
-			pipe.Get(ctx, s.flowKeys("tat", p))}
+			pipe.Get(ctx, s.flowKeys("tat", p)), pipe.HMGet(ctx, s.flowKeys("rate", p), "s", "n", "p")}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("store: held: %w", err)
@@ -290,6 +294,17 @@ func (s *Store) Held(ctx context.Context, patterns []string) (map[string]FlowHel
 		h := FlowHeld{Limited: cs[i].limited.Val(), Parked: cs[i].parked.Val()}
 		if tat, err := strconv.ParseInt(cs[i].tat.Val(), 10, 64); err == nil {
 			h.BacklogMs = max(tat/1000-now.Val().UnixMilli(), 0)
+		}
+		// The last whole second: n while it is the current one's
+		// predecessor, p once the current second has begun.
+		if c := cs[i].rate.Val(); len(c) == 3 {
+			sec, n, prev := asInt(c[0]), asInt(c[1]), asInt(c[2])
+			switch now.Val().Unix() {
+			case sec + 1:
+				h.Rate = n
+			case sec:
+				h.Rate = prev
+			}
 		}
 		out[p] = h
 	}

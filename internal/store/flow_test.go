@@ -155,6 +155,9 @@ func TestPauseParksAndResumeReleases(t *testing.T) {
 	if len(claimAll(t, s, time.Minute)) != 0 {
 		t.Fatal("a parked envelope was claimed")
 	}
+	if e, err := s.Get(ctx, "p1"); err != nil || e.State != StatePaused || e.DueMs != dues[0] {
+		t.Fatalf("parked p1 reads %+v %v, want paused at %d", e, err, dues[0])
+	}
 	if rules, _ := s.FlowRules(ctx); len(rules.Parked) != 1 {
 		t.Fatalf("parked marker: %+v", rules)
 	}

@@ -24,7 +24,19 @@ const (
 	StatePending  State = "pending"
 	StateInflight State = "inflight"
 	StateDead     State = "dead"
+	// StatePaused: pending, parked by a pause of its target (flow.go);
+	// DueMs is its own due time.
+	StatePaused State = "paused"
 )
+
+// pendingState is the state of a pending envelope at due score due, and
+// its due time.
+func pendingState(due int64) (State, int64) {
+	if due >= ParkedBase {
+		return StatePaused, due - ParkedBase
+	}
+	return StatePending, due
+}
 
 // Entry is one stored envelope as inspection sees it.
 type Entry struct {
@@ -66,7 +78,7 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 	case dead.Err() == nil:
 		e.State, e.DueMs = StateDead, int64(dead.Val())
 	case due.Err() == nil:
-		e.State, e.DueMs = StatePending, int64(due.Val())
+		e.State, e.DueMs = pendingState(int64(due.Val()))
 	default:
 		// In no index (a script cut part-way, which Check repairs): at its
 		// header's due time.
@@ -219,6 +231,9 @@ func (s *Store) List(ctx context.Context, o ListOptions) (entries []Entry, next 
 			_, occurrence, data := splitValue(d)
 			entries[i] = Entry{ID: c.id, Shard: sh, State: state, DueMs: c.due, Attempts: parseAttempts(a), Error: e,
 				Occurrence: occurrence, Data: data}
+			if state == StatePending {
+				entries[i].State, entries[i].DueMs = pendingState(c.due)
+			}
 		}
 	}
 	last := cands[len(cands)-1]

@@ -25,7 +25,7 @@ var (
 
 // reserveArgs are one call of reserve.lua: one limit, many ids.
 type reserveArgs struct {
-	tat, ledger string
+	tat, ledger, counts string
 	intervalUs  int64
 	burst       int
 	ids         []string
@@ -39,7 +39,7 @@ func (a reserveArgs) encode() call {
 	for _, id := range a.ids {
 		argv = append(argv, id)
 	}
-	return call{keys: []string{a.tat, a.ledger}, argv: argv}
+	return call{keys: []string{a.tat, a.ledger, a.counts}, argv: argv}
 }
 
 // reserveReply is reserve.lua's answer: Redis time, and per id its slot.

@@ -143,6 +143,11 @@ func (in *Intake) handleStats(req micro.Request) {
 	if next >= 0 {
 		out.NextDue = envelope.FormatMs(next)
 	}
+	if out.Flow, err = in.flowRules(ctx); err != nil {
+		in.log.Error("stats failed", "error", err)
+		in.fail(now(req), envelope.CodeUnavailable, "store unavailable")
+		return
+	}
 	in.respond(now(req), out)
 }
 

@@ -106,6 +106,9 @@ type IntakeOptions struct {
 	// answered, and of those waiting in the NATS client for the handler
 	// (0: no bound).
 	PendingBytes int64
+	// Flow makes the operator's flow-control changes (endpoints limit,
+	// limits, pause, resume; stats lists the rules).
+	Flow FlowControl
 	// trace, when set (by the latency-budget benchmark), is told when each
 	// schedule request reached each stage inside delayd: "handler",
 	// "queued", "flush" (its batch's Redis call starts), "stored" and
@@ -212,7 +215,11 @@ func (in *Intake) Run(ctx context.Context) error {
 	}
 	// Operator endpoints live apart from the publisher's, so that NATS
 	// permissions tell the two roles apart.
-	if err := in.addInspect(svc.AddGroup(adminSubject(in.opt.Subject))); err != nil {
+	admin := svc.AddGroup(adminSubject(in.opt.Subject))
+	if err := in.addFlow(admin); err != nil {
+		return err
+	}
+	if err := in.addInspect(admin); err != nil {
 		return fmt.Errorf("bridge: add inspection endpoints: %w", err)
 	}
 	subjects := []any{"schedule", in.opt.Subject + ".schedule", "cancel", in.opt.Subject + ".cancel",

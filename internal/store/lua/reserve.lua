@@ -1,7 +1,10 @@
 -- reserve gives delivery slots under one rate limit (Reserve, flow.go):
 -- GCRA, one slot per envelope, decided once. KEYS[1] is the limit's
 -- theoretical arrival time (a string, µs), KEYS[2] its ledger (ZSET id →
--- slot ms) of the envelopes held for a slot not reached yet. ARGV[1] is
+-- slot ms) of the envelopes held for a slot not reached yet, KEYS[3] its
+-- count of deliveries let go (HASH: s, the current second; n, its count;
+-- p, the count of the second before it), for the operator's current
+-- rate. ARGV[1] is
 -- the emission interval in µs (1 s / rate), ARGV[2] the burst, then ids.
 -- An id in the ledger gets the slot it was given (and leaves the ledger):
 -- a held envelope claimed again at its slot is not slotted twice, so a
@@ -13,7 +16,7 @@
 -- Returns {now ms, then per id its slot ms (now or earlier: deliver now)}.
 -- Without the shard prelude. Allowed over maxmemory: it holds envelopes
 -- back, and their deliveries are what frees memory.
-local tatKey, ledger = KEYS[1], KEYS[2]
+local tatKey, ledger, counts = KEYS[1], KEYS[2], KEYS[3]
 local t = redis.call('TIME')
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(nowus / 1000)
@@ -28,11 +31,14 @@ for i = 1, #ids, 512 do
   local part = redis.call('ZMSCORE', ledger, unpack(ids, i, math.min(i + 511, #ids)))
   for j = 1, #part do have[#have+1] = part[j] end
 end
-local out, held, granted, moved = {now}, {}, {}, false
+local out, held, granted, moved, going = {now}, {}, {}, false, 0
 for i, id in ipairs(ids) do
   if have[i] then
     out[#out+1] = tonumber(have[i])
-    if tonumber(have[i]) <= now then granted[#granted+1] = id end
+    if tonumber(have[i]) <= now then
+      granted[#granted+1] = id
+      going = going + 1
+    end
   else
     local slot = math.max(nowus, tat - tolerance)
     tat, moved = math.max(tat, slot) + interval, true
@@ -43,6 +49,8 @@ for i, id in ipairs(ids) do
     if ms > now then
       held[#held+1] = ms
       held[#held+1] = id
+    else
+      going = going + 1
     end
   end
 end
@@ -52,4 +60,17 @@ if moved then
 end
 for i = 1, #held, 512 do redis.call('ZADD', ledger, unpack(held, i, math.min(i + 511, #held))) end
 for i = 1, #granted, 512 do redis.call('ZREM', ledger, unpack(granted, i, math.min(i + 511, #granted))) end
+if going > 0 then
+  local sec = math.floor(now / 1000)
+  local c = redis.call('HMGET', counts, 's', 'n')
+  local s, n = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+  if s == sec then
+    redis.call('HINCRBY', counts, 'n', going)
+  else
+    local p = 0
+    if s == sec - 1 then p = n end
+    redis.call('HSET', counts, 's', sec, 'n', going, 'p', p)
+    redis.call('PEXPIRE', counts, 10000)
+  end
+end
 return out
