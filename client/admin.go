@@ -14,7 +14,7 @@ import (
 
 // Entry describes one stored envelope.
 type Entry struct {
-	ID    string `json:"id"`
+	ID string `json:"id"`
 	// State is pending, paused (pending, held by a pause of its target:
 	// Due is its own due time), inflight or dead.
 	State string `json:"state"`

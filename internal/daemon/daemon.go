@@ -20,8 +20,8 @@ import (
 	"github.com/delayd/delayd/internal/bridge"
 	"github.com/delayd/delayd/internal/bridge/delivery"
 	"github.com/delayd/delayd/internal/config"
-	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/embedded"
+	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/scanner"
 	"github.com/delayd/delayd/internal/store"
 )

@@ -160,7 +160,7 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) Held(string, string, int)       {}
+func (nopObserver) Held(string, string, int)      {}
 func (nopObserver) Allowed(string, time.Duration) {}
 
 // Decision is what becomes of one envelope the Gate was asked about.

@@ -26,9 +26,9 @@ var (
 // reserveArgs are one call of reserve.lua: one limit, many ids.
 type reserveArgs struct {
 	tat, ledger, counts string
-	intervalUs  int64
-	burst       int
-	ids         []string
+	intervalUs          int64
+	burst               int
+	ids                 []string
 }
 
 func (reserveArgs) script() *script { return reserveScript }
