@@ -75,3 +75,29 @@ func TestJitterSpreadsDeliveries(t *testing.T) {
 		t.Errorf("Delayd-Due spread over %s, want at least 1.5s", hi.Sub(lo))
 	}
 }
+
+// A jittered series through the daemon: occurrence k is due at the rule's
+// k-th time plus its own offset, so the store's next due times carry the
+// offsets and the rule's times do not drift.
+func TestJitteredSeries(t *testing.T) {
+	e, nc, s := seriesDaemon(t, "jitter.series")
+	const jitter = 800 * time.Millisecond
+	start := time.Now().Add(time.Second).Truncate(time.Millisecond)
+	daemontest.ScheduleOK(t, nc, daemontest.Hdr("Delayd-Target", "jitter.series", "Delayd-Every", "1s", "Delayd-Count", "4",
+		"Delayd-Start", start.UTC().Format(time.RFC3339Nano), "Delayd-Jitter", jitter.String(), "Delayd-Id", "js"), "tick")
+
+	s.WaitFor("js", 10*time.Second, daemontest.AtLeast(4))
+	daemontest.Quiet(t, e, e.Config(), s)
+	ds := s.Get("js")
+	if len(ds) != 4 {
+		t.Fatalf("%d deliveries, want 4: %s", len(ds), daemontest.Describe(ds))
+	}
+	for i, d := range ds {
+		k := int64(i + 1)
+		want := start.Add(time.Duration(i)*time.Second + envelope.JitterOffset("js", k, jitter))
+		if d.Occurrence() != k || !d.Due.Equal(want) || d.Received.Before(d.Due) {
+			t.Errorf("delivery %d: occurrence %d due %s, received %s; want occurrence %d due %s, not received before",
+				i, d.Occurrence(), d.Due.Format(time.RFC3339Nano), d.Received.Format(time.RFC3339Nano), k, want.Format(time.RFC3339Nano))
+		}
+	}
+}
