@@ -90,6 +90,11 @@ func TestJitterRoundTrip(t *testing.T) {
 		strings.Contains(string(Encode(plain)), headerJitter) {
 		t.Fatal("an envelope without jitter is not stored as before")
 	}
+	// Only delayd writes it: a publisher cannot set a jitter past the limit.
+	if _, err := ParseSchedule(map[string][]string{HeaderTarget: {"a.b"}, HeaderDelay: {"1s"}, headerJitter: {"5"}},
+		nil, lim, pol, time.Now()); err == nil {
+		t.Errorf("a publisher's %s header was accepted", headerJitter)
+	}
 	for _, v := range []string{"0", "-5", "01", "x"} {
 		bad := Encode(Envelope{Target: "t", Header: map[string][]string{headerJitter: {v}}})
 		if _, err := Decode(bad); err == nil {
