@@ -252,8 +252,11 @@ func (s *Scanner) nextOccurrence(st *store.Settle, d envelope.Delivery) {
 	occurrence := max(d.Occurrence, 1)
 	// The rule runs on the unjittered times, so offsets never accumulate
 	// and until bounds those; each occurrence then adds its own offset.
+	// Catch-up skips a time only once its whole jitter is past: an
+	// occurrence delivered on time at a large offset may be past the next
+	// time, and is not late for it.
 	base := d.Due.Add(-envelope.JitterOffset(d.ID, occurrence, d.Jitter))
-	next, ok := d.Series.Next(base, time.UnixMilli(now), occurrence)
+	next, ok := d.Series.Next(base, time.UnixMilli(now).Add(-d.Jitter), occurrence)
 	off := envelope.JitterOffset(d.ID, occurrence+1, d.Jitter)
 	// The store keeps occurrence numbers in 4 bytes: a series ends at the
 	// last one it can number (136 years of a 1 s period).

@@ -25,13 +25,17 @@ func TestJitteredSeries(t *testing.T) {
 	off := func(k int64) int64 { return envelope.JitterOffset(id, k, jitter).Milliseconds() }
 	clock := testutil.NewClock()
 	s := newTestScanner(&claimStore{shards: 1}, newSwitchPub(), clock, outcomeOpts)
-	next := func(rule recur.Rule, dueMs, redisNow, k int64) store.Settle {
+	nextJ := func(rule recur.Rule, jitter time.Duration, dueMs, redisNow, k int64) store.Settle {
 		t.Helper()
 		s.clock.set(redisNow*1000, clock.Now())
 		d := envelope.Delivery{ID: id, Due: time.UnixMilli(dueMs), Attempt: 1, Occurrence: k,
 			Envelope: envelope.Envelope{Target: "orders.x", Series: &rule, Jitter: jitter}}
 		st, _ := s.outcome(claimed{Claimed: store.Claimed{ID: id, DueMs: dueMs, Attempt: 1, Occurrence: k}}, &d, nil)
 		return st
+	}
+	next := func(rule recur.Rule, dueMs, redisNow, k int64) store.Settle {
+		t.Helper()
+		return nextJ(rule, jitter, dueMs, redisNow, k)
 	}
 
 	rule := recur.Rule{Every: every}
@@ -56,6 +60,21 @@ func TestJitteredSeries(t *testing.T) {
 	now := late + 10*every.Milliseconds() + every.Milliseconds()/2
 	if st := next(rule, late, now, 4); st.NextDueMs != base0+14*every.Milliseconds()+off(5) {
 		t.Errorf("catch-up: next due %d, want %d", st.NextDueMs, base0+14*every.Milliseconds()+off(5))
+	}
+
+	// A jitter longer than the period: an occurrence delivered on time,
+	// after the next one's base, must not count as a late one that the
+	// default catch-up skips the next over.
+	long := 90 * time.Second
+	due = base0 + envelope.JitterOffset(id, 1, long).Milliseconds()
+	for k := int64(1); k <= 200; k++ {
+		st := nextJ(rule, long, due, due, k)
+		want := base0 + k*every.Milliseconds() + envelope.JitterOffset(id, k+1, long).Milliseconds()
+		if st.NextDueMs != want {
+			t.Fatalf("jitter %s over a %s period, occurrence %d delivered on time at %d: next due %d, want %d",
+				long, every, k, due, st.NextDueMs, want)
+		}
+		due = st.NextDueMs
 	}
 
 	// Until bounds the base: an occurrence whose base is the until is
