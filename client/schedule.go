@@ -17,6 +17,7 @@ const (
 	headerAt       = "Delayd-At"
 	headerDelay    = "Delayd-Delay"
 	headerID       = "Delayd-Id"
+	headerJitter   = "Delayd-Jitter"
 	headerEvery    = "Delayd-Every"
 	headerCron     = "Delayd-Cron"
 	headerTimeZone = "Delayd-Time-Zone"
@@ -70,6 +71,20 @@ func Delay(d time.Duration) ScheduleOption {
 			s.fail("negative Delay %s", d)
 		}
 		s.h.Set(headerDelay, d.String())
+	}
+}
+
+// Jitter delivers at a moment in [due, due + d), never before the due
+// time, so that envelopes due at one instant are spread over d; for a
+// repeat each occurrence gets its own moment. The moment follows from the
+// ID, so a resend gets the same one. d is whole ms, at most the daemon's
+// limits.max_jitter (default 1h).
+func Jitter(d time.Duration) ScheduleOption {
+	return func(s *schedule) {
+		if d < time.Millisecond {
+			s.fail("Jitter must be at least 1ms, got %s", d)
+		}
+		s.h.Set(headerJitter, d.String())
 	}
 }
 

@@ -146,6 +146,7 @@ var refusedByBoth = []configCase{
 	{config: `limits: {max_headers: 0}`, key: "limits.max_headers"},
 	{config: `limits: {max_header_bytes: -1}`, key: "limits.max_header_bytes"},
 	{config: `limits: {max_delay: "0"}`, key: "limits.max_delay"},
+	{config: `limits: {max_jitter: "0"}`, key: "limits.max_jitter"},
 	// Issue 38: each of these rendered, and the pods crash-looped.
 	{config: `nats: {url: ""}`, key: "nats.url"},
 	{config: `redis: {addrs: []}`, key: "redis.addrs"},
@@ -220,6 +221,7 @@ var acceptedByBoth = []configCase{
 	{config: `redis: {wait_claims: strict, wait_local_fsync: true}`},
 	{config: `scanner: {retry_backoff_max: "0", no_interest_retry_for: 0s, idle_interval: 1ms}`},
 	{config: `limits: {max_delay: 1h}`},
+	{config: `limits: {max_jitter: 2s}`},
 	{config: `http: {sample_interval: 500ms}`},
 	{config: `ui: {addr: ""}`},
 	{config: `headers: {allow_nats: [Nats-Msg-Id]}`},

@@ -242,6 +242,7 @@ func TestCLIScheduleRepeatFlags(t *testing.T) {
 				"Delayd-Count": "3", "Delayd-Catch-Up": "all"}},
 		{[]string{"--cron", "0 9 * * MON-FRI", "--tz", "Europe/Paris", "--id", "r-1"},
 			map[string]string{"Delayd-Cron": "0 9 * * MON-FRI", "Delayd-Time-Zone": "Europe/Paris", "Delayd-Id": "r-1"}},
+		{[]string{"--delay", "30m", "--jitter", "2s"}, map[string]string{"Delayd-Delay": "30m0s", "Delayd-Jitter": "2s"}},
 	} {
 		var out, errOut bytes.Buffer
 		args := append(append([]string{"delayd", "schedule", "--target", "reports.daily"}, tc.args...), "x")
@@ -263,6 +264,7 @@ func TestCLIScheduleRepeatFlags(t *testing.T) {
 		{[]string{"--every", "often"}, 2},
 		{[]string{"--cron", "* * * * *", "--start", "tomorrow"}, 2},
 		{[]string{"--every", "1h", "--catch-up", "some"}, 2},
+		{[]string{"--delay", "1s", "--jitter", "soon"}, 2},
 		{[]string{"--delay", "1s", "--count", "2"}, 1}, // the client's check: a bad request
 	} {
 		var out, errOut bytes.Buffer

@@ -45,6 +45,7 @@ func scheduleCommand(o cliIO) *cli.Command {
 			&cli.StringFlag{Name: "until", Usage: "with --every or --cron: no delivery due after this RFC 3339 time (inclusive)"},
 			&cli.IntFlag{Name: "count", Usage: "with --every or --cron: stop after this many deliveries"},
 			&cli.StringFlag{Name: "catch-up", Usage: "with --every or --cron: after delayd was down past several times, \"one\" (default) delivers one late occurrence and goes on from now, \"all\" delivers every missed one"},
+			&cli.StringFlag{Name: "jitter", Usage: "deliver at a moment in [due, due + this Go duration), e.g. 2s; for a repeat, each occurrence its own"},
 			&cli.StringFlag{Name: "id", Usage: "idempotency key; the same id again replaces the message"},
 			&cli.StringSliceFlag{Name: "H", Usage: "header Key:Value to deliver with the payload (repeatable)"},
 		),
@@ -89,9 +90,9 @@ func scheduleCommand(o cliIO) *cli.Command {
 // that does not parse is a usage error.
 func scheduleOptions(cmd *cli.Command) ([]client.ScheduleOption, error) {
 	var opts []client.ScheduleOption
-	durations := map[string]func(time.Duration) client.ScheduleOption{"delay": client.Delay, "every": client.Every}
+	durations := map[string]func(time.Duration) client.ScheduleOption{"delay": client.Delay, "every": client.Every, "jitter": client.Jitter}
 	times := map[string]func(time.Time) client.ScheduleOption{"at": client.At, "start": client.Start, "until": client.Until}
-	for _, f := range []string{"delay", "every"} {
+	for _, f := range []string{"delay", "every", "jitter"} {
 		if v := cmd.String(f); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil {

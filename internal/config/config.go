@@ -270,6 +270,7 @@ type Limits struct {
 	MaxHeaderBytes int           `koanf:"max_header_bytes"`
 	MaxDelay       time.Duration `koanf:"max_delay"`
 	MaxPast        time.Duration `koanf:"max_past"`
+	MaxJitter      time.Duration `koanf:"max_jitter"`
 }
 
 // Targets is the policy on which subjects delayd may deliver to, and how.
@@ -339,6 +340,7 @@ func Default() Config {
 			MaxHeaderBytes: 16 << 10,
 			MaxDelay:       366 * 24 * time.Hour,
 			MaxPast:        24 * time.Hour,
+			MaxJitter:      time.Hour,
 		},
 		Log:  Log{Level: "info"},
 		HTTP: HTTP{Addr: ":9479", SampleInterval: 5 * time.Second},
@@ -366,6 +368,7 @@ func (c Config) EnvelopeLimits() envelope.Limits {
 	return envelope.Limits{
 		MaxPayload: l.MaxPayload, MaxIDLen: l.MaxIDLen, MaxHeaders: l.MaxHeaders,
 		MaxHeaderBytes: l.MaxHeaderBytes, MaxDelay: l.MaxDelay, MaxPast: l.MaxPast,
+		MaxJitter: l.MaxJitter,
 	}
 }
 

@@ -258,3 +258,18 @@ func TestValidateStreamNameLength(t *testing.T) {
 		t.Fatalf("a name of 246: %v", err)
 	}
 }
+
+// limits.max_jitter has a default, reaches the envelope limits, and must be
+// positive and bounded like max_delay.
+func TestMaxJitter(t *testing.T) {
+	c := Default()
+	if c.Limits.MaxJitter != time.Hour || c.EnvelopeLimits().MaxJitter != time.Hour {
+		t.Fatalf("limits.max_jitter defaults to %v (envelope %v), want 1h", c.Limits.MaxJitter, c.EnvelopeLimits().MaxJitter)
+	}
+	for _, v := range []time.Duration{0, -time.Second, 101 * 365 * 24 * time.Hour} {
+		c.Limits.MaxJitter = v
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "limits.max_jitter:") {
+			t.Errorf("limits.max_jitter %v: %v, want an error naming the key", v, err)
+		}
+	}
+}

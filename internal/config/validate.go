@@ -159,6 +159,9 @@ func (c Config) Validate() error {
 	if c.Limits.MaxDelay > envelope.MaxDelayLimit {
 		bad("limits.max_delay", "must be at most %s (100 years), got %s", envelope.MaxDelayLimit, c.Limits.MaxDelay)
 	}
+	if c.Limits.MaxJitter <= 0 || c.Limits.MaxJitter > envelope.MaxDelayLimit {
+		bad("limits.max_jitter", "must be positive, at most %s (100 years), got %s", envelope.MaxDelayLimit, c.Limits.MaxJitter)
+	}
 	for _, key := range []struct {
 		name string
 		pats []string

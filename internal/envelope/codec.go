@@ -33,6 +33,10 @@ type Envelope struct {
 	// answered instead of scheduled again. It travels in the stored value
 	// as the header headerRequest, which Decode takes out again.
 	Request string
+	// Jitter is the request's Delayd-Jitter: each occurrence is due
+	// JitterOffset after its unjittered time. It travels in the stored
+	// value as the header headerJitter (ms), which Decode takes out again.
+	Jitter time.Duration
 }
 
 // headerStored carries Envelope.Stored in a stored value. No request can
@@ -44,6 +48,11 @@ const headerStored = "Delayd-Stored"
 // headerRequest carries Envelope.Request (hex) in a stored value, like
 // headerStored: no request can set it, and Decode removes it.
 const headerRequest = "Delayd-Request"
+
+// headerJitter carries Envelope.Jitter (ms) in a stored value, like
+// headerStored. Not the request's Delayd-Jitter, so that a reader that
+// predates it shows it as what it is.
+const headerJitter = "Delayd-Jitter-Ms"
 
 // Layout of the stored value, format 2:
 //
@@ -69,14 +78,17 @@ var ErrCorrupt = errors.New("envelope: corrupt or unknown encoding")
 
 // Encode returns the stored form of e, in format 2. A Series must be valid.
 func Encode(e Envelope) []byte {
-	if !e.Stored.IsZero() || e.Request != "" {
-		h := make(map[string][]string, len(e.Header)+2)
+	if !e.Stored.IsZero() || e.Request != "" || e.Jitter > 0 {
+		h := make(map[string][]string, len(e.Header)+3)
 		maps.Copy(h, e.Header)
 		if !e.Stored.IsZero() {
 			h[headerStored] = []string{strconv.FormatInt(e.Stored.UnixMilli(), 10)}
 		}
 		if e.Request != "" {
 			h[headerRequest] = []string{hex.EncodeToString([]byte(e.Request))}
+		}
+		if e.Jitter > 0 {
+			h[headerJitter] = []string{strconv.FormatInt(e.Jitter.Milliseconds(), 10)}
 		}
 		e.Header = h
 	}
@@ -179,6 +191,16 @@ func Decode(b []byte) (Envelope, error) {
 		}
 		e.Request = string(fp)
 		if delete(e.Header, headerRequest); len(e.Header) == 0 {
+			e.Header = nil
+		}
+	}
+	if vs, ok := e.Header[headerJitter]; ok {
+		ms, err := strconv.ParseInt(vs[0], 10, 64)
+		if len(vs) != 1 || err != nil || ms <= 0 || strconv.FormatInt(ms, 10) != vs[0] {
+			return Envelope{}, fmt.Errorf("%w: %s %q", ErrCorrupt, headerJitter, vs)
+		}
+		e.Jitter = time.Duration(ms) * time.Millisecond
+		if delete(e.Header, headerJitter); len(e.Header) == 0 {
 			e.Header = nil
 		}
 	}

@@ -26,8 +26,10 @@ const (
 	HeaderAttempt = "Delayd-Attempt"
 	// HeaderOccurrence numbers the deliveries of a recurring series, from 1.
 	HeaderOccurrence = "Delayd-Occurrence"
-	HeaderError      = "Delayd-Error" // on dead letters: the last delivery error
-	controlPrefix    = "delayd-"
+	// HeaderJitter spreads the delivery over [due, due + jitter) (JitterOffset).
+	HeaderJitter  = "Delayd-Jitter"
+	HeaderError   = "Delayd-Error" // on dead letters: the last delivery error
+	controlPrefix = "delayd-"
 
 	// A recurring schedule (a series) has Delayd-Every or Delayd-Cron
 	// instead of Delayd-At or Delayd-Delay, and these only with one of them.
@@ -124,6 +126,8 @@ type Limits struct {
 	// MaxPast is how far in the past a Delayd-At may lie; older times are
 	// rejected as a likely clock or format bug. Within it, due at once.
 	MaxPast time.Duration
+	// MaxJitter bounds Delayd-Jitter.
+	MaxJitter time.Duration
 }
 
 // Request is a validated schedule request.
@@ -166,6 +170,11 @@ func (r Request) Fingerprint() string {
 	}
 	if r.Series != nil {
 		field("series:" + r.Series.String())
+	}
+	if r.Jitter > 0 {
+		// Only then: the fingerprints of requests without one, which
+		// tombstones hold, stay what they were.
+		field("jitter:" + strconv.FormatInt(int64(r.Jitter), 10))
 	}
 	if r.HasAt {
 		field("at:" + strconv.FormatInt(r.At.UnixNano(), 10))
@@ -226,26 +235,51 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 		r.ID = id
 	}
 
+	if v, ok := ctl.get(slotJitter); ok {
+		if r.Jitter, err = parseJitter(v, lim.MaxJitter); err != nil {
+			return r, err
+		}
+	}
+
 	w, err := ctl.when()
 	if err != nil {
 		return r, err
 	}
+	if err := parseWhen(&r, ctl, w, lim, now); err != nil {
+		return r, err
+	}
+	if r.Jitter > 0 {
+		// The offset is added once the id is known (JitterOffset); even
+		// the largest must keep the due time in range.
+		latest := r.At
+		if !r.HasAt {
+			latest = now.Add(r.Delay)
+		}
+		if err := inRange("the due time plus "+HeaderJitter, latest.Add(r.Jitter)); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// parseWhen reads when to deliver into r: At or Delay, and a series' rule.
+func parseWhen(r *Request, ctl control, w when, lim Limits, now time.Time) error {
 	switch {
 	case w.series():
-		return r, parseSeries(&r, ctl, w, lim, now)
+		return parseSeries(r, ctl, w, lim, now)
 	case w.kind == slotAt:
 		t, err := time.Parse(time.RFC3339Nano, w.value)
 		if err != nil {
-			return r, reject(CodeBadRequest, "%s %s is not an RFC 3339 time", w.name, Quote(w.value))
+			return reject(CodeBadRequest, "%s %s is not an RFC 3339 time", w.name, Quote(w.value))
 		}
 		if err := inRange(w.name, t); err != nil {
-			return r, err
+			return err
 		}
 		if d := t.Sub(now); d > lim.MaxDelay {
-			return r, reject(CodeBadRequest, "%s is %s ahead, limit is %s", w.name, d.Round(time.Second), lim.MaxDelay)
+			return reject(CodeBadRequest, "%s is %s ahead, limit is %s", w.name, d.Round(time.Second), lim.MaxDelay)
 		}
 		if lim.MaxPast > 0 && now.Sub(t) > lim.MaxPast {
-			return r, reject(CodeBadRequest, "%s is %s in the past, limit is %s", w.name, now.Sub(t).Round(time.Second), lim.MaxPast)
+			return reject(CodeBadRequest, "%s is %s in the past, limit is %s", w.name, now.Sub(t).Round(time.Second), lim.MaxPast)
 		}
 		r.At, r.HasAt = t, true
 		if now.Sub(t) > storedAfter {
@@ -255,15 +289,29 @@ func ParseSchedule(h map[string][]string, payload []byte, lim Limits, pol Policy
 		d, err := time.ParseDuration(w.value)
 		switch {
 		case err != nil:
-			return r, reject(CodeBadRequest, "%s %s is not a duration like 30m or 1500ms", HeaderDelay, Quote(w.value))
+			return reject(CodeBadRequest, "%s %s is not a duration like 30m or 1500ms", HeaderDelay, Quote(w.value))
 		case d < 0:
-			return r, reject(CodeBadRequest, "%s %s is negative", HeaderDelay, Quote(w.value))
+			return reject(CodeBadRequest, "%s %s is negative", HeaderDelay, Quote(w.value))
 		case d > lim.MaxDelay:
-			return r, reject(CodeBadRequest, "%s %s is over the limit of %s", HeaderDelay, d, lim.MaxDelay)
+			return reject(CodeBadRequest, "%s %s is over the limit of %s", HeaderDelay, d, lim.MaxDelay)
 		}
 		r.Delay = d
 	}
-	return r, nil
+	return nil
+}
+
+func parseJitter(v string, max time.Duration) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		return 0, reject(CodeBadRequest, "%s %s is not a duration like 2s or 1500ms", HeaderJitter, Quote(v))
+	case d < time.Millisecond:
+		return 0, reject(CodeBadRequest, "%s %s must be positive, at least 1ms", HeaderJitter, Quote(v))
+	case d > max:
+		return 0, reject(CodeBadRequest, "%s %s is over the limit of %s", HeaderJitter, d, max)
+	}
+	// Offsets are whole ms (JitterOffset), and so is the stored jitter.
+	return d.Truncate(time.Millisecond), nil
 }
 
 // inRange checks a due time (or a series bound) against [MinDue, MaxDue):
@@ -349,7 +397,7 @@ type control struct {
 
 // controlNames are the control headers a request may carry, in slot order.
 var controlNames = [numSlots]string{
-	HeaderTarget, HeaderAt, HeaderDelay, HeaderID,
+	HeaderTarget, HeaderAt, HeaderDelay, HeaderID, HeaderJitter,
 	HeaderEvery, HeaderCron, HeaderTimeZone, HeaderStart, HeaderUntil, HeaderCount, HeaderCatchUp,
 	HeaderNATSSchedule, HeaderNATSScheduleTarget, HeaderNATSScheduleTimeZone,
 }
@@ -370,6 +418,7 @@ const (
 	slotAt
 	slotDelay
 	slotID
+	slotJitter
 	slotEvery
 	slotCron
 	slotTimeZone

@@ -285,14 +285,21 @@ func (s *Scanner) nextOccurrence(st *store.Settle, d envelope.Delivery) {
 		now = s.opt.Now().UnixMilli()
 	}
 	occurrence := max(d.Occurrence, 1)
-	next, ok := d.Series.Next(d.Due, time.UnixMilli(now), occurrence)
+	// The rule runs on the unjittered times, so offsets never accumulate
+	// and until bounds those; each occurrence then adds its own offset.
+	// Catch-up skips a time only once its whole jitter is past: an
+	// occurrence delivered on time at a large offset may be past the next
+	// time, and is not late for it.
+	base := d.Due.Add(-envelope.JitterOffset(d.ID, occurrence, d.Jitter))
+	next, ok := d.Series.Next(base, time.UnixMilli(now).Add(-d.Jitter), occurrence)
+	off := envelope.JitterOffset(d.ID, occurrence+1, d.Jitter)
 	// The store keeps occurrence numbers in 4 bytes: a series ends at the
 	// last one it can number (136 years of a 1 s period).
-	if !ok || !next.Before(envelope.MaxDue) || occurrence >= maxOccurrence {
+	if !ok || !next.Add(off).Before(envelope.MaxDue) || occurrence >= maxOccurrence {
 		s.log.Debug("series finished", "id", d.ID, "occurrences", occurrence)
 		return
 	}
-	st.Outcome, st.NextDueMs = store.Next, ceilMs(next)
+	st.Outcome, st.NextDueMs = store.Next, ceilMs(next)+off.Milliseconds()
 }
 
 // ceilMs is t in whole ms, rounded up: the store's due times are ms, and

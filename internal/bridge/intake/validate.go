@@ -54,6 +54,16 @@ func (v validator) itemAt(h map[string][]string, data []byte, newID func() (stri
 			return store.Item{}, err
 		}
 	}
+	if r.Jitter > 0 {
+		// Here, once the id is known: the offset is the id's, so a resend
+		// lands on the same due time. Added to a delay rather than made a
+		// time, so that Redis' clock still makes the due time.
+		if off := envelope.JitterOffset(r.ID, 1, r.Jitter); r.HasAt {
+			r.At = r.At.Add(off)
+		} else {
+			r.Delay += off
+		}
+	}
 	if srvMax > 0 {
 		// The delivery carries more headers than the request: refuse now
 		// what could never be delivered.

@@ -50,3 +50,59 @@ func TestDueRoundedUpToTheMicrosecond(t *testing.T) {
 		}
 	}
 }
+
+// A jitter moves the stored due time (a Delayd-At's, a Delayd-Delay's, a
+// series' first) by the id's offset for occurrence 1, whether the id is
+// the publisher's or generated; the envelope keeps the jitter for the
+// occurrences after.
+func TestJitterMovesTheDueTime(t *testing.T) {
+	t.Parallel()
+	n := testutil.StartNATS(t)
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	now := time.Unix(1_800_000_000, 0)
+	v := validator{nc: nc, policy: envelope.Policy{Prefix: "delayd"}, now: func() time.Time { return now },
+		limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour, MaxJitter: time.Minute}}
+	newID := func() (string, error) { return "generated", nil }
+	const d = 30 * time.Second
+	for _, tc := range []struct {
+		header, value, id string
+		wantAt            bool
+		base              int64 // µs: AtMicros or DelayMicros without jitter
+	}{
+		{envelope.HeaderAt, now.Add(time.Minute).Format(time.RFC3339Nano), "a", true, now.Add(time.Minute).UnixMicro()},
+		{envelope.HeaderDelay, "10s", "b", false, 10_000_000},
+		{envelope.HeaderDelay, "10s", "", false, 10_000_000},
+		{envelope.HeaderEvery, "1m", "c", false, 60_000_000},
+		{envelope.HeaderStart, now.Add(5 * time.Second).Format(time.RFC3339Nano), "d", true, now.Add(5 * time.Second).UnixMicro()},
+	} {
+		h := map[string][]string{envelope.HeaderTarget: {"orders.x"}, tc.header: {tc.value}, envelope.HeaderJitter: {d.String()}}
+		if tc.header == envelope.HeaderStart {
+			h[envelope.HeaderEvery] = []string{"1m"}
+		}
+		id := tc.id
+		if id != "" {
+			h[envelope.HeaderID] = []string{id}
+		} else {
+			id = "generated"
+		}
+		it, err := v.item(h, []byte("p"), newID)
+		if err != nil {
+			t.Fatalf("%s %s: %v", tc.header, tc.value, err)
+		}
+		got := it.DelayMicros
+		if tc.wantAt {
+			got = it.AtMicros
+		}
+		want := tc.base + envelope.JitterOffset(id, 1, d).Microseconds()
+		if it.Absolute != tc.wantAt || got != want || it.ID != id {
+			t.Errorf("%s %s: absolute %v, %d µs, id %q; want %v, %d µs, %q", tc.header, tc.value, it.Absolute, got, it.ID, tc.wantAt, want, id)
+		}
+		if e, err := envelope.Decode(it.Data); err != nil || e.Jitter != d {
+			t.Errorf("%s %s: stored jitter %v (%v), want %v", tc.header, tc.value, e.Jitter, err, d)
+		}
+	}
+}

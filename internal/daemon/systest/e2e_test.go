@@ -229,6 +229,8 @@ func TestBadInput(t *testing.T) {
 		{"negative delay", daemontest.Hdr("Delayd-Target", "ok.target", "Delayd-Delay", "-5s"), "", "400"},
 		{"delay over max", daemontest.Hdr("Delayd-Target", "ok.target", "Delayd-Delay", "9000h"), "", "400"},
 		{"at too far in the past", daemontest.Hdr("Delayd-Target", "ok.target", "Delayd-At", "2001-01-01T00:00:00Z"), "", "400"},
+		{"jitter over max", ok("Delayd-Jitter", "2h"), "", "400"},
+		{"zero jitter", ok("Delayd-Jitter", "0s"), "", "400"},
 		{"oversized payload", ok(), string(make([]byte, 1025)), "413"},
 		{"over-long id", ok("Delayd-Id", string(make([]byte, 65))), "", "400"},
 		{"control char in id", ok("Delayd-Id", "a\x01b"), "", "400"},
