@@ -37,7 +37,8 @@ type mRunner struct {
 func newMRunner(ctx context.Context, s *Store, rc *redis.Client, checkEvery int, tracing bool) (*mRunner, error) {
 	r := &mRunner{ctx: ctx, s: s, rc: rc, checkEvery: checkEvery, tracing: tracing,
 		seen: map[string]int{},
-		m:    &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3), leased: map[int]bool{}, tokens: map[string]bool{}}}
+		m: &mModel{ids: map[string]*mEntry{}, daemons: make([][][]Claimed, 3), leased: map[int]bool{}, tokens: map[string]bool{},
+			parked: map[string]int64{}}}
 	var err error
 	r.prev, _, err = readKeyspace(ctx, rc, s)
 	return r, err
@@ -116,6 +117,8 @@ func (r *mRunner) apply(o mOp) error {
 		return r.fault(o)
 	case opRace:
 		return r.race(o)
+	case opResume:
+		return r.resume()
 	}
 	return fmt.Errorf("op %v cannot run alone", o)
 }
@@ -321,6 +324,24 @@ func (r *mRunner) settle(o mOp) error {
 				st.Error = "e" + strconv.Itoa(rng.IntN(100))
 			}
 		}
+		// Held by flow control: due again at once, in an hour, or parked
+		// by a pause (listed in its ledger first, as the Gate does).
+		if st.Outcome == Hold {
+			switch rng.IntN(3) {
+			case 0:
+				st.HoldUntilMs = r.now
+			case 1:
+				st.HoldUntilMs = r.now + hourMs
+			default:
+				st.HoldUntilMs = ParkedBase + it.DueMs
+				if err := r.s.Park(r.ctx, mPattern, []string{it.ID}, []int64{it.DueMs}); err != nil {
+					return err
+				}
+				// Listed even when its settle is stale: the resume
+				// then leaves it as it is.
+				r.m.parked[it.ID] = st.HoldUntilMs
+			}
+		}
 		// As the scanner does: a delivered occurrence of a series moves
 		// to the next one, due at once or in an hour.
 		if st.Outcome == Next || (st.Outcome == Delivered && it.Occurrence > 0) {
@@ -375,6 +396,12 @@ func (r *mRunner) ack(sts []Settle, retry int64) error {
 			*e = mEntry{shard: e.shard, data: e.data, at: mDue, score: st.NextDueMs, exact: true,
 				due: st.NextDueMs, occurrence: e.occurrence + 1}
 			r.fx.reset[st.ID] = true
+			continue
+		}
+		if st.Outcome == Hold {
+			// Back to due at its time, the attempt given back, no error.
+			e.attempt, e.token = max(e.attempt-1, 0), ""
+			e.at, e.score, e.exact = mDue, st.HoldUntilMs, true
 			continue
 		}
 		if st.Error != "" {
@@ -636,3 +663,26 @@ func (r *mRunner) failing(o mOp) error {
 }
 
 // Reading Redis back.
+
+// resume ends the model's pause: each listed id still parked where its
+// hold put it goes back to its due time; the others (cancelled, replaced,
+// delivered, or listed by a stale settle) stay as they are.
+func (r *mRunner) resume() error {
+	want := 0
+	for id, sc := range r.m.parked {
+		if e := r.m.ids[id]; e != nil && e.at == mDue && e.exact && e.score == sc {
+			e.score = sc - ParkedBase
+			want++
+		}
+	}
+	_, n, err := r.s.Resume(r.ctx, mPattern)
+	if err != nil {
+		return err
+	}
+	r.m.parked = map[string]int64{}
+	r.seen["resumed"] += n
+	if n != want {
+		return fmt.Errorf("resume released %d, want %d", n, want)
+	}
+	return nil
+}

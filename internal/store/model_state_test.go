@@ -64,7 +64,13 @@ type mModel struct {
 	leased map[int]bool
 	// tokens are every token each shard handed out: none may repeat.
 	tokens map[string]bool
+	// parked is the ledger of the pause of mPattern: id → the due score
+	// its hold parked it at (ParkedBase + its due time).
+	parked map[string]int64
 }
+
+// mPattern is the target pattern the model's holds park under.
+const mPattern = "m.>"
 
 // mEffects are what the model allows one step to do, for the invariant
 // checks that compare the keyspace before and after it.
@@ -413,6 +419,10 @@ func (m *mModel) compare(cur []mShard, keys []string, s *Store) error {
 		if m.leased[sh] {
 			want = append(want, names.lease)
 		}
+	}
+	if len(m.parked) > 0 {
+		// The pause's ledger, and the rules hash with its parked marker.
+		want = append(want, flowKey(s.ns), s.flowKeys("parked", mPattern))
 	}
 	slices.Sort(want)
 	if !slices.Equal(keys, want) {

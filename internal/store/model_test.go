@@ -239,6 +239,7 @@ const (
 	opFlush
 	opFault
 	opRace // replace an id while its old claim is unsettled, in one millisecond
+	opResume
 )
 
 // mOp is one step. It names what to do, never a value that only a run
@@ -312,6 +313,8 @@ func (o mOp) String() string {
 		return "SCRIPT FLUSH and FUNCTION FLUSH"
 	case opFault:
 		return fmt.Sprintf("fault: shard %d key %s is a string during: %v", o.shard, mKeyNames[o.key], *o.inner)
+	case opResume:
+		return "resume " + mPattern + ": its parked envelopes back to their due times"
 	case opRace:
 		return fmt.Sprintf("race: schedule %s@past, claim by d%d (lease %dms), replace with %s@past, claim by d%d "+
 			"ending in the same ms, d%d acks its stale claim", o.items[0].data, o.daemon, o.lease+raceSlack, o.items[1].data, o.other, o.daemon)
@@ -380,8 +383,10 @@ func (g *mGen) next(m *mModel) mOp {
 		return mOp{kind: opReplay, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
 	case w < 94:
 		return mOp{kind: opPurge, ids: g.pick(g.pool, 1+g.rng.IntN(3))}
-	case w < 96:
+	case w < 95:
 		return mOp{kind: opFlush}
+	case w < 96:
+		return mOp{kind: opResume}
 	case w < 98:
 		return g.race()
 	default:
@@ -462,7 +467,7 @@ func (g *mGen) fault() mOp {
 	return mOp{kind: opFault, shard: sh, key: g.rng.IntN(len(mKeyNames)), inner: &inner}
 }
 
-var mOutcomes = []Outcome{Delivered, Retry, Postpone, Bury, Next}
+var mOutcomes = []Outcome{Delivered, Retry, Postpone, Bury, Next, Hold}
 
 // bulkIDs names n ids of shard sh for bulk seq.
 func bulkIDs(seq, sh, n int) []string {
