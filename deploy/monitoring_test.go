@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/admin"
+	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -49,6 +50,13 @@ func exportedMetrics(t *testing.T) []string {
 	m := admin.NewMetrics("test", "all")
 	m.WatchNATS(func() bool { return true })
 	m.WatchEvictionGuard(func() string { return store.GuardOn })
+	// Counted per rule pattern, so only once there is one.
+	m.Held("a.>", "limit", 1)
+	m.Allowed("a.>", time.Millisecond)
+	m.WatchFlow(func() []flow.Status {
+		return []flow.Status{{Pattern: "a.>", Rate: "1/s", Burst: 1, PausedSince: time.Now(),
+			FlowHeld: store.FlowHeld{Limited: 1, Parked: 1, BacklogMs: 1000, Rate: 1}}}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

@@ -190,6 +190,8 @@ var refusedByBoth = []configCase{
 	{config: `targets: {deny: [""]}`, key: "targets.deny"},
 	{config: `targets: {jetstream: ["orders.a*"]}`, key: "targets.jetstream"},
 	{config: `targets: {fire_and_forget: ["a b"]}`, key: "targets.fire_and_forget"},
+	{config: `targets: {limits: ["orders.> 500"]}`, key: "targets.limits"},
+	{config: `targets: {limits: ["orders.> 500/d"]}`, key: "targets.limits"},
 }
 
 // acceptedByBoth are near misses of the cases above that both take.
@@ -211,6 +213,7 @@ var acceptedByBoth = []configCase{
 	{config: `shards: 16384`},
 	{config: `namespace: my-app`},
 	{config: `subject: svc.delayd`},
+	{config: `targets: {limits: ["orders.> 500/s 50", "mail.send 14/m"]}`},
 	{config: `nats: {inbox_prefix: _inbox_ops}`},
 	{config: `nats: {inbox_prefix: _INBOX.ops.a}`},
 	{config: `nats: {tls: {cert_file: /tls/c.pem, key_file: /tls/k.pem}}`},

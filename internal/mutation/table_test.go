@@ -199,4 +199,18 @@ var mutations = []mutation{
 	{Name: "lua-newer-format-handed-out", File: "internal/store/lua/claim.lua",
 		Old: "if m > known then", New: "if false then",
 		Promise: "a value of a newer format is given back untouched, never delivered undecoded"},
+
+	// Flow control (issue 39).
+	{Name: "lua-hold-counted", File: "internal/store/lua/ack.lua",
+		Old: "        if op == 'h' then\n", New: "        if op == 'h' then count[#count+1] = id\n",
+		Promise: "an envelope held by a rate limit or a pause is not an attempt"},
+	{Name: "lua-slot-given-twice", File: "internal/store/lua/reserve.lua",
+		Old: "  if have[i] then", New: "  if false then",
+		Promise: "a held envelope goes out at its slot: each gets one slot, decided once"},
+	{Name: "lua-resume-moves-a-newer-version", File: "internal/store/lua/release.lua",
+		Old: "if have[j] and tonumber(have[j]) == tonumber(ARGV[a+1]) then", New: "if have[j] then",
+		Promise: "a resume or a limit's removal never moves an envelope cancelled, replaced or delivered meanwhile"},
+	{Name: "flow-sends-over-the-limit", File: "internal/flow/flow.go",
+		Old: "			case slots[j] > now:", New: "			case false:",
+		Promise: "a limited target gets no more than its rate plus its burst"},
 }
