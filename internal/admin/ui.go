@@ -39,7 +39,7 @@ type UIStore interface {
 
 // UIOptions configure the console.
 type UIOptions struct {
-	AllowActions bool // cancel, replay and purge; read-only otherwise
+	AllowActions bool // cancel, replay, purge, limits and pauses; read-only otherwise
 	// ShowPayloads shows payload previews and header values; otherwise
 	// only sizes and header names leave the daemon.
 	ShowPayloads bool
@@ -51,6 +51,9 @@ type UIOptions struct {
 	BearerToken   string
 	Policy        envelope.Policy
 	JetStream     []string
+	// Flow is flow control, shown and changed on its own page; nil: the
+	// page says it is not available.
+	Flow UIFlow
 }
 
 // UI is the web console at /ui.
@@ -82,6 +85,10 @@ func (u *UI) register(mux *http.ServeMux) {
 	mux.Handle("POST /ui/api/cancel", u.auth(u.action(u.cancel)))
 	mux.Handle("POST /ui/api/replay", u.auth(u.action(u.dead(u.st.Replay))))
 	mux.Handle("POST /ui/api/purge", u.auth(u.action(u.dead(u.st.Purge))))
+	mux.Handle("GET /ui/api/flow", u.auth(http.HandlerFunc(u.flowRules)))
+	mux.Handle("POST /ui/api/limit", u.auth(u.action(u.limit)))
+	mux.Handle("POST /ui/api/pause", u.auth(u.action(u.pause(false))))
+	mux.Handle("POST /ui/api/resume", u.auth(u.action(u.pause(true))))
 }
 
 // auth requires the configured basic auth or bearer token, if any.

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/store"
 	"github.com/delayd/delayd/internal/testutil"
 )
@@ -28,6 +29,9 @@ func uiServer(t *testing.T, opt UIOptions) (*httptest.Server, *store.Store) {
 	if err := st.Ping(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// The daemon always wires flow control, as here (a Control without a
+	// Gate, as an intake's).
+	opt.Flow = flow.NewControl(st, nil, nil)
 	mux := http.NewServeMux()
 	NewUI(st, NewMetrics("test", "all"), opt, hclog.NewNullLogger()).register(mux)
 	srv := httptest.NewServer(mux)

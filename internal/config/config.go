@@ -56,7 +56,8 @@ type UI struct {
 	// RedactHeaders are headers whose values are never shown, in the
 	// console, by delayd get or in logs, even with ShowPayloads.
 	RedactHeaders []string `koanf:"redact_headers"`
-	// AllowActions enables cancel, replay and purge; read-only otherwise.
+	// AllowActions enables cancel, replay, purge, limits and pauses;
+	// read-only otherwise.
 	AllowActions      bool   `koanf:"allow_actions"`
 	BasicAuthUser     string `koanf:"basic_auth_user"`
 	BasicAuthPassword string `koanf:"basic_auth_password"`

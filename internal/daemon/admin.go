@@ -64,7 +64,7 @@ func (p *parts) newConsole() (*admin.Server, error) {
 	ui := admin.NewUI(p.insp, p.metrics, admin.UIOptions{
 		AllowActions: u.AllowActions, ShowPayloads: u.ShowPayloads, RedactHeaders: u.RedactHeaders,
 		BasicUser: u.BasicAuthUser, BasicPass: u.BasicAuthPassword, BearerToken: u.BearerToken,
-		Policy: p.c.Policy(), JetStream: p.c.Targets.JetStream,
+		Policy: p.c.Policy(), JetStream: p.c.Targets.JetStream, Flow: p.flow,
 	}, p.log.Named("ui"))
 	srv, err := admin.ListenUI(u.Addr, ui, p.log.Named("ui"))
 	if err != nil {

@@ -4,7 +4,11 @@
 
 const state = { csrf: "", actions: false, browseNext: "", browseQuery: null, deadNext: "" };
 const $ = (sel) => document.querySelector(sel);
-const READ_ONLY = "Read-only console: cancel, replay and purge are off because ui.allow_actions is false in the daemon's config.";
+const READ_ONLY = "Read-only console: cancel, replay, purge, limits and pauses are off because ui.allow_actions is false in the daemon's config.";
+// STATE_NOTES explain a state beside its name; a state the page does not
+// know (a newer daemon's) shows by its name alone.
+const STATE_NOTES = { paused: "parked by a pause of its target; goes out in due order after the resume" };
+const stateText = (s) => (STATE_NOTES[s] ? `${s} (${STATE_NOTES[s]})` : String(s ?? ""));
 
 function esc(s) {
   return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -94,7 +98,7 @@ function renderDetail(e) {
   d.innerHTML = `
     <dl>
       <dt>Id</dt><dd id="detail-id">${esc(e.id)}</dd>
-      <dt>State</dt><dd id="detail-state">${esc(e.state)}</dd>
+      <dt>State</dt><dd id="detail-state">${esc(stateText(e.state))}</dd>
       <dt>${e.state === "inflight" ? "Lease until" : e.state === "dead" ? "Died" : "Due"}</dt><dd>${esc(e.due)}</dd>
       <dt>Target</dt><dd>${esc(e.target)}</dd>
       <dt>Size</dt><dd>${e.size} bytes</dd>
@@ -144,7 +148,7 @@ $("#find-id").onsubmit = async (ev) => {
 };
 
 function rowFor(e) {
-  return `<tr><td><a href="#find" data-id="${esc(e.id)}">${esc(e.id)}</a></td><td>${esc(e.due)}</td><td>${esc(e.target)}</td><td class="num">${e.size}</td><td class="num">${e.attempts}</td></tr>`;
+  return `<tr><td><a href="#find" data-id="${esc(e.id)}">${esc(e.id)}</a></td><td>${esc(e.due)}</td><td>${esc(e.target)}</td><td class="num">${e.size}</td><td class="num">${e.attempts}</td><td title="${esc(STATE_NOTES[e.state] || "")}">${esc(e.state)}</td></tr>`;
 }
 
 async function browse(more) {
@@ -156,7 +160,7 @@ async function browse(more) {
     $("#find-empty").hidden = true;
     $("#browse-results").hidden = false;
     body.innerHTML = (more ? body.innerHTML : "") + page.entries.map(rowFor).join("");
-    if (!body.children.length) body.innerHTML = `<tr id="browse-none"><td colspan="5" class="note">No pending envelopes match${page.next ? " on this page" : ""}.</td></tr>`;
+    if (!body.children.length) body.innerHTML = `<tr id="browse-none"><td colspan="6" class="note">No pending envelopes match${page.next ? " on this page" : ""}.</td></tr>`;
     state.browseNext = page.next || "";
     $("#browse-more").hidden = !state.browseNext;
   } catch (e) {
@@ -232,11 +236,75 @@ async function loadTargets() {
   $("#targets-table tbody").innerHTML = t.targets.map((r) => `<tr><td>${esc(r.target)}</td><td class="num">${r.pending}</td><td class="num">${r.delivered_5m}</td></tr>`).join("");
 }
 
+// fmtDrain is how long a rule's backlog takes to go out; null: a pause
+// holds parked envelopes until its resume.
+function fmtDrain(r) {
+  if (r.drain_seconds === null) return "paused";
+  if (!r.rate) return "–";
+  return r.drain_seconds < 60 ? `${r.drain_seconds.toFixed(1)} s` : `${(r.drain_seconds / 60).toFixed(1)} min`;
+}
+
+async function loadFlow() {
+  const f = await api("flow");
+  $("#flow-unavailable").hidden = f.available;
+  $("#flow-actions").hidden = !f.available;
+  $("#flow-read-only").hidden = state.actions || !f.available;
+  const dis = state.actions ? "" : `disabled title="${READ_ONLY}"`;
+  $("#flow-table tbody").innerHTML = f.rules.length
+    ? f.rules
+        .map((r) => `<tr><td>${esc(r.pattern)}</td><td>${esc(r.rate || "–")}</td><td class="num">${r.rate ? r.burst : "–"}</td><td>${esc(r.paused_since || "–")}</td>
+      <td class="num">${r.limited}</td><td class="num">${r.parked}</td><td>${fmtDrain(r)}</td><td class="num">${r.rate ? r.current_rate + "/s" : "–"}</td>
+      <td>${r.rate ? `<button class="limit-off action" data-pattern="${esc(r.pattern)}" ${dis}>Remove limit</button> ` : ""}${r.paused_since
+        ? `<button class="resume-one action" data-pattern="${esc(r.pattern)}" ${dis}>Resume</button>`
+        : `<button class="pause-one action danger" data-pattern="${esc(r.pattern)}" ${dis}>Pause</button>`}</td></tr>`)
+        .join("")
+    : `<tr id="flow-none"><td colspan="9" class="note">No limits or pauses.</td></tr>`;
+  document.querySelectorAll("#view-flow form .action").forEach((b) => {
+    b.disabled = !state.actions;
+    if (!state.actions) b.title = READ_ONLY;
+  });
+}
+
+// flowAction makes one change; it is answered once every live daemon
+// holds it, so it takes a moment.
+async function flowAction(verb, body, done) {
+  try {
+    const r = await post(verb, body);
+    toast(done(r));
+  } catch (e) {
+    toast(`${verb} failed: ${e.message}`);
+  }
+  loadFlow().catch((e) => toast(e.message));
+}
+
+$("#limit-form").onsubmit = (ev) => {
+  ev.preventDefault();
+  const f = new FormData(ev.target);
+  const body = { pattern: f.get("pattern").trim(), rate: f.get("rate").trim(), burst: Number(f.get("burst")) || 0 };
+  flowAction("limit", body, (r) => (body.rate === "off" ? `removed the limit on ${body.pattern}` : `limited ${body.pattern} to ${r.rule.rate}, burst ${r.rule.burst}`));
+};
+$("#pause-form").onsubmit = (ev) => {
+  ev.preventDefault();
+  const pattern = new FormData(ev.target).get("pattern").trim();
+  if (!confirm(`Pause every delivery to targets matching ${pattern}, fleet-wide, until resumed?`)) return;
+  flowAction("pause", { pattern }, () => `paused ${pattern}`);
+};
+$("#flow-table").onclick = (ev) => {
+  const pattern = ev.target.dataset && ev.target.dataset.pattern;
+  if (!pattern) return;
+  const released = (r) => `; ${r.released} held envelope(s) due now`;
+  if (ev.target.classList.contains("limit-off")) flowAction("limit", { pattern, rate: "off" }, (r) => `removed the limit on ${pattern}${released(r)}`);
+  if (ev.target.classList.contains("resume-one")) flowAction("resume", { pattern }, (r) => `resumed ${pattern}${released(r)}`);
+  if (ev.target.classList.contains("pause-one") && confirm(`Pause every delivery to targets matching ${pattern}, fleet-wide, until resumed?`))
+    flowAction("pause", { pattern }, () => `paused ${pattern}`);
+};
+
 function show(view) {
   document.querySelectorAll(".view").forEach((v) => (v.hidden = v.id !== "view-" + view));
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.view === view));
   if (view === "dead") loadDead(false).catch((e) => toast(e.message));
   if (view === "targets") loadTargets().catch((e) => toast(e.message));
+  if (view === "flow") loadFlow().catch((e) => toast(e.message));
 }
 
 window.onhashchange = () => show(location.hash.slice(1) || "overview");

@@ -38,7 +38,7 @@ func TestProbeListenerServesNoConsole(t *testing.T) {
 		t.Fatalf("schedule: %v %v", err, rep.Header)
 	}
 	base := "http://" + c.HTTP.Addr
-	for _, path := range []string{"/ui/api/envelope?id=secret-1", "/ui/", "/ui/api/list", "/ui/api/overview"} {
+	for _, path := range []string{"/ui/api/envelope?id=secret-1", "/ui/", "/ui/api/list", "/ui/api/overview", "/ui/api/flow"} {
 		code, body := daemontest.HTTPGet(t, base+path)
 		if code != 404 {
 			t.Errorf("GET %s on http.addr: %d, want 404", path, code)
@@ -57,6 +57,10 @@ func TestProbeListenerServesNoConsole(t *testing.T) {
 	code, body := daemontest.HTTPGet(t, "http://"+c.UI.Addr+"/ui/api/envelope?id=secret-1")
 	if code != 200 || !strings.Contains(body, "Authorization") || strings.Contains(body, "s3cret") || strings.Contains(body, "4111") {
 		t.Errorf("GET /ui/api/envelope on ui.addr: %d %s", code, body)
+	}
+	// The console is wired to the daemon's flow control.
+	if code, body := daemontest.HTTPGet(t, "http://"+c.UI.Addr+"/ui/api/flow"); code != 200 || !strings.Contains(body, `"available":true`) {
+		t.Errorf("GET /ui/api/flow on ui.addr: %d %s", code, body)
 	}
 }
 
