@@ -56,7 +56,9 @@ func (f *fakeStore) Resume(_ context.Context, p string) (bool, int, error) {
 	f.resumed = append(f.resumed, p)
 	return false, 3, nil
 }
-func (f *fakeStore) Held(context.Context, []string) (map[string]store.FlowHeld, error) { return nil, nil }
+func (f *fakeStore) Held(context.Context, []string) (map[string]store.FlowHeld, error) {
+	return nil, nil
+}
 
 func newFake(now int64) *fakeStore {
 	return &fakeStore{now: now, parked: map[string][]string{}, reserved: map[string]int64{}, rules: store.FlowRules{Paused: map[string]int64{}}}
