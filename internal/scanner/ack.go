@@ -51,8 +51,11 @@ func drain[T any](first T, in <-chan T, merge func(T, T) T) T {
 }
 
 // ack writes one merged batch of settles, trying twice; then it plans the
-// shards of retried and postponed envelopes and of next occurrences for
-// when they are due.
+// shards of retried and postponed envelopes, of next occurrences and of
+// envelopes held for a rate limit's slot for when they are due (the
+// claim that handed them out planned without them: a held envelope would
+// otherwise wait for the idle interval, and a limit's slots go out in
+// bursts of it).
 func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease)
 	defer cancel()
@@ -60,7 +63,7 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 	// delay: plan their shards' next claim for the earliest, as for a new
 	// envelope.
 	again := map[int]time.Duration{} // shard → earliest retry delay
-	nexts := map[int]int64{}         // shard → earliest next occurrence
+	nexts := map[int]int64{}         // shard → earliest next occurrence or slot
 	for sh, v := range settles {
 		for _, st := range v {
 			if st.Outcome == store.Retry || st.Outcome == store.Postpone {
@@ -74,6 +77,10 @@ func (s *Scanner) ack(ctx context.Context, settles map[int][]store.Settle) {
 			}
 			if st.Outcome == store.Next && (nexts[sh] == 0 || st.NextDueMs < nexts[sh]) {
 				nexts[sh] = st.NextDueMs
+			}
+			// A paused one waits for its resume, which wakes every shard.
+			if st.Outcome == store.Hold && st.HoldUntilMs < store.ParkedBase && (nexts[sh] == 0 || st.HoldUntilMs < nexts[sh]) {
+				nexts[sh] = st.HoldUntilMs
 			}
 		}
 	}

@@ -113,7 +113,7 @@ func (s *Store) RemoveLimit(ctx context.Context, pattern string) (bool, int, err
 	if err != nil {
 		return n > 0, 0, err
 	}
-	released, err := s.releaseLedger(ctx, s.flowKeys("slots", pattern), func(slot int64) int64 { return now })
+	released, _, err := s.releaseLedger(ctx, s.flowKeys("slots", pattern), func(slot int64) int64 { return now })
 	if err == nil {
 		err = s.rdb.Del(ctx, s.flowKeys("tat", pattern)).Err()
 	}
@@ -150,74 +150,93 @@ func (s *Store) Resume(ctx context.Context, pattern string) (bool, int, error) {
 	if err != nil {
 		return false, 0, fmt.Errorf("store: resume: %w", err)
 	}
-	ledger, total := s.flowKeys("parked", pattern), 0
+	ledger, released := s.flowKeys("parked", pattern), 0
 	for {
-		released, err := s.releaseLedger(ctx, ledger, func(score int64) int64 { return score - ParkedBase })
-		total += released
-		if err != nil {
-			return n > 0, total, fmt.Errorf("store: resume: %w", err)
+		moved, empty, err := s.releaseLedger(ctx, ledger, func(score int64) int64 { return score - ParkedBase })
+		released += moved
+		if err != nil || !empty {
+			// Envelopes in flight stay listed, and the parked marker with
+			// them: the daemons' next reading of the rules resumes again
+			// (flow.Gate.Refresh).
+			if err != nil {
+				err = fmt.Errorf("store: resume: %w", err)
+			}
+			return n > 0, released, err
 		}
 		// The marker goes only with an empty ledger, in one step: a
 		// daemon that parks meanwhile (it had not seen the resume yet)
 		// lists its envelopes and sets the marker in one step too, and
 		// the next daemon that sees the marker without a pause resumes
 		// again.
-		empty := false
+		gone := false
 		err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 			c, err := tx.ZCard(ctx, ledger).Result()
 			if err != nil || c > 0 {
 				return err
 			}
-			empty = true
+			gone = true
 			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				return p.HDel(ctx, flowKey(s.ns), fieldParked+pattern).Err()
 			})
 			return err
 		}, ledger)
-		if errors.Is(err, redis.TxFailedErr) {
-			continue
+		switch {
+		case errors.Is(err, redis.TxFailedErr), err == nil && !gone:
+			continue // listed meanwhile: release that too
+		case err != nil:
+			return n > 0, released, fmt.Errorf("store: resume: %w", err)
 		}
-		if err != nil {
-			return n > 0, total, fmt.Errorf("store: resume: %w", err)
-		}
-		if empty {
-			return n > 0, total, nil
-		}
+		return n > 0, released, nil
 	}
 }
 
-// releaseLedger puts every envelope of a ledger (id → the due score it
-// was held at) back in due at to(score), page by page, and empties it.
-func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64) int64) (int, error) {
-	total := 0
+// releaseLedger puts the envelopes of a ledger (id → the due score it
+// was held at) back in due at to(score), page by page, and takes them off
+// it. One in flight stays listed: the daemon that holds it may have
+// listed it before its hold is written, and a later call releases it
+// once it is. It returns how many it moved, and whether the ledger is
+// empty.
+func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64) int64) (int, bool, error) {
+	total, offset := 0, int64(0)
 	for {
-		zs, err := s.rdb.ZRangeWithScores(ctx, ledger, 0, 999).Result()
+		zs, err := s.rdb.ZRangeWithScores(ctx, ledger, offset, offset+999).Result()
 		if err != nil || len(zs) == 0 {
-			return total, err
+			return total, offset == 0 && err == nil, err
 		}
 		byShard := map[int][]release{}
-		ids := make([]any, len(zs))
-		for i, z := range zs {
+		for _, z := range zs {
 			id, _ := z.Member.(string)
-			ids[i] = id
 			from := int64(z.Score)
 			sh := s.Shard(id)
 			byShard[sh] = append(byShard[sh], release{id: id, from: from, to: to(from)})
 		}
 		calls := make([]releaseArgs, 0, len(byShard))
 		for sh, moves := range byShard {
-			calls = append(calls, releaseArgs{due: s.keys[sh].due, moves: moves})
+			calls = append(calls, releaseArgs{due: s.keys[sh].due, inflight: s.keys[sh].inflight, moves: moves})
 		}
 		res, err := exec(ctx, s, releaseOp, calls)
 		if err != nil {
-			return total, err
+			return total, false, err
 		}
-		for _, r := range res {
-			total += r.reply
+		var done []any
+		for i, r := range res {
+			for j, code := range r.reply {
+				switch code {
+				case releaseMoved:
+					total++
+					done = append(done, calls[i].moves[j].id)
+				case releaseLeft:
+					done = append(done, calls[i].moves[j].id)
+				}
+			}
 		}
-		if err := s.rdb.ZRem(ctx, ledger, ids...).Err(); err != nil {
-			return total, err
+		if len(done) > 0 {
+			if err := s.rdb.ZRem(ctx, ledger, done...).Err(); err != nil {
+				return total, false, err
+			}
 		}
+		// What stays listed is passed over.
+		offset += int64(len(zs) - len(done))
 	}
 }
 

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -232,5 +233,44 @@ func TestRemoveLimitReleasesHeld(t *testing.T) {
 	}
 	if rules, _ := s.FlowRules(ctx); len(rules.Limits) != 0 {
 		t.Fatalf("rules %+v", rules)
+	}
+}
+
+// TestResumeKeepsWhatIsOnItsWayToBeingHeld: a daemon that has not seen
+// the resume yet lists an envelope, then holds it; a resume between the
+// two must not drop it from the list, or it stays parked for good.
+func TestResumeKeepsWhatIsOnItsWayToBeingHeld(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Pause(ctx, "a.>"); err != nil {
+		t.Fatal(err)
+	}
+	schedule(t, s, Item{ID: "x", Absolute: true, AtMicros: 1000, Data: enc("x")})
+	c := claimAll(t, s, time.Minute)["x"]
+	if err := s.Park(ctx, "a.>", []string{"x"}, []int64{c.DueMs}); err != nil {
+		t.Fatal(err)
+	}
+	// The resume comes between the listing and the hold.
+	if _, n, err := s.Resume(ctx, "a.>"); err != nil || n != 0 {
+		t.Fatalf("resume: %d released, %v", n, err)
+	}
+	st := Settle{ID: "x", Token: c.Token, Outcome: Hold, HoldUntilMs: ParkedBase + c.DueMs}
+	if _, err := s.Ack(ctx, map[int][]Settle{s.Shard("x"): {st}}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := s.FlowRules(ctx)
+	if err != nil || !slices.Equal(rules.Parked, []string{"a.>"}) {
+		t.Fatalf("the parked marker is gone with x still listed: %+v %v", rules, err)
+	}
+	// The daemons resume what the marker names (flow.Gate.Refresh).
+	if _, n, err := s.Resume(ctx, "a.>"); err != nil || n != 1 {
+		t.Fatalf("second resume: %d released, %v; want 1", n, err)
+	}
+	if got := claimAll(t, s, time.Minute); len(got) != 1 {
+		t.Fatalf("after the second resume %d claimable, want x", len(got))
+	}
+	if rules, _ := s.FlowRules(ctx); len(rules.Parked) != 0 {
+		t.Fatalf("marker left: %+v", rules)
 	}
 }

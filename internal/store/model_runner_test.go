@@ -665,21 +665,27 @@ func (r *mRunner) failing(o mOp) error {
 // Reading Redis back.
 
 // resume ends the model's pause: each listed id still parked where its
-// hold put it goes back to its due time; the others (cancelled, replaced,
-// delivered, or listed by a stale settle) stay as they are.
+// hold put it goes back to its due time; one in flight stays listed; the
+// others (cancelled, replaced, delivered, or listed by a stale settle)
+// stay as they are and leave the list.
 func (r *mRunner) resume() error {
-	want := 0
+	want, keep := 0, map[string]int64{}
 	for id, sc := range r.m.parked {
-		if e := r.m.ids[id]; e != nil && e.at == mDue && e.exact && e.score == sc {
+		switch e := r.m.ids[id]; {
+		case e != nil && e.at == mDue && e.exact && e.score == sc:
 			e.score = sc - ParkedBase
 			want++
+		case e != nil && e.at == mInflight:
+			// Perhaps on its way to being held: it stays listed, and
+			// the pause's marker with it, for a later resume.
+			keep[id] = sc
 		}
 	}
 	_, n, err := r.s.Resume(r.ctx, mPattern)
 	if err != nil {
 		return err
 	}
-	r.m.parked = map[string]int64{}
+	r.m.parked = keep
 	r.seen["resumed"] += n
 	if n != want {
 		return fmt.Errorf("resume released %d, want %d", n, want)

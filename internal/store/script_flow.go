@@ -59,10 +59,11 @@ func (a reserveArgs) decode(cmd *redis.Cmd) (reserveReply, error) {
 	return reserveReply{nowMs: v[0], slots: v[1:]}, nil
 }
 
-// releaseArgs are one call of release.lua, on one shard's due set.
+// releaseArgs are one call of release.lua, on one shard's due and
+// inflight sets.
 type releaseArgs struct {
-	due   string
-	moves []release
+	due, inflight string
+	moves         []release
 }
 
 // release is one held envelope to put back: from the due score it was
@@ -79,16 +80,20 @@ func (a releaseArgs) encode() call {
 	for _, m := range a.moves {
 		argv = append(argv, m.id, m.from, m.to)
 	}
-	return call{keys: []string{a.due}, argv: argv}
+	return call{keys: []string{a.due, a.inflight}, argv: argv}
 }
 
-func (releaseArgs) decode(cmd *redis.Cmd) (int, error) {
+// What release.lua answers for one id.
+const (
+	releaseLeft     = 0 // not where it was held: cancelled, replaced, delivered
+	releaseMoved    = 1
+	releaseInFlight = 2 // claimed: perhaps on its way to being held
+)
+
+func (a releaseArgs) decode(cmd *redis.Cmd) ([]int64, error) {
 	v, err := cmd.Int64Slice()
-	if err == nil && len(v) != 1 {
+	if err == nil && len(v) != len(a.moves) {
 		err = fmt.Errorf("bad reply %v", v)
 	}
-	if err != nil {
-		return 0, err
-	}
-	return int(v[0]), nil
+	return v, err
 }
