@@ -159,6 +159,15 @@ func TestPauseParksAndResumeReleases(t *testing.T) {
 	if e, err := s.Get(ctx, "p1"); err != nil || e.State != StatePaused || e.DueMs != dues[0] {
 		t.Fatalf("parked p1 reads %+v %v, want paused at %d", e, err, dues[0])
 	}
+	stats, _, err := s.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range stats {
+		if st.NextDueMs >= ParkedBase {
+			t.Errorf("shard %d's next due time is a parking place: %d", st.Shard, st.NextDueMs)
+		}
+	}
 	if rules, _ := s.FlowRules(ctx); len(rules.Parked) != 1 {
 		t.Fatalf("parked marker: %+v", rules)
 	}

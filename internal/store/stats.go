@@ -18,7 +18,9 @@ import (
 type ShardStats struct {
 	Shard     int
 	Counts    Counts
-	NextDueMs int64 // -1 when nothing is pending
+	// NextDueMs is -1 when nothing is pending, or all that is pending is
+	// parked by a pause (flow.go): it falls due only with its resume.
+	NextDueMs int64
 }
 
 // Stats returns the sizes and next due time of the given shards (all when
@@ -48,7 +50,7 @@ func (s *Store) Stats(ctx context.Context, shards ...int) ([]ShardStats, int64, 
 	out := make([]ShardStats, len(shards))
 	for j, c := range cs {
 		out[j] = ShardStats{Shard: shards[j], Counts: Counts{Pending: c.p.Val(), Inflight: c.i.Val(), Dead: c.d.Val()}, NextDueMs: -1}
-		if z := c.next.Val(); len(z) > 0 {
+		if z := c.next.Val(); len(z) > 0 && int64(z[0].Score) < ParkedBase {
 			out[j].NextDueMs = int64(z[0].Score)
 		}
 	}
