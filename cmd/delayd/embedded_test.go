@@ -77,6 +77,46 @@ func TestEmbeddedRun(t *testing.T) {
 		t.Fatalf("cancelled envelope delivered: %v", m.Header)
 	case <-time.After(500 * time.Millisecond):
 	}
+	// Flow control runs its scripts on the emulation too: a limit holds the
+	// second of two, a pause holds one until its resume.
+	cli := func(args ...string) string {
+		t.Helper()
+		var o bytes.Buffer
+		if err := run(context.Background(), append([]string{"delayd"}, args...), getenv, &o, &o); err != nil {
+			t.Fatalf("delayd %v: %v\n%s", args, err, o.String())
+		}
+		return o.String()
+	}
+	cli("limit", "embedded.target", "1/h")
+	cli("pause", "embedded.paused")
+	cli("schedule", "--target", "embedded.target", "--delay", "100ms", "--id", "l1", "x")
+	cli("schedule", "--target", "embedded.target", "--delay", "100ms", "--id", "l2", "x")
+	cli("schedule", "--target", "embedded.paused", "--delay", "100ms", "--id", "p1", "x")
+	select {
+	case <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first under a limit of 1/h was not delivered")
+	}
+	if !testutil.Eventually(5*time.Second, func() bool { return strings.Contains(cli("get", "p1"), "paused") }) {
+		t.Fatalf("p1 is not shown paused:\n%s", cli("get", "p1"))
+	}
+	select {
+	case m := <-got:
+		t.Fatalf("the second under a limit of 1/h went out: %v", m.Header)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if out := cli("limits"); !strings.Contains(out, "embedded.target") || !strings.Contains(out, "embedded.paused") {
+		t.Fatalf("limits:\n%s", out)
+	}
+	cli("limit", "embedded.target", "off")
+	select {
+	case <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the held one did not go out when its limit was removed")
+	}
+	if out := cli("resume", "embedded.paused"); !strings.Contains(out, "1 envelopes it held are due now") {
+		t.Fatalf("resume: %s", out)
+	}
 	// The emulation's address is nowhere else: the daemon logs the doctor
 	// command line that reaches it, and that command works.
 	m := regexp.MustCompile(`delayd (doctor --redis-addrs 127\.0\.0\.1:\d+)`).FindStringSubmatch(logs.String())
