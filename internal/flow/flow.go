@@ -298,6 +298,20 @@ func (g *Gate) readHeld(ctx context.Context) {
 	g.mu.Unlock()
 }
 
+// Ruled reports whether a limit or a pause matches target: only those
+// need Admit.
+func (g *Gate) Ruled(target string) bool {
+	r := g.rules.Load()
+	if r.empty() {
+		return false
+	}
+	if _, ok := r.pausedBy(target); ok {
+		return true
+	}
+	_, ok := r.limitFor(target)
+	return ok
+}
+
 // Admit decides for each delivery (dueMs: when each was due; nowMs: the
 // claim's Redis time) whether it goes out now. Nil when no rule exists:
 // all go.

@@ -131,18 +131,35 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 			from = append(from, c)
 		}
 	}
+	send := func(ds []envelope.Delivery, from []claimed) {
+		smallFirst(ds, from)
+		var errs []error
+		if len(ds) > 0 {
+			errs = s.pub.Publish(dctx, ds)
+		}
+		for i, c := range from {
+			s.obs.Delivered(ds[i], errs[i])
+			settle(c, &ds[i], errs[i])
+		}
+	}
 	if s.opt.Gate != nil && len(ds) > 0 {
-		ds, from = s.admit(dctx, ds, from, settles)
+		// Targets no rule matches go out first: they do not wait for the
+		// Redis round trip that decides on the others.
+		var free, ruled []envelope.Delivery
+		var freeFrom, ruledFrom []claimed
+		for i, d := range ds {
+			if s.opt.Gate.Ruled(d.Target) {
+				ruled, ruledFrom = append(ruled, d), append(ruledFrom, from[i])
+			} else {
+				free, freeFrom = append(free, d), append(freeFrom, from[i])
+			}
+		}
+		if len(ruled) > 0 {
+			send(free, freeFrom)
+			ds, from = s.admit(dctx, ruled, ruledFrom, settles)
+		}
 	}
-	smallFirst(ds, from)
-	var errs []error
-	if len(ds) > 0 {
-		errs = s.pub.Publish(dctx, ds)
-	}
-	for i, c := range from {
-		s.obs.Delivered(ds[i], errs[i])
-		settle(c, &ds[i], errs[i])
-	}
+	send(ds, from)
 	// Dead letters get their own deadline: the batch's may be spent, and
 	// the envelopes are safely in the dead set whatever happens here.
 	lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Lease/2)
@@ -151,7 +168,8 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 	return settles
 }
 
-// admit asks flow control which of ds go out now. The others are given
+// admit asks flow control which of ds (all of targets a rule matches) go
+// out now. The others are given
 // back without being sent, their attempts untouched: held until a limit's
 // slot or a resume (store.Hold), or, when the rules' state cannot be read,
 // postponed. It returns the deliveries that go, and from along with them.

@@ -62,6 +62,8 @@ var ErrUnreachable = errors.New("unreachable")
 // Gate is flow control (flow.Gate): which claimed envelopes go out now,
 // and what becomes of the others. Nil decisions: all go.
 type Gate interface {
+	// Ruled reports, from memory, whether a rule matches target.
+	Ruled(target string) bool
 	Admit(ctx context.Context, ds []envelope.Delivery) []flow.Decision
 }
 
