@@ -45,7 +45,9 @@ func TestGateHoldsOnlyWhatItRules(t *testing.T) {
 	opt := outcomeOpts
 	opt.Gate = g
 	s := newTestScanner(&claimStore{shards: 1}, pub, clock, opt)
-	enc := func(target string) []byte { return envelope.Encode(envelope.Envelope{Target: target, Payload: []byte("p")}) }
+	enc := func(target string) []byte {
+		return envelope.Encode(envelope.Envelope{Target: target, Payload: []byte("p")})
+	}
 	items := []claimed{
 		{shard: 0, at: clock.Now(), Claimed: store.Claimed{ID: "held", DueMs: 1, Attempt: 1, Data: enc("limited.x"), Token: "1.1"}},
 		{shard: 0, at: clock.Now(), Claimed: store.Claimed{ID: "free", DueMs: 1, Attempt: 1, Data: enc("free.x"), Token: "1.1"}},

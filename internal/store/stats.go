@@ -16,8 +16,8 @@ import (
 
 // ShardStats are one shard's sizes and its next due time.
 type ShardStats struct {
-	Shard     int
-	Counts    Counts
+	Shard  int
+	Counts Counts
 	// NextDueMs is -1 when nothing is pending, or all that is pending is
 	// parked by a pause (flow.go): it falls due only with its resume.
 	NextDueMs int64
