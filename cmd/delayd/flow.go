@@ -40,6 +40,9 @@ func limitCommand(o cliIO) *cli.Command {
 			if rate == "off" && cmd.IsSet("burst") {
 				return usageErr(cmd, "--burst goes with a rate, not with off")
 			}
+			if cmd.IsSet("burst") && cmd.Int("burst") < 1 {
+				return usageErr(cmd, "--burst must be 1 or more, got %d", cmd.Int("burst"))
+			}
 			return withClient(ctx, cmd, o.getenv, func(ctx context.Context, c *client.Client) error {
 				var ch client.FlowChange
 				var err error

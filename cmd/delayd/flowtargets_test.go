@@ -67,7 +67,7 @@ func TestFlowTargets(t *testing.T) {
 		if len(got) != 5000 || early > 0 || dups > 0 {
 			t.Fatalf("limited: %d of 5000 arrived, %d early, %d repeated", len(got), early, dups)
 		}
-		most := maxInWindow(got, time.Second)
+		most, _ := maxInWindow(got, time.Second)
 		if most > 1200 {
 			t.Errorf("%d deliveries in one sliding second at 1,000/s, over 1,200", most)
 		}
@@ -197,14 +197,17 @@ func lateness(s *daemontest.Sink, n int, prefix string) []time.Duration {
 	return out
 }
 
-// maxInWindow is the most arrivals (sorted) within any window of d.
-func maxInWindow(got []time.Time, d time.Duration) int {
-	most := 0
+// maxInWindow is the most arrivals (sorted) within any window of d, and
+// when that window begins.
+func maxInWindow(got []time.Time, d time.Duration) (int, time.Time) {
+	most, at := 0, time.Time{}
 	for i, j := 0, 0; i < len(got); i++ {
 		for got[i].Sub(got[j]) >= d {
 			j++
 		}
-		most = max(most, i-j+1)
+		if i-j+1 > most {
+			most, at = i-j+1, got[j]
+		}
 	}
-	return most
+	return most, at
 }

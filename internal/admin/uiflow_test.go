@@ -90,7 +90,7 @@ func TestUIFlowPauseResume(t *testing.T) {
 		t.Fatalf("claim: %+v %v", res, err)
 	}
 	cl := res[0].Items[0]
-	if err := st.Park(ctx, "orders.>", []string{cl.ID}, []int64{cl.DueMs}); err != nil {
+	if err := st.Park(ctx, "orders.>", []string{cl.ID}, []int64{cl.DueMs}, []string{""}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Ack(ctx, map[int][]store.Settle{st.Shard(cl.ID): {{ID: cl.ID, Token: cl.Token, Outcome: store.Hold, HoldUntilMs: store.ParkedBase + cl.DueMs}}}, time.Minute); err != nil {

@@ -73,11 +73,13 @@ func (c *Control) RemoveLimit(ctx context.Context, pattern string) (existed bool
 		return false, 0, err
 	}
 	existed, released, err = c.st.RemoveLimit(ctx, pattern)
-	if released > 0 {
-		c.wake()
-	}
 	if err == nil {
 		_, err = c.changed(ctx, pattern)
+	}
+	// After every daemon holds the change: one that still had the limit
+	// would hold a released envelope again.
+	if released > 0 {
+		c.wake()
 	}
 	return existed, released, err
 }
@@ -100,11 +102,13 @@ func (c *Control) Resume(ctx context.Context, pattern string) (existed bool, rel
 		return false, 0, err
 	}
 	existed, released, err = c.st.Resume(ctx, pattern)
-	if released > 0 {
-		c.wake()
-	}
 	if err == nil {
 		_, err = c.changed(ctx, pattern)
+	}
+	// After every daemon holds the change: one that still had the pause
+	// would park a released envelope again.
+	if released > 0 {
+		c.wake()
 	}
 	return existed, released, err
 }

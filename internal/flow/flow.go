@@ -22,6 +22,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -57,7 +58,10 @@ var ErrBadRule = errors.New("bad rule")
 // most MaxRate a second), into its emission interval in µs, rounded up
 // (never faster than asked).
 func ParseRate(s string) (int64, error) {
-	n, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if strings.ContainsFunc(s, unicode.IsSpace) {
+		return 0, fmt.Errorf("%w: rate %q: no spaces, such as 500/s", ErrBadRule, s)
+	}
+	n, unit, ok := strings.Cut(s, "/")
 	per := map[string]int64{"s": 1e6, "m": 60e6, "h": 3600e6}[unit]
 	count, err := strconv.ParseInt(n, 10, 64)
 	if !ok || per == 0 || err != nil || count < 1 {
@@ -86,7 +90,9 @@ func CheckPattern(p string) error {
 type Rules struct {
 	limits []store.Limit
 	paused map[string]int64
-	parked []string
+	// leftover: kind ("parked", "slotted") → patterns whose list may
+	// still hold envelopes.
+	leftover map[string][]string
 }
 
 func newRules(r store.FlowRules) *Rules {
@@ -102,7 +108,7 @@ func newRules(r store.FlowRules) *Rules {
 		}
 		return strings.Compare(a.Pattern, b.Pattern)
 	})
-	return &Rules{limits: ls, paused: r.Paused, parked: r.Parked}
+	return &Rules{limits: ls, paused: r.Paused, leftover: map[string][]string{"parked": r.Parked, "slotted": r.Slotted}}
 }
 
 func specificity(p string) (literal, tokens int) {
@@ -141,9 +147,9 @@ func (r *Rules) pausedBy(target string) (string, bool) {
 // Store is the part of the store the Gate reads and writes.
 type Store interface {
 	FlowRules(ctx context.Context) (store.FlowRules, error)
-	Reserve(ctx context.Context, l store.Limit, ids []string) (int64, []int64, error)
-	Park(ctx context.Context, pattern string, ids []string, dueMs []int64) error
-	Resume(ctx context.Context, pattern string) (bool, int, error)
+	Reserve(ctx context.Context, l store.Limit, ids []string, dueMs []int64) (int64, []int64, error)
+	Park(ctx context.Context, pattern string, ids []string, dueMs []int64, limits []string) error
+	ReleaseLeftover(ctx context.Context, kind, pattern string) (int, error)
 	Held(ctx context.Context, patterns []string) (map[string]store.FlowHeld, error)
 }
 
@@ -193,6 +199,7 @@ type Gate struct {
 	resumed map[string]time.Time
 	held    map[string]store.FlowHeld
 	failLog atomic.Bool
+	badLog  atomic.Bool
 	wake    func()
 }
 
@@ -208,10 +215,11 @@ func NewGate(st Store, obs Observer, wake func(), log hclog.Logger) *Gate {
 	return &Gate{st: st, obs: obs, log: log, resumed: map[string]time.Time{}, wake: wake}
 }
 
-// Refresh reads the rules now; Run calls it every PollInterval. A pause
-// that ended leaves its parked envelopes to the resume that ended it; if
-// that was cut short (or the pause was removed by hand), the parked
-// marker stays, and this resumes what is left.
+// Refresh reads the rules now; Run calls it every PollInterval. The list
+// of a rule that is gone (a pause resumed, a limit removed) may still
+// hold envelopes a daemon listed before it saw the change, or that were
+// in flight then: this releases them, and leaves a rule set again as it
+// is.
 func (g *Gate) Refresh(ctx context.Context) error {
 	fr, err := g.st.FlowRules(ctx)
 	if err != nil {
@@ -219,6 +227,10 @@ func (g *Gate) Refresh(ctx context.Context) error {
 	}
 	next, prev := newRules(fr), g.rules.Load()
 	g.rules.Store(next)
+	if len(fr.Bad) > 0 && g.badLog.CompareAndSwap(false, true) {
+		g.log.Error("flow-control rules that do not read are left out (remove them with delayd limit PATTERN off or delayd resume PATTERN)",
+			"fields", fr.Bad)
+	}
 	now := time.Now()
 	g.mu.Lock()
 	if prev != nil {
@@ -235,15 +247,22 @@ func (g *Gate) Refresh(ctx context.Context) error {
 		}
 	}
 	g.mu.Unlock()
-	for _, p := range next.parked {
-		if _, paused := next.paused[p]; paused {
-			continue
-		}
-		if _, n, err := g.st.Resume(ctx, p); err != nil {
-			return err
-		} else if n > 0 {
-			g.log.Warn("released envelopes a pause had left parked", "pattern", p, "count", n)
-			g.wake()
+	for kind, ps := range next.leftover {
+		for _, p := range ps {
+			if _, paused := next.paused[p]; kind == "parked" && paused {
+				continue
+			}
+			if kind == "slotted" && slices.ContainsFunc(next.limits, func(l store.Limit) bool { return l.Pattern == p }) {
+				continue
+			}
+			n, err := g.st.ReleaseLeftover(ctx, kind, p)
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				g.log.Warn("released envelopes the list of a rule that is gone still held", "pattern", p, "list", kind, "count", n)
+				g.wake()
+			}
 		}
 	}
 	return nil
@@ -302,6 +321,9 @@ func (g *Gate) readHeld(ctx context.Context) {
 // need Admit.
 func (g *Gate) Ruled(target string) bool {
 	r := g.rules.Load()
+	if r == nil {
+		return true // never read: Admit reads them
+	}
 	if r.empty() {
 		return false
 	}
@@ -317,6 +339,18 @@ func (g *Gate) Ruled(target string) bool {
 // all go.
 func (g *Gate) Admit(ctx context.Context, ds []envelope.Delivery) []Decision {
 	r := g.rules.Load()
+	if r == nil {
+		// Never read yet (the first claims of a daemon can come before
+		// Run's first reading): read now, or hold everything back.
+		if err := g.Refresh(ctx); err != nil {
+			out := make([]Decision, len(ds))
+			for i := range out {
+				out[i] = Decision{RetryIn: retryUnread, Why: fmt.Errorf("the flow-control rules were never read: %w", err)}
+			}
+			return out
+		}
+		r = g.rules.Load()
+	}
 	if r.empty() {
 		return nil
 	}
@@ -344,11 +378,14 @@ func (g *Gate) Admit(ctx context.Context, ds []envelope.Delivery) []Decision {
 		out[i].Allowed = g.resumedAt(d)
 	}
 	for p, at := range parked {
-		ids, dues := make([]string, len(at)), make([]int64, len(at))
+		ids, dues, limits := make([]string, len(at)), make([]int64, len(at)), make([]string, len(at))
 		for j, i := range at {
 			ids[j], dues[j] = ds[i].ID, ds[i].Due.UnixMilli()
+			if l, ok := r.limitFor(ds[i].Target); ok {
+				limits[j] = l.Pattern
+			}
 		}
-		err := g.st.Park(ctx, p, ids, dues)
+		err := g.st.Park(ctx, p, ids, dues, limits)
 		for j, i := range at {
 			if err != nil {
 				out[i] = Decision{RetryIn: retryUnread, Why: fmt.Errorf("paused by %q, and cannot be parked: %w", p, err)}
@@ -364,11 +401,11 @@ func (g *Gate) Admit(ctx context.Context, ds []envelope.Delivery) []Decision {
 		// Slots in due order: a claim of several shards hands out each
 		// shard's envelopes in due order, not the claim's.
 		slices.SortStableFunc(gr.at, func(a, b int) int { return ds[a].Due.Compare(ds[b].Due) })
-		ids := make([]string, len(gr.at))
+		ids, dues := make([]string, len(gr.at)), make([]int64, len(gr.at))
 		for j, i := range gr.at {
-			ids[j] = ds[i].ID
+			ids[j], dues[j] = ds[i].ID, ds[i].Due.UnixMilli()
 		}
-		now, slots, err := g.st.Reserve(ctx, gr.limit, ids)
+		now, slots, err := g.st.Reserve(ctx, gr.limit, ids, dues)
 		held := 0
 		for j, i := range gr.at {
 			switch {

@@ -28,7 +28,7 @@ type fakeStore struct {
 }
 
 func (f *fakeStore) FlowRules(context.Context) (store.FlowRules, error) { return f.rules, f.fail }
-func (f *fakeStore) Reserve(_ context.Context, l store.Limit, ids []string) (int64, []int64, error) {
+func (f *fakeStore) Reserve(_ context.Context, l store.Limit, ids []string, _ []int64) (int64, []int64, error) {
 	if f.fail != nil {
 		return 0, nil, f.fail
 	}
@@ -45,16 +45,16 @@ func (f *fakeStore) Reserve(_ context.Context, l store.Limit, ids []string) (int
 	}
 	return f.now, slots, nil
 }
-func (f *fakeStore) Park(_ context.Context, p string, ids []string, _ []int64) error {
+func (f *fakeStore) Park(_ context.Context, p string, ids []string, _ []int64, _ []string) error {
 	if f.fail != nil {
 		return f.fail
 	}
 	f.parked[p] = append(f.parked[p], ids...)
 	return nil
 }
-func (f *fakeStore) Resume(_ context.Context, p string) (bool, int, error) {
-	f.resumed = append(f.resumed, p)
-	return false, 3, nil
+func (f *fakeStore) ReleaseLeftover(_ context.Context, kind, p string) (int, error) {
+	f.resumed = append(f.resumed, kind+" "+p)
+	return 3, nil
 }
 func (f *fakeStore) Held(context.Context, []string) (map[string]store.FlowHeld, error) {
 	return nil, nil
@@ -167,8 +167,8 @@ func TestRefreshResumesWhatAPauseLeftParked(t *testing.T) {
 	if err := g.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(f.resumed, []string{"a.>"}) {
-		t.Fatalf("resumed %v, want a.>", f.resumed)
+	if !slices.Equal(f.resumed, []string{"parked a.>"}) {
+		t.Fatalf("released %v, want parked a.>", f.resumed)
 	}
 	dec := g.Admit(context.Background(), []envelope.Delivery{delivery("x", "a.b", 5)})
 	if dec != nil {
@@ -200,5 +200,27 @@ func TestParseRateAndLimit(t *testing.T) {
 		if _, _, _, err := ParseLimit(bad); err == nil {
 			t.Errorf("ParseLimit(%q) accepted", bad)
 		}
+	}
+}
+
+// TestAdmitReadsTheRulesItNeverRead: a daemon's first claims can come
+// before Run's first reading: Admit reads them itself, and holds
+// everything back (not an attempt) while they cannot be read.
+func TestAdmitReadsTheRulesItNeverRead(t *testing.T) {
+	f := newFake(1000)
+	f.rules.Paused["a.>"] = 1
+	g := NewGate(f, nil, nil, hclog.NewNullLogger())
+	if !g.Ruled("free.x") {
+		t.Fatal("unread rules: every target must wait for Admit")
+	}
+	dec := g.Admit(context.Background(), []envelope.Delivery{delivery("x", "a.b", 5), delivery("y", "free.x", 5)})
+	if dec[0].HoldUntilMs != store.ParkedBase+5 || !dec[1].Go() {
+		t.Fatalf("decisions %+v, want x parked and y sent", dec)
+	}
+	f2 := newFake(1000)
+	f2.fail = errors.New("redis down")
+	dec = NewGate(f2, nil, nil, hclog.NewNullLogger()).Admit(context.Background(), []envelope.Delivery{delivery("y", "free.x", 5)})
+	if dec[0].RetryIn == 0 {
+		t.Fatalf("rules never read: %+v, want given back", dec)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -42,19 +43,23 @@ type Limit struct {
 }
 
 // FlowRules are the fleet's rules: its limits and its pauses (pattern →
-// when paused, Redis ms), and the patterns whose parked envelopes may
-// not all be released yet.
+// when paused, Redis ms); the patterns whose lists may still hold
+// envelopes (Parked: a pause's, Slotted: a limit's), for the daemons to
+// release when their rule is gone (Leftover); and the fields that are not
+// a rule delayd wrote (Bad), left out.
 type FlowRules struct {
-	Limits []Limit
-	Paused map[string]int64
-	Parked []string
+	Limits          []Limit
+	Paused          map[string]int64
+	Parked, Slotted []string
+	Bad             []string
 }
 
 // The fields of flowKey: a kind, then the pattern.
 const (
-	fieldLimit  = "limit:"
-	fieldPause  = "pause:"
-	fieldParked = "parked:"
+	fieldLimit   = "limit:"
+	fieldPause   = "pause:"
+	fieldParked  = "parked:"
+	fieldSlotted = "slotted:"
 )
 
 func (s *Store) flowKeys(kind, pattern string) string {
@@ -71,30 +76,59 @@ func (s *Store) FlowRules(ctx context.Context) (FlowRules, error) {
 	for f, v := range h {
 		switch {
 		case strings.HasPrefix(f, fieldLimit):
-			var l Limit
-			if _, err := fmt.Sscanf(v, "%s %d %d", &l.Rate, &l.IntervalUs, &l.Burst); err != nil || l.IntervalUs <= 0 || l.Burst < 1 {
-				return FlowRules{}, fmt.Errorf("store: flow rules: limit %q is %q, not a rate, interval and burst", f, v)
+			l, ok := parseLimit(v)
+			if !ok {
+				// One bad field must not switch every rule off: the rest
+				// stand, and the caller says which is left out.
+				r.Bad = append(r.Bad, f+"="+v)
+				continue
 			}
 			l.Pattern = strings.TrimPrefix(f, fieldLimit)
 			r.Limits = append(r.Limits, l)
 		case strings.HasPrefix(f, fieldPause):
-			r.Paused[strings.TrimPrefix(f, fieldPause)], _ = strconv.ParseInt(v, 10, 64)
+			since, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				r.Bad = append(r.Bad, f+"="+v)
+			}
+			r.Paused[strings.TrimPrefix(f, fieldPause)] = since // a pause stands whatever its time says
 		case strings.HasPrefix(f, fieldParked):
 			r.Parked = append(r.Parked, strings.TrimPrefix(f, fieldParked))
+		case strings.HasPrefix(f, fieldSlotted):
+			r.Slotted = append(r.Slotted, strings.TrimPrefix(f, fieldSlotted))
+		default:
+			r.Bad = append(r.Bad, f+"="+v)
 		}
 	}
 	slices.SortFunc(r.Limits, func(a, b Limit) int { return strings.Compare(a.Pattern, b.Pattern) })
 	slices.Sort(r.Parked)
+	slices.Sort(r.Slotted)
+	slices.Sort(r.Bad)
 	return r, nil
 }
 
-// SetLimit sets (or changes) the limit on l.Pattern. Envelopes already
-// held keep their slots.
+// parseLimit reads a limit's field value, "<rate> <interval µs> <burst>",
+// as reserve.lua reads it.
+func parseLimit(v string) (Limit, bool) {
+	f := strings.Split(v, " ")
+	if len(f) != 3 || f[0] == "" || strings.ContainsFunc(f[0], unicode.IsSpace) {
+		return Limit{}, false
+	}
+	interval, err1 := strconv.ParseInt(f[1], 10, 64)
+	burst, err2 := strconv.Atoi(f[2])
+	if err1 != nil || err2 != nil || interval <= 0 || burst < 1 {
+		return Limit{}, false
+	}
+	return Limit{Rate: f[0], IntervalUs: interval, Burst: burst}, true
+}
+
+// SetLimit sets (or changes) the limit on l.Pattern: every daemon's next
+// slot of it follows the new rate. Envelopes already held keep their
+// slots.
 func (s *Store) SetLimit(ctx context.Context, l Limit) error {
-	if l.IntervalUs <= 0 || l.Burst < 1 || l.Rate == "" || strings.ContainsAny(l.Rate, " ") {
+	v := fmt.Sprintf("%s %d %d", l.Rate, l.IntervalUs, l.Burst)
+	if _, ok := parseLimit(v); !ok {
 		return fmt.Errorf("store: limit %q: bad rate %q, interval %d µs or burst %d", l.Pattern, l.Rate, l.IntervalUs, l.Burst)
 	}
-	v := fmt.Sprintf("%s %d %d", l.Rate, l.IntervalUs, l.Burst)
 	if err := s.rdb.HSet(ctx, flowKey(s.ns), fieldLimit+l.Pattern, v).Err(); err != nil {
 		return fmt.Errorf("store: set limit: %w", err)
 	}
@@ -103,20 +137,17 @@ func (s *Store) SetLimit(ctx context.Context, l Limit) error {
 
 // RemoveLimit removes the limit on pattern, and makes the envelopes it
 // holds due now. It reports whether there was one, and how many it
-// released.
+// released. One between its slot and its hold is released by the
+// daemons' next reading of the rules (ReleaseLeftover).
 func (s *Store) RemoveLimit(ctx context.Context, pattern string) (bool, int, error) {
 	n, err := s.rdb.HDel(ctx, flowKey(s.ns), fieldLimit+pattern).Result()
 	if err != nil {
 		return false, 0, fmt.Errorf("store: remove limit: %w", err)
 	}
-	now, err := s.redisNowMs(ctx)
-	if err != nil {
-		return n > 0, 0, err
+	if err := s.rdb.Del(ctx, s.flowKeys("tat", pattern)).Err(); err != nil {
+		return n > 0, 0, fmt.Errorf("store: remove limit: %w", err)
 	}
-	released, _, err := s.releaseLedger(ctx, s.flowKeys("slots", pattern), func(slot int64) int64 { return now })
-	if err == nil {
-		err = s.rdb.Del(ctx, s.flowKeys("tat", pattern)).Err()
-	}
+	released, err := s.release(ctx, fieldSlotted, pattern)
 	return n > 0, released, err
 }
 
@@ -150,24 +181,51 @@ func (s *Store) Resume(ctx context.Context, pattern string) (bool, int, error) {
 	if err != nil {
 		return false, 0, fmt.Errorf("store: resume: %w", err)
 	}
-	ledger, released := s.flowKeys("parked", pattern), 0
+	released, err := s.release(ctx, fieldParked, pattern)
+	return n > 0, released, err
+}
+
+// ReleaseLeftover releases what the list of a rule that is gone still
+// holds (kind "parked" for a pause, "slotted" for a limit): envelopes
+// listed by a daemon that had not seen the rule go, or in flight when it
+// went. A rule set again meanwhile keeps its list. It returns how many it
+// released.
+func (s *Store) ReleaseLeftover(ctx context.Context, kind, pattern string) (int, error) {
+	return s.release(ctx, kind+":", pattern)
+}
+
+// release empties the list of marker (fieldParked or fieldSlotted) for
+// pattern, unless its rule is in force: each listed envelope still held
+// where its hold put it goes back to due, at its due time (parked) or now
+// (slotted); one in flight stays listed, with the marker, for the next
+// call (the daemons' next reading of the rules makes it); the others
+// leave the list. The marker goes only with an empty list, in one step: a
+// daemon that lists meanwhile (it had not seen the change yet) sets it
+// again in the same step as its listing.
+func (s *Store) release(ctx context.Context, marker, pattern string) (int, error) {
+	rule, kind := fieldPause, "parked"
+	if marker == fieldSlotted {
+		rule, kind = fieldLimit, "slots"
+	}
+	ledger, total := s.flowKeys(kind, pattern), 0
 	for {
-		moved, empty, err := s.releaseLedger(ctx, ledger, func(score int64) int64 { return score - ParkedBase })
-		released += moved
-		if err != nil || !empty {
-			// Envelopes in flight stay listed, and the parked marker with
-			// them: the daemons' next reading of the rules resumes again
-			// (flow.Gate.Refresh).
-			if err != nil {
-				err = fmt.Errorf("store: resume: %w", err)
-			}
-			return n > 0, released, err
+		in, err := s.rdb.HExists(ctx, flowKey(s.ns), rule+pattern).Result()
+		if err != nil || in {
+			return total, err
 		}
-		// The marker goes only with an empty ledger, in one step: a
-		// daemon that parks meanwhile (it had not seen the resume yet)
-		// lists its envelopes and sets the marker in one step too, and
-		// the next daemon that sees the marker without a pause resumes
-		// again.
+		now, err := s.redisNowMs(ctx)
+		if err != nil {
+			return total, err
+		}
+		to := func(score int64) int64 { return score - ParkedBase }
+		if marker == fieldSlotted {
+			to = func(int64) int64 { return now }
+		}
+		moved, empty, err := s.releaseLedger(ctx, ledger, to)
+		total += moved
+		if err != nil || !empty {
+			return total, err
+		}
 		gone := false
 		err = s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 			c, err := tx.ZCard(ctx, ledger).Result()
@@ -176,7 +234,7 @@ func (s *Store) Resume(ctx context.Context, pattern string) (bool, int, error) {
 			}
 			gone = true
 			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				return p.HDel(ctx, flowKey(s.ns), fieldParked+pattern).Err()
+				return p.HDel(ctx, flowKey(s.ns), marker+pattern).Err()
 			})
 			return err
 		}, ledger)
@@ -184,18 +242,17 @@ func (s *Store) Resume(ctx context.Context, pattern string) (bool, int, error) {
 		case errors.Is(err, redis.TxFailedErr), err == nil && !gone:
 			continue // listed meanwhile: release that too
 		case err != nil:
-			return n > 0, released, fmt.Errorf("store: resume: %w", err)
+			return total, err
 		}
-		return n > 0, released, nil
+		return total, nil
 	}
 }
 
 // releaseLedger puts the envelopes of a ledger (id → the due score it
 // was held at) back in due at to(score), page by page, and takes them off
 // it. One in flight stays listed: the daemon that holds it may have
-// listed it before its hold is written, and a later call releases it
-// once it is. It returns how many it moved, and whether the ledger is
-// empty.
+// listed it before its hold is written. It returns how many it moved,
+// and whether the ledger is empty.
 func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64) int64) (int, bool, error) {
 	total, offset := 0, int64(0)
 	for {
@@ -240,13 +297,17 @@ func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64)
 	}
 }
 
-// Reserve gives the envelopes ids, all of targets under limit l, their
-// slots (Redis ms): each at most once however often it is asked for,
-// those already held at the slot they were given. A slot at or before
-// the returned Redis time means: deliver now.
-func (s *Store) Reserve(ctx context.Context, l Limit, ids []string) (nowMs int64, slots []int64, err error) {
+// Reserve gives the envelopes ids (due at dueMs), all of targets under
+// the limit on l.Pattern, their slots (Redis ms): each once, those already
+// held at the slot they were given (a slot long past, or before the
+// envelope's due time, was another version's or a paused one's: a new
+// slot is taken). A slot at or before the returned Redis time means:
+// deliver now. The rate and burst are read from the rule in Redis, so a
+// change reaches every daemon's next slot; with the rule gone, every one
+// goes now.
+func (s *Store) Reserve(ctx context.Context, l Limit, ids []string, dueMs []int64) (nowMs int64, slots []int64, err error) {
 	r := exec1(ctx, s, reserveOp, reserveArgs{tat: s.flowKeys("tat", l.Pattern), ledger: s.flowKeys("slots", l.Pattern),
-		counts: s.flowKeys("rate", l.Pattern), intervalUs: l.IntervalUs, burst: l.Burst, ids: ids})
+		counts: s.flowKeys("rate", l.Pattern), rules: flowKey(s.ns), pattern: l.Pattern, ids: ids, dueMs: dueMs})
 	if !r.ran {
 		return 0, nil, fmt.Errorf("store: reserve: %w", r.err)
 	}
@@ -257,17 +318,29 @@ func (s *Store) Reserve(ctx context.Context, l Limit, ids []string) (nowMs int64
 // Hold settles give them (ParkedBase + due time), so that Resume finds
 // them. It runs before those settles: a crash in between leaves a listed
 // envelope that was not parked, which Resume leaves as it is.
-func (s *Store) Park(ctx context.Context, pattern string, ids []string, dueMs []int64) error {
+//
+// limits[i], if not "", is the limit ids[i]'s target obeys: a slot it was
+// given is forgotten, for it goes out after the resume, under the limit
+// as it is then (a slot long past would let it go at once, over the
+// rate).
+func (s *Store) Park(ctx context.Context, pattern string, ids []string, dueMs []int64, limits []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
 	zs := make([]redis.Z, len(ids))
+	slotted := map[string][]any{}
 	for i, id := range ids {
 		zs[i] = redis.Z{Score: float64(ParkedBase + dueMs[i]), Member: id}
+		if limits[i] != "" {
+			slotted[limits[i]] = append(slotted[limits[i]], id)
+		}
 	}
 	pipe := s.rdb.TxPipeline()
 	pipe.ZAdd(ctx, s.flowKeys("parked", pattern), zs...)
 	pipe.HSet(ctx, flowKey(s.ns), fieldParked+pattern, "1")
+	for l, ids := range slotted {
+		pipe.ZRem(ctx, s.flowKeys("slots", l), ids...)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("store: park: %w", err)
 	}

@@ -334,7 +334,7 @@ func (r *mRunner) settle(o mOp) error {
 				st.HoldUntilMs = r.now + hourMs
 			default:
 				st.HoldUntilMs = ParkedBase + it.DueMs
-				if err := r.s.Park(r.ctx, mPattern, []string{it.ID}, []int64{it.DueMs}); err != nil {
+				if err := r.s.Park(r.ctx, mPattern, []string{it.ID}, []int64{it.DueMs}, []string{""}); err != nil {
 					return err
 				}
 				// Listed even when its settle is stale: the resume

@@ -25,21 +25,21 @@ var (
 
 // reserveArgs are one call of reserve.lua: one limit, many ids.
 type reserveArgs struct {
-	tat, ledger, counts string
-	intervalUs          int64
-	burst               int
-	ids                 []string
+	tat, ledger, counts, rules string
+	pattern                    string
+	ids                        []string
+	dueMs                      []int64
 }
 
 func (reserveArgs) script() *script { return reserveScript }
 
 func (a reserveArgs) encode() call {
-	argv := make([]any, 0, 2+len(a.ids))
-	argv = append(argv, a.intervalUs, a.burst)
-	for _, id := range a.ids {
-		argv = append(argv, id)
+	argv := make([]any, 0, 1+2*len(a.ids))
+	argv = append(argv, fieldLimit+a.pattern)
+	for i, id := range a.ids {
+		argv = append(argv, id, a.dueMs[i])
 	}
-	return call{keys: []string{a.tat, a.ledger, a.counts}, argv: argv}
+	return call{keys: []string{a.tat, a.ledger, a.counts, a.rules}, argv: argv}
 }
 
 // reserveReply is reserve.lua's answer: Redis time, and per id its slot.
