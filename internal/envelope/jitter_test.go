@@ -65,7 +65,7 @@ func TestJitterInFingerprint(t *testing.T) {
 		}
 		return r.Fingerprint()
 	}
-	if fp("2s") != fp("2s") || fp("2s") == fp("") || fp("2s") == fp("3s") {
+	if a, b := fp("2s"), fp("2s"); a != b || a == fp("") || a == fp("3s") {
 		t.Fatal("the fingerprint does not tell jitters apart, or is not stable")
 	}
 }

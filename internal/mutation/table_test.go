@@ -205,7 +205,7 @@ var mutations = []mutation{
 		Old: "        if op == 'h' then\n", New: "        if op == 'h' then count[#count+1] = id\n",
 		Promise: "an envelope held by a rate limit or a pause is not an attempt"},
 	{Name: "lua-slot-given-twice", File: "internal/store/lua/reserve.lua",
-		Old: "  if have[i] then", New: "  if false then",
+		Old: "  if given and given >= due and given >= now - 5000 then", New: "  if false then",
 		Promise: "a held envelope goes out at its slot: each gets one slot, decided once"},
 	{Name: "lua-resume-moves-a-newer-version", File: "internal/store/lua/release.lua",
 		Old: "if have[j] and tonumber(have[j]) == tonumber(ARGV[a+1]) then", New: "if have[j] then",

@@ -16,7 +16,6 @@ import (
 
 // gatedPub blocks its first publish until release is closed.
 type gatedPub struct {
-	switchPub
 	entered chan struct{}
 	release chan struct{}
 	once    sync.Once

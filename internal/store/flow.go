@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -262,10 +263,11 @@ func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64)
 		}
 		byShard := map[int][]release{}
 		for _, z := range zs {
-			id, _ := z.Member.(string)
+			member, _ := z.Member.(string)
+			id, _, _ := strings.Cut(member, listingSep)
 			from := int64(z.Score)
 			sh := s.Shard(id)
-			byShard[sh] = append(byShard[sh], release{id: id, from: from, to: to(from)})
+			byShard[sh] = append(byShard[sh], release{id: id, member: member, from: from, to: to(from)})
 		}
 		calls := make([]releaseArgs, 0, len(byShard))
 		for sh, moves := range byShard {
@@ -275,15 +277,18 @@ func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64)
 		if err != nil {
 			return total, false, err
 		}
+		if betweenReleaseAndUnlist != nil {
+			betweenReleaseAndUnlist()
+		}
 		var done []any
 		for i, r := range res {
 			for j, code := range r.reply {
 				switch code {
 				case releaseMoved:
 					total++
-					done = append(done, calls[i].moves[j].id)
+					done = append(done, calls[i].moves[j].member)
 				case releaseLeft:
-					done = append(done, calls[i].moves[j].id)
+					done = append(done, calls[i].moves[j].member)
 				}
 			}
 		}
@@ -330,7 +335,10 @@ func (s *Store) Park(ctx context.Context, pattern string, ids []string, dueMs []
 	zs := make([]redis.Z, len(ids))
 	slotted := map[string][]any{}
 	for i, id := range ids {
-		zs[i] = redis.Z{Score: float64(ParkedBase + dueMs[i]), Member: id}
+		// A listing of its own: a release that moved the same id back
+		// (listed by an earlier park) and takes that listing off must not
+		// take this one with it.
+		zs[i] = redis.Z{Score: float64(ParkedBase + dueMs[i]), Member: id + listingSep + strconv.FormatUint(rand.Uint64(), 36)}
 		if limits[i] != "" {
 			slotted[limits[i]] = append(slotted[limits[i]], id)
 		}
@@ -346,6 +354,15 @@ func (s *Store) Park(ctx context.Context, pattern string, ids []string, dueMs []
 	}
 	return nil
 }
+
+// betweenReleaseAndUnlist, when a test sets it, runs after a page of a
+// list was released and before its listings are taken off: where a daemon
+// that had not seen the change can list again.
+var betweenReleaseAndUnlist func()
+
+// listingSep ends the id in a pause's list member "<id>\x00<nonce>": each
+// park lists anew (ids hold no NUL: envelope.ParseID).
+const listingSep = "\x00"
 
 // FlowHeld is what one rule holds back now.
 type FlowHeld struct {

@@ -363,3 +363,54 @@ func TestReserveGivesAStaleSlotNoMore(t *testing.T) {
 		t.Fatalf("asked again: b %d (old %d), c %d (old %d); want b after c's slot, c's slot kept", again[0], slots[1], again[1], slots[2])
 	}
 }
+
+// TestAParkDuringAResumeStaysListed: a daemon that had not seen a resume
+// claims an envelope the resume just moved back and lists it again before
+// the resume takes its old listing off: the new listing stays, with the
+// marker, so its hold is released too. (Found by the review's two-daemon
+// test under load: 49 of 400 stayed parked with no listing and no marker.)
+func TestAParkDuringAResumeStaysListed(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Pause(ctx, "a.>"); err != nil {
+		t.Fatal(err)
+	}
+	schedule(t, s, Item{ID: "x", Absolute: true, AtMicros: 1000, Data: enc("x")})
+	park := func() {
+		c := claimAll(t, s, time.Minute)["x"]
+		if err := s.Park(ctx, "a.>", []string{"x"}, []int64{c.DueMs}, []string{""}); err != nil {
+			t.Fatal(err)
+		}
+		st := Settle{ID: "x", Token: c.Token, Outcome: Hold, HoldUntilMs: ParkedBase + c.DueMs}
+		if _, err := s.Ack(ctx, map[int][]Settle{s.Shard("x"): {st}}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	park()
+	once := true
+	betweenReleaseAndUnlist = func() {
+		if once {
+			once = false
+			park() // the stale daemon: x is due again, claimed, listed, held
+		}
+	}
+	defer func() { betweenReleaseAndUnlist = nil }()
+	if _, _, err := s.Resume(ctx, "a.>"); err != nil {
+		t.Fatal(err)
+	}
+	betweenReleaseAndUnlist = nil
+	// Released by the resume's next page, or listed for the daemons'
+	// next reading: never parked with no listing and no marker.
+	if e, _ := s.Get(ctx, "x"); e.State == StatePaused {
+		rules, err := s.FlowRules(ctx)
+		if err != nil || !slices.Equal(rules.Parked, []string{"a.>"}) {
+			t.Fatalf("x is parked, and its pause's marker is gone: %+v %v", rules, err)
+		}
+		if n, err := s.ReleaseLeftover(ctx, "parked", "a.>"); err != nil || n != 1 {
+			t.Fatalf("leftover release: %d %v, want x", n, err)
+		}
+	}
+	if e, _ := s.Get(ctx, "x"); e.State != StatePending {
+		t.Fatalf("x is %s after the resume", e.State)
+	}
+}

@@ -70,6 +70,7 @@ type releaseArgs struct {
 // held at to the one it gets.
 type release struct {
 	id       string
+	member   string // in its list
 	from, to int64
 }
 
