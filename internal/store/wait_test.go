@@ -388,8 +388,18 @@ func TestWaitOnlyWhereThePolicySays(t *testing.T) {
 		formatsOp:     func() error { _, err := s.AgreeFormats(ctx, "me", time.Minute); return err },
 		ownOp:         func() error { _, err := s.Own(ctx, "me", time.Minute, []int{0}, nil); return err },
 		intakeFloorOp: func() error { return s.SaveIntakeFloor(ctx, "stream", 1, 5) },
+		reserveOp: func() error {
+			l := Limit{Pattern: "w.>", Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
+			if err := s.SetLimit(ctx, l); err != nil {
+				return err
+			}
+			_, _, err := s.Reserve(ctx, l, []string{"r1", "r2"}, []int64{1, 1})
+			return err
+		},
+		releaseOp: func() error { _, _, err := s.RemoveLimit(ctx, "w.>"); return err },
 	}
-	order := []string{OpSchedule, OpCancel, OpClaim, OpAck, replayOp, purgeOp, checkOp, heartbeatOp, formatsOp, ownOp, intakeFloorOp}
+	order := []string{OpSchedule, OpCancel, OpClaim, OpAck, replayOp, purgeOp, checkOp, heartbeatOp, formatsOp, ownOp, intakeFloorOp,
+		reserveOp, releaseOp}
 	for op := range policies {
 		if run[op] == nil || !slices.Contains(order, op) {
 			t.Errorf("operation %s is not exercised here", op)
