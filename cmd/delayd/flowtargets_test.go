@@ -26,10 +26,10 @@ import (
 //   - Jitter 2 s on 1,000 due at one instant: none early, all within due +
 //     2.1 s, spread over at least 1.5 s.
 //
-// The correctness of each (nothing early, lost, repeated or over the
-// rate) is asserted always; the times are asserted only without -race
-// (the soak step of .ci/run runs -race, which slows this process's
-// subscriber), and logged for BENCHMARKS.md either way.
+// The correctness of each (nothing early, lost or repeated, nothing over
+// the rate, nothing while paused, the attempts kept) is asserted; the
+// times are measured and logged for BENCHMARKS.md, never asserted (speed
+// is not a test's pass or fail: CONTRIBUTING.md).
 func TestFlowTargets(t *testing.T) {
 	daemontest.Soak(t, "flow control's targets with two daemons")
 	bin := testutil.BuildBinary(t)
@@ -41,18 +41,13 @@ func TestFlowTargets(t *testing.T) {
 	cli := flowCLI(t, e)
 	nc := e.Conn()
 	defer nc.Close()
-	strict := !raceEnabled
 	check := func(ok bool, format string, a ...any) {
 		t.Helper()
-		msg := fmt.Sprintf(format, a...)
-		switch {
-		case ok:
-			t.Logf("target met: %s", msg)
-		case strict:
-			t.Errorf("target missed: %s", msg)
-		default:
-			t.Logf("target missed under -race (not asserted): %s", msg)
+		verdict := map[bool]string{true: "met", false: "missed"}[ok]
+		if raceEnabled {
+			verdict += " (under -race)"
 		}
+		t.Logf("target %s: %s", verdict, fmt.Sprintf(format, a...))
 	}
 
 	t.Run("limit", func(t *testing.T) {
