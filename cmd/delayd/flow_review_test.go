@@ -27,6 +27,26 @@ func maxPerWindow(ds []daemontest.Delivery, w time.Duration) (int, time.Time) {
 	return maxInWindow(got, w)
 }
 
+// deliverHerd schedules n envelopes to target, all due at at (ids
+// prefix0...), waits up to d for all to arrive at sink, and returns every
+// delivery it got.
+func deliverHerd(t *testing.T, nc *nats.Conn, sink *daemontest.Sink, n int, prefix, target string, at time.Time,
+	d time.Duration) []daemontest.Delivery {
+	t.Helper()
+	daemontest.ScheduleMany(t, nc, n, 16, prefix, func(i int, h nats.Header) {
+		h.Set("Delayd-Target", target)
+		h.Set("Delayd-At", at.UTC().Format(time.RFC3339Nano))
+	})
+	if got := sink.WaitCount(n, d); got != n {
+		t.Fatalf("%d of %d delivered", got, n)
+	}
+	var ds []daemontest.Delivery
+	for _, v := range sink.All() {
+		ds = append(ds, v...)
+	}
+	return ds
+}
+
 func describe(ds []daemontest.Delivery, from time.Time) string {
 	var b strings.Builder
 	for _, d := range ds {
@@ -52,18 +72,7 @@ func TestHeldEnvelopesDoNotBunchAtTheIdleTick(t *testing.T) {
 	defer nc.Close()
 	sink := e.Sink(nc, "bunch.>")
 	at := time.Now().Add(800 * time.Millisecond)
-	const n = 30
-	daemontest.ScheduleMany(t, nc, n, 8, "b-", func(i int, h nats.Header) {
-		h.Set("Delayd-Target", "bunch.x")
-		h.Set("Delayd-At", at.UTC().Format(time.RFC3339Nano))
-	})
-	if got := sink.WaitCount(n, 15*time.Second); got != n {
-		t.Fatalf("%d of %d delivered", got, n)
-	}
-	var ds []daemontest.Delivery
-	for _, v := range sink.All() {
-		ds = append(ds, v...)
-	}
+	ds := deliverHerd(t, nc, sink, 30, "b-", "bunch.x", at, 15*time.Second)
 	if most, from := maxPerWindow(ds, time.Second); most > 11 {
 		t.Fatalf("%d deliveries within one second from +%s, limit 10/s burst 1 (at most 11): %s",
 			most, from.Sub(at).Round(time.Millisecond), describe(ds, at))
@@ -138,17 +147,7 @@ func issueTarget(t *testing.T, n int) {
 	defer nc.Close()
 	sink := e.Sink(nc, "herd.>")
 	at := time.Now().Add(time.Duration(n) * time.Millisecond)
-	daemontest.ScheduleMany(t, nc, n, 16, "h-", func(i int, h nats.Header) {
-		h.Set("Delayd-Target", "herd.x")
-		h.Set("Delayd-At", at.UTC().Format(time.RFC3339Nano))
-	})
-	if got := sink.WaitCount(n, 20*time.Second); got != n {
-		t.Fatalf("%d of %d delivered", got, n)
-	}
-	var ds []daemontest.Delivery
-	for _, v := range sink.All() {
-		ds = append(ds, v...)
-	}
+	ds := deliverHerd(t, nc, sink, n, "h-", "herd.x", at, 20*time.Second)
 	if most, from := maxPerWindow(ds, time.Second); most > 1200 {
 		t.Fatalf("%d of %d deliveries within one second from +%s, limit 1000/s (the issue: at most 1200)", most, n, from.Sub(at).Round(time.Millisecond))
 	}

@@ -69,19 +69,7 @@ func (c *Control) SetLimit(ctx context.Context, pattern, rate string, burst int)
 
 // RemoveLimit removes the limit on pattern; what it held is due now.
 func (c *Control) RemoveLimit(ctx context.Context, pattern string) (existed bool, released int, err error) {
-	if err := CheckPattern(pattern); err != nil {
-		return false, 0, err
-	}
-	existed, released, err = c.st.RemoveLimit(ctx, pattern)
-	if err == nil {
-		_, err = c.changed(ctx, pattern)
-	}
-	// After every daemon holds the change: one that still had the limit
-	// would hold a released envelope again.
-	if released > 0 {
-		c.wake()
-	}
-	return existed, released, err
+	return c.release(ctx, pattern, c.st.RemoveLimit)
 }
 
 // Pause holds every delivery to targets matching pattern until Resume.
@@ -98,15 +86,21 @@ func (c *Control) Pause(ctx context.Context, pattern string) (Status, error) {
 // Resume ends the pause of pattern: what it parked goes out in due order,
 // under any limit, with the attempts it had.
 func (c *Control) Resume(ctx context.Context, pattern string) (existed bool, released int, err error) {
+	return c.release(ctx, pattern, c.st.Resume)
+}
+
+// release removes pattern's rule with remove, which releases what the rule
+// held, and wakes every shard's owner once every daemon holds the change:
+// one that still had the rule would hold a released envelope again.
+func (c *Control) release(ctx context.Context, pattern string,
+	remove func(context.Context, string) (bool, int, error)) (existed bool, released int, err error) {
 	if err := CheckPattern(pattern); err != nil {
 		return false, 0, err
 	}
-	existed, released, err = c.st.Resume(ctx, pattern)
+	existed, released, err = remove(ctx, pattern)
 	if err == nil {
 		_, err = c.changed(ctx, pattern)
 	}
-	// After every daemon holds the change: one that still had the pause
-	// would park a released envelope again.
 	if released > 0 {
 		c.wake()
 	}

@@ -202,12 +202,8 @@ func TestPauseParksAndResumeReleases(t *testing.T) {
 // now.
 func TestRemoveLimitReleasesHeld(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t)
+	s, l := hourlyLimit(t, "slow")
 	ctx := context.Background()
-	l := Limit{Pattern: "slow", Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
-	if err := s.SetLimit(ctx, l); err != nil {
-		t.Fatal(err)
-	}
 	ids := []string{"a", "b", "c"}
 	for _, id := range ids {
 		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1000, Data: enc(id)})
@@ -294,12 +290,8 @@ func TestResumeKeepsWhatIsOnItsWayToBeingHeld(t *testing.T) {
 // kept, the hold landed an hour away under 1/h, the limit gone.)
 func TestRemoveLimitBetweenReserveAndHold(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t)
+	s, l := hourlyLimit(t, "x.>")
 	ctx := context.Background()
-	l := Limit{Pattern: "x.>", Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
-	if err := s.SetLimit(ctx, l); err != nil {
-		t.Fatal(err)
-	}
 	schedule(t, s, Item{ID: "a", Absolute: true, AtMicros: 1000, Data: enc("a")}, Item{ID: "b", Absolute: true, AtMicros: 1000, Data: enc("b")},
 		Item{ID: "c", Absolute: true, AtMicros: 1000, Data: enc("c")})
 	got := claimAll(t, s, time.Minute)
@@ -342,12 +334,8 @@ func TestRemoveLimitBetweenReserveAndHold(t *testing.T) {
 // out in one millisecond.)
 func TestReserveGivesAStaleSlotNoMore(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t)
+	s, l := hourlyLimit(t, "x.>")
 	ctx := context.Background()
-	l := Limit{Pattern: "x.>", Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
-	if err := s.SetLimit(ctx, l); err != nil {
-		t.Fatal(err)
-	}
 	// "b" and "c" get slots an hour and two apart.
 	now, slots, err := s.Reserve(ctx, l, []string{"a", "b", "c"}, []int64{1, 1, 1})
 	if err != nil || slots[1] <= now || slots[2] <= slots[1] {
@@ -413,4 +401,16 @@ func TestAParkDuringAResumeStaysListed(t *testing.T) {
 	if e, _ := s.Get(ctx, "x"); e.State != StatePending {
 		t.Fatalf("x is %s after the resume", e.State)
 	}
+}
+
+// hourlyLimit is a store whose targets matching pattern are limited to
+// one an hour: past the first, every slot is far ahead.
+func hourlyLimit(t *testing.T, pattern string) (*Store, Limit) {
+	t.Helper()
+	s, _ := newStore(t)
+	l := Limit{Pattern: pattern, Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
+	if err := s.SetLimit(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	return s, l
 }

@@ -15,15 +15,8 @@ import (
 // envelope is never due before its time.
 func TestDueRoundedUpToTheMicrosecond(t *testing.T) {
 	t.Parallel()
-	n := testutil.StartNATS(t)
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	now := time.Unix(1_800_000_000, 0)
-	v := validator{nc: nc, policy: envelope.Policy{Prefix: "delayd"}, now: func() time.Time { return now },
-		limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour}}
+	v := testValidator(t, now, envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour})
 	newID := func() (string, error) { return "x", nil }
 	for _, tc := range []struct {
 		header, value string
@@ -57,15 +50,9 @@ func TestDueRoundedUpToTheMicrosecond(t *testing.T) {
 // occurrences after.
 func TestJitterMovesTheDueTime(t *testing.T) {
 	t.Parallel()
-	n := testutil.StartNATS(t)
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	now := time.Unix(1_800_000_000, 0)
-	v := validator{nc: nc, policy: envelope.Policy{Prefix: "delayd"}, now: func() time.Time { return now },
-		limits: envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour, MaxJitter: time.Minute}}
+	v := testValidator(t, now, envelope.Limits{MaxIDLen: 256, MaxHeaders: 64, MaxHeaderBytes: 16 << 10, MaxDelay: time.Hour,
+		MaxJitter: time.Minute})
 	newID := func() (string, error) { return "generated", nil }
 	const d = 30 * time.Second
 	for _, tc := range []struct {
@@ -105,4 +92,17 @@ func TestJitterMovesTheDueTime(t *testing.T) {
 			t.Errorf("%s %s: stored jitter %v (%v), want %v", tc.header, tc.value, e.Jitter, err, d)
 		}
 	}
+}
+
+// testValidator is a validator at the fixed time now, on a NATS server of
+// the test's own (it sizes deliveries against the server's max_payload).
+func testValidator(t *testing.T, now time.Time, limits envelope.Limits) validator {
+	t.Helper()
+	n := testutil.StartNATS(t)
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return validator{nc: nc, policy: envelope.Policy{Prefix: "delayd"}, now: func() time.Time { return now }, limits: limits}
 }
