@@ -200,6 +200,7 @@ type Gate struct {
 	held    map[string]store.FlowHeld
 	failLog atomic.Bool
 	badLog  atomic.Bool
+	recent  atomic.Int32 // len(resumed), read without the lock
 	wake    func()
 }
 
@@ -228,7 +229,7 @@ func (g *Gate) Refresh(ctx context.Context) error {
 	next, prev := newRules(fr), g.rules.Load()
 	g.rules.Store(next)
 	if len(fr.Bad) > 0 && g.badLog.CompareAndSwap(false, true) {
-		g.log.Error("flow-control rules that do not read are left out (remove them with delayd limit PATTERN off or delayd resume PATTERN)",
+		g.log.Error("flow-control rules that do not read are left out (written by hand? remove them with HDEL on the rules hash)",
 			"fields", fr.Bad)
 	}
 	now := time.Now()
@@ -246,6 +247,7 @@ func (g *Gate) Refresh(ctx context.Context) error {
 			delete(g.resumed, p)
 		}
 	}
+	g.recent.Store(int32(len(g.resumed)))
 	g.mu.Unlock()
 	for kind, ps := range next.leftover {
 		for _, p := range ps {
@@ -433,8 +435,16 @@ func (g *Gate) Admit(ctx context.Context, ds []envelope.Delivery) []Decision {
 	return out
 }
 
-// resumedAt is when a pause that held d's target ended, if d was due
-// before: its lateness counts from then.
+// Resumed is when a pause that held d's target ended, if d was due
+// before: its lateness counts from then (zero: none). It costs an atomic
+// load while no pause ended in the last 10 minutes.
+func (g *Gate) Resumed(d envelope.Delivery) time.Time {
+	if g.recent.Load() == 0 {
+		return time.Time{}
+	}
+	return g.resumedAt(d)
+}
+
 func (g *Gate) resumedAt(d envelope.Delivery) time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()

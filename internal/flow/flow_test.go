@@ -174,7 +174,7 @@ func TestRefreshResumesWhatAPauseLeftParked(t *testing.T) {
 	if dec != nil {
 		t.Fatalf("no rule left, decisions %v", dec)
 	}
-	if at := g.resumedAt(delivery("x", "a.b", 5)); at.Before(before) {
+	if at := g.Resumed(delivery("x", "a.b", 5)); at.Before(before) {
 		t.Errorf("lateness counts from %s, want the resume (after %s)", at, before)
 	}
 }

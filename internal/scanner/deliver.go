@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -142,21 +143,26 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 			settle(c, &ds[i], errs[i])
 		}
 	}
-	if s.opt.Gate != nil && len(ds) > 0 {
+	if g := s.opt.Gate; g != nil && len(ds) > 0 {
 		// Targets no rule matches go out first: they do not wait for the
-		// Redis round trip that decides on the others.
-		var free, ruled []envelope.Delivery
-		var freeFrom, ruledFrom []claimed
-		for i, d := range ds {
-			if s.opt.Gate.Ruled(d.Target) {
-				ruled, ruledFrom = append(ruled, d), append(ruledFrom, from[i])
-			} else {
-				free, freeFrom = append(free, d), append(freeFrom, from[i])
+		// Redis round trip that decides on the others. A batch with none
+		// is not split.
+		ruled := slices.IndexFunc(ds, func(d envelope.Delivery) bool { return g.Ruled(d.Target) })
+		if ruled >= 0 {
+			var free, held []envelope.Delivery
+			var freeFrom, heldFrom []claimed
+			for i, d := range ds {
+				if g.Ruled(d.Target) {
+					held, heldFrom = append(held, d), append(heldFrom, from[i])
+				} else {
+					free, freeFrom = append(free, d), append(freeFrom, from[i])
+				}
 			}
-		}
-		if len(ruled) > 0 {
+			s.resumed(free)
 			send(free, freeFrom)
-			ds, from = s.admit(dctx, ruled, ruledFrom, settles)
+			ds, from = s.admit(dctx, held, heldFrom, settles)
+		} else {
+			s.resumed(ds)
 		}
 	}
 	send(ds, from)
@@ -166,6 +172,14 @@ func (s *Scanner) publish(ctx context.Context, items []claimed) map[int][]store.
 	defer lcancel()
 	s.publishDead(lctx, dead)
 	return settles
+}
+
+// resumed sets, on deliveries no rule holds now, when a pause that held
+// them ended: their lateness counts from then, not from hours of pause.
+func (s *Scanner) resumed(ds []envelope.Delivery) {
+	for i := range ds {
+		ds[i].Allowed = s.opt.Gate.Resumed(ds[i])
+	}
 }
 
 // admit asks flow control which of ds (all of targets a rule matches) go

@@ -20,6 +20,16 @@ type holdGate struct {
 
 func (g *holdGate) Ruled(target string) bool { return target != "free.x" }
 
+// Resumed: free.x was paused until resumedAt.
+func (g *holdGate) Resumed(d envelope.Delivery) time.Time {
+	if d.Target == "free.x" {
+		return resumedAt
+	}
+	return time.Time{}
+}
+
+var resumedAt = time.UnixMilli(5000)
+
 func (g *holdGate) Admit(_ context.Context, ds []envelope.Delivery) []flow.Decision {
 	<-g.open
 	var ids []string
@@ -72,6 +82,13 @@ func TestGateHoldsOnlyWhatItRules(t *testing.T) {
 	}
 	if by["free"].Outcome != store.Delivered || by["goes"].Outcome != store.Delivered || pub.count() != 2 {
 		t.Errorf("settles %+v, published %d; want free and goes delivered", by, pub.count())
+	}
+	// A target a pause held until just now: its lateness counts from the
+	// resume, not from hours of pause.
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if d := pub.got[0][0]; d.ID != "free" || !d.Allowed.Equal(resumedAt) {
+		t.Errorf("the first published %s allowed at %v, want free at the resume", d.ID, d.Allowed)
 	}
 }
 

@@ -65,6 +65,9 @@ type Gate interface {
 	// Ruled reports, from memory, whether a rule matches target.
 	Ruled(target string) bool
 	Admit(ctx context.Context, ds []envelope.Delivery) []flow.Decision
+	// Resumed is when a pause that held d ended, if after d was due:
+	// its lateness counts from then (zero: none).
+	Resumed(d envelope.Delivery) time.Time
 }
 
 // Observer is told what happened, for metrics. Every method must be cheap.

@@ -222,7 +222,7 @@ func (s *Store) release(ctx context.Context, marker, pattern string) (int, error
 		if marker == fieldSlotted {
 			to = func(int64) int64 { return now }
 		}
-		moved, empty, err := s.releaseLedger(ctx, ledger, to)
+		moved, empty, err := s.releaseLedger(ctx, ledger, rule+pattern, to)
 		total += moved
 		if err != nil || !empty {
 			return total, err
@@ -251,12 +251,16 @@ func (s *Store) release(ctx context.Context, marker, pattern string) (int, error
 
 // releaseLedger puts the envelopes of a ledger (id → the due score it
 // was held at) back in due at to(score), page by page, and takes them off
-// it. One in flight stays listed: the daemon that holds it may have
-// listed it before its hold is written. It returns how many it moved,
-// and whether the ledger is empty.
-func (s *Store) releaseLedger(ctx context.Context, ledger string, to func(int64) int64) (int, bool, error) {
+// it, unless the rule (its field in flowKey) is set again meanwhile: what
+// a new pause lists then is its own. One in flight stays listed: the
+// daemon that holds it may have listed it before its hold is written. It
+// returns how many it moved, and whether the ledger is empty.
+func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, to func(int64) int64) (int, bool, error) {
 	total, offset := 0, int64(0)
 	for {
+		if again, err := s.rdb.HExists(ctx, flowKey(s.ns), rule).Result(); err != nil || again {
+			return total, false, err
+		}
 		zs, err := s.rdb.ZRangeWithScores(ctx, ledger, offset, offset+999).Result()
 		if err != nil || len(zs) == 0 {
 			return total, offset == 0 && err == nil, err

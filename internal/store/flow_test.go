@@ -414,3 +414,46 @@ func hourlyLimit(t *testing.T, pattern string) (*Store, Limit) {
 	}
 	return s, l
 }
+
+// TestReleaseStopsWhenPausedAgain (found by the second review): a pause
+// set again while a resume's release runs: the release's later pages must
+// not release what the new pause parked.
+func TestReleaseStopsWhenPausedAgain(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Pause(ctx, "a.>"); err != nil {
+		t.Fatal(err)
+	}
+	park := func(id string) {
+		c := claimAll(t, s, time.Minute)[id]
+		if err := s.Park(ctx, "a.>", []string{id}, []int64{c.DueMs}, []string{""}); err != nil {
+			t.Fatal(err)
+		}
+		st := Settle{ID: id, Token: c.Token, Outcome: Hold, HoldUntilMs: ParkedBase + c.DueMs}
+		if _, err := s.Ack(ctx, map[int][]Settle{s.Shard(id): {st}}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	schedule(t, s, Item{ID: "x", Absolute: true, AtMicros: 1000, Data: enc("x")})
+	park("x")
+	once := true
+	betweenReleaseAndUnlist = func() {
+		if once {
+			once = false
+			if _, err := s.Pause(ctx, "a.>"); err != nil { // paused again
+				t.Fatal(err)
+			}
+			// x is due now; take it out of the way, then park y under the new pause.
+			_ = claimAll(t, s, time.Minute)
+			schedule(t, s, Item{ID: "y", Absolute: true, AtMicros: 2000, Data: enc("y")})
+			park("y")
+		}
+	}
+	defer func() { betweenReleaseAndUnlist = nil }()
+	if _, _, err := s.Resume(ctx, "a.>"); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := s.Get(ctx, "y"); e.State != StatePaused {
+		t.Fatalf("y, parked by the pause set again, is %s after the first resume's release", e.State)
+	}
+}
