@@ -39,6 +39,10 @@ const PollInterval = 250 * time.Millisecond
 // metrics and the console.
 const heldEvery = 2 * time.Second
 
+// strayEvery is how often the Gate looks for parked envelopes no pause
+// holds and no list names (ReleaseStrays).
+const strayEvery = 30 * time.Second
+
 // retryUnread is how long an envelope waits when its rule's state cannot
 // be read (Redis failing): given back, not an attempt, rather than sent
 // over a limit.
@@ -150,6 +154,7 @@ type Store interface {
 	Reserve(ctx context.Context, l store.Limit, ids []string, dueMs []int64) (int64, []int64, error)
 	Park(ctx context.Context, pattern string, ids []string, dueMs []int64, limits []string) error
 	ReleaseLeftover(ctx context.Context, kind, pattern string) (int, error)
+	ReleaseStrays(ctx context.Context, keep func(data []byte) bool) (int, error)
 	Held(ctx context.Context, patterns []string) (map[string]store.FlowHeld, error)
 }
 
@@ -275,7 +280,7 @@ func (g *Gate) Refresh(ctx context.Context) error {
 func (g *Gate) Run(ctx context.Context) error {
 	t := time.NewTicker(PollInterval)
 	defer t.Stop()
-	var lastHeld time.Time
+	var lastHeld, lastStray time.Time
 	for {
 		if err := g.Refresh(ctx); err != nil && ctx.Err() == nil {
 			if g.failLog.CompareAndSwap(false, true) {
@@ -288,11 +293,42 @@ func (g *Gate) Run(ctx context.Context) error {
 			lastHeld = time.Now()
 			g.readHeld(ctx)
 		}
+		if time.Since(lastStray) >= strayEvery {
+			lastStray = time.Now()
+			g.releaseStrays(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
+	}
+}
+
+// releaseStrays puts back parked envelopes whose target no pause of the
+// rules last read holds: a safety net for a listing lost to a failover of
+// the rules' Redis master (Cluster) while its envelope's hold survived on
+// another, or a rules hash deleted by hand.
+func (g *Gate) releaseStrays(ctx context.Context) {
+	r := g.rules.Load()
+	if r == nil {
+		return // never read: every parked envelope would look stray
+	}
+	n, err := g.st.ReleaseStrays(ctx, func(data []byte) bool {
+		e, err := envelope.Decode(data)
+		if err != nil {
+			return true // cannot tell: left as it is
+		}
+		_, paused := r.pausedBy(e.Target)
+		return paused
+	})
+	if err != nil {
+		g.log.Debug("looking for parked envelopes no pause holds failed", "error", err)
+		return
+	}
+	if n > 0 {
+		g.log.Warn("released parked envelopes that no pause holds and no list named", "count", n)
+		g.wake()
 	}
 }
 

@@ -25,6 +25,9 @@ type fakeStore struct {
 	resumed  []string
 	fail     error
 	reserved map[string]int64
+	// strays are the targets of parked envelopes ReleaseStrays finds;
+	// released, those it was told no pause holds.
+	strays, released []string
 }
 
 func (f *fakeStore) FlowRules(context.Context) (store.FlowRules, error) { return f.rules, f.fail }
@@ -58,6 +61,16 @@ func (f *fakeStore) ReleaseLeftover(_ context.Context, kind, p string) (int, err
 }
 func (f *fakeStore) Held(context.Context, []string) (map[string]store.FlowHeld, error) {
 	return nil, nil
+}
+func (f *fakeStore) ReleaseStrays(_ context.Context, keep func([]byte) bool) (int, error) {
+	n := 0
+	for _, target := range f.strays {
+		if !keep(envelope.Encode(envelope.Envelope{Target: target})) {
+			f.released = append(f.released, target)
+			n++
+		}
+	}
+	return n, nil
 }
 
 func newFake(now int64) *fakeStore {
@@ -222,5 +235,26 @@ func TestAdmitReadsTheRulesItNeverRead(t *testing.T) {
 	dec = NewGate(f2, nil, nil, hclog.NewNullLogger()).Admit(context.Background(), []envelope.Delivery{delivery("y", "free.x", 5)})
 	if dec[0].RetryIn == 0 {
 		t.Fatalf("rules never read: %+v, want given back", dec)
+	}
+}
+
+// TestStraysAreJudgedByThePausesInForce: the sweep for parked envelopes
+// no list names releases those no pause holds, keeps the others, and
+// does nothing before the rules were read.
+func TestStraysAreJudgedByThePausesInForce(t *testing.T) {
+	f := newFake(1000)
+	f.rules.Paused["a.>"] = 1
+	f.strays = []string{"a.b", "c.d"}
+	g := NewGate(f, nil, nil, hclog.NewNullLogger())
+	g.releaseStrays(context.Background())
+	if len(f.released) != 0 {
+		t.Fatalf("released %v before the rules were read", f.released)
+	}
+	if err := g.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g.releaseStrays(context.Background())
+	if !slices.Equal(f.released, []string{"c.d"}) {
+		t.Fatalf("released %v, want c.d only", f.released)
 	}
 }

@@ -432,3 +432,65 @@ func (s *Store) redisNowMs(ctx context.Context) (int64, error) {
 	}
 	return t.UnixMilli(), nil
 }
+
+// strayPage bounds the parked envelopes a shard's sweep reads at once.
+const strayPage = 200
+
+// ReleaseStrays finds parked envelopes (due at ParkedBase or later) of
+// every shard that keep (given the stored envelope) says no pause holds
+// any more, and puts them back at their due times: a safety net for what
+// no list names (a failover of the rules' Redis master that lost a
+// listing its hold outlived; the rules hash deleted by hand). It costs
+// one pipeline of one range read a shard while nothing is parked. It
+// returns how many it released.
+func (s *Store) ReleaseStrays(ctx context.Context, keep func(data []byte) bool) (int, error) {
+	pipe := s.rdb.Pipeline()
+	pages := make([]*redis.ZSliceCmd, s.shards)
+	for sh := range s.shards {
+		pages[sh] = pipe.ZRangeByScoreWithScores(ctx, s.keys[sh].due, &redis.ZRangeBy{Min: strconv.FormatInt(ParkedBase, 10),
+			Max: "+inf", Count: strayPage})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("store: strays: %w", err)
+	}
+	var calls []releaseArgs
+	for sh, page := range pages {
+		zs := page.Val()
+		if len(zs) == 0 {
+			continue
+		}
+		ids := make([]string, len(zs))
+		for i, z := range zs {
+			ids[i], _ = z.Member.(string)
+		}
+		vals, err := s.rdb.HMGet(ctx, s.keys[sh].data, ids...).Result()
+		if err != nil {
+			return 0, fmt.Errorf("store: strays: %w", err)
+		}
+		var moves []release
+		for i, v := range vals {
+			str, _ := v.(string)
+			if _, _, data := splitValue(str); str == "" || keep(data) {
+				continue
+			}
+			from := int64(zs[i].Score)
+			moves = append(moves, release{id: ids[i], from: from, to: from - ParkedBase})
+		}
+		if len(moves) > 0 {
+			calls = append(calls, releaseArgs{due: s.keys[sh].due, inflight: s.keys[sh].inflight, moves: moves})
+		}
+	}
+	res, err := exec(ctx, s, releaseOp, calls)
+	if err != nil {
+		return 0, fmt.Errorf("store: strays: %w", err)
+	}
+	n := 0
+	for _, r := range res {
+		for _, code := range r.reply {
+			if code == releaseMoved {
+				n++
+			}
+		}
+	}
+	return n, nil
+}

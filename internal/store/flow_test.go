@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/delayd/delayd/internal/envelope"
 )
 
 // TestReserveSlotsAHerdOnce: a herd gets its burst now, then one slot per
@@ -456,4 +458,40 @@ func TestReleaseStopsWhenPausedAgain(t *testing.T) {
 	if e, _ := s.Get(ctx, "y"); e.State != StatePaused {
 		t.Fatalf("y, parked by the pause set again, is %s after the first resume's release", e.State)
 	}
+}
+
+// TestReleaseStraysPutsBackWhatNoPauseHolds (from the second review: a
+// Cluster failover of the rules' master can lose a listing whose hold
+// survived): a parked envelope no list names goes back to its due time
+// once no pause holds its target; one a pause still holds stays.
+func TestReleaseStraysPutsBackWhatNoPauseHolds(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	schedule(t, s, Item{ID: "free", Absolute: true, AtMicros: 1000, Data: enc("free")},
+		Item{ID: "held", Absolute: true, AtMicros: 2000, Data: envelope.Encode(envelope.Envelope{Target: "still.paused", Payload: []byte("h")})})
+	got := claimAll(t, s, time.Minute)
+	byShard := map[int][]Settle{}
+	for _, id := range []string{"free", "held"} {
+		// Held at their parking places, with no listing (the lost one).
+		byShard[s.Shard(id)] = append(byShard[s.Shard(id)], Settle{ID: id, Token: got[id].Token, Outcome: Hold,
+			HoldUntilMs: ParkedBase + got[id].DueMs})
+	}
+	if _, err := s.Ack(ctx, byShard, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.ReleaseStrays(ctx, func(data []byte) bool {
+		e, err := envelope.Decode(data)
+		return err != nil || e.Target == "still.paused"
+	})
+	if err != nil || n != 1 {
+		t.Fatalf("released %d strays, %v; want free only", n, err)
+	}
+	if e, _ := s.Get(ctx, "free"); e.State != StatePending || e.DueMs != got["free"].DueMs {
+		t.Errorf("free: %+v, want pending at its due time", e)
+	}
+	if e, _ := s.Get(ctx, "held"); e.State != StatePaused {
+		t.Errorf("held: %+v, want still paused", e)
+	}
+	mustBeConsistent(t, s)
 }
