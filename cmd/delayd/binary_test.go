@@ -119,6 +119,12 @@ func TestBinaryFlagsAndSignals(t *testing.T) {
 		t.Errorf("config does not show the --nats-url it was given:\n%s", out)
 	}
 	want(1, "config", "--set", "no.such.key=1") // a refused config, not a usage mistake
+	// The log's "ready" comes before /readyz's 200, which waits for the
+	// delivery inbox to be proven (operations.md): the exit status of a
+	// ready daemon's healthcheck is what is tested here, not the start.
+	if !testutil.Eventually(10*time.Second, func() bool { return daemontest.Readyz(admin) }) {
+		t.Fatal("/readyz not 200 within 10 s")
+	}
 	want(0, "healthcheck", "--set", "http.addr="+admin)
 	want(0, "completion", "bash")
 	stop(d, syscall.SIGTERM)
