@@ -33,7 +33,7 @@ import (
 // PollInterval is how often a daemon reads the rules again. A change made
 // through a daemon is answered only after twice this, so every live
 // daemon holds it by then (Control).
-const PollInterval = 250 * time.Millisecond
+const PollInterval = time.Second
 
 // heldEvery is how often the Gate reads what each rule holds, for the
 // metrics and the console.
@@ -41,7 +41,7 @@ const heldEvery = 2 * time.Second
 
 // strayEvery is how often the Gate looks for parked envelopes no pause
 // holds and no list names (ReleaseStrays).
-const strayEvery = 30 * time.Second
+const strayEvery = 5 * time.Minute
 
 // retryUnread is how long an envelope waits when its rule's state cannot
 // be read (Redis failing): given back, not an attempt, rather than sent
