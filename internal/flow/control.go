@@ -90,14 +90,22 @@ func (c *Control) Resume(ctx context.Context, pattern string) (existed bool, rel
 }
 
 // release removes pattern's rule with remove, which releases what the rule
-// held, and wakes every shard's owner once every daemon holds the change:
-// one that still had the rule would hold a released envelope again.
+// held, and wakes every shard's owner: once at once (this daemon's Gate
+// reads the change first; a daemon that has not, parks again what it
+// claims, which its next reading releases), and again once every daemon
+// holds the change.
 func (c *Control) release(ctx context.Context, pattern string,
 	remove func(context.Context, string) (bool, int, error)) (existed bool, released int, err error) {
 	if err := CheckPattern(pattern); err != nil {
 		return false, 0, err
 	}
 	existed, released, err = remove(ctx, pattern)
+	if err == nil && c.gate != nil {
+		err = c.gate.Refresh(ctx)
+	}
+	if released > 0 {
+		c.wake()
+	}
 	if err == nil {
 		_, err = c.changed(ctx, pattern)
 	}
@@ -105,26 +113,6 @@ func (c *Control) release(ctx context.Context, pattern string,
 		c.wake()
 	}
 	return existed, released, err
-}
-
-// Statuses reads every rule, and what it holds, from Redis.
-func (c *Control) Statuses(ctx context.Context) ([]Status, error) {
-	r, err := c.st.FlowRules(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var ps []string
-	for _, l := range r.Limits {
-		ps = append(ps, l.Pattern)
-	}
-	for p := range r.Paused {
-		ps = append(ps, p)
-	}
-	held, err := c.st.Held(ctx, ps)
-	if err != nil {
-		return nil, err
-	}
-	return Statuses(r, held), nil
 }
 
 // changed makes this daemon's Gate read the rules now, waits until every
@@ -150,4 +138,24 @@ func (c *Control) changed(ctx context.Context, pattern string) (Status, error) {
 		}
 	}
 	return Status{Pattern: pattern}, nil
+}
+
+// Statuses reads every rule, and what it holds, from Redis.
+func (c *Control) Statuses(ctx context.Context) ([]Status, error) {
+	r, err := c.st.FlowRules(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ps []string
+	for _, l := range r.Limits {
+		ps = append(ps, l.Pattern)
+	}
+	for p := range r.Paused {
+		ps = append(ps, p)
+	}
+	held, err := c.st.Held(ctx, ps)
+	if err != nil {
+		return nil, err
+	}
+	return Statuses(r, held), nil
 }
