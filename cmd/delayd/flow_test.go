@@ -89,6 +89,10 @@ func TestLimitHoldsAHerdFleetWide(t *testing.T) {
 	if n := other.Count(); n != beside {
 		t.Errorf("%d of %d unlimited envelopes delivered", n, beside)
 	}
+	// Held envelopes went through the claim and settle budgets like any:
+	// both daemons' are back at 0.
+	daemontest.Quiet(t, e, c1, mail, other)
+	daemontest.Quiet(t, e, c2)
 	out := cli("limits", "--json")
 	var rules []client.FlowRule
 	if err := json.Unmarshal([]byte(out), &rules); err != nil || len(rules) != 1 || rules[0].Rate != "200/s" || rules[0].Burst != 10 {
