@@ -57,14 +57,10 @@ func TestRateWithASpaceIsABadRule(t *testing.T) {
 	c := NewControl(st, nil, nil)
 	c.settle = time.Millisecond
 	_, err := c.SetLimit(context.Background(), "orders.>", " 5/s", 1)
-	if err != nil && !errorsIsBadRule(err) {
+	if err != nil && !errors.Is(err, ErrBadRule) {
 		t.Fatalf("SetLimit(\" 5/s\"): %v: not ErrBadRule, so answered 503 store unavailable", err)
 	}
 }
-
-func errorsIsBadRule(err error) bool { return errorsIs(err, ErrBadRule) }
-
-var errorsIs = errors.Is
 
 // slowResume is the real store, with an operator's pause of "b.>" landing
 // while the Refresh's resume of "a.>" runs (a big ledger takes seconds).
