@@ -65,7 +65,9 @@ func exportedMetrics(t *testing.T) []string {
 	}()
 	defer func() { cancel(); <-done }()
 	var names []string
-	testutil.Wait(t, 10*time.Second, "the first sample exports delayd_shards_unowned", func() bool {
+	// The sample sets the owners' gauge before the flow gauges: wait for
+	// both, or a scrape between them misses the flow metrics.
+	testutil.Wait(t, 10*time.Second, "the first sample exports delayd_shards_unowned and delayd_flow_rate", func() bool {
 		fams, err := m.Registry.Gather()
 		if err != nil {
 			t.Fatal(err)
@@ -78,7 +80,7 @@ func exportedMetrics(t *testing.T) []string {
 				names = append(names, n+"_bucket", n+"_sum", n+"_count")
 			}
 		}
-		return slices.Contains(names, "delayd_shards_unowned")
+		return slices.Contains(names, "delayd_shards_unowned") && slices.Contains(names, "delayd_flow_rate")
 	})
 	return names
 }

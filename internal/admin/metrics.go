@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,6 +62,7 @@ type Metrics struct {
 	flowRate    *prometheus.GaugeVec
 	flowPaused  *prometheus.GaugeVec
 	flowSource  func() []flow.Status
+	flowSet     map[flowSeries]bool // the series the last sample set
 }
 
 // opSample labels the failed Redis calls of the gauges' sampling (sample.go).
@@ -266,29 +268,44 @@ func (m *Metrics) Allowed(pattern string, waited time.Duration) {
 }
 
 // sampleFlow sets the fleet-wide flow gauges (the reporter's), or clears
-// them.
+// them. A series is deleted only after the new ones are set, and only if
+// this sample did not set it again: a scrape between a Reset and the Sets
+// would see no flow metrics at all (CI caught the dashboard test doing so).
 func (m *Metrics) sampleFlow(reporter bool) {
-	for _, v := range []*prometheus.GaugeVec{m.flowHeld, m.flowBacklog, m.flowRate, m.flowPaused} {
-		v.Reset()
+	now := map[flowSeries]bool{}
+	set := func(v *prometheus.GaugeVec, x float64, labels ...string) {
+		v.WithLabelValues(labels...).Set(x)
+		now[flowSeries{v, strings.Join(labels, "\x00")}] = true
 	}
-	if !reporter || m.flowSource == nil {
-		return
+	if reporter && m.flowSource != nil {
+		for _, st := range m.flowSource() {
+			if st.Rate != "" {
+				set(m.flowHeld, float64(st.Limited), st.Pattern, "limit")
+				set(m.flowRate, float64(st.FlowHeld.Rate), st.Pattern)
+			}
+			if !st.PausedSince.IsZero() {
+				set(m.flowHeld, float64(st.Parked), st.Pattern, "pause")
+				set(m.flowPaused, time.Since(st.PausedSince).Seconds(), st.Pattern)
+			}
+			drain := st.Drain().Seconds()
+			if st.Drain() == time.Duration(math.MaxInt64) {
+				drain = math.Inf(1)
+			}
+			set(m.flowBacklog, drain, st.Pattern)
+		}
 	}
-	for _, st := range m.flowSource() {
-		if st.Rate != "" {
-			m.flowHeld.WithLabelValues(st.Pattern, "limit").Set(float64(st.Limited))
-			m.flowRate.WithLabelValues(st.Pattern).Set(float64(st.FlowHeld.Rate))
+	for s := range m.flowSet {
+		if !now[s] {
+			s.vec.DeleteLabelValues(strings.Split(s.labels, "\x00")...)
 		}
-		if !st.PausedSince.IsZero() {
-			m.flowHeld.WithLabelValues(st.Pattern, "pause").Set(float64(st.Parked))
-			m.flowPaused.WithLabelValues(st.Pattern).Set(time.Since(st.PausedSince).Seconds())
-		}
-		drain := st.Drain().Seconds()
-		if st.Drain() == time.Duration(math.MaxInt64) {
-			drain = math.Inf(1)
-		}
-		m.flowBacklog.WithLabelValues(st.Pattern).Set(drain)
 	}
+	m.flowSet = now
+}
+
+// flowSeries names one series of a flow gauge, to delete it once gone.
+type flowSeries struct {
+	vec    *prometheus.GaugeVec
+	labels string
 }
 
 // Received counts one schedule request by its protocol code (0 = stored).

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/delayd/delayd/internal/envelope"
+	"github.com/delayd/delayd/internal/flow"
 	"github.com/delayd/delayd/internal/scanner"
 )
 
@@ -121,5 +122,62 @@ func TestHeldBytesGauges(t *testing.T) {
 		if got[name] != v {
 			t.Errorf("%s = %v, want %v", name, got[name], v)
 		}
+	}
+}
+
+// A scrape while the reporter samples sees the flow gauges every time:
+// they used to be Reset and then set again, and a scrape between the two
+// (CI's dashboard test did one) found no flow metric at all. A pattern no
+// longer reported is still removed.
+func TestFlowGaugesNeverGoMissing(t *testing.T) {
+	m := NewMetrics("test", "all")
+	patterns := []flow.Status{{Pattern: "a.>", Rate: "1/s", Burst: 1, PausedSince: time.Now()}}
+	m.WatchFlow(func() []flow.Status { return patterns })
+	m.sampleFlow(true)
+	series := func(name string) int {
+		fams, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == name {
+				return len(f.GetMetric())
+			}
+		}
+		return 0
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 2000 {
+			m.sampleFlow(true)
+		}
+	}()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		for _, name := range []string{"delayd_flow_rate", "delayd_flow_paused_seconds", "delayd_flow_drain_seconds"} {
+			if n := series(name); n != 1 {
+				t.Fatalf("a scrape during sampling saw %d series of %s, want 1", n, name)
+			}
+		}
+	}
+	if n := series("delayd_flow_held_envelopes"); n != 2 {
+		t.Fatalf("%d held series, want 2 (limit and pause)", n)
+	}
+	patterns = []flow.Status{{Pattern: "b.>", Rate: "2/s", Burst: 1}}
+	m.sampleFlow(true)
+	if n := series("delayd_flow_paused_seconds"); n != 0 {
+		t.Fatalf("the pause of a.> still exported (%d series)", n)
+	}
+	if n := series("delayd_flow_held_envelopes"); n != 1 {
+		t.Fatalf("%d held series after a.> left, want 1 (b.>'s limit)", n)
+	}
+	m.sampleFlow(false)
+	if n := series("delayd_flow_rate"); n != 0 {
+		t.Fatalf("a daemon no longer the reporter still exports %d rate series", n)
 	}
 }
