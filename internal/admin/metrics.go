@@ -258,14 +258,19 @@ func (m *Metrics) WatchFlow(statuses func() []flow.Status) { m.flowSource = stat
 
 // Held counts n envelopes held back by the rule on pattern (flow.Observer).
 func (m *Metrics) Held(pattern, reason string, n int) {
-	m.flowHolds.WithLabelValues(pattern, reason).Add(float64(n))
+	m.flowHolds.WithLabelValues(label(pattern), reason).Add(float64(n))
 }
 
 // Allowed records a delivery a limit let go, waited after its due time
 // (flow.Observer).
 func (m *Metrics) Allowed(pattern string, waited time.Duration) {
-	m.flowWait.WithLabelValues(pattern).Observe(waited.Seconds())
+	m.flowWait.WithLabelValues(label(pattern)).Observe(waited.Seconds())
 }
+
+// label makes a pattern a label value Prometheus takes: one not UTF-8
+// (the rules refuse those, but a panic here would stop the daemon) gets
+// U+FFFD for its bad bytes.
+func label(pattern string) string { return strings.ToValidUTF8(pattern, "\uFFFD") }
 
 // sampleFlow sets the fleet-wide flow gauges (the reporter's), or clears
 // them. A series is deleted only after the new ones are set, and only if
@@ -274,6 +279,7 @@ func (m *Metrics) Allowed(pattern string, waited time.Duration) {
 func (m *Metrics) sampleFlow(reporter bool) {
 	now := map[flowSeries]bool{}
 	set := func(v *prometheus.GaugeVec, x float64, labels ...string) {
+		labels[0] = label(labels[0])
 		v.WithLabelValues(labels...).Set(x)
 		now[flowSeries{v, strings.Join(labels, "\x00")}] = true
 	}

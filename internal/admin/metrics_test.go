@@ -181,3 +181,17 @@ func TestFlowGaugesNeverGoMissing(t *testing.T) {
 		t.Fatalf("a daemon no longer the reporter still exports %d rate series", n)
 	}
 }
+
+// A pattern that is not UTF-8 (the rules refuse one, but a hand-written
+// field got through) is no panic: every daemon crashed in turn on one as
+// the metrics' reporter.
+func TestFlowLabelsNotUTF8(t *testing.T) {
+	m := NewMetrics("test", "all")
+	m.Held("\xff.x", "limit", 1)
+	m.Allowed("caf\xe9.x", time.Millisecond)
+	m.WatchFlow(func() []flow.Status { return []flow.Status{{Pattern: "\xff.x", Rate: "1/s", Burst: 1}} })
+	m.sampleFlow(true)
+	if _, err := m.Registry.Gather(); err != nil {
+		t.Fatal(err)
+	}
+}

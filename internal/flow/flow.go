@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -68,7 +69,7 @@ func ParseRate(s string) (int64, error) {
 	n, unit, ok := strings.Cut(s, "/")
 	per := map[string]int64{"s": 1e6, "m": 60e6, "h": 3600e6}[unit]
 	count, err := strconv.ParseInt(n, 10, 64)
-	if !ok || per == 0 || err != nil || count < 1 {
+	if !ok || per == 0 || err != nil || count < 1 || n[0] < '0' || n[0] > '9' {
 		return 0, fmt.Errorf("%w: rate %q: want a whole number of deliveries per s, m or h, such as 500/s, 30/m or 10/h", ErrBadRule, s)
 	}
 	if count > MaxRate*per/1e6 {
@@ -82,6 +83,10 @@ func CheckPattern(p string) error {
 	switch {
 	case len(p) > MaxPattern:
 		return fmt.Errorf("%w: pattern of %d bytes: at most %d", ErrBadRule, len(p), MaxPattern)
+	case !utf8.ValidString(p):
+		// A metric label must be UTF-8: such a pattern in the rules made
+		// the metrics panic, on every daemon in turn (found by review).
+		return fmt.Errorf("%w: pattern %q is not UTF-8", ErrBadRule, p)
 	case !envelope.ValidPattern(p):
 		return fmt.Errorf("%w: %q is not a subject pattern (tokens separated by dots, * for one token, > for the rest)", ErrBadRule, p)
 	}

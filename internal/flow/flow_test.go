@@ -198,7 +198,7 @@ func TestParseRateAndLimit(t *testing.T) {
 			t.Errorf("ParseRate(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "500", "0/s", "-1/s", "1.5/s", "5/d", "2000000/s", "x/s", "500/ s"} {
+	for _, bad := range []string{"", "500", "0/s", "-1/s", "1.5/s", "5/d", "2000000/s", "x/s", "500/ s", "+3/s"} {
 		if _, err := ParseRate(bad); !errors.Is(err, ErrBadRule) {
 			t.Errorf("ParseRate(%q): %v, want a bad rule", bad, err)
 		}
@@ -209,7 +209,7 @@ func TestParseRateAndLimit(t *testing.T) {
 	if _, _, b, err := ParseLimit("mail.send 14/s"); err != nil || b != 1 {
 		t.Errorf("a burst defaults to 1: %d %v", b, err)
 	}
-	for _, bad := range []string{"orders.>", "orders.> 5/s 0", "orders.> 5/s x", "a..b 5/s", "a 5/s 1 2", strings.Repeat("a", 300) + " 1/s"} {
+	for _, bad := range []string{"orders.>", "orders.> 5/s 0", "orders.> 5/s x", "a..b 5/s", "a 5/s 1 2", strings.Repeat("a", 300) + " 1/s", "caf\xe9.x 1/s"} {
 		if _, _, _, err := ParseLimit(bad); err == nil {
 			t.Errorf("ParseLimit(%q) accepted", bad)
 		}

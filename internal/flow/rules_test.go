@@ -109,3 +109,30 @@ func TestLeftoverReleaseKeepsANewPause(t *testing.T) {
 		t.Fatalf("the operator's pause of b.> is gone: %+v", rules)
 	}
 }
+
+// TestPatternNotUTF8IsABadRule (found by review): a limit on a pattern
+// that is not UTF-8, set by hand in Redis (or through the config before
+// CheckPattern refused it), crashed the metrics' reporter of every daemon
+// in turn. It is left out of the rules, with the rest standing.
+func TestPatternNotUTF8IsABadRule(t *testing.T) {
+	t.Parallel()
+	r := testutil.StartRedis(t)
+	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "flowrev", 4)
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	rc := r.Client()
+	defer rc.Close()
+	if err := rc.HSet(ctx, "{flowrev:flow}", "limit:\xff.x", "1/s 1000000 1", "limit:ok.x", "1/s 1000000 1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := st.FlowRules(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules.Limits) != 1 || rules.Limits[0].Pattern != "ok.x" || len(rules.Bad) != 1 {
+		t.Fatalf("rules %+v, want ok.x and one bad field", rules)
+	}
+	if _, err := NewControl(st, nil, nil).SetLimit(ctx, "caf\xe9.x", "1/s", 1); !errors.Is(err, ErrBadRule) {
+		t.Fatalf("SetLimit on a pattern not UTF-8: %v, want a bad rule", err)
+	}
+}

@@ -1,29 +1,36 @@
 -- reserve gives delivery slots under one rate limit (Reserve, flow.go):
 -- GCRA, one slot per envelope, decided once. KEYS[1] is the limit's
--- theoretical arrival time (a string, µs), KEYS[2] its ledger (ZSET id →
--- slot ms) of the envelopes held for a slot not reached yet, KEYS[3] its
--- count of deliveries let go (HASH: s, the current second; n, its count;
--- p, the count of the second before it), for the operator's current
--- rate, KEYS[4] the rules (HASH, flow.go), all of one hash tag. ARGV[1]
--- is the limit's field there ("limit:<pattern>": "<rate> <interval µs>
--- <burst>"), then pairs of id and due ms.
+-- state (a string "<tat µs> <sent µs> <shift ms>", below), KEYS[2] its
+-- ledger (ZSET id -> slot ms - shift) of the envelopes held for a slot,
+-- KEYS[3] its count of deliveries let go (HASH: s, the current second; n,
+-- its count; p, the count of the second before it), for the operator's
+-- current rate, KEYS[4] the rules (HASH, flow.go), all of one hash tag.
+-- ARGV[1] is the limit's field there ("limit:<pattern>": "<rate>
+-- <interval µs> <burst>"), then pairs of id and due ms, in due order.
 -- The rule is read here, so a change or a removal reaches every daemon's
 -- next slot at once: with the rule gone every id goes now, and nothing
 -- is written.
--- An id in the ledger gets the slot it was given (and leaves the ledger
--- once it is reached): a held envelope claimed again at its slot is not
--- slotted twice, so a herd of N costs O(N). A ledger slot before the id's
--- due time, or more than 5 s past, was not given for this claim (a
--- replaced version's, or one held by a pause meanwhile): the id gets a
--- new one. A new slot is the first GCRA allows: max(now, tat - (burst -
--- 1) x interval), and tat moves on by one interval; one later than now
--- goes into the ledger, whose marker ("slotted:<pattern>" in the rules)
--- tells the daemons to release it should the rule go. Ledger entries an
--- hour past their slot are dropped.
+-- Two GCRA clocks: tat, the slots given (a new slot is the first it
+-- allows: max(now, tat - (burst - 1) x interval), and tat moves on by one
+-- interval); sent, the deliveries let go. A slot is when an envelope may
+-- go, but it goes only when claimed, and a claim can come late: after a
+-- crash or a stall, or while a herd at one due time is still being
+-- claimed when its first slots pass. Late slots sent at once would break
+-- the rate, so a slot that has come goes only if sent allows it (with
+-- slack for a claim's own few ms); if not, that envelope and every slot
+-- after it move on together by the same amount (shift), which keeps both
+-- the rate and the due order. So the ledger keeps slot - shift, and an
+-- id's slot is its ledger score + shift: the ones moved are held again
+-- when claimed at their old slot (once per such move, still O(N)).
+-- An id in the ledger gets its slot (and leaves the ledger once it goes);
+-- a slot before the id's due time was a replaced version's: the id gets
+-- a new one. One held goes into the ledger, whose marker
+-- ("slotted:<pattern>" in the rules) tells the daemons to release it
+-- should the rule go. Ledger entries an hour past their slot are dropped.
 -- Returns {now ms, then per id its slot ms (now or earlier: deliver now)}.
 -- Without the shard prelude. Allowed over maxmemory: it holds envelopes
 -- back, and their deliveries are what frees memory.
-local tatKey, ledger, counts, rules = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local state, ledger, counts, rules = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local t = redis.call('TIME')
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(nowus / 1000)
@@ -37,8 +44,17 @@ if not interval or interval <= 0 or not burst or burst < 1 then
   return out
 end
 local tolerance = (burst - 1) * interval
-local tat = math.max(tonumber(redis.call('GET', tatKey)) or 0, nowus)
-redis.call('ZREMRANGEBYSCORE', ledger, '-inf', string.format('(%d', now - 3600000))
+-- How late in µs a delivery may go after the one before without counting
+-- as bunched: the spread of claims' own lateness.
+local slack = 10000
+local tat, sent, shift = 0, 0, 0
+local st = redis.call('GET', state)
+if st then
+  local a, b, c = string.match(st, '^(%d+) (%d+) (%d+)$')
+  tat, sent, shift = tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
+end
+tat = math.max(tat, nowus)
+redis.call('ZREMRANGEBYSCORE', ledger, '-inf', string.format('(%d', now - shift - 3600000))
 local ids = {}
 for i = 2, #ARGV, 2 do ids[#ids+1] = ARGV[i] end
 local have = {}
@@ -46,35 +62,54 @@ for i = 1, #ids, 512 do
   local part = redis.call('ZMSCORE', ledger, unpack(ids, i, math.min(i + 511, #ids)))
   for j = 1, #part do have[#have+1] = part[j] end
 end
-local held, granted, moved, going = {}, {}, false, 0
+-- go: whether a delivery now fits the deliveries let go so far, and if
+-- so counts it; otherwise the first moment one fits (µs).
+local function go()
+  local fits = sent - tolerance - slack
+  if fits <= nowus then
+    sent = math.max(sent, nowus) + interval
+    return true
+  end
+  return false, fits
+end
+local held, granted, going = {}, {}, 0
 for i, id in ipairs(ids) do
-  local given, due = tonumber(have[i]), tonumber(ARGV[2 * i + 1]) or 0
-  if given and given >= due and given >= now - 5000 then
-    out[#out+1] = given
-    if given <= now then
-      granted[#granted+1] = id
-      going = going + 1
+  local base, due = tonumber(have[i]), tonumber(ARGV[2 * i + 1]) or 0
+  local slot = base and base + shift
+  if slot and slot >= due then
+    if slot > now then
+      out[#out+1] = slot
+    else
+      local ok, fits = go()
+      if ok then
+        out[#out+1] = slot
+        granted[#granted+1] = id
+        going = going + 1
+      else
+        local ms = math.ceil(fits / 1000)
+        shift, tat = shift + ms - slot, tat + (ms - slot) * 1000
+        out[#out+1] = ms
+      end
     end
   else
-    local slot = math.max(nowus, tat - tolerance)
-    tat, moved = math.max(tat, slot) + interval, true
+    local us = math.max(nowus, tat - tolerance, sent - tolerance - slack)
+    tat = math.max(tat, us) + interval
     -- In whole ms, rounded up: never before the slot.
     local ms = now
-    if slot > nowus then ms = math.ceil(slot / 1000) end
-    out[#out+1] = ms
-    if ms > now then
-      held[#held+1] = ms
-      held[#held+1] = id
-    else
+    if us > nowus then ms = math.ceil(us / 1000) end
+    if ms <= now and go() then
+      out[#out+1] = now
       going = going + 1
-      if given then granted[#granted+1] = id end
+      if base then granted[#granted+1] = id end
+    else
+      ms = math.max(ms, now + 1)
+      out[#out+1] = ms
+      held[#held+1] = ms - shift
+      held[#held+1] = id
     end
   end
 end
-if moved then
-  -- Kept while it holds anything back, and a minute beyond.
-  redis.call('SET', tatKey, string.format('%d', tat), 'PX', math.floor((tat - nowus) / 1000) + 60000)
-end
+redis.call('SET', state, string.format('%d %d %d', tat, sent, shift))
 if #held > 0 then
   redis.call('HSET', rules, 'slotted:' .. string.sub(ARGV[1], 7), '1')
   for i = 1, #held, 512 do redis.call('ZADD', ledger, unpack(held, i, math.min(i + 511, #held))) end
