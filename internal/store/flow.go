@@ -128,17 +128,61 @@ func parseLimit(v string) (Limit, bool) {
 }
 
 // SetLimit sets (or changes) the limit on l.Pattern: every daemon's next
-// slot of it follows the new rate. Envelopes already held keep their
-// slots.
+// slot of it follows the new rate. A change re-paces what the old one
+// held: those envelopes are put back in due, in their order, to get new
+// slots at the new rate (raising a limit is how an operator drains its
+// backlog sooner; kept, the old slots would hold even new envelopes
+// behind them at the old pace).
 func (s *Store) SetLimit(ctx context.Context, l Limit) error {
 	v := fmt.Sprintf("%s %d %d", l.Rate, l.IntervalUs, l.Burst)
 	if _, ok := parseLimit(v); !ok {
 		return fmt.Errorf("store: limit %q: bad rate %q, interval %d µs or burst %d", l.Pattern, l.Rate, l.IntervalUs, l.Burst)
 	}
-	if err := s.rdb.HSet(ctx, flowKey(s.ns), fieldLimit+l.Pattern, v).Err(); err != nil {
+	pipe := s.rdb.TxPipeline()
+	old := pipe.HGet(ctx, flowKey(s.ns), fieldLimit+l.Pattern)
+	pipe.HSet(ctx, flowKey(s.ns), fieldLimit+l.Pattern, v)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("store: set limit: %w", err)
 	}
+	if was := old.Val(); was == "" || was == v {
+		return nil
+	}
+	st, err := s.limitState(ctx, l.Pattern)
+	if err == nil {
+		err = s.rdb.Del(ctx, s.flowKeys("tat", l.Pattern)).Err()
+	}
+	if err == nil {
+		from, to, ferr := s.slottedMoves(ctx, l.Pattern, st)
+		if err = ferr; err == nil {
+			_, _, err = s.releaseLedger(ctx, s.flowKeys("slots", l.Pattern), "", from, to)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("store: set limit: re-pacing what the old one held: %w", err)
+	}
 	return nil
+}
+
+// slottedMoves are where a release finds the envelopes of a limit's
+// ledger (slot - shift, reserve.lua: one held since the last shift; one
+// held before it is left where it was held, and goes out then) and where
+// it puts them: due in the last ms before now, one ms apart in ledger
+// order, so that they are claimed again in the order of their slots
+// (their due order), not all at one score in id order.
+func (s *Store) slottedMoves(ctx context.Context, pattern string, st limitState) (from, to func(int64) int64, err error) {
+	pipe := s.rdb.Pipeline()
+	now := pipe.Time(ctx)
+	n := pipe.ZCard(ctx, s.flowKeys("slots", pattern))
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, nil, fmt.Errorf("store: ledger: %w", err)
+	}
+	next := now.Val().UnixMilli() - n.Val()
+	from = func(score int64) int64 { return score + st.shiftMs }
+	to = func(int64) int64 {
+		next++
+		return next - 1
+	}
+	return from, to, nil
 }
 
 // RemoveLimit removes the limit on pattern, and makes the envelopes it
@@ -216,22 +260,16 @@ func (s *Store) release(ctx context.Context, marker, pattern string) (int, error
 		if err != nil || in {
 			return total, err
 		}
-		now, err := s.redisNowMs(ctx)
-		if err != nil {
-			return total, err
-		}
 		from := func(score int64) int64 { return score }
 		to := func(score int64) int64 { return score - ParkedBase }
 		if marker == fieldSlotted {
-			// A ledger keeps slot - shift (reserve.lua): an envelope held
-			// at its slot since the last shift is where this finds it; one
-			// held before it is left where it was held, and goes out then.
 			st, err := s.limitState(ctx, pattern)
+			if err == nil {
+				from, to, err = s.slottedMoves(ctx, pattern, st)
+			}
 			if err != nil {
 				return total, err
 			}
-			from = func(score int64) int64 { return score + st.shiftMs }
-			to = func(int64) int64 { return now }
 		}
 		moved, empty, err := s.releaseLedger(ctx, ledger, rule+pattern, from, to)
 		total += moved
@@ -265,17 +303,20 @@ func (s *Store) release(ctx context.Context, marker, pattern string) (int, error
 	}
 }
 
-// releaseLedger puts the envelopes of a ledger (id → the due score it
-// was held at) back in due at to(score), page by page, and takes them off
-// it, unless the rule (its field in flowKey) is set again meanwhile: what
+// releaseLedger puts the envelopes of a ledger (id → score; held at
+// from(score)) back in due at to(that), page by page, and takes them off
+// it, unless the rule (its field in flowKey; "" for none) is set again meanwhile: what
 // a new pause lists then is its own. One in flight stays listed: the
 // daemon that holds it may have listed it before its hold is written. It
 // returns how many it moved, and whether the ledger is empty.
 func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, from, to func(int64) int64) (int, bool, error) {
 	total, offset := 0, int64(0)
 	for {
-		if again, err := s.rdb.HExists(ctx, flowKey(s.ns), rule).Result(); err != nil || again {
-			return total, false, err
+		if rule != "" { // "": a re-pace, under the rule in force
+			again, err := s.rdb.HExists(ctx, flowKey(s.ns), rule).Result()
+			if err != nil || again {
+				return total, false, err
+			}
 		}
 		zs, err := s.rdb.ZRangeWithScores(ctx, ledger, offset, offset+999).Result()
 		if err != nil || len(zs) == 0 {

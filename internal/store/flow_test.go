@@ -578,3 +578,60 @@ func TestLateClaimsKeepTheRateAndTheOrder(t *testing.T) {
 		t.Fatalf("after the limit went: %d claimed, want %d", len(got), len(late)-going)
 	}
 }
+
+// TestChangingALimitRepacesWhatItHeld (found by review): raising a limit
+// did not help its backlog, nor new envelopes, which queued behind the
+// old slots at the old pace (3 h at 1/h, then 100/s). A change puts what
+// the old rate held back in due, in slot order, for new slots; the same
+// rule set again (targets.limits at every start) changes nothing.
+func TestChangingALimitRepacesWhatItHeld(t *testing.T) {
+	t.Parallel()
+	s, l := hourlyLimit(t, "slow")
+	ctx := context.Background()
+	ids := []string{"a", "b", "c"}
+	for _, id := range ids {
+		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1000, Data: enc(id)})
+	}
+	got := claimAll(t, s, time.Minute)
+	now, slots, err := s.Reserve(ctx, l, ids, make([]int64, len(ids)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byShard := map[int][]Settle{}
+	for i, id := range ids {
+		st := Settle{ID: id, Token: got[id].Token, Outcome: Hold, HoldUntilMs: slots[i]}
+		if slots[i] <= now {
+			st.Outcome = Delivered
+		}
+		byShard[s.Shard(id)] = append(byShard[s.Shard(id)], st)
+	}
+	if _, err := s.Ack(ctx, byShard, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(claimAll(t, s, time.Minute)); n != 0 {
+		t.Fatalf("the same rule set again released %d", n)
+	}
+	fast := Limit{Pattern: "slow", Rate: "100/s", IntervalUs: 10_000, Burst: 1}
+	if err := s.SetLimit(ctx, fast); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := s.Get(ctx, "b")
+	c, _ := s.Get(ctx, "c")
+	if b.DueMs >= c.DueMs || c.DueMs > now+1000 {
+		t.Fatalf("re-paced: b due %d, c due %d (now %d): want both due now, b first", b.DueMs, c.DueMs, now)
+	}
+	got = claimAll(t, s, time.Minute)
+	if len(got) != 2 {
+		t.Fatalf("after the limit was raised: %d claimed, want 2", len(got))
+	}
+	now, slots, err = s.Reserve(ctx, fast, ids[1:], make([]int64, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slots[0] > now || slots[1] > now+11 {
+		t.Fatalf("new slots %v (now %d): want b now and c 10 ms on", slots, now)
+	}
+}
