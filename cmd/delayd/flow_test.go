@@ -144,6 +144,10 @@ func TestPauseHoldsAndResumeReleases(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &entry); err != nil || entry.State != "paused" {
 		t.Fatalf("a paused envelope reads %s (%v), want state paused", out, err)
 	}
+	// The table shows it too (the review found only --json did).
+	if out := cli("list", "--target", "orders.*", "--limit", "5"); !strings.Contains(out, "STATE") || !strings.Contains(out, " paused ") {
+		t.Fatalf("delayd list shows no paused state:\n%s", out)
+	}
 	var st client.Stats
 	if err := json.Unmarshal([]byte(cli("stats", "--json")), &st); err != nil || len(st.Flow) != 1 || st.Flow[0].Parked != n ||
 		st.Flow[0].PausedSince == "" {

@@ -120,8 +120,9 @@ func showPage(ctx context.Context, cmd *cli.Command, o cliIO, r client.ListReque
 				return fmt.Sprintf("%s\t%s\t%s\t%d\t%s", e.ID, fixedTime(e.Due), e.Target, e.Attempts, e.Error)
 			})
 		}
-		return printPage(o.stdout, page, "ID\tDUE\tTARGET\tSIZE\tATTEMPTS\tSHARD", func(e client.Entry) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%d\t%d\t%d", e.ID, fixedTime(e.Due), e.Target, e.Size, e.Attempts, e.Shard)
+		// STATE: pending, or paused (held by a pause; listed last).
+		return printPage(o.stdout, page, "ID\tDUE\tSTATE\tTARGET\tSIZE\tATTEMPTS\tSHARD", func(e client.Entry) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%d", e.ID, fixedTime(e.Due), e.State, e.Target, e.Size, e.Attempts, e.Shard)
 		})
 	})
 }
