@@ -529,64 +529,119 @@ func (s *Store) redisNowMs(ctx context.Context) (int64, error) {
 	return t.UnixMilli(), nil
 }
 
-// strayPage bounds the parked envelopes a shard's sweep reads at once.
-const strayPage = 200
+// strayPage bounds the parked ids a sweep reads from one shard, or from
+// one list, at once.
+const strayPage = 1000
 
 // ReleaseStrays finds parked envelopes (due at ParkedBase or later) of
 // every shard that keep (given the stored envelope) says no pause holds
 // any more, and puts them back at their due times: a safety net for what
 // no list names (a failover of the rules' Redis master that lost a
-// listing its hold outlived; the rules hash deleted by hand). It costs
-// one pipeline of one range read a shard while nothing is parked. It
-// returns how many it released.
+// listing its hold outlived; the rules hash deleted by hand). It pages
+// through every parked id, and reads the stored envelope only of those no
+// pause's list names, so a long pause costs id reads, not payloads. It
+// costs one pipeline of one range read a shard while nothing is parked.
+// It returns how many it released.
 func (s *Store) ReleaseStrays(ctx context.Context, keep func(data []byte) bool) (int, error) {
-	pipe := s.rdb.Pipeline()
-	pages := make([]*redis.ZSliceCmd, s.shards)
-	for sh := range s.shards {
-		pages[sh] = pipe.ZRangeByScoreWithScores(ctx, s.keys[sh].due, &redis.ZRangeBy{Min: strconv.FormatInt(ParkedBase, 10),
-			Max: "+inf", Count: strayPage})
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, fmt.Errorf("store: strays: %w", err)
-	}
-	var calls []releaseArgs
-	for sh, page := range pages {
-		zs := page.Val()
-		if len(zs) == 0 {
-			continue
-		}
-		ids := make([]string, len(zs))
-		for i, z := range zs {
-			ids[i], _ = z.Member.(string)
-		}
-		vals, err := s.rdb.HMGet(ctx, s.keys[sh].data, ids...).Result()
-		if err != nil {
-			return 0, fmt.Errorf("store: strays: %w", err)
-		}
-		var moves []release
-		for i, v := range vals {
-			str, _ := v.(string)
-			if _, _, data := splitValue(str); str == "" || keep(data) {
-				continue
-			}
-			from := int64(zs[i].Score)
-			moves = append(moves, release{id: ids[i], from: from, to: from - ParkedBase})
-		}
-		if len(moves) > 0 {
-			calls = append(calls, releaseArgs{due: s.keys[sh].due, inflight: s.keys[sh].inflight, moves: moves})
-		}
-	}
-	res, err := exec(ctx, s, releaseOp, calls)
+	listed, err := s.listedParked(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("store: strays: %w", err)
+		return 0, err
 	}
 	n := 0
-	for _, r := range res {
-		for _, code := range r.reply {
-			if code == releaseMoved {
-				n++
+	offsets := make([]int64, s.shards)
+	shards := make([]int, s.shards)
+	for sh := range shards {
+		shards[sh] = sh
+	}
+	for len(shards) > 0 {
+		pipe := s.rdb.Pipeline()
+		pages := make([]*redis.ZSliceCmd, len(shards))
+		for i, sh := range shards {
+			pages[i] = pipe.ZRangeByScoreWithScores(ctx, s.keys[sh].due, &redis.ZRangeBy{Min: strconv.FormatInt(ParkedBase, 10),
+				Max: "+inf", Offset: offsets[sh], Count: strayPage})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return n, fmt.Errorf("store: strays: %w", err)
+		}
+		var calls []releaseArgs
+		var callShard, more []int
+		for i, sh := range shards {
+			zs := pages[i].Val()
+			if len(zs) == strayPage {
+				more = append(more, sh)
+			}
+			offsets[sh] += int64(len(zs))
+			var ids []string
+			var from []int64
+			for _, z := range zs {
+				if id, _ := z.Member.(string); !listed[id] {
+					ids, from = append(ids, id), append(from, int64(z.Score))
+				}
+			}
+			if len(ids) == 0 {
+				continue
+			}
+			vals, err := s.rdb.HMGet(ctx, s.keys[sh].data, ids...).Result()
+			if err != nil {
+				return n, fmt.Errorf("store: strays: %w", err)
+			}
+			var moves []release
+			for i, v := range vals {
+				str, _ := v.(string)
+				if _, _, data := splitValue(str); str == "" || keep(data) {
+					continue
+				}
+				moves = append(moves, release{id: ids[i], from: from[i], to: from[i] - ParkedBase})
+			}
+			if len(moves) > 0 {
+				calls = append(calls, releaseArgs{due: s.keys[sh].due, inflight: s.keys[sh].inflight, moves: moves})
+				callShard = append(callShard, sh)
+			}
+		}
+		res, err := exec(ctx, s, releaseOp, calls)
+		if err != nil {
+			return n, fmt.Errorf("store: strays: %w", err)
+		}
+		for i, r := range res {
+			for _, code := range r.reply {
+				if code == releaseMoved {
+					n++
+					offsets[callShard[i]]-- // it left the parked range
+				}
+			}
+		}
+		shards = more
+	}
+	return n, nil
+}
+
+// listedParked is every id a pause's list names (of a pause in force, or
+// one whose resume left its list): those are not strays.
+func (s *Store) listedParked(ctx context.Context) (map[string]bool, error) {
+	rules, err := s.FlowRules(ctx)
+	if err != nil {
+		return nil, err
+	}
+	patterns := slices.Clone(rules.Parked)
+	for p := range rules.Paused {
+		patterns = append(patterns, p)
+	}
+	slices.Sort(patterns)
+	listed := map[string]bool{}
+	for _, p := range slices.Compact(patterns) {
+		for off := int64(0); ; off += strayPage {
+			members, err := s.rdb.ZRange(ctx, s.flowKeys("parked", p), off, off+strayPage-1).Result()
+			if err != nil {
+				return nil, fmt.Errorf("store: strays: %w", err)
+			}
+			for _, m := range members {
+				id, _, _ := strings.Cut(m, listingSep)
+				listed[id] = true
+			}
+			if len(members) < strayPage {
+				break
 			}
 		}
 	}
-	return n, nil
+	return listed, nil
 }

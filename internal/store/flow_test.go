@@ -635,3 +635,76 @@ func TestChangingALimitRepacesWhatItHeld(t *testing.T) {
 		t.Fatalf("new slots %v (now %d): want b now and c 10 ms on", slots, now)
 	}
 }
+
+// TestReleaseStraysPagesAndSkipsListed (found by review): the sweep read
+// only the first 200 parked envelopes of a shard, so a stray parked after
+// them in a long pause was never released; and it read every parked
+// envelope's stored value, payload and all. It now pages through them
+// all, and reads only those no pause's list names.
+func TestReleaseStraysPagesAndSkipsListed(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Pause(ctx, "p.>"); err != nil {
+		t.Fatal(err)
+	}
+	// More listed parked envelopes in each shard than one page, all due
+	// before the stray, which sorts after them.
+	n := strayPage*s.Shards() + 200
+	items := make([]Item, 0, n+1)
+	for i := range n {
+		items = append(items, Item{ID: fmt.Sprint("p", i), Absolute: true, AtMicros: 1000,
+			Data: envelope.Encode(envelope.Envelope{Target: "p.x", Payload: []byte("p")})})
+	}
+	items = append(items, Item{ID: "stray", Absolute: true, AtMicros: 5000, Data: enc("stray")})
+	for i := 0; i < len(items); i += 500 {
+		schedule(t, s, items[i:min(i+500, len(items))]...)
+	}
+	time.Sleep(2 * time.Millisecond) // due times round up to the next ms
+	got := map[string]Claimed{}
+	for all := []int{0, 1, 2, 3}; ; {
+		res, err := s.Claim(ctx, all, ClaimOptions{Batch: 4096, Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := len(got)
+		for _, r := range res {
+			for _, c := range r.Items {
+				got[c.ID] = c
+			}
+		}
+		if len(got) == before {
+			break
+		}
+	}
+	if len(got) != n+1 {
+		t.Fatalf("claimed %d, want %d", len(got), n+1)
+	}
+	var ids []string
+	var dues []int64
+	byShard := map[int][]Settle{}
+	for id, c := range got {
+		if id != "stray" {
+			ids, dues = append(ids, id), append(dues, c.DueMs)
+		}
+		byShard[s.Shard(id)] = append(byShard[s.Shard(id)], Settle{ID: id, Token: c.Token, Outcome: Hold, HoldUntilMs: ParkedBase + c.DueMs})
+	}
+	if err := s.Park(ctx, "p.>", ids, dues, make([]string, len(ids))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Ack(ctx, byShard, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	read := 0
+	released, err := s.ReleaseStrays(ctx, func(data []byte) bool {
+		read++
+		e, err := envelope.Decode(data)
+		return err != nil || e.Target == "p.x"
+	})
+	if err != nil || released != 1 || read != 1 {
+		t.Fatalf("released %d (%v), read %d stored envelopes; want the stray only, and only its value read", released, err, read)
+	}
+	if e, _ := s.Get(ctx, "stray"); e.State != StatePending {
+		t.Fatalf("stray: %+v, want pending", e)
+	}
+}
