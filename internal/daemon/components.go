@@ -34,6 +34,10 @@ func (p *parts) newScanner() {
 		}
 	}
 	p.gate = flow.NewGate(p.st, p.metrics, wakeAll, p.log.Named("flow"))
+	// Written before the Gate's first reading of the rules, which comes
+	// before any delivery it rules on (checked by config.Validate).
+	static, _ := flow.Limits(c.Targets.Limits)
+	p.gate.WriteFirst(static)
 	opts.Gate = p.gate
 	if c.Mode == "intake" {
 		p.flow = flow.NewControl(p.st, nil, wakeAll)
@@ -160,7 +164,8 @@ func (p *parts) background() []component {
 	comps := []component{{"formats", func(ctx context.Context) error {
 		return p.st.RunFormats(ctx, p.id, p.c.Ownership.TTL, p.log.Named("formats"))
 	}}}
-	if len(p.c.Targets.Limits) > 0 {
+	if len(p.c.Targets.Limits) > 0 && p.c.Mode == "intake" {
+		// A delivering daemon's Gate writes them (WriteFirst).
 		comps = append(comps, component{"flow-limits", p.setLimits})
 	}
 	if p.guard != nil {
@@ -190,7 +195,7 @@ func (p *parts) setLimits(ctx context.Context) error {
 	for _, l := range p.c.Targets.Limits {
 		pattern, rate, burst, _ := flow.ParseLimit(l) // checked by config.Validate
 		for {
-			_, err := p.flow.SetLimit(ctx, pattern, rate, burst)
+			err := p.flow.WriteLimit(ctx, pattern, rate, burst)
 			if err == nil {
 				p.log.Info("rate limit set from targets.limits", "pattern", pattern, "rate", rate, "burst", burst)
 				break

@@ -156,6 +156,7 @@ func (r *Rules) pausedBy(target string) (string, bool) {
 // Store is the part of the store the Gate reads and writes.
 type Store interface {
 	FlowRules(ctx context.Context) (store.FlowRules, error)
+	SetLimit(ctx context.Context, l store.Limit) error
 	Reserve(ctx context.Context, l store.Limit, ids []string, dueMs []int64) (int64, []int64, error)
 	Park(ctx context.Context, pattern string, ids []string, dueMs []int64, limits []string) error
 	ReleaseLeftover(ctx context.Context, kind, pattern string) (int, error)
@@ -212,7 +213,16 @@ type Gate struct {
 	badLog  atomic.Bool
 	recent  atomic.Int32 // len(resumed), read without the lock
 	wake    func()
+	// static are the config file's limits (targets.limits), written by
+	// the first Refresh that can: before then no limited target is let
+	// go, so a fresh namespace is limited from the first claim.
+	static      []store.Limit
+	staticWrote atomic.Bool
 }
+
+// WriteFirst makes the Gate write limits (the config file's) to Redis
+// before its first reading of the rules. Call it before Run.
+func (g *Gate) WriteFirst(limits []store.Limit) { g.static = limits }
 
 // NewGate returns a Gate with no rules until Run reads them. wake (may be
 // nil) makes every shard's owner claim now.
@@ -232,6 +242,18 @@ func NewGate(st Store, obs Observer, wake func(), log hclog.Logger) *Gate {
 // in flight then: this releases them, and leaves a rule set again as it
 // is.
 func (g *Gate) Refresh(ctx context.Context) error {
+	if !g.staticWrote.Load() {
+		for _, l := range g.static {
+			if err := g.st.SetLimit(ctx, l); err != nil {
+				return err
+			}
+		}
+		if g.staticWrote.CompareAndSwap(false, true) {
+			for _, l := range g.static {
+				g.log.Info("rate limit set from targets.limits", "pattern", l.Pattern, "rate", l.Rate, "burst", l.Burst)
+			}
+		}
+	}
 	fr, err := g.st.FlowRules(ctx)
 	if err != nil {
 		return err
@@ -554,6 +576,20 @@ func (g *Gate) Statuses() []Status {
 	held := g.held
 	g.mu.Unlock()
 	return Statuses(store.FlowRules{Limits: r.limits, Paused: r.paused}, held)
+}
+
+// Limits reads the config file's limits (each as ParseLimit reads it).
+func Limits(specs []string) ([]store.Limit, error) {
+	out := make([]store.Limit, 0, len(specs))
+	for _, spec := range specs {
+		pattern, rate, burst, err := ParseLimit(spec)
+		if err != nil {
+			return nil, err
+		}
+		interval, _ := ParseRate(rate) // checked by ParseLimit
+		out = append(out, store.Limit{Pattern: pattern, Rate: rate, IntervalUs: interval, Burst: burst})
+	}
+	return out, nil
 }
 
 // ParseLimit reads a limit as the config writes it (targets.limits):

@@ -31,6 +31,7 @@ type fakeStore struct {
 }
 
 func (f *fakeStore) FlowRules(context.Context) (store.FlowRules, error) { return f.rules, f.fail }
+func (f *fakeStore) SetLimit(context.Context, store.Limit) error        { return f.fail }
 func (f *fakeStore) Reserve(_ context.Context, l store.Limit, ids []string, _ []int64) (int64, []int64, error) {
 	if f.fail != nil {
 		return 0, nil, f.fail

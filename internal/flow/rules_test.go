@@ -136,3 +136,37 @@ func TestPatternNotUTF8IsABadRule(t *testing.T) {
 		t.Fatalf("SetLimit on a pattern not UTF-8: %v, want a bad rule", err)
 	}
 }
+
+// TestConfigLimitsHoldFromTheFirstClaim (found by review): the config
+// file's limits were written by a component beside the scanner, 2 s each
+// in turn, so on a fresh namespace a daemon's first deliveries went out
+// unlimited. The Gate now writes them before its first reading of the
+// rules, which comes before it lets any delivery go.
+func TestConfigLimitsHoldFromTheFirstClaim(t *testing.T) {
+	t.Parallel()
+	r := testutil.StartRedis(t)
+	st := store.New(store.NewClient(store.Options{Addrs: []string{r.Addr}}), "flowstatic", 4)
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	static, err := Limits([]string{"cfg.> 1/h", "other.> 5/s 2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := NewGate(st, nil, nil, hclog.NewNullLogger())
+	g.WriteFirst(static)
+	now := time.Now().UnixMilli()
+	decs := g.Admit(ctx, []envelope.Delivery{delivery("a", "cfg.x", now), delivery("b", "cfg.x", now), delivery("c", "cfg.x", now)})
+	went := 0
+	for _, d := range decs {
+		if d.Go() {
+			went++
+		}
+	}
+	if went != 1 {
+		t.Fatalf("%d of 3 went at 1/h on the first claim (decisions %+v), want 1", went, decs)
+	}
+	rules, err := st.FlowRules(ctx)
+	if err != nil || len(rules.Limits) != 2 {
+		t.Fatalf("rules %+v (%v), want both config limits", rules, err)
+	}
+}
