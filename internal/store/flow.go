@@ -448,13 +448,13 @@ func (s *Store) Held(ctx context.Context, patterns []string) (map[string]FlowHel
 	now := pipe.Time(ctx)
 	type cmds struct {
 		limited, parked *redis.IntCmd
-		tat             *redis.StringCmd
+		tat, rule       *redis.StringCmd
 		rate            *redis.SliceCmd
 	}
 	cs := make([]cmds, len(patterns))
 	for i, p := range patterns {
 		cs[i] = cmds{tat: pipe.Get(ctx, s.flowKeys("tat", p)), parked: pipe.ZCard(ctx, s.flowKeys("parked", p)),
-			rate: pipe.HMGet(ctx, s.flowKeys("rate", p), "s", "n", "p")}
+			rate: pipe.HMGet(ctx, s.flowKeys("rate", p), "s", "n", "p"), rule: pipe.HGet(ctx, flowKey(s.ns), fieldLimit+p)}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("store: held: %w", err)
@@ -477,7 +477,10 @@ func (s *Store) Held(ctx context.Context, patterns []string) (map[string]FlowHel
 	for i, p := range patterns {
 		h := FlowHeld{Limited: cs[i].limited.Val(), Parked: cs[i].parked.Val()}
 		if st := states[i]; st.tatUs > 0 {
-			h.BacklogMs = max(st.tatUs/1000-nowMs, 0)
+			// To the last slot given: tat less one interval and the
+			// burst's tolerance (reserve.lua).
+			l, _ := parseLimit(cs[i].rule.Val())
+			h.BacklogMs = max((st.tatUs-int64(l.Burst)*l.IntervalUs)/1000-nowMs, 0)
 		}
 		// The last whole second: n while it is the current one's
 		// predecessor, p once the current second has begun.
