@@ -529,29 +529,7 @@ func TestLateClaimsKeepTheRateAndTheOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := []string{"a", "b", "c", "d", "e"}
-	for _, id := range ids {
-		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1000, Data: enc(id)})
-	}
-	got := claimAll(t, s, time.Minute)
-	now, slots, err := s.Reserve(ctx, l, ids, make([]int64, len(ids)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hold := func(ids []string, slots []int64, now int64) {
-		t.Helper()
-		byShard := map[int][]Settle{}
-		for i, id := range ids {
-			st := Settle{ID: id, Token: got[id].Token, Outcome: Hold, HoldUntilMs: slots[i]}
-			if slots[i] <= now {
-				st.Outcome = Delivered
-			}
-			byShard[s.Shard(id)] = append(byShard[s.Shard(id)], st)
-		}
-		if _, err := s.Ack(ctx, byShard, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hold(ids, slots, now)
+	_, slots, _ := holdUnder(t, s, l, ids)
 	// Every daemon stalls for 2 s: the limit's clocks, its ledger and the
 	// holds all happened 2 s earlier than they did.
 	rc := r.Client()
@@ -561,12 +539,12 @@ func TestLateClaimsKeepTheRateAndTheOrder(t *testing.T) {
 		rc.ZAdd(ctx, s.flowKeys("slots", l.Pattern), redis.Z{Score: float64(slots[i+1] - 2000), Member: id})
 		rc.ZAdd(ctx, s.keys[s.Shard(id)].due, redis.Z{Score: float64(slots[i+1] - 2000), Member: id})
 	}
-	got = claimAll(t, s, time.Minute)
+	got := claimAll(t, s, time.Minute)
 	if len(got) != 4 {
 		t.Fatalf("claimed %d late, want 4", len(got))
 	}
 	late := ids[1:]
-	now, slots, err = s.Reserve(ctx, l, late, make([]int64, len(late)))
+	now, slots, err := s.Reserve(ctx, l, late, make([]int64, len(late)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -582,7 +560,7 @@ func TestLateClaimsKeepTheRateAndTheOrder(t *testing.T) {
 	if going != 1 {
 		t.Errorf("%d of 4 late ones go at once (slots %v, now %d), want 1 (burst 1)", going, slots, now)
 	}
-	hold(late, slots, now)
+	settleSlots(t, s, got, late, slots, now)
 	was, n, err := s.RemoveLimit(ctx, l.Pattern)
 	if err != nil || !was || n != len(late)-going {
 		t.Fatalf("remove: %v %d %v, want %d released", was, n, err, len(late)-going)
@@ -602,25 +580,7 @@ func TestChangingALimitRepacesWhatItHeld(t *testing.T) {
 	s, l := hourlyLimit(t, "slow")
 	ctx := context.Background()
 	ids := []string{"a", "b", "c"}
-	for _, id := range ids {
-		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1000, Data: enc(id)})
-	}
-	got := claimAll(t, s, time.Minute)
-	now, slots, err := s.Reserve(ctx, l, ids, make([]int64, len(ids)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	byShard := map[int][]Settle{}
-	for i, id := range ids {
-		st := Settle{ID: id, Token: got[id].Token, Outcome: Hold, HoldUntilMs: slots[i]}
-		if slots[i] <= now {
-			st.Outcome = Delivered
-		}
-		byShard[s.Shard(id)] = append(byShard[s.Shard(id)], st)
-	}
-	if _, err := s.Ack(ctx, byShard, time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	now, _, _ := holdUnder(t, s, l, ids)
 	if err := s.SetLimit(ctx, l); err != nil {
 		t.Fatal(err)
 	}
@@ -636,11 +596,10 @@ func TestChangingALimitRepacesWhatItHeld(t *testing.T) {
 	if b.DueMs >= c.DueMs || c.DueMs > now+1000 {
 		t.Fatalf("re-paced: b due %d, c due %d (now %d): want both due now, b first", b.DueMs, c.DueMs, now)
 	}
-	got = claimAll(t, s, time.Minute)
-	if len(got) != 2 {
+	if got := claimAll(t, s, time.Minute); len(got) != 2 {
 		t.Fatalf("after the limit was raised: %d claimed, want 2", len(got))
 	}
-	now, slots, err = s.Reserve(ctx, fast, ids[1:], make([]int64, 2))
+	now, slots, err := s.Reserve(ctx, fast, ids[1:], make([]int64, 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -718,5 +677,39 @@ func TestReleaseStraysPagesAndSkipsListed(t *testing.T) {
 	}
 	if e, _ := s.Get(ctx, "stray"); e.State != StatePending {
 		t.Fatalf("stray: %+v, want pending", e)
+	}
+}
+
+// holdUnder schedules ids due long ago, claims them, asks l for their
+// slots and settles each as the scanner would: delivered if its slot has
+// come, held until it otherwise. It returns Redis' time, the slots and
+// the claims.
+func holdUnder(t *testing.T, s *Store, l Limit, ids []string) (int64, []int64, map[string]Claimed) {
+	t.Helper()
+	for _, id := range ids {
+		schedule(t, s, Item{ID: id, Absolute: true, AtMicros: 1000, Data: enc(id)})
+	}
+	got := claimAll(t, s, time.Minute)
+	now, slots, err := s.Reserve(context.Background(), l, ids, make([]int64, len(ids)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settleSlots(t, s, got, ids, slots, now)
+	return now, slots, got
+}
+
+// settleSlots acks claimed ids as the scanner does after Reserve.
+func settleSlots(t *testing.T, s *Store, got map[string]Claimed, ids []string, slots []int64, now int64) {
+	t.Helper()
+	byShard := map[int][]Settle{}
+	for i, id := range ids {
+		st := Settle{ID: id, Token: got[id].Token, Outcome: Hold, HoldUntilMs: slots[i]}
+		if slots[i] <= now {
+			st.Outcome = Delivered
+		}
+		byShard[s.Shard(id)] = append(byShard[s.Shard(id)], st)
+	}
+	if _, err := s.Ack(context.Background(), byShard, time.Hour); err != nil {
+		t.Fatal(err)
 	}
 }
