@@ -147,14 +147,11 @@ func (s *Store) SetLimit(ctx context.Context, l Limit) error {
 	if was := old.Val(); was == "" || was == v {
 		return nil
 	}
-	st, err := s.limitState(ctx, l.Pattern)
+	err := s.rdb.Del(ctx, s.flowKeys("tat", l.Pattern)).Err()
 	if err == nil {
-		err = s.rdb.Del(ctx, s.flowKeys("tat", l.Pattern)).Err()
-	}
-	if err == nil {
-		from, to, ferr := s.slottedMoves(ctx, l.Pattern, st)
-		if err = ferr; err == nil {
-			_, _, err = s.releaseLedger(ctx, s.flowKeys("slots", l.Pattern), "", from, to)
+		var to func(int64) int64
+		if to, err = s.slottedMoves(ctx, l.Pattern); err == nil {
+			_, _, err = s.releaseLedger(ctx, s.flowKeys("slots", l.Pattern), "", to)
 		}
 	}
 	if err != nil {
@@ -163,26 +160,22 @@ func (s *Store) SetLimit(ctx context.Context, l Limit) error {
 	return nil
 }
 
-// slottedMoves are where a release finds the envelopes of a limit's
-// ledger (slot - shift, reserve.lua: one held since the last shift; one
-// held before it is left where it was held, and goes out then) and where
-// it puts them: due in the last ms before now, one ms apart in ledger
-// order, so that they are claimed again in the order of their slots
-// (their due order), not all at one score in id order.
-func (s *Store) slottedMoves(ctx context.Context, pattern string, st limitState) (from, to func(int64) int64, err error) {
+// slottedMoves is where a release puts the envelopes of a limit's ledger:
+// due in the last ms before now, one ms apart in ledger order, so that
+// they are claimed again in the order of their slots (their due order),
+// not all at one score in id order.
+func (s *Store) slottedMoves(ctx context.Context, pattern string) (to func(int64) int64, err error) {
 	pipe := s.rdb.Pipeline()
 	now := pipe.Time(ctx)
 	n := pipe.ZCard(ctx, s.flowKeys("slots", pattern))
 	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, nil, fmt.Errorf("store: ledger: %w", err)
+		return nil, fmt.Errorf("store: ledger: %w", err)
 	}
 	next := now.Val().UnixMilli() - n.Val()
-	from = func(score int64) int64 { return score + st.shiftMs }
-	to = func(int64) int64 {
+	return func(int64) int64 {
 		next++
 		return next - 1
-	}
-	return from, to, nil
+	}, nil
 }
 
 // RemoveLimit removes the limit on pattern, and makes the envelopes it
@@ -260,18 +253,13 @@ func (s *Store) release(ctx context.Context, marker, pattern string) (int, error
 		if err != nil || in {
 			return total, err
 		}
-		from := func(score int64) int64 { return score }
 		to := func(score int64) int64 { return score - ParkedBase }
 		if marker == fieldSlotted {
-			st, err := s.limitState(ctx, pattern)
-			if err == nil {
-				from, to, err = s.slottedMoves(ctx, pattern, st)
-			}
-			if err != nil {
+			if to, err = s.slottedMoves(ctx, pattern); err != nil {
 				return total, err
 			}
 		}
-		moved, empty, err := s.releaseLedger(ctx, ledger, rule+pattern, from, to)
+		moved, empty, err := s.releaseLedger(ctx, ledger, rule+pattern, to)
 		total += moved
 		if err != nil || !empty {
 			return total, err
@@ -303,13 +291,14 @@ func (s *Store) release(ctx context.Context, marker, pattern string) (int, error
 	}
 }
 
-// releaseLedger puts the envelopes of a ledger (id → score; held at
-// from(score)) back in due at to(that), page by page, and takes them off
+// releaseLedger puts the envelopes of a ledger (id → the due score it was
+// held at; a limit's may carry .5, reserve.lua) back in due at
+// to(score), page by page, and takes them off
 // it, unless the rule (its field in flowKey; "" for none) is set again meanwhile: what
 // a new pause lists then is its own. One in flight stays listed: the
 // daemon that holds it may have listed it before its hold is written. It
 // returns how many it moved, and whether the ledger is empty.
-func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, from, to func(int64) int64) (int, bool, error) {
+func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, to func(int64) int64) (int, bool, error) {
 	total, offset := 0, int64(0)
 	for {
 		if rule != "" { // "": a re-pace, under the rule in force
@@ -326,7 +315,7 @@ func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, from, to
 		for _, z := range zs {
 			member, _ := z.Member.(string)
 			id, _, _ := strings.Cut(member, listingSep)
-			at := from(int64(z.Score))
+			at := int64(z.Score)
 			sh := s.Shard(id)
 			byShard[sh] = append(byShard[sh], release{id: id, member: member, from: at, to: to(at)})
 		}
@@ -468,7 +457,7 @@ func (s *Store) Held(ctx context.Context, patterns []string) (map[string]FlowHel
 	states := make([]limitState, len(patterns))
 	for i, p := range patterns {
 		states[i] = parseLimitState(cs[i].tat.Val())
-		cs[i].limited = pipe.ZCount(ctx, s.flowKeys("slots", p), "("+strconv.FormatInt(nowMs-states[i].shiftMs, 10), "+inf")
+		cs[i].limited = pipe.ZCount(ctx, s.flowKeys("slots", p), "("+strconv.FormatInt(nowMs, 10), "+inf")
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("store: held: %w", err)
@@ -499,28 +488,18 @@ func (s *Store) Held(ctx context.Context, patterns []string) (map[string]FlowHel
 }
 
 // limitState is a limit's clocks (reserve.lua): the slots given up to
-// tatUs, the deliveries let go up to sentUs, and how far late claims have
-// moved its slots on (shiftMs, added to a ledger score).
+// tatUs, the deliveries let go up to sentUs.
 type limitState struct {
-	tatUs, sentUs, shiftMs int64
+	tatUs, sentUs int64
 }
 
 func parseLimitState(v string) limitState {
 	var st limitState
-	if f := strings.Fields(v); len(f) == 3 {
+	if f := strings.Fields(v); len(f) == 2 {
 		st.tatUs, _ = strconv.ParseInt(f[0], 10, 64)
 		st.sentUs, _ = strconv.ParseInt(f[1], 10, 64)
-		st.shiftMs, _ = strconv.ParseInt(f[2], 10, 64)
 	}
 	return st
-}
-
-func (s *Store) limitState(ctx context.Context, pattern string) (limitState, error) {
-	v, err := s.rdb.Get(ctx, s.flowKeys("tat", pattern)).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return limitState{}, fmt.Errorf("store: limit state: %w", err)
-	}
-	return parseLimitState(v), nil
 }
 
 // redisNowMs is Redis' clock, in ms.

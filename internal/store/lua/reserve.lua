@@ -1,27 +1,29 @@
 -- reserve gives delivery slots under one rate limit (Reserve, flow.go):
 -- GCRA, one slot per envelope, decided once. KEYS[1] is the limit's
--- state (a string "<tat µs> <sent µs> <shift ms>", below), KEYS[2] its
--- ledger (ZSET id -> slot ms - shift) of the envelopes held for a slot,
--- KEYS[3] its count of deliveries let go (HASH: s, the current second; n,
--- its count; p, the count of the second before it), for the operator's
--- current rate, KEYS[4] the rules (HASH, flow.go), all of one hash tag.
--- ARGV[1] is the limit's field there ("limit:<pattern>": "<rate>
--- <interval µs> <burst>"), then pairs of id and due ms, in due order.
+-- clocks (a string "<tat µs> <sent µs>", below), KEYS[2] its ledger (ZSET
+-- id -> slot ms) of the envelopes held for a slot, KEYS[3] its count of
+-- deliveries let go (HASH: s, the current second; n, its count; p, the
+-- count of the second before it), for the operator's current rate,
+-- KEYS[4] the rules (HASH, flow.go), all of one hash tag. ARGV[1] is the
+-- limit's field there ("limit:<pattern>": "<rate> <interval µs>
+-- <burst>"), then pairs of id and due ms, in due order.
 -- The rule is read here, so a change or a removal reaches every daemon's
 -- next slot at once: with the rule gone every id goes now, and nothing
 -- is written.
--- Two GCRA clocks: tat, the slots given (a new slot is the first it
+-- Two GCRA clocks: tat, of the slots given (a new slot is the first it
 -- allows: max(now, tat - (burst - 1) x interval), and tat moves on by one
--- interval); sent, the deliveries let go. A slot is when an envelope may
--- go, but it goes only when claimed, and a claim can come late: after a
+-- interval); sent, of the deliveries let go. A slot says when an envelope
+-- may go, but it goes when claimed, and a claim can come late: after a
 -- crash or a stall, or while a herd at one due time is still being
--- claimed when its first slots pass. Late slots sent at once would break
--- the rate, so a slot that has come goes only if sent allows it (with
--- slack for a claim's own few ms); if not, that envelope and every slot
--- after it move on together by the same amount (shift), which keeps both
--- the rate and the due order. So the ledger keeps slot - shift, and an
--- id's slot is its ledger score + shift: the ones moved are held again
--- when claimed at their old slot (once per such move, still O(N)).
+-- claimed as its first slots pass. Late ones sent at once would break the
+-- rate, so one whose slot has come goes only if sent allows it (with
+-- slack for claims' own few ms of lateness); if not, it takes the first
+-- moment sent allows, counted there at once (its ledger score gets .5:
+-- claimed then, it goes without asking again), and is held until it.
+-- Those after it then find sent ahead of their slots and queue behind it
+-- the same way: the rate and the due order both hold, a straggler delays
+-- the rest by an interval (not by its own lateness), and each envelope is
+-- held at most twice (O(N) for a herd).
 -- An id in the ledger gets its slot (and leaves the ledger once it goes);
 -- a slot before the id's due time was a replaced version's: the id gets
 -- a new one. One held goes into the ledger, whose marker
@@ -47,14 +49,14 @@ local tolerance = (burst - 1) * interval
 -- How late in µs a delivery may go after the one before without counting
 -- as bunched: the spread of claims' own lateness.
 local slack = 10000
-local tat, sent, shift = 0, 0, 0
+local tat, sent = 0, 0
 local st = redis.call('GET', state)
 if st then
-  local a, b, c = string.match(st, '^(%d+) (%d+) (%d+)$')
-  tat, sent, shift = tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
+  local a, b = string.match(st, '^(%d+) (%d+)')
+  tat, sent = tonumber(a) or 0, tonumber(b) or 0
 end
 tat = math.max(tat, nowus)
-redis.call('ZREMRANGEBYSCORE', ledger, '-inf', string.format('(%d', now - shift - 3600000))
+redis.call('ZREMRANGEBYSCORE', ledger, '-inf', string.format('(%d', now - 3600000))
 local ids = {}
 for i = 2, #ARGV, 2 do ids[#ids+1] = ARGV[i] end
 local have = {}
@@ -62,33 +64,39 @@ for i = 1, #ids, 512 do
   local part = redis.call('ZMSCORE', ledger, unpack(ids, i, math.min(i + 511, #ids)))
   for j = 1, #part do have[#have+1] = part[j] end
 end
--- go: whether a delivery now fits the deliveries let go so far, and if
--- so counts it; otherwise the first moment one fits (µs).
+-- go: whether a delivery now fits the deliveries let go so far (and if
+-- so counts it), or else the first moment one fits, in ms, counted.
 local function go()
   local fits = sent - tolerance - slack
   if fits <= nowus then
     sent = math.max(sent, nowus) + interval
     return true
   end
-  return false, fits
+  sent = sent + interval
+  return false, math.ceil(fits / 1000)
 end
 local held, granted, going = {}, {}, 0
 for i, id in ipairs(ids) do
-  local base, due = tonumber(have[i]), tonumber(ARGV[2 * i + 1]) or 0
-  local slot = base and base + shift
+  local score, due = tonumber(have[i]), tonumber(ARGV[2 * i + 1]) or 0
+  local slot = score and math.floor(score)
   if slot and slot >= due then
+    local counted = score ~= slot and slot * 1000 >= nowus - slack
     if slot > now then
       out[#out+1] = slot
+    elseif counted then
+      out[#out+1] = slot
+      granted[#granted+1] = id
+      going = going + 1
     else
-      local ok, fits = go()
+      local ok, ms = go()
       if ok then
         out[#out+1] = slot
         granted[#granted+1] = id
         going = going + 1
       else
-        local ms = math.ceil(fits / 1000)
-        shift, tat = shift + ms - slot, tat + (ms - slot) * 1000
         out[#out+1] = ms
+        held[#held+1] = ms + 0.5
+        held[#held+1] = id
       end
     end
   else
@@ -100,16 +108,16 @@ for i, id in ipairs(ids) do
     if ms <= now and go() then
       out[#out+1] = now
       going = going + 1
-      if base then granted[#granted+1] = id end
+      if score then granted[#granted+1] = id end
     else
       ms = math.max(ms, now + 1)
       out[#out+1] = ms
-      held[#held+1] = ms - shift
+      held[#held+1] = ms
       held[#held+1] = id
     end
   end
 end
-redis.call('SET', state, string.format('%d %d %d', tat, sent, shift))
+redis.call('SET', state, string.format('%d %d', tat, sent))
 if #held > 0 then
   redis.call('HSET', rules, 'slotted:' .. string.sub(ARGV[1], 7), '1')
   for i = 1, #held, 512 do redis.call('ZADD', ledger, unpack(held, i, math.min(i + 511, #held))) end
