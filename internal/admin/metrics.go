@@ -165,7 +165,7 @@ func NewMetrics(version, mode string) *Metrics {
 		inconsistent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_inconsistencies_found_total",
 			Help: "Entries breaking the store's invariants, found by the background check, by kind (should stay 0)."}, []string{"kind"}),
 		flowHolds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "delayd_flow_holds_total",
-			Help: "Claimed envelopes held back by flow control, not sent and not an attempt, by rule pattern and reason: limit (due again at its slot) or pause (parked until the resume)."},
+			Help: "Holds of claimed envelopes by flow control, not sent and not an attempt, by rule pattern and reason: limit (due again at its slot; one moved on behind late deliveries is held twice) or pause (parked until the resume)."},
 			[]string{"pattern", "reason"}),
 		flowWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "delayd_flow_limit_wait_seconds",
 			Help:    "Per delivery under a rate limit, by its pattern: the lateness the limit caused (from due to its slot). delayd_delivery_lateness_seconds counts from the slot.",

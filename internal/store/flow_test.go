@@ -603,8 +603,10 @@ func TestChangingALimitRepacesWhatItHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if slots[0] > now || slots[1] > now+11 {
-		t.Fatalf("new slots %v (now %d): want b now and c 10 ms on", slots, now)
+	// a went out a moment ago: at the new rate b is one interval after
+	// it, and c one more.
+	if slots[0] > now+11 || slots[1] > now+21 || slots[1] < slots[0]+9 {
+		t.Fatalf("new slots %+d, %+d ms: want b within 10 ms and c 10 ms after it", slots[0]-now, slots[1]-now)
 	}
 }
 
@@ -743,4 +745,51 @@ func TestAStragglerDelaysTheRestByAnInterval(t *testing.T) {
 	if err != nil || ns[0] > now+500 {
 		t.Fatalf("a new envelope after the straggler: slot %+d ms (%v), want within the backlog's 0.4 s, not 30 s on", ns[0]-now, err)
 	}
+}
+
+// TestAChangeKeepsTheBurstSpent (found by review): a change of a limit
+// reset its clock of deliveries too, so a second full burst went at once
+// (10 in 50 ms at burst 5). The deliveries let go still count, at the new
+// rate.
+func TestAChangeKeepsTheBurstSpent(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	l := Limit{Pattern: "b.>", Rate: "10/s", IntervalUs: 100_000, Burst: 5}
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, 10)
+	for i := range ids {
+		ids[i] = fmt.Sprint("b", i)
+	}
+	now, slots, err := s.Reserve(ctx, l, ids, make([]int64, len(ids)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if went := countGoing(slots, now); went != 5 {
+		t.Fatalf("%d of 10 went at burst 5", went)
+	}
+	l.Rate, l.IntervalUs = "5/s", 200_000
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	more := []string{"n0", "n1", "n2"}
+	now, slots, err = s.Reserve(ctx, l, more, make([]int64, len(more)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if went := countGoing(slots, now); went != 0 {
+		t.Fatalf("%d more went at once after the change: the burst was spent", went)
+	}
+}
+
+func countGoing(slots []int64, now int64) int {
+	n := 0
+	for _, sl := range slots {
+		if sl <= now {
+			n++
+		}
+	}
+	return n
 }
