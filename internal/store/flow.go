@@ -138,35 +138,42 @@ func (s *Store) SetLimit(ctx context.Context, l Limit) error {
 	if _, ok := parseLimit(v); !ok {
 		return fmt.Errorf("store: limit %q: bad rate %q, interval %d µs or burst %d", l.Pattern, l.Rate, l.IntervalUs, l.Burst)
 	}
-	pipe := s.rdb.TxPipeline()
-	old := pipe.HGet(ctx, flowKey(s.ns), fieldLimit+l.Pattern)
-	pipe.HSet(ctx, flowKey(s.ns), fieldLimit+l.Pattern, v)
+	// Read first, then the rule and the clocks in one step: a Reserve
+	// between a rule written alone and its clocks read would apply the
+	// new interval to the old clocks, and the conversion below again (a
+	// review found clocks 410 years ahead).
+	key := s.flowKeys("tat", l.Pattern)
+	pipe := s.rdb.Pipeline()
+	nowCmd, old, state := pipe.Time(ctx), pipe.HGet(ctx, flowKey(s.ns), fieldLimit+l.Pattern), pipe.Get(ctx, key)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("store: set limit: %w", err)
 	}
 	was := old.Val()
+	tx := s.rdb.TxPipeline()
+	tx.HSet(ctx, flowKey(s.ns), fieldLimit+l.Pattern, v)
+	if was != "" && was != v {
+		// A change: the slots given start afresh, behind the deliveries
+		// let go, whose clock stays, in deliveries rather than in time
+		// (dropped, a second burst went at once: a review saw 10 in 50
+		// ms at burst 5; kept in time, a change from 1/h waited the old
+		// hour). At most a full burst of the new rule is spent: more
+		// would count the envelopes the re-pace below slots again, and
+		// the old rule's slack as deliveries.
+		nowUs := nowCmd.Val().UnixMicro()
+		ahead := float64(max(parseLimitState(state.Val()).sentUs-nowUs, 0))
+		if prev, ok := parseLimit(was); ok {
+			ahead *= float64(l.IntervalUs) / float64(prev.IntervalUs)
+		}
+		sent := nowUs + int64(min(ahead, float64(int64(l.Burst)*l.IntervalUs)))
+		tx.Set(ctx, key, fmt.Sprintf("%d %d", sent, sent), 0)
+	}
+	if _, err := tx.Exec(ctx); err != nil {
+		return fmt.Errorf("store: set limit: %w", err)
+	}
 	if was == "" || was == v {
 		return nil
 	}
-	// The slots given start afresh, behind the deliveries let go. Their
-	// clock stays, in deliveries rather than in time: as many as the old
-	// rate had let go ahead of now count at the new one (dropped, a
-	// change let a second burst go at once: a review saw 10 in 50 ms at
-	// burst 5; kept in time, a change from 1/h waited the old hour).
-	key := s.flowKeys("tat", l.Pattern)
-	pipe = s.rdb.Pipeline()
-	nowCmd, state := pipe.Time(ctx), pipe.Get(ctx, key)
-	_, err := pipe.Exec(ctx)
-	if errors.Is(err, redis.Nil) {
-		err = nil
-	}
-	if err == nil {
-		prev, _ := parseLimit(was)
-		nowUs := nowCmd.Val().UnixMicro()
-		ahead := max(parseLimitState(state.Val()).sentUs-nowUs, 0)
-		sent := nowUs + int64(float64(ahead)*float64(l.IntervalUs)/float64(max(prev.IntervalUs, 1)))
-		err = s.rdb.Set(ctx, key, fmt.Sprintf("%d %d", sent, sent), 0).Err()
-	}
+	var err error
 	if err == nil {
 		var to func(int64) int64
 		if to, err = s.slottedMoves(ctx, l.Pattern); err == nil {
@@ -468,7 +475,7 @@ func (s *Store) Held(ctx context.Context, patterns []string) (map[string]FlowHel
 		return nil, fmt.Errorf("store: held: %w", err)
 	}
 	// The ledger's entries whose slot is still to come: one cancelled
-	// while held stays in the ledger until its slot is an hour past, but
+	// while held stays in the ledger until its slot is a day past, but
 	// is not counted once its slot has passed (a review found such a
 	// count firing DelaydFlowNotDraining on an idle pattern).
 	nowMs := now.Val().UnixMilli()

@@ -793,3 +793,197 @@ func countGoing(slots []int64, now int64) int {
 	}
 	return n
 }
+
+// TestAChangeCountsWhatItRepacesOnce (found by the third review): a
+// change kept the clock of deliveries, which already counted the late
+// envelopes held for their moments, and then re-paced those same
+// envelopes: 19 at 1/s went from +20 s to +38 s instead of +1 s to +19 s.
+// At most a full burst of the new rule stays spent.
+func TestAChangeCountsWhatItRepacesOnce(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	l := Limit{Pattern: "d.>", Rate: "10/s", IntervalUs: 100_000, Burst: 1}
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, 20)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("e%02d", i)
+		schedule(t, s, Item{ID: ids[i], Absolute: true, AtMicros: 1000, Data: enc(ids[i])})
+	}
+	got := claimAll(t, s, time.Minute)
+	now0, _ := s.redisNowMs(ctx)
+	// slotted 50 ms ago (claimed late, e.g. a herd), integer scores
+	for _, id := range ids {
+		r.Client().ZAdd(ctx, s.flowKeys("slots", l.Pattern), redis.Z{Score: float64(now0 - 50), Member: id})
+	}
+	now, slots, err := s.Reserve(ctx, l, ids, make([]int64, len(ids)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("going %d, last slot %+d ms", countGoing(slots, now), slots[len(slots)-1]-now)
+	settleSlots(t, s, got, ids, slots, now)
+	slow := Limit{Pattern: "d.>", Rate: "1/s", IntervalUs: 1_000_000, Burst: 1}
+	if err := s.SetLimit(ctx, slow); err != nil {
+		t.Fatal(err)
+	}
+	st := parseLimitState(r.Client().Get(ctx, s.flowKeys("tat", l.Pattern)).Val())
+	now2, _ := s.redisNowMs(ctx)
+	t.Logf("after change: sent %+d ms, tat %+d ms", st.sentUs/1000-now2, st.tatUs/1000-now2)
+	re := claimAll(t, s, time.Minute)
+	var reIDs []string
+	for _, id := range ids {
+		if _, ok := re[id]; ok {
+			reIDs = append(reIDs, id)
+		}
+	}
+	now, slots, err = s.Reserve(ctx, slow, reIDs, make([]int64, len(reIDs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("re-paced %d: first %+d ms, last %+d ms", len(reIDs), slots[0]-now, slots[len(slots)-1]-now)
+	h, _ := s.Held(ctx, []string{"d.>"})
+	t.Logf("held: %+v", h["d.>"])
+	if last := slots[len(slots)-1] - now; last > int64(len(reIDs))*1000+100 {
+		t.Errorf("%d re-paced at 1/s: last goes %+d ms, want ~%d", len(reIDs), last, (len(reIDs)-1)*1000+1000)
+	}
+}
+
+// TestAChangeRacingReservesStaysBounded (found by the third review): a
+// Reserve between SetLimit's rule write and its reading of the clocks ran
+// the new interval on the old clock, which the conversion then scaled
+// again: 5 of 60 changes from 1000/s to 1/h left the clock 410 years
+// ahead.
+func TestAChangeRacingReservesStaysBounded(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	worst := int64(0)
+	for trial := 0; trial < 20; trial++ {
+		p := fmt.Sprint("race", trial)
+		l := Limit{Pattern: p, Rate: "1000/s", IntervalUs: 1000, Burst: 1}
+		if err := s.SetLimit(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s.Reserve(ctx, l, []string{fmt.Sprint("g", i)}, []int64{0})
+				time.Sleep(1500 * time.Microsecond)
+			}
+		}()
+		time.Sleep(time.Duration(trial%7) * time.Millisecond)
+		if err := s.SetLimit(ctx, Limit{Pattern: p, Rate: "1/h", IntervalUs: 3600e6, Burst: 1}); err != nil {
+			t.Fatal(err)
+		}
+		close(stop)
+		<-done
+		now, _ := s.redisNowMs(ctx)
+		raw := r.Client().Get(ctx, s.flowKeys("tat", p)).Val()
+		st := parseLimitState(raw)
+		ahead := st.sentUs/1000 - now
+		if ahead > worst || st.sentUs <= 0 {
+			worst = ahead
+			t.Logf("trial %d: clocks %q: sent %+d s", trial, raw, ahead/1000)
+		}
+	}
+	if worst > 2*3600_000 {
+		t.Errorf("after 1000/s -> 1/h the sent clock is %d h ahead", worst/3600_000)
+	}
+}
+
+// TestAnOutageOfHoursKeepsTheOrder (found by the third review): claims
+// 3.5 h late found the ledger's entries dropped an hour past their slots;
+// the oldest then got new slots behind the younger late ones. Entries now
+// stay a day.
+func TestAnOutageOfHoursKeepsTheOrder(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	l := Limit{Pattern: "h", Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"x", "a", "b", "c"}
+	_, slots, _ := holdUnder(t, s, l, ids)
+	rc := r.Client()
+	const back = 3*3600_000 + 1800_000 // 3.5 h
+	st := parseLimitState(rc.Get(ctx, s.flowKeys("tat", l.Pattern)).Val())
+	rc.Set(ctx, s.flowKeys("tat", l.Pattern), fmt.Sprintf("%d %d", st.tatUs-back*1000, st.sentUs-back*1000), 0)
+	for i, id := range ids[1:] {
+		rc.ZAdd(ctx, s.flowKeys("slots", l.Pattern), redis.Z{Score: float64(slots[i+1] - back), Member: id})
+		rc.ZAdd(ctx, s.keys[s.Shard(id)].due, redis.Z{Score: float64(slots[i+1] - back), Member: id})
+	}
+	got := claimAll(t, s, time.Minute)
+	late := ids[1:]
+	now, sl, err := s.Reserve(ctx, l, late, make([]int64, len(late)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range late {
+		t.Logf("%s (slot %+d min): new slot %+d min", id, (slots[i+1]-back-now)/60000, (sl[i]-now)/60000)
+	}
+	settleSlots(t, s, got, late, sl, now)
+	if sl[2] < sl[0] || sl[2] < sl[1] {
+		t.Errorf("c (due last) goes before a and b")
+	}
+}
+
+// TestAChangeFromAnUnreadableRule (found by the third review): a rule
+// edited by hand into one that does not read made the next change scale
+// the clock by the new interval in µs (+9,999 h).
+func TestAChangeFromAnUnreadableRule(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	l := Limit{Pattern: "u", Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	s.Reserve(ctx, l, []string{"x"}, []int64{0})                            // one goes: sent +1 h
+	r.Client().HSet(ctx, flowKey(s.ns), fieldLimit+"u", "1/h 3600000000 0") // hand-edited, unreadable
+	fast := Limit{Pattern: "u", Rate: "100/s", IntervalUs: 10_000, Burst: 1}
+	if err := s.SetLimit(ctx, fast); err != nil {
+		t.Fatal(err)
+	}
+	now, sl, _ := s.Reserve(ctx, fast, []string{"y"}, []int64{0})
+	t.Logf("y at 100/s after fixing the rule: %+d h", (sl[0]-now)/3600_000)
+	if sl[0]-now > 3600_000 {
+		t.Errorf("y held %d h", (sl[0]-now)/3600_000)
+	}
+}
+
+// TestACountedOneClaimedLateStillGoes (found by the third review): an
+// envelope already counted for its moment, claimed more than the slack
+// late, was asked again, counted a second time behind every one counted
+// since, and held: with every claim 25 ms late none went in 3 s at 10/s.
+func TestACountedOneClaimedLateStillGoes(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	l := Limit{Pattern: "lv", Rate: "10/s", IntervalUs: 100_000, Burst: 1}
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	now, err := s.redisNowMs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "a" was counted for a moment 25 ms ago; four more are counted after
+	// it, so the clock of deliveries is 400 ms ahead.
+	rc := r.Client()
+	rc.ZAdd(ctx, s.flowKeys("slots", l.Pattern), redis.Z{Score: float64(now-25) + 0.5, Member: "a"})
+	rc.Set(ctx, s.flowKeys("tat", l.Pattern), fmt.Sprintf("%d %d", (now+400)*1000, (now+400)*1000), 0)
+	now, slots, err := s.Reserve(ctx, l, []string{"a"}, []int64{0})
+	if err != nil || slots[0] > now {
+		t.Fatalf("a counted 25 ms ago, claimed now: slot %+d ms (%v), want now", slots[0]-now, err)
+	}
+}

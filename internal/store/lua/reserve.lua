@@ -19,7 +19,9 @@
 -- rate, so one whose slot has come goes only if sent allows it (with
 -- slack for claims' own few ms of lateness); if not, it takes the first
 -- moment sent allows, counted there at once (its ledger score gets .5:
--- claimed then, it goes without asking again), and is held until it.
+-- claimed then or later, it goes without asking again: asking again would
+-- count it twice, behind every one counted since, and a claim that kept
+-- coming late would never let it go), and is held until it.
 -- Those after it then find sent ahead of their slots and queue behind it
 -- the same way: the rate and the due order both hold, a straggler delays
 -- the rest by an interval (not by its own lateness), and each envelope is
@@ -28,7 +30,9 @@
 -- a slot before the id's due time was a replaced version's: the id gets
 -- a new one. One held goes into the ledger, whose marker
 -- ("slotted:<pattern>" in the rules) tells the daemons to release it
--- should the rule go. Ledger entries an hour past their slot are dropped.
+-- should the rule go. Ledger entries a day past their slot are dropped
+-- (a cancelled envelope's; one claimed after a longer outage gets a new
+-- slot).
 -- Returns {now ms, then per id its slot ms (now or earlier: deliver now)}.
 -- Without the shard prelude. Allowed over maxmemory: it holds envelopes
 -- back, and their deliveries are what frees memory.
@@ -56,7 +60,7 @@ if st then
   tat, sent = tonumber(a) or 0, tonumber(b) or 0
 end
 tat = math.max(tat, nowus)
-redis.call('ZREMRANGEBYSCORE', ledger, '-inf', string.format('(%d', now - 3600000))
+redis.call('ZREMRANGEBYSCORE', ledger, '-inf', string.format('(%d', now - 86400000))
 local ids = {}
 for i = 2, #ARGV, 2 do ids[#ids+1] = ARGV[i] end
 local have = {}
@@ -80,10 +84,9 @@ for i, id in ipairs(ids) do
   local score, due = tonumber(have[i]), tonumber(ARGV[2 * i + 1]) or 0
   local slot = score and math.floor(score)
   if slot and slot >= due then
-    local counted = score ~= slot and slot * 1000 >= nowus - slack
     if slot > now then
       out[#out+1] = slot
-    elseif counted then
+    elseif score ~= slot then
       out[#out+1] = slot
       granted[#granted+1] = id
       going = going + 1
