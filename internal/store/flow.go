@@ -166,18 +166,24 @@ func (s *Store) SetLimit(ctx context.Context, l Limit) error {
 		}
 		sent := nowUs + int64(min(ahead, float64(int64(l.Burst)*l.IntervalUs)))
 		tx.Set(ctx, key, fmt.Sprintf("%d %d", sent, sent), 0)
+	} else if was == "" {
+		// A new limit starts afresh, even where one removed a moment ago
+		// left its clocks (they go only with its last held envelope):
+		// kept, a 1/h limit's would hold a new 100/s one for hours (found
+		// by review). What the old one still listed is re-paced below.
+		tx.Del(ctx, key)
 	}
 	if _, err := tx.Exec(ctx); err != nil {
 		return fmt.Errorf("store: set limit: %w", err)
 	}
-	if was == "" || was == v {
+	if was == v {
 		return nil
 	}
 	var err error
 	if err == nil {
 		var to func(int64) int64
 		if to, err = s.slottedMoves(ctx, l.Pattern); err == nil {
-			_, _, err = s.releaseLedger(ctx, s.flowKeys("slots", l.Pattern), "", to)
+			_, _, err = s.releaseLedger(ctx, s.flowKeys("slots", l.Pattern), "", to, true)
 		}
 	}
 	if err != nil {
@@ -285,7 +291,7 @@ func (s *Store) release(ctx context.Context, marker, pattern string) (int, error
 				return total, err
 			}
 		}
-		moved, empty, err := s.releaseLedger(ctx, ledger, rule+pattern, to)
+		moved, empty, err := s.releaseLedger(ctx, ledger, rule+pattern, to, marker == fieldSlotted)
 		total += moved
 		if err != nil || !empty {
 			return total, err
@@ -324,7 +330,14 @@ func (s *Store) release(ctx context.Context, marker, pattern string) (int, error
 // a new pause lists then is its own. One in flight stays listed: the
 // daemon that holds it may have listed it before its hold is written. It
 // returns how many it moved, and whether the ledger is empty.
-func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, to func(int64) int64) (int, bool, error) {
+//
+// A limit's ledger (unlistFirst) is emptied of the page before the page
+// is released: left there a moment after its envelope is due again, a
+// daemon claiming it would find its old slot and hold it there, then out
+// of the ledger (a review held envelopes hours late that way through a
+// re-pace, and off could not find them). One found in flight is listed
+// again, unless its Reserve listed it anew meanwhile.
+func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, to func(int64) int64, unlistFirst bool) (int, bool, error) {
 	total, offset := 0, int64(0)
 	for {
 		if rule != "" { // "": a re-pace, under the rule in force
@@ -338,8 +351,10 @@ func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, to func(
 			return total, offset == 0 && err == nil, err
 		}
 		byShard := map[int][]release{}
+		scores := make(map[string]float64, len(zs))
 		for _, z := range zs {
 			member, _ := z.Member.(string)
+			scores[member] = z.Score
 			id, _, _ := strings.Cut(member, listingSep)
 			at := int64(z.Score)
 			sh := s.Shard(id)
@@ -349,6 +364,15 @@ func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, to func(
 		for sh, moves := range byShard {
 			calls = append(calls, releaseArgs{due: s.keys[sh].due, inflight: s.keys[sh].inflight, moves: moves})
 		}
+		if unlistFirst {
+			members := make([]any, len(zs))
+			for i, z := range zs {
+				members[i] = z.Member
+			}
+			if err := s.rdb.ZRem(ctx, ledger, members...).Err(); err != nil {
+				return total, false, err
+			}
+		}
 		res, err := exec(ctx, s, releaseOp, calls)
 		if err != nil {
 			return total, false, err
@@ -356,25 +380,34 @@ func (s *Store) releaseLedger(ctx context.Context, ledger, rule string, to func(
 		if betweenReleaseAndUnlist != nil {
 			betweenReleaseAndUnlist()
 		}
-		var done []any
+		var done, again []any
+		var relist []redis.Z
 		for i, r := range res {
 			for j, code := range r.reply {
+				m := calls[i].moves[j]
 				switch code {
 				case releaseMoved:
 					total++
-					done = append(done, calls[i].moves[j].member)
+					done = append(done, m.member)
 				case releaseLeft:
-					done = append(done, calls[i].moves[j].member)
+					done = append(done, m.member)
+				default:
+					again = append(again, m.member)
+					relist = append(relist, redis.Z{Score: scores[m.member], Member: m.member})
 				}
 			}
 		}
-		if len(done) > 0 {
+		if unlistFirst && len(relist) > 0 {
+			if err := s.rdb.ZAddNX(ctx, ledger, relist...).Err(); err != nil {
+				return total, false, err
+			}
+		} else if !unlistFirst && len(done) > 0 {
 			if err := s.rdb.ZRem(ctx, ledger, done...).Err(); err != nil {
 				return total, false, err
 			}
 		}
 		// What stays listed is passed over.
-		offset += int64(len(zs) - len(done))
+		offset += int64(len(again))
 	}
 }
 

@@ -987,3 +987,77 @@ func TestACountedOneClaimedLateStillGoes(t *testing.T) {
 		t.Fatalf("a counted 25 ms ago, claimed now: slot %+d ms (%v), want now", slots[0]-now, err)
 	}
 }
+
+// TestOffThenSetAgainStartsAfresh (found by the fourth review): an off
+// whose release left an envelope in flight kept the limit's clocks, and a
+// limit set again at once took them over unconverted: a 1/h limit's held
+// a new 100/s one's first envelope 4 h.
+func TestOffThenSetAgainStartsAfresh(t *testing.T) {
+	t.Parallel()
+	s, r := newStore(t)
+	ctx := context.Background()
+	l := Limit{Pattern: "p", Rate: "1/h", IntervalUs: 3600e6, Burst: 1}
+	if err := s.SetLimit(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	now, _, _ := holdUnder(t, s, l, []string{"a", "b", "c", "d"})
+	// b's slot has come: it is claimed, in flight, when the limit goes.
+	rc := r.Client()
+	rc.ZAdd(ctx, s.keys[s.Shard("b")].due, redis.Z{Score: float64(now - 1), Member: "b"})
+	rc.ZAdd(ctx, s.flowKeys("slots", "p"), redis.Z{Score: float64(now - 1), Member: "b"})
+	claimAll(t, s, time.Minute)
+	if _, n, err := s.RemoveLimit(ctx, "p"); err != nil || n != 2 {
+		t.Fatalf("off: released %d (%v), want c and d", n, err)
+	}
+	fast := Limit{Pattern: "p", Rate: "100/s", IntervalUs: 10_000, Burst: 1}
+	if err := s.SetLimit(ctx, fast); err != nil {
+		t.Fatal(err)
+	}
+	schedule(t, s, Item{ID: "e", Absolute: true, AtMicros: 1000, Data: enc("e")})
+	claimAll(t, s, time.Minute)
+	now, es, err := s.Reserve(ctx, fast, []string{"e"}, []int64{0})
+	if err != nil || es[0] > now+20 {
+		t.Fatalf("e under a new 100/s limit: slot %+d ms (%v), want now", es[0]-now, err)
+	}
+}
+
+// TestAClaimDuringARepaceIsRepaced (found by the fourth review): a
+// daemon claiming an envelope the re-pace had just made due, before the
+// re-pace took it off the ledger, found its old slot there and held it at
+// it; then it was off the ledger, and off could not find it (held +1 h
+// and +2 h at 100/s).
+func TestAClaimDuringARepaceIsRepaced(t *testing.T) {
+	s, l := hourlyLimit(t, "q")
+	ctx := context.Background()
+	now, _, _ := holdUnder(t, s, l, []string{"a", "b", "c"})
+	fast := Limit{Pattern: "q", Rate: "100/s", IntervalUs: 10_000, Burst: 1}
+	once := true
+	betweenReleaseAndUnlist = func() {
+		if !once {
+			return
+		}
+		once = false
+		got := claimAll(t, s, time.Minute)
+		var ids []string
+		for id := range got {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		n, sl, err := s.Reserve(ctx, fast, ids, make([]int64, len(ids)))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		settleSlots(t, s, got, ids, sl, n)
+	}
+	t.Cleanup(func() { betweenReleaseAndUnlist = nil })
+	if err := s.SetLimit(ctx, fast); err != nil {
+		t.Fatal(err)
+	}
+	betweenReleaseAndUnlist = nil
+	for _, id := range []string{"b", "c"} {
+		if e, _ := s.Get(ctx, id); e.DueMs > now+60_000 {
+			t.Errorf("%s after the re-pace to 100/s: due %+d s, still its 1/h slot", id, (e.DueMs-now)/1000)
+		}
+	}
+}
