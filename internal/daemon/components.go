@@ -187,30 +187,24 @@ func (p *parts) background() []component {
 		}})
 }
 
-// setLimits writes the limits of targets.limits to Redis, as `delayd
-// limit` would, trying again while Redis fails; then it waits for the
-// shutdown.
+// setLimits writes the limits of targets.limits to Redis in a daemon
+// that does not deliver (mode intake), whose Gate never runs: its first
+// Refresh writes them (WriteFirst), as a delivering daemon's does, trying
+// again while Redis fails; then it waits for the shutdown.
 func (p *parts) setLimits(ctx context.Context) error {
 	wait := time.Second
-	for _, l := range p.c.Targets.Limits {
-		pattern, rate, burst, _ := flow.ParseLimit(l) // checked by config.Validate
-		for {
-			err := p.flow.WriteLimit(ctx, pattern, rate, burst)
-			if err == nil {
-				p.log.Info("rate limit set from targets.limits", "pattern", pattern, "rate", rate, "burst", burst)
-				break
-			}
-			if ctx.Err() != nil {
-				return nil
-			}
-			p.log.Warn("cannot set a rate limit of targets.limits yet; trying again", "pattern", pattern, "error", err, "in", wait)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, 30*time.Second)
+	for {
+		err := p.gate.Refresh(ctx)
+		if err == nil || ctx.Err() != nil {
+			break
 		}
+		p.log.Warn("cannot set the rate limits of targets.limits yet; trying again", "error", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
 	}
 	<-ctx.Done()
 	return nil

@@ -48,37 +48,23 @@ const MaxBurst = 1_000_000
 // SetLimit limits the deliveries to targets matching pattern to rate
 // ("500/s"), after a burst of burst (0: 1).
 func (c *Control) SetLimit(ctx context.Context, pattern, rate string, burst int) (Status, error) {
-	if err := c.writeLimit(ctx, pattern, rate, burst); err != nil {
-		return Status{}, err
-	}
-	return c.changed(ctx, pattern)
-}
-
-// WriteLimit is SetLimit without waiting for the fleet to hold it: for
-// the config file's limits at start, which would otherwise each wait 2 s
-// in turn. This daemon's Gate reads it at once.
-func (c *Control) WriteLimit(ctx context.Context, pattern, rate string, burst int) error {
-	if err := c.writeLimit(ctx, pattern, rate, burst); err != nil || c.gate == nil {
-		return err
-	}
-	return c.gate.Refresh(ctx)
-}
-
-func (c *Control) writeLimit(ctx context.Context, pattern, rate string, burst int) error {
 	if err := CheckPattern(pattern); err != nil {
-		return err
+		return Status{}, err
 	}
 	interval, err := ParseRate(rate)
 	if err != nil {
-		return err
+		return Status{}, err
 	}
 	if burst == 0 {
 		burst = 1
 	}
 	if burst < 1 || burst > MaxBurst {
-		return fmt.Errorf("%w: burst %d: want 1..%d", ErrBadRule, burst, MaxBurst)
+		return Status{}, fmt.Errorf("%w: burst %d: want 1..%d", ErrBadRule, burst, MaxBurst)
 	}
-	return c.st.SetLimit(ctx, store.Limit{Pattern: pattern, Rate: rate, IntervalUs: interval, Burst: burst})
+	if err := c.st.SetLimit(ctx, store.Limit{Pattern: pattern, Rate: rate, IntervalUs: interval, Burst: burst}); err != nil {
+		return Status{}, err
+	}
+	return c.changed(ctx, pattern)
 }
 
 // RemoveLimit removes the limit on pattern; what it held is due now.

@@ -149,3 +149,20 @@ func waitSettled(t *testing.T, st *store.Store, ttl time.Duration) {
 		t.Fatalf("ownership did not settle: %v %v", last, err)
 	}
 }
+
+// TestIntakeDaemonWritesConfigLimits: a daemon that does not deliver
+// (mode intake) has a Gate that never runs; it still writes the config
+// file's limits, through that Gate's first reading of the rules.
+func TestIntakeDaemonWritesConfigLimits(t *testing.T) {
+	t.Parallel()
+	e := daemontest.NewEnv(t)
+	c := e.Config()
+	c.Mode = "intake"
+	c.Targets.Limits = []string{"cfg.> 5/s 2", "other.x 1/h"}
+	e.StartDaemon(c)
+	st := e.InspectStore(c)
+	testutil.Wait(t, 10*time.Second, "both config limits in Redis", func() bool {
+		r, err := st.FlowRules(context.Background())
+		return err == nil && len(r.Limits) == 2
+	})
+}
